@@ -1,0 +1,61 @@
+"""colembed: ColQwen2 document retrieval on onnxruntime, torch-free.
+
+`import colembed` must never import torch or transformers (a test enforces it); the exporter that
+needs them lives in the separate `colembed_export` package (the `export` extra).
+"""
+
+from __future__ import annotations
+
+from .errors import (
+    ColembedError,
+    ExportError,
+    ImageError,
+    InputError,
+    InputTypeError,
+    ManifestError,
+    ModelFolderError,
+    ProviderError,
+    ScoringError,
+)
+
+__version__ = "0.1.0"
+
+# Resolved on first use, so `import colembed` stays cheap (no onnxruntime session machinery).
+_LAZY = {
+    "load": ("colembed.model", "load"),
+    "ColQwen2Model": ("colembed.model", "ColQwen2Model"),
+    "score": ("colembed.scoring", "score"),
+    "top_k": ("colembed.scoring", "top_k"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'colembed' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+__all__ = [
+    "ColQwen2Model",
+    "load",
+    "score",
+    "top_k",
+    "ColembedError",
+    "ExportError",
+    "ImageError",
+    "InputError",
+    "InputTypeError",
+    "ManifestError",
+    "ModelFolderError",
+    "ProviderError",
+    "ScoringError",
+    "__version__",
+]

@@ -1,0 +1,156 @@
+"""Token ids for queries and page prompts, and right padding, with the `tokenizers` library.
+
+Owns what `ColQwen2Processor.process_queries` and the text half of `process_images` do
+(transformers 4.57.1):
+
+- a query becomes `query_prefix + text + augmentation_token * count`, tokenised as one string
+  (added special tokens written in the text are matched, as the reference does; no BOS, no
+  truncation). `encode_queries` returns one int64 vector per query, unpadded.
+- a page becomes `page_prompt` with its single image token expanded to one copy per image token.
+  Added special tokens are split out before BPE, so the expanded prompt tokenises to
+  `head + [image_token_id] * n + tail`; `head` and `tail` are tokenised once and cached.
+- `pad_batch` right-pads to the longest row (the reference tokenizer pads right) and builds the
+  attention mask from lengths: the query augmentation tokens share the pad id but have mask 1.
+
+Never imports torch or transformers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+
+from ..errors import InputError, InputTypeError, ModelFolderError
+from .config import PreprocessConfig
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+ID_DTYPE = np.int64
+
+
+class TextEncoder:
+    """Tokenises queries and page prompts exactly as the reference processor does."""
+
+    def __init__(self, tokenizer: Tokenizer, config: PreprocessConfig) -> None:
+        # ColQwen2 never truncates, and padding is done by `pad_batch` (masks from lengths).
+        # A tokenizer.json may carry padding/truncation settings; they are switched off here.
+        tokenizer.no_padding()
+        tokenizer.no_truncation()
+        self._tokenizer = tokenizer
+        self.config = config
+        self._suffix = config.query_augmentation_token * config.query_augmentation_count
+        self._check_token_ids()
+        self._page_head, self._page_tail = self._split_page_prompt()
+
+    @classmethod
+    def from_file(cls, tokenizer_json_path: str | Path, config: PreprocessConfig) -> TextEncoder:
+        from tokenizers import Tokenizer
+
+        path = Path(tokenizer_json_path)
+        if not path.is_file():
+            raise ModelFolderError("missing tokenizer file", path=path)
+        try:
+            tokenizer = Tokenizer.from_file(str(path))
+        except Exception as e:  # tokenizers raises a bare Exception for malformed files
+            raise ModelFolderError(f"unreadable tokenizer: {e}", path=path) from e
+        return cls(tokenizer, config)
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    def encode_queries(self, texts: Sequence[str], *, start_index: int = 0) -> list[np.ndarray]:
+        """One int64 id vector per query, identical to the reference's unpadded ids for it.
+
+        Raises InputTypeError naming `start_index + i` for the first item that is not a str.
+        """
+        texts = _check_texts(texts, start_index)
+        prefix, suffix = self.config.query_prefix, self._suffix
+        encode_batch = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        encodings = encode_batch([prefix + t + suffix for t in texts])  # fast: no char offsets
+        return [np.asarray(e.ids, dtype=ID_DTYPE) for e in encodings]
+
+    def count_query_tokens(self, text: str, *, include_extension: bool = True) -> int:
+        """Tokens of a query: with the prefix and augmentation tokens (what the model sees), or of
+        the bare text."""
+        if include_extension:
+            return len(self.encode_queries([text])[0])
+        (text,) = _check_texts([text], 0)
+        return len(self._tokenizer.encode(text).ids)
+
+    # -- pages -----------------------------------------------------------------------------------
+
+    def page_prompt_ids(self, num_image_tokens: int) -> np.ndarray:
+        """int64 ids of the page prompt with its image token repeated `num_image_tokens` times."""
+        if isinstance(num_image_tokens, bool) or not isinstance(num_image_tokens, (int, np.integer)):
+            raise InputTypeError(f"num_image_tokens must be an int, got {type(num_image_tokens).__name__}")
+        if num_image_tokens < 1:
+            raise InputError(f"num_image_tokens must be >= 1, got {num_image_tokens}")
+        image = np.full(int(num_image_tokens), self.config.image_token_id, dtype=ID_DTYPE)
+        return np.concatenate([self._page_head, image, self._page_tail])
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _check_token_ids(self) -> None:
+        """The config's ids must be this tokenizer's ids for the same token names."""
+        expected = {
+            self.config.image_token: self.config.image_token_id,
+            self.config.query_augmentation_token: self.config.pad_token_id,
+        }
+        for token, token_id in expected.items():
+            actual = self._tokenizer.token_to_id(token)
+            if actual != token_id:
+                raise ModelFolderError(
+                    f"tokenizer maps {token!r} to {actual}, the preprocess config says {token_id}"
+                )
+
+    def _split_page_prompt(self) -> tuple[np.ndarray, np.ndarray]:
+        """Ids before and after the prompt's single image token.
+
+        Tokenising the prompt once with one image token and splitting at it equals tokenising the
+        expanded prompt, because added special tokens are matched before the pre-tokenizer runs;
+        the check below makes sure the image token really is such a token for this tokenizer.
+        """
+        ids = np.asarray(self._tokenizer.encode(self.config.page_prompt).ids, dtype=ID_DTYPE)
+        where = np.flatnonzero(ids == self.config.image_token_id)
+        if where.size != 1:
+            raise ModelFolderError(
+                f"page prompt tokenises to {where.size} image tokens, expected 1: "
+                f"{self.config.image_token!r} is not a special token of this tokenizer"
+            )
+        cut = int(where[0])
+        return ids[:cut].copy(), ids[cut + 1 :].copy()
+
+
+def _check_texts(texts: Sequence[str], start_index: int) -> list[str]:
+    if isinstance(texts, str):
+        raise InputTypeError("expected a sequence of query strings, got a single str", item=texts)
+    texts = list(texts)
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise InputTypeError(
+                f"query must be a str, got {type(text).__name__}", index=start_index + i, item=text
+            )
+    return texts
+
+
+def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Right-pad 1-D id vectors to the longest: ids (B, L) int64 and attention_mask (B, L) int64.
+
+    The mask is 1 for the first len(row) positions of each row, whatever the ids are.
+    """
+    rows = [np.asarray(s) for s in sequences]
+    for i, row in enumerate(rows):
+        if row.ndim != 1 or not np.issubdtype(row.dtype, np.integer):
+            raise InputTypeError(f"expected a 1-D integer id vector, got {row.dtype} {row.shape}", index=i)
+    lengths = np.array([row.shape[0] for row in rows], dtype=ID_DTYPE)
+    width = int(lengths.max()) if rows else 0
+    ids = np.full((len(rows), width), pad_id, dtype=ID_DTYPE)
+    for i, row in enumerate(rows):
+        ids[i, : row.shape[0]] = row
+    mask = (np.arange(width, dtype=ID_DTYPE)[None, :] < lengths[:, None]).astype(ID_DTYPE)
+    return ids, mask
+
+
+__all__ = ["TextEncoder", "pad_batch"]

@@ -1,0 +1,561 @@
+"""Exact MaxSim scoring of ragged multi-vector queries against ragged pages, in bounded memory.
+
+    score(q, d) = sum over the real tokens of q of  max over the real tokens of d of  q_i . d_j
+
+Inputs are what the runtime (or colpali-engine, or transformers) gives: one (tokens, dim) array per
+query and per page, float32 (float16 pages and float64 arrays are accepted; products and sums are
+always fp32). Outputs: a (queries, documents) float32 matrix from `score`, and per query the indices
+and scores of the best `k` documents from `top_k`, which streams any iterable of pages.
+
+Exactness. The reference `ColQwen2Processor.score_retrieval` (transformers 4.57.1) zero-pads each
+batch of 128 pages to its longest page, so a zero row wins a max whenever all of a query token's
+real similarities are negative, and a page's score then depends on its neighbours in the list.
+colembed never pads: padding cannot win a max and a score depends only on its own query and page,
+not on the chunk size, the order, or which other pages are present. `reference_padding=True`
+reproduces the reference instead (same 128-page batches, same zero rows), for comparing numbers
+with colpali-engine or transformers.
+
+Backends (`backend=`):
+- "numpy": no graph needed. For few query tokens, one GEMM per page on the caller's own array (no
+  copy of the pages at all); otherwise the pages of a chunk are stacked and all query tokens meet
+  all page tokens in one sgemm, followed by a segmented max over each page's columns and a
+  segmented sum over each query's rows. numpy's BLAS uses every core.
+- "onnx": the scorer graph of `maxsim_graph` (`maxsim.onnx` in a model folder, or built in memory
+  when the `onnx` package is installed) on onnxruntime's CPU provider, fed padded chunks of pages
+  sorted by length.
+- "auto": numpy when there is no graph or the onnx path is not faster for these shapes (see
+  `_choose_backend`), else onnx.
+Memory: pages are processed in chunks whose scratch (stacked or padded copies, the similarity
+matrix, onnxruntime's intermediates) stays under `memory_budget_bytes`; a chunk always holds at
+least one page, and queries are split into groups when one page against all queries would not fit.
+So 100,000 pages never materialise a (Q, N, Lq, Ld) tensor.
+
+NaN/inf: every query is checked up front; pages are checked inside the GEMM at no extra pass (two
+extra query rows of +1 and -1 give each page row's sum, finite iff the row is), then confirmed
+with `np.isfinite` before an error names the page.
+
+Imports numpy, and onnxruntime only when a graph is used; never torch or transformers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from .errors import ModelFolderError, ScoringError
+
+DEFAULT_MEMORY_BUDGET_BYTES = 64 << 20
+# transformers' ColQwen2Processor.score_retrieval(batch_size=128): its zero-padding unit.
+REFERENCE_BATCH_SIZE = 128
+BACKENDS = ("auto", "numpy", "onnx")
+# Pages read (and validated) from the input at a time; the onnx path sorts each block by length.
+BLOCK_DOCUMENTS = 512
+# numpy: up to this many query tokens, a GEMM per page on the caller's array beats stacking the
+# pages of a chunk (the copy costs more than the GEMM saves). Measured on a 2-core AVX-512 Xeon.
+PER_PAGE_MAX_QUERY_TOKENS = 96
+# onnx (auto): below this many query tokens the padded copy dominates and numpy wins.
+ONNX_MIN_QUERY_TOKENS = 96
+_F32 = np.dtype(np.float32)
+_ACCEPTED_DTYPES = (np.dtype(np.float16), _F32, np.dtype(np.float64))
+
+
+# ----------------------------------------------------------------------------------- inputs
+def _as_matrix(x: Any, what: str, index: int, dim: int | None) -> np.ndarray:
+    """One query or page as a 2-D float array (not copied), or a ScoringError naming it."""
+    try:
+        a = np.asarray(x)
+    except Exception as e:  # e.g. a bfloat16 torch tensor numpy cannot represent
+        raise ScoringError(f"{what} {index}: cannot be read as a numpy array ({e})") from e
+    if a.dtype not in _ACCEPTED_DTYPES:
+        kind = "is not floating point" if a.dtype.kind != "f" else "is not supported"
+        raise ScoringError(f"{what} {index}: dtype {a.dtype} {kind}; expected float32 "
+                           "(float16 and float64 are accepted and scored in fp32)")
+    if a.ndim != 2:
+        raise ScoringError(f"{what} {index}: expected a 2-D (tokens, dim) array, got shape {a.shape}")
+    if a.shape[0] == 0:
+        raise ScoringError(f"{what} {index}: has no tokens")
+    if dim is not None and a.shape[1] != dim:
+        raise ScoringError(f"{what} {index}: has dim {a.shape[1]}, expected {dim} "
+                           "(the dim of query 0)")
+    return a
+
+
+def _as_list(items: Any, what: str) -> Iterable[Any]:
+    """A single 2-D array means one item; a 3-D array is a batch of equal-length items."""
+    if isinstance(items, (str, bytes)):
+        raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}")
+    if isinstance(items, np.ndarray):
+        if items.ndim == 2:
+            return [items]
+        if items.ndim == 3:
+            return list(items)
+        raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays or one 2-D array, "
+                           f"got an array of shape {items.shape}")
+    if hasattr(items, "__iter__"):
+        return items
+    raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}")
+
+
+@dataclass(frozen=True)
+class _Queries:
+    vectors: np.ndarray  # (rows, dim) float32, every query's tokens stacked
+    starts: np.ndarray  # (Q,) first row of each query
+    lengths: np.ndarray  # (Q,)
+
+    @property
+    def count(self) -> int:
+        return len(self.lengths)
+
+    @property
+    def dim(self) -> int:
+        return self.vectors.shape[1]
+
+    def groups(self, max_rows: int) -> list[tuple[int, int]]:
+        """Consecutive query ranges [a, b) of at most `max_rows` rows (at least one query each)."""
+        out, a = [], 0
+        ends = np.cumsum(self.lengths)
+        while a < self.count:
+            base = ends[a - 1] if a else 0
+            b = max(a + 1, int(np.searchsorted(ends, base + max_rows, side="right")))
+            out.append((a, b))
+            a = b
+        return out
+
+
+def _prepare_queries(queries: Any) -> _Queries:
+    items = list(_as_list(queries, "query"))
+    if not items:
+        raise ScoringError("no queries were given")
+    mats: list[np.ndarray] = []
+    for i, q in enumerate(items):
+        a = _as_matrix(q, "query", i, mats[0].shape[1] if mats else None)
+        if not np.isfinite(a).all():
+            raise ScoringError(f"query {i}: contains NaN or inf")
+        mats.append(a)
+    lengths = np.array([len(a) for a in mats], dtype=np.int64)
+    vectors = np.concatenate(mats, axis=0, dtype=np.float32) if len(mats) > 1 else \
+        np.ascontiguousarray(mats[0], dtype=np.float32)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    return _Queries(vectors, starts, lengths)
+
+
+def _iter_blocks(documents: Any, dim: int, block: int) -> Iterator[tuple[int, list[np.ndarray]]]:
+    """(index of the first page, validated pages) for consecutive blocks, read lazily."""
+    iterator = iter(_as_list(documents, "document"))
+    start = 0
+    while True:
+        raw = list(itertools.islice(iterator, block))
+        if not raw:
+            if start == 0:
+                raise ScoringError("no documents were given")
+            return
+        yield start, [_as_matrix(d, "document", start + i, dim) for i, d in enumerate(raw)]
+        start += len(raw)
+
+
+def _reference_floor(lengths: np.ndarray, batch: int) -> np.ndarray:
+    """Which pages the reference zero-pads: shorter than the longest page of their batch of `batch`
+    consecutive pages. `lengths` starts at a multiple of `batch` in the whole list."""
+    floor = np.zeros(len(lengths), dtype=bool)
+    for a in range(0, len(lengths), batch):
+        seg = lengths[a:a + batch]
+        floor[a:a + batch] = seg < seg.max()
+    return floor
+
+
+def _check_rows_finite(signs: np.ndarray, docs: list[np.ndarray], start: int) -> None:
+    """`signs` holds, per page, max and -min of its rows' sums (from the +1/-1 query rows).
+    Both finite iff every row of the page is finite, except for a sum that overflows fp32; the
+    exact check then decides."""
+    bad = np.flatnonzero(~np.isfinite(signs).all(axis=-1))
+    for j in bad:
+        if not np.isfinite(docs[j]).all():
+            raise ScoringError(f"document {start + int(j)}: contains NaN or inf")
+
+
+def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarray, first: int) -> None:
+    """`sums[i]` is the sum of page `idx[i]`: finite unless the page holds NaN/inf (or overflows)."""
+    for i in np.flatnonzero(~np.isfinite(sums)):
+        if not np.isfinite(docs[idx[i]]).all():
+            raise ScoringError(f"document {first + int(idx[i])}: contains NaN or inf")
+
+
+# ----------------------------------------------------------------------------- numpy kernels
+def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
+                    floor: np.ndarray | None, first: int) -> np.ndarray:
+    """One GEMM per page against all query rows; no copy of the pages. Returns (Q, pages)."""
+    rows = q.shape[0]
+    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2)
+    best = np.empty((len(docs), rows + 2), dtype=np.float32)
+    scratch = np.empty(max(len(d) for d in docs) * (rows + 2), dtype=np.float32)
+    for j, d in enumerate(docs):
+        sims = scratch[: len(d) * (rows + 2)].reshape(len(d), rows + 2)
+        np.matmul(d, qt, out=sims, dtype=np.float32)
+        np.max(sims, axis=0, out=best[j])
+    _check_rows_finite(best[:, rows:], docs, first)
+    maxima = best[:, :rows]
+    if floor is not None and floor.any():
+        np.maximum(maxima, 0.0, out=maxima, where=floor[:, None])
+    return np.add.reduceat(maxima, starts, axis=1).T
+
+
+def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
+                   floor: np.ndarray | None, first: int, buffers: dict[str, np.ndarray]) -> np.ndarray:
+    """All pages of a chunk stacked: one sgemm (rows+2, dim) x (dim, tokens), a max over each
+    page's column range, a sum over each query's row range. `qx` is the query rows followed by a
+    row of +1 and a row of -1 (`_with_sign_rows`). Returns (Q, pages)."""
+    rows, dim = qx.shape[0] - 2, qx.shape[1]
+    lengths = [len(d) for d in docs]
+    tokens = sum(lengths)
+    stacked = _scratch(buffers, "stacked", tokens * dim).reshape(tokens, dim)
+    np.concatenate(docs, axis=0, out=stacked, casting="same_kind")
+    sims = _scratch(buffers, "sims", (rows + 2) * tokens).reshape(rows + 2, tokens)
+    np.matmul(qx, stacked.T, out=sims)
+    page_starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    best = np.maximum.reduceat(sims, page_starts, axis=1)  # (rows+2, pages)
+    _check_rows_finite(best[rows:].T, docs, first)
+    maxima = best[:rows]
+    if floor is not None and floor.any():
+        np.maximum(maxima, 0.0, out=maxima, where=floor[None, :])
+    return np.add.reduceat(maxima, starts, axis=0)
+
+
+def _with_sign_rows(q: np.ndarray) -> np.ndarray:
+    """(rows+2, dim): the query rows, then +1 and -1 rows whose products are each page row's sum
+    and its negation (max of both finite <=> every page row finite)."""
+    qx = np.empty((q.shape[0] + 2, q.shape[1]), dtype=np.float32)
+    qx[:-2] = q
+    qx[-2] = 1.0
+    qx[-1] = -1.0
+    return qx
+
+
+def _scratch(buffers: dict[str, np.ndarray], name: str, size: int) -> np.ndarray:
+    """A reusable flat float32 buffer of at least `size` (fresh pages per chunk cost page faults)."""
+    buf = buffers.get(name)
+    if buf is None or buf.size < size:
+        buf = np.empty(size, dtype=np.float32)
+        buffers[name] = buf
+    return buf[:size]
+
+
+# ------------------------------------------------------------------------------------ scorer
+class MaxSimScorer:
+    """Exact MaxSim scores over ragged lists, with an optional onnxruntime scorer graph.
+
+    `graph`: a path to `maxsim.onnx` (or a folder holding one), the serialised graph as bytes, or
+    None for numpy only. `session`: an existing onnxruntime session over such a graph instead.
+    `threads`: onnxruntime intra-op threads (default: physical cores). Use
+    `MaxSimScorer.with_built_graph()` to build the graph in memory (needs the `onnx` package).
+    """
+
+    def __init__(self, graph: str | os.PathLike[str] | bytes | None = None, *, session: Any = None,
+                 threads: int | None = None) -> None:
+        self._session = None
+        self._doc_dtype = _F32
+        self.graph_path: Path | None = None
+        if graph is not None and session is not None:
+            raise ValueError("give either graph or session, not both")
+        if graph is not None:
+            session = self._open(graph, threads)
+        if session is not None:
+            self._attach(session)
+
+    @classmethod
+    def with_built_graph(cls, *, threads: int | None = None) -> "MaxSimScorer":
+        """A scorer whose graph is built in memory by `maxsim_graph` (needs `pip install onnx`)."""
+        from .maxsim_graph import maxsim_model_bytes
+
+        return cls(maxsim_model_bytes(), threads=threads)
+
+    def _open(self, graph: str | os.PathLike[str] | bytes, threads: int | None) -> Any:
+        import onnxruntime as ort
+
+        from .maxsim_graph import MAXSIM_FILE
+        from .sessions import physical_cores
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads if threads else physical_cores()
+        options.inter_op_num_threads = 1
+        # The host pads the next chunk between runs; spinning workers would steal its cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if isinstance(graph, (bytes, bytearray)):
+            source: Any = bytes(graph)
+        else:
+            path = Path(graph)
+            if path.is_dir():
+                path = path / MAXSIM_FILE
+            if not path.is_file():
+                raise ModelFolderError("no MaxSim scorer graph here", path=path)
+            self.graph_path = path
+            source = str(path)
+        try:
+            return ort.InferenceSession(source, sess_options=options,
+                                        providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ModelFolderError(f"onnxruntime cannot load the scorer graph ({e})",
+                                   path=self.graph_path) from e
+
+    def _attach(self, session: Any) -> None:
+        from .maxsim_graph import MAXSIM_CONTRACT, MAXSIM_FP16_CONTRACT
+
+        problems = MAXSIM_CONTRACT.mismatches(session)
+        if problems and not MAXSIM_FP16_CONTRACT.mismatches(session):
+            self._doc_dtype, problems = np.dtype(np.float16), []
+        if problems:
+            raise ModelFolderError("graph does not match the MaxSim scorer contract: "
+                                   + "; ".join(problems), path=self.graph_path)
+        self._session = session
+
+    @property
+    def has_graph(self) -> bool:
+        return self._session is not None
+
+    def __repr__(self) -> str:
+        graph = (f"graph='{self.graph_path}'" if self.graph_path else "graph=<in memory>") \
+            if self._session is not None else "graph=None"
+        return f"MaxSimScorer({graph})"
+
+    # ----------------------------------------------------------------------------- public API
+    def score(self, queries: Any, documents: Any, *, reference_padding: bool = False,
+              reference_batch_size: int = REFERENCE_BATCH_SIZE,
+              memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+              backend: str = "auto") -> np.ndarray:
+        """(queries, documents) float32 MaxSim scores.
+
+        `queries`: a list of (tokens, dim) arrays, or one 2-D array for a single query.
+        `documents`: a list (or any iterable) of (tokens, dim) arrays, same dim.
+        `reference_padding=True` reproduces transformers' / colpali-engine's `score_retrieval`,
+        zero rows included (pages shorter than the longest page of their batch of
+        `reference_batch_size` consecutive pages get max(., 0) per query token); only for comparing
+        numbers with them. `backend`: "auto", "numpy" or "onnx".
+        """
+        q = _prepare_queries(queries)
+        columns = [s for _, s in self._iter_scores(q, documents, reference_padding,
+                                                    reference_batch_size, memory_budget_bytes,
+                                                    backend)]
+        return columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1)
+
+    def top_k(self, queries: Any, documents: Any, k: int, *, reference_padding: bool = False,
+              reference_batch_size: int = REFERENCE_BATCH_SIZE,
+              memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+              backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+        """Per query, the `k` best documents: (indices (Q, k) int64, scores (Q, k) float32), best
+        first; ties go to the lower index. With fewer than k documents, all of them (Q, N).
+
+        `documents` may be any iterable (a generator reading pages from disk): it is consumed once,
+        in blocks, and only a running top-k per query is kept.
+        """
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+            raise ScoringError(f"k must be a positive int, got {k!r}")
+        q = _prepare_queries(queries)
+        best: np.ndarray | None = None
+        for first, block in self._iter_scores(q, documents, reference_padding,
+                                              reference_batch_size, memory_budget_bytes, backend):
+            keys = _rank_keys(block, first)
+            best = keys if best is None else np.concatenate([best, keys], axis=1)
+            if best.shape[1] > k:
+                cut = best.shape[1] - int(k)
+                best = np.take_along_axis(best, np.argpartition(best, cut, axis=1)[:, cut:], axis=1)
+        assert best is not None  # _iter_blocks raises on no documents
+        best = np.sort(best, axis=1)[:, ::-1]
+        return _decode_keys(best)
+
+    # ------------------------------------------------------------------------------- plumbing
+    def _iter_scores(self, q: _Queries, documents: Any, reference_padding: bool,
+                     reference_batch_size: int, budget: int,
+                     backend: str) -> Iterator[tuple[int, np.ndarray]]:
+        """(index of the first page, (Q, pages) scores) per block of pages, in input order."""
+        if backend not in BACKENDS:
+            raise ScoringError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "onnx" and self._session is None:
+            raise ScoringError("backend='onnx' needs a scorer graph: MaxSimScorer(path to "
+                               "maxsim.onnx) or MaxSimScorer.with_built_graph()")
+        if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
+            raise ScoringError(f"memory_budget_bytes must be a positive int, got {budget!r}")
+        if reference_padding and (isinstance(reference_batch_size, bool) or
+                                  not isinstance(reference_batch_size, (int, np.integer)) or
+                                  reference_batch_size < 1):
+            raise ScoringError(f"reference_batch_size must be a positive int, got "
+                               f"{reference_batch_size!r}")
+        use_onnx = self._choose_backend(backend, q) == "onnx"
+        # A block is a whole number of reference batches, so the zero rows are the reference's.
+        block = reference_batch_size * max(1, BLOCK_DOCUMENTS // reference_batch_size) \
+            if reference_padding else BLOCK_DOCUMENTS
+        buffers: dict[str, np.ndarray] = {}
+        for first, docs in _iter_blocks(documents, q.dim, block):
+            lengths = np.array([len(d) for d in docs], dtype=np.int64)
+            floor = _reference_floor(lengths, reference_batch_size) \
+                if reference_padding else None
+            out = np.empty((q.count, len(docs)), dtype=np.float32)
+            # NaN/inf in a page is detected and named by the kernels; an fp32 overflow of a row
+            # sum only triggers the exact check. numpy's warnings would be noise.
+            with np.errstate(over="ignore", invalid="ignore"):
+                if use_onnx:
+                    self._onnx_block(q, docs, lengths, floor, first, budget, out, buffers)
+                else:
+                    _numpy_block(q, docs, lengths, floor, first, budget, out, buffers)
+            yield first, out
+
+    def _choose_backend(self, backend: str, q: _Queries) -> str:
+        if backend != "auto":
+            return backend
+        if self._session is None or len(q.vectors) < ONNX_MIN_QUERY_TOKENS:
+            return "numpy"
+        return "onnx"
+
+    def _onnx_block(self, q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
+                    floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
+                    buffers: dict[str, np.ndarray]) -> None:
+        """Pages sorted by length, padded in chunks under the budget, one graph run per chunk and
+        query group. The reference's zero rows become one extra real zero row per floored page."""
+        dim, itemsize = q.dim, self._doc_dtype.itemsize
+        need = lengths + floor if floor is not None else lengths  # rows fed per page
+        order = np.argsort(need, kind="stable")
+        # Bytes per padded page row: our padded copy and mask, the graph's two fp32 copies of
+        # width dim+1 (zeroed, augmented), and one similarity per query row.
+        page_row = dim * itemsize + 8 + 8 * (dim + 1)
+        for a, b in q.groups(_max_group_rows(budget, int(need.max()), page_row)):
+            qpad, qmask = _padded_queries(q, a, b)
+            per_row = page_row + 4 * int(q.lengths[a:b].sum())
+            for chunk in _chunks_by_rows(need[order], budget, per_row, padded=True):
+                idx = order[chunk]
+                width = int(need[idx].max())
+                flat = buffers.get("pad")
+                if flat is None or flat.size < len(idx) * width * dim:
+                    flat = buffers["pad"] = np.empty(len(idx) * width * dim, self._doc_dtype)
+                pad = flat[: len(idx) * width * dim].reshape(len(idx), width, dim)
+                mask = np.zeros((len(idx), width), dtype=np.int64)
+                for i, j in enumerate(idx):
+                    pad[i, : lengths[j]] = docs[j]
+                    pad[i, lengths[j]:] = 0.0
+                    mask[i, : need[j]] = 1
+                _check_pages_finite(pad.sum(axis=(1, 2), dtype=np.float32), docs, idx, first)
+                scores = self._session.run(None, {
+                    "query_vectors": qpad, "query_mask": qmask,
+                    "doc_vectors": pad, "doc_mask": mask})[0]
+                out[a:b, idx] = scores
+
+
+def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
+                 floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
+                 buffers: dict[str, np.ndarray]) -> None:
+    page_row = 4 * q.dim  # the stacked copy of a page row
+    for a, b in q.groups(_max_group_rows(budget, int(lengths.max()), page_row)):
+        start = int(q.starts[a])
+        group = q.vectors[start: start + int(q.lengths[a:b].sum())]
+        rel = q.starts[a:b] - start
+        if len(group) <= PER_PAGE_MAX_QUERY_TOKENS:
+            out[a:b] = _numpy_per_page(group, rel, docs, floor, first)
+            continue
+        qx = _with_sign_rows(group)
+        per_row = page_row + 4 * len(qx)
+        for chunk in _chunks_by_rows(lengths, budget, per_row, padded=False):
+            out[a:b, chunk] = _numpy_stacked(qx, rel, docs[chunk],
+                                             floor[chunk] if floor is not None else None,
+                                             first + chunk.start, buffers)
+
+
+def _max_group_rows(budget: int, longest_page: int, page_row_bytes: int) -> int:
+    """Query rows per group such that the longest page against them fits the budget (each page row
+    costs `page_row_bytes` plus 4 bytes per query row)."""
+    return max(1, (budget // longest_page - page_row_bytes) // 4)
+
+
+def _chunks_by_rows(lengths: np.ndarray, budget: int, per_row: int, *, padded: bool) -> Iterator[slice]:
+    """Consecutive slices of pages whose scratch (rows x per_row bytes) fits the budget; a padded
+    chunk costs (pages x longest page) rows. Always at least one page per chunk."""
+    n = len(lengths)
+    a = 0
+    while a < n:
+        b, rows, width = a + 1, int(lengths[a]), int(lengths[a])
+        while b < n:
+            width_b = max(width, int(lengths[b]))
+            rows_b = (b + 1 - a) * width_b if padded else rows + int(lengths[b])
+            if rows_b * per_row > budget:
+                break
+            rows, width, b = rows_b, width_b, b + 1
+        yield slice(a, b)
+        a = b
+
+
+def _padded_queries(q: _Queries, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+    width = int(q.lengths[a:b].max())
+    pad = np.zeros((b - a, width, q.dim), dtype=np.float32)
+    mask = np.zeros((b - a, width), dtype=np.int64)
+    for i in range(a, b):
+        s, n = int(q.starts[i]), int(q.lengths[i])
+        pad[i - a, :n] = q.vectors[s:s + n]
+        mask[i - a, :n] = 1
+    return pad, mask
+
+
+# ---------------------------------------------------------------------------------- ranking
+# A float32 score and a document index packed into one int64 that sorts like (score desc, index
+# asc): every key is distinct, so argpartition's choice never depends on how pages were chunked.
+_LOW = np.int64(0xFFFFFFFF)
+
+
+def _rank_keys(scores: np.ndarray, first: int) -> np.ndarray:
+    bits = (scores + np.float32(0.0)).view(np.int32).astype(np.int64)  # -0.0 -> +0.0
+    ordered = np.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+    index = np.arange(first, first + scores.shape[1], dtype=np.int64)
+    return (ordered << 32) | (_LOW - index)
+
+
+def _decode_keys(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ordered = keys >> 32
+    bits = np.where(ordered < 0, ordered ^ 0x7FFFFFFF, ordered).astype(np.int32)
+    index = _LOW - (keys & _LOW)
+    return np.ascontiguousarray(index), np.ascontiguousarray(bits.view(np.float32))
+
+
+# --------------------------------------------------------------------------- free functions
+_DEFAULT: MaxSimScorer | None = None
+
+
+def default_scorer() -> MaxSimScorer:
+    """The numpy-only scorer behind `colembed.score` / `colembed.top_k`."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = MaxSimScorer()
+    return _DEFAULT
+
+
+def score(queries: Any, documents: Any, *, reference_padding: bool = False,
+          reference_batch_size: int = REFERENCE_BATCH_SIZE,
+          memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES, backend: str = "auto",
+          scorer: MaxSimScorer | None = None) -> np.ndarray:
+    """MaxSim scores (queries, documents) float32 over ragged lists of (tokens, dim) arrays.
+
+    Exact: padding never takes part. `reference_padding=True` reproduces transformers'
+    `ColQwen2Processor.score_retrieval` / colpali-engine's zero-padded scores instead (only for
+    comparing numbers with them). numpy unless `scorer` (a `MaxSimScorer` with a graph) is given.
+    """
+    return (scorer or default_scorer()).score(
+        queries, documents, reference_padding=reference_padding,
+        reference_batch_size=reference_batch_size, memory_budget_bytes=memory_budget_bytes,
+        backend=backend)
+
+
+def top_k(queries: Any, documents: Any, k: int, *, reference_padding: bool = False,
+          reference_batch_size: int = REFERENCE_BATCH_SIZE,
+          memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES, backend: str = "auto",
+          scorer: MaxSimScorer | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per query the k best documents: (indices (Q, k) int64, scores (Q, k) float32), best first.
+
+    `documents` may be any iterable, consumed once in bounded memory. See `score`.
+    """
+    return (scorer or default_scorer()).top_k(
+        queries, documents, k, reference_padding=reference_padding,
+        reference_batch_size=reference_batch_size, memory_budget_bytes=memory_budget_bytes,
+        backend=backend)
+
+
+__all__ = ["MaxSimScorer", "score", "top_k", "default_scorer", "DEFAULT_MEMORY_BUDGET_BYTES",
+           "REFERENCE_BATCH_SIZE"]

@@ -1,0 +1,140 @@
+"""onnxruntime sessions: which providers, with which options, and proof that we got them.
+
+Capabilities live in one table. onnxruntime silently falls back to CPU when a provider refuses a
+graph (DirectML does so for `Reshape(allowzero=1)`), so after creating a session we check the
+provider it really got and raise instead of running slowly on the wrong device.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from .errors import ProviderError
+
+CPU = "CPUExecutionProvider"
+DIRECTML = "DmlExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+# name users may pass -> onnxruntime provider name
+ALIASES = {"cpu": CPU, "directml": DIRECTML, "dml": DIRECTML, "cuda": CUDA}
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    """What a provider needs from the session and the caller."""
+
+    mem_pattern: bool = True
+    sequential: bool = False
+    one_run_at_a_time: bool = False  # serialise `run` calls on a session
+
+
+TRAITS: dict[str, ProviderTraits] = {
+    CPU: ProviderTraits(),
+    # DirectML: memory patterns off, sequential execution, one Run per session at a time
+    # (onnxruntime's DirectML documentation).
+    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True),
+    CUDA: ProviderTraits(),
+}
+
+ProviderSpec = str | tuple[str, dict[str, Any]]
+
+
+def available_providers() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def physical_cores() -> int:
+    """Physical cores (hyper-threads share one core's FPUs, so matmul-bound work uses these)."""
+    try:
+        cores = set()
+        with open("/proc/cpuinfo") as f:
+            physical, core = None, None
+            for line in f:
+                if line.startswith("physical id"):
+                    physical = line.split(":")[1].strip()
+                elif line.startswith("core id"):
+                    core = line.split(":")[1].strip()
+                elif not line.strip() and core is not None:
+                    cores.add((physical, core))
+                    physical, core = None, None
+        if cores:
+            return len(cores)
+    except OSError:
+        pass
+    return max(1, (os.cpu_count() or 2) // 2) if (os.cpu_count() or 1) > 1 else 1
+
+
+def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[ProviderSpec]:
+    """Normalise the user's request. None -> CPU; "auto" -> DirectML when available, else CPU."""
+    available = available_providers()
+    if providers is None:
+        return [CPU]
+    if isinstance(providers, str):
+        if providers.lower() == "auto":
+            return [DIRECTML, CPU] if DIRECTML in available else [CPU]
+        providers = [providers]
+    resolved: list[ProviderSpec] = []
+    for spec in providers:
+        name, options = (spec, None) if isinstance(spec, str) else spec
+        if not isinstance(name, str):
+            raise ProviderError(f"provider {spec!r} is not a name or a (name, options) pair")
+        name = ALIASES.get(name.lower(), name)
+        if name not in available:
+            hint = " (pip install 'colembed[directml]' on Windows)" if name == DIRECTML else ""
+            raise ProviderError(f"execution provider {name} is not available here; this onnxruntime "
+                                f"has {available}{hint}")
+        resolved.append(name if options is None else (name, options))
+    if not resolved:
+        raise ProviderError("an empty provider list was given")
+    return resolved
+
+
+def _name(spec: ProviderSpec) -> str:
+    return spec if isinstance(spec, str) else spec[0]
+
+
+class Session:
+    """An onnxruntime InferenceSession plus the lock its provider may need."""
+
+    def __init__(self, path: str, providers: list[ProviderSpec], *, threads: int | None = None,
+                 cpu_mem_arena: bool = True, graph_optimization: str = "all") -> None:
+        import onnxruntime as ort
+
+        traits = TRAITS.get(_name(providers[0]), ProviderTraits())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads if threads else physical_cores()
+        options.inter_op_num_threads = 1
+        options.enable_cpu_mem_arena = cpu_mem_arena
+        options.enable_mem_pattern = traits.mem_pattern
+        options.graph_optimization_level = {
+            "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+            "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+            "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+            "none": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        }[graph_optimization]
+        if traits.sequential:
+            options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # Between the image and the text graph the host does numpy work; spinning threads would
+        # steal its cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self.options = options
+        self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        got = self.session.get_providers()
+        wanted = _name(providers[0])
+        if not got or got[0] != wanted:
+            raise ProviderError(
+                f"{os.path.basename(path)}: asked for {wanted} but onnxruntime gave {got}; refusing "
+                "the silent fallback (the graph or this machine does not support that provider)")
+        self.providers = got
+        self._lock = threading.Lock() if traits.one_run_at_a_time else None
+
+    def run(self, feeds: dict[str, Any]) -> list[Any]:
+        if self._lock is None:
+            return self.session.run(None, feeds)
+        with self._lock:
+            return self.session.run(None, feeds)

@@ -1,0 +1,110 @@
+"""Finding and loading a ColQwen2 checkpoint: strictly, in fp32, with no remote code.
+
+A checkpoint that loads with a missing tensor would export cleanly and produce plausible garbage
+(a freshly initialised layer), so every missing, unexpected or mis-shaped tensor is an error here.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from colembed.errors import ExportError
+
+SUPPORTED_ARCHITECTURE = "colqwen2"
+SUPPORTED_BACKBONE = "qwen2_vl"
+# What a checkpoint download needs; nothing else is fetched.
+CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"]
+
+
+@dataclass(frozen=True)
+class CheckpointSource:
+    """Where a checkpoint came from (written into the manifest) and where it is on disk."""
+
+    folder: Path
+    source: str
+    revision: str | None
+
+
+def resolve_checkpoint(source: str | Path, revision: str | None = None) -> CheckpointSource:
+    """A local folder as is, else a Hugging Face repo id downloaded with huggingface-hub."""
+    path = Path(source).expanduser()
+    if path.is_dir():
+        return CheckpointSource(folder=path.resolve(), source=str(path.resolve()), revision=revision)
+    if path.exists():
+        raise ExportError(f"{source}: is a file; expected a checkpoint folder or a repo id")
+    if str(source).count("/") != 1 or str(source).startswith((".", "/", "~")):
+        raise ExportError(f"{source}: no such folder, and not a Hugging Face repo id (owner/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(
+            repo_id=str(source), revision=revision, allow_patterns=CHECKPOINT_PATTERNS
+        )
+    except Exception as e:  # the hub raises many types; all mean "could not get it"
+        raise ExportError(f"{source}: could not download the checkpoint ({type(e).__name__}: {e})") from e
+    return CheckpointSource(folder=Path(folder), source=str(source), revision=revision)
+
+
+def check_architecture(folder: Path) -> dict:
+    """The checkpoint's config.json, if it is a transformers ColQwen2ForRetrieval checkpoint."""
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ExportError(f"{folder}: no config.json; not a Hugging Face checkpoint folder")
+    try:
+        config = json.loads(config_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ExportError(f"{config_path}: not valid JSON ({e})") from e
+    model_type = config.get("model_type")
+    if model_type != SUPPORTED_ARCHITECTURE:
+        hint = ""
+        if model_type in (None, "qwen2_vl") or "adapter_config" in str(config):
+            hint = (" (colpali-engine checkpoints such as vidore/colqwen2-v1.0 must first be "
+                    "converted; use the transformers-format vidore/colqwen2-v1.0-hf)")
+        raise ExportError(
+            f"{config_path}: model_type {model_type!r} is not {SUPPORTED_ARCHITECTURE!r}; colembed "
+            f"exports transformers ColQwen2ForRetrieval checkpoints{hint}"
+        )
+    backbone = (config.get("vlm_config") or {}).get("model_type")
+    if backbone != SUPPORTED_BACKBONE:
+        raise ExportError(
+            f"{config_path}: vlm_config.model_type {backbone!r} is not {SUPPORTED_BACKBONE!r} "
+            "(ColQwen2.5 and other backbones are not supported yet)"
+        )
+    return config
+
+
+def load_strict(folder: Path):
+    """`ColQwen2ForRetrieval` in fp32 eval mode; raises ExportError listing every bad tensor."""
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    check_architecture(folder)
+    try:
+        model, info = ColQwen2ForRetrieval.from_pretrained(
+            folder,
+            dtype=torch.float32,
+            output_loading_info=True,
+            trust_remote_code=False,
+            local_files_only=True,
+        )
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ExportError(f"{folder}: the checkpoint does not load ({e})") from e
+    problems = []
+    for key, label in (
+        ("missing_keys", "missing"),
+        ("unexpected_keys", "unexpected"),
+        ("mismatched_keys", "mis-shaped"),
+        ("error_msgs", "error"),
+    ):
+        found = sorted(str(k) for k in info.get(key, []) or [])
+        if found:
+            shown = ", ".join(found[:10]) + (f" (+{len(found) - 10} more)" if len(found) > 10 else "")
+            problems.append(f"{len(found)} {label} tensor(s): {shown}")
+    if problems:
+        raise ExportError(
+            f"{folder}: refusing a partial checkpoint, it would export random layers: "
+            + "; ".join(problems)
+        )
+    return model.eval()

@@ -1,0 +1,119 @@
+"""Turning a torch module into a loadable ONNX file: dynamo export, clean-up, external data, check.
+
+Lessons this module encodes (graphs.md, seed 002):
+- the dynamo exporter emits `Reshape(allowzero=1)`; DirectML rejects it at session start and
+  onnxruntime silently falls back to CPU, so every such attribute is cleared (our reshapes never
+  carry a literal 0 dim, so allowzero=0 has the same meaning);
+- protobuf cannot hold more than 2 GB, so large graphs keep their weights in one `<graph>.onnx_data`
+  file beside the graph; `onnx.checker` is run on the path, which handles both forms.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from colembed.contracts import GraphContract
+from colembed.errors import ExportError
+
+log = logging.getLogger("colembed_export")
+# torch's exporter warns about every torchvision op it cannot register; torchvision is
+# deliberately absent (it breaks transformers' image processing beside this torch).
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+DEFAULT_OPSET = 18
+# Above this many bytes of weights a graph is written with external data. Protobuf's hard limit
+# is 2 GiB; staying well under it leaves room for the graph itself.
+EXTERNAL_DATA_THRESHOLD = 1 << 30
+
+
+def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
+    """torch.export dims from the contract: the same symbolic name is the same Dim."""
+    import torch
+
+    dims: dict[str, Any] = {}
+    shapes: dict[str, dict[int, Any]] = {}
+    for spec in contract.inputs:
+        axes = {}
+        for axis, dim in enumerate(spec.dims):
+            if isinstance(dim, str):
+                axes[axis] = dims.setdefault(dim, torch.export.Dim(dim))
+        shapes[spec.name] = axes
+    return shapes
+
+
+def clear_reshape_allowzero(model: Any) -> int:
+    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count."""
+    import onnx_ir as ir
+
+    cleared = 0
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
+            attr = node.attributes.get("allowzero")
+            if attr is not None and attr.value == 1:
+                node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
+                cleared += 1
+    return cleared
+
+
+def weight_bytes(module: Any) -> int:
+    return sum(p.numel() * p.element_size() for p in module.state_dict().values())
+
+
+def export_graph(
+    module: Any,
+    example_inputs: tuple,
+    contract: GraphContract,
+    path: Path,
+    *,
+    opset: int = DEFAULT_OPSET,
+    external_data: bool | None = None,
+) -> dict[str, Any]:
+    """Export `module` to `path` per `contract`; returns what the manifest records about it.
+
+    `external_data=None` decides by size. Raises ExportError with the exporter's message when
+    torch cannot export the module.
+    """
+    import onnx
+    import onnx_ir as ir
+    import torch
+
+    path = Path(path)
+    if external_data is None:
+        external_data = weight_bytes(module) > EXTERNAL_DATA_THRESHOLD
+    data_name = path.name + "_data" if external_data else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            program = torch.onnx.export(
+                module,
+                example_inputs,
+                input_names=[s.name for s in contract.inputs],
+                output_names=[s.name for s in contract.outputs],
+                dynamic_shapes={s.name: d for s, d in
+                                zip(contract.inputs, _dynamic_shapes(contract).values())},
+                opset_version=opset,
+                dynamo=True,
+                optimize=True,
+                verbose=False,
+                report=False,
+            )
+        except Exception as e:  # torch.export raises a zoo of types; all mean the same here
+            raise ExportError(f"torch could not export the {contract.role} graph: {e}") from e
+    model = program.model
+    cleared = clear_reshape_allowzero(model)
+    for stale in (path, path.with_name(path.name + "_data")):
+        if stale.exists():
+            stale.unlink()
+    ir.save(model, path, external_data=data_name, size_threshold_bytes=1024 if data_name else 0)
+    try:
+        onnx.checker.check_model(os.fspath(path), full_check=False)
+    except onnx.checker.ValidationError as e:
+        raise ExportError(f"{path.name}: onnx.checker rejected the exported graph: {e}") from e
+    log.info("wrote %s (%s), cleared %d Reshape allowzero", path.name,
+             "external data" if data_name else "inline", cleared)
+    return {"file": path.name, "data_file": data_name, "opset": opset,
+            "reshape_allowzero_cleared": cleared}

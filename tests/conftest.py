@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny random-weight ColQwen2 checkpoints of the real architecture, the pinned
+reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+# Offline by construction: nothing in the suite may reach a hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory):
+    """Folder of the default tiny checkpoint ("tiny" preset, seed 0) with the real Qwen tokenizer."""
+    from colembed_export.tiny import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_alt_checkpoint(tmp_path_factory):
+    """A second architecture (other heads, mrope sections, depths, 64-dim output)."""
+    from colembed_export.tiny import build_checkpoint
+
+    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-alt", "tiny-alt", seed=1)
+
+
+@pytest.fixture(scope="session")
+def reference_processor(tiny_checkpoint):
+    from transformers import ColQwen2Processor
+
+    return ColQwen2Processor.from_pretrained(tiny_checkpoint, use_fast=False)
+
+
+@pytest.fixture(scope="session")
+def reference_model(tiny_checkpoint):
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    torch.manual_seed(0)
+    return ColQwen2ForRetrieval.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+
+
+def _export(checkpoint, out, **kwargs):
+    from colembed_export.exporter import export_model
+
+    return export_model(checkpoint, out, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def exported_tiny(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint exported (with the check on) to a colembed model folder.
+
+    Written with external data so that tests can tamper with a `.onnx_data` file. Tests that
+    modify a folder must copy it first (`copy_model_folder`).
+    """
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny",
+                   external_data=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(exported_tiny):
+    import colembed
+
+    return colembed.load(exported_tiny.folder)
+
+
+@pytest.fixture
+def copy_model_folder(exported_tiny, tmp_path):
+    """A private copy of the exported tiny folder, safe to tamper with."""
+    import shutil
+
+    def make(name: str = "copy"):
+        return shutil.copytree(exported_tiny.folder, tmp_path / name)
+
+    return make

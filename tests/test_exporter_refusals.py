@@ -1,0 +1,90 @@
+"""Issue 3: the exporter refuses what it cannot export faithfully, with a clear message."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from colembed.errors import ExportError
+from colembed_export.exporter import export_model
+
+
+@pytest.fixture
+def checkpoint_copy(tiny_checkpoint, tmp_path):
+    return shutil.copytree(tiny_checkpoint, tmp_path / "ckpt")
+
+
+def test_missing_tensor_is_refused(checkpoint_copy, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    weights = load_file(checkpoint_copy / "model.safetensors")
+    dropped = next(k for k in weights if "blocks.1.mlp.fc2.weight" in k)
+    del weights[dropped]
+    save_file(weights, checkpoint_copy / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ExportError, match=r"missing.*blocks\.1\.mlp\.fc2\.weight"):
+        export_model(checkpoint_copy, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_other_architecture_is_refused(checkpoint_copy, tmp_path):
+    config = json.loads((checkpoint_copy / "config.json").read_text())
+    config["model_type"] = "paligemma"
+    (checkpoint_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="paligemma"):
+        export_model(checkpoint_copy, tmp_path / "out")
+
+
+def test_other_backbone_is_refused(checkpoint_copy, tmp_path):
+    config = json.loads((checkpoint_copy / "config.json").read_text())
+    config["vlm_config"]["model_type"] = "qwen2_5_vl"
+    (checkpoint_copy / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="qwen2_5_vl"):
+        export_model(checkpoint_copy, tmp_path / "out")
+
+
+def test_folder_with_a_different_model_is_refused(exported_tiny, tiny_alt_checkpoint, tmp_path):
+    out = shutil.copytree(exported_tiny.folder, tmp_path / "existing")
+    before = sorted(p.name for p in out.iterdir())
+    with pytest.raises(ExportError, match="different model"):
+        export_model(tiny_alt_checkpoint, out, check=False)
+    assert sorted(p.name for p in out.iterdir()) == before  # untouched
+
+
+def test_non_model_folder_is_refused(tiny_checkpoint, tmp_path):
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "thesis.txt").write_text("precious")
+    with pytest.raises(ExportError, match="not a colembed model"):
+        export_model(tiny_checkpoint, out, check=False)
+    assert (out / "thesis.txt").read_text() == "precious"
+
+
+def test_unknown_source_is_refused(tmp_path):
+    with pytest.raises(ExportError, match="no such folder"):
+        export_model(tmp_path / "does-not-exist", tmp_path / "out")
+
+
+def test_hub_source_goes_through_snapshot_download(tiny_checkpoint, tmp_path, monkeypatch):
+    """A repo id is fetched with huggingface-hub; the boundary call is replaced by a local folder."""
+    calls = {}
+
+    def fake_snapshot_download(repo_id, revision=None, allow_patterns=None, **_):
+        calls.update(repo_id=repo_id, revision=revision, patterns=allow_patterns)
+        return str(tiny_checkpoint)
+
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    report = export_model("someone/colqwen2-test", tmp_path / "out", revision="abc123", check=False)
+    assert calls["repo_id"] == "someone/colqwen2-test" and calls["revision"] == "abc123"
+    assert "*.safetensors" in calls["patterns"]
+    assert report.manifest.model["source"] == "someone/colqwen2-test"
+    assert report.manifest.model["revision"] == "abc123"
+
+
+def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ExportError, match="could not download"):
+        export_model("vidore/colqwen2-v1.0-hf", tmp_path / "out", check=False)
