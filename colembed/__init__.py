@@ -59,3 +59,29 @@ __all__ = [
     "ScoringError",
     "__version__",
 ]
+
+
+def _register_with_fastembed() -> None:
+    """Make `LateInteractionMultimodalEmbedding("colqwen2")` work after `import colembed`.
+
+    FastEmbed 0.9 has no plugin entry points: it finds models in a class-level list, so ColQwen2
+    exists for it only once colembed has added itself, in this process. Does nothing when fastembed
+    is not installed; an incompatible fastembed only costs the integration (with a warning).
+    """
+    import importlib.util
+
+    try:
+        if importlib.util.find_spec("fastembed") is None:
+            return
+    except (ImportError, ValueError):
+        return
+    try:
+        from . import fastembed_plugin  # noqa: F401  (registers on import)
+    except ImportError as e:
+        import warnings
+
+        warnings.warn(f"colembed: FastEmbed integration unavailable ({e})", RuntimeWarning,
+                      stacklevel=2)
+
+
+_register_with_fastembed()

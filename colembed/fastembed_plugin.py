@@ -353,7 +353,6 @@ class _Worker(Worker):
 
     @classmethod
     def start(cls, model_name: str, cache_dir: str, **kwargs: Any) -> "_Worker":
-        kwargs.pop("device_ids", None)
         return cls(ColQwen2(model_name, cache_dir, **kwargs))
 
     def _embed(self, batch: list[Any]) -> list[np.ndarray]:

@@ -244,7 +244,7 @@ def load(
     verify: bool = True,
     cpu_mem_arena: bool = True,
 ) -> ColQwen2Model:
-    """Load an exported colembed model folder.
+    """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
     - `variant`: which graphs ("fp32"; quantised variants when the folder has them).
     - `providers`: None (CPU), "auto" (DirectML when available), or onnxruntime provider names /
@@ -253,12 +253,21 @@ def load(
     - `max_image_tokens`: cap image tokens per page (max_pixels = K * 28 * 28), overriding the
       folder's bound (ColQwen2 was trained with at most 768).
     - `verify`: check every graph file's sha256 against the manifest (sizes are always checked).
+
+    A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
+    see `colembed.registry`); an unknown name that is not a folder is an error naming both.
     """
     path = Path(source).expanduser()
     if not path.is_dir():
-        raise ModelFolderError(
-            "no such model folder (export one with `colembed export CHECKPOINT --out DIR`)",
-            path=path)
+        from . import registry
+
+        known = {entry.model.lower() for entry in registry.known_models()}
+        if str(source).lower() not in known:
+            raise ModelFolderError(
+                "no such model folder, and not a model name from models.json "
+                f"({sorted(known)}); export one with `colembed export CHECKPOINT --out DIR`",
+                path=path)
+        path = registry.resolve_model_folder(str(source))
     return ColQwen2Model(path, variant=variant, providers=providers, threads=threads,
                          max_image_tokens=max_image_tokens, verify=verify,
                          cpu_mem_arena=cpu_mem_arena)

@@ -411,3 +411,8 @@ def test_muvera_encodes_documents_and_queries(fe_model, page_files):
         assert np.any(fde != 0)
     # deterministic for the same vectors
     assert np.array_equal(muvera.process_document(pages[0]), muvera.process_document(pages[0]))
+
+
+def test_import_colembed_registers():
+    _run("import colembed\nfrom fastembed import LateInteractionMultimodalEmbedding as L\n"
+         "assert any(d['model'] == 'colqwen2' for d in L.list_supported_models())\nprint('ok')")

@@ -90,3 +90,22 @@ def test_auto_provider_falls_to_cpu_only_when_directml_is_absent(exported_tiny):
 def test_not_a_folder(tmp_path):
     with pytest.raises(ModelFolderError, match="colembed export"):
         colembed.load(tmp_path / "nope")
+
+
+def test_load_by_model_name_uses_the_cache(exported_tiny, tmp_path, monkeypatch):
+    shutil.copytree(exported_tiny.folder, tmp_path / "colembed-colqwen2")
+    monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path))
+    model = colembed.load("ColQwen2")
+    assert model.folder == tmp_path / "colembed-colqwen2"
+
+
+def test_load_by_model_name_offline_says_how_to_export(tmp_path, monkeypatch):
+    monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelFolderError, match=r"colembed export vidore/colqwen2-v1\.0-hf"):
+        colembed.load("colqwen2")
+
+
+def test_unknown_name_lists_known_models(tmp_path):
+    with pytest.raises(ModelFolderError, match=r"colqwen2"):
+        colembed.load("colpali-nonsense")
