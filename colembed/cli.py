@@ -48,6 +48,10 @@ def _cmd_export(args) -> int:
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
               f"over {check['pages']} pages and {check['queries']} queries")
+    for name, figures in report.check.items():
+        if name != "fp32":
+            print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "
+                  f"min {figures['min_cosine']:.5f}")
     print(f"model folder: {report.folder}")
     return 0
 

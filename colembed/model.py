@@ -78,6 +78,7 @@ class ColQwen2Model:
         self._sessions: dict[str, Session] = {}
         for role, entry in (("vision", vision_entry), ("text", text_entry)):
             self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
+        self._verify = verify
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
 
@@ -191,6 +192,29 @@ class ColQwen2Model:
                 for i, rows in zip(group, out):
                     features[i] = rows
         return features  # type: ignore[return-value]
+
+    # ---------------------------------------------------------------------------------- scoring
+    @property
+    def scorer(self):
+        """The folder's MaxSim scorer graph (checked against the manifest), or numpy without one."""
+        if self._scorer is None:
+            from .scoring import MaxSimScorer
+
+            entry = self.manifest.scorer
+            if entry is None:
+                self._scorer = MaxSimScorer()
+            else:
+                verify_files(self.folder, self.manifest, [entry.file], check_hashes=self._verify)
+                self._scorer = MaxSimScorer(self.folder / entry.file)
+        return self._scorer
+
+    def score(self, queries: Any, documents: Any, **options: Any) -> np.ndarray:
+        """Exact MaxSim scores (queries, documents); options as `colembed.score`."""
+        return self.scorer.score(queries, documents, **options)
+
+    def top_k(self, queries: Any, documents: Any, k: int, **options: Any):
+        """Per query the k best documents: (indices, scores); options as `colembed.top_k`."""
+        return self.scorer.top_k(queries, documents, k, **options)
 
     # ------------------------------------------------------------------------------- text graph
     def _run_text(self, ids: list[np.ndarray], grids: Sequence[Sequence[tuple[int, int, int]]],

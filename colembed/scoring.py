@@ -16,23 +16,26 @@ reproduces the reference instead (same 128-page batches, same zero rows), for co
 with colpali-engine or transformers.
 
 Backends (`backend=`):
-- "numpy": no graph needed. For few query tokens, one GEMM per page on the caller's own array (no
-  copy of the pages at all); otherwise the pages of a chunk are stacked and all query tokens meet
-  all page tokens in one sgemm, followed by a segmented max over each page's columns and a
-  segmented sum over each query's rows. numpy's BLAS uses every core.
+- "numpy": no graph needed. One sgemm per page on the caller's own array against all query
+  tokens (no copy of the pages; the page's similarities stay in cache for the max), then a
+  segmented sum over each query's rows. For few query tokens against short pages, where a call per
+  page would cost more than its GEMM, the pages of a chunk are stacked instead and met in one
+  sgemm, followed by a segmented max over each page's columns. numpy's BLAS uses every core.
 - "onnx": the scorer graph of `maxsim_graph` (`maxsim.onnx` in a model folder, or built in memory
   when the `onnx` package is installed) on onnxruntime's CPU provider, fed padded chunks of pages
-  sorted by length.
-- "auto": numpy when there is no graph or the onnx path is not faster for these shapes (see
-  `_choose_backend`), else onnx.
+  sorted by length, every query token as a one-token query (no padding of ragged queries).
+- "auto": the graph when there is one and there are many query tokens (`ONNX_MIN_QUERY_TOKENS`,
+  measured crossover), else numpy. Both give bitwise-equal scores on the machine measured.
 Memory: pages are processed in chunks whose scratch (stacked or padded copies, the similarity
 matrix, onnxruntime's intermediates) stays under `memory_budget_bytes`; a chunk always holds at
 least one page, and queries are split into groups when one page against all queries would not fit.
 So 100,000 pages never materialise a (Q, N, Lq, Ld) tensor.
 
-NaN/inf: every query is checked up front; pages are checked inside the GEMM at no extra pass (two
-extra query rows of +1 and -1 give each page row's sum, finite iff the row is), then confirmed
-with `np.isfinite` before an error names the page.
+NaN/inf: every query is checked up front. Pages are checked without an extra pass over them: on
+the numpy path inside the GEMM (two extra query rows of +1 and -1 give each page row's sum and its
+negation, both finite iff the row is), on the onnx path by a sum of squares taken while the page is
+in cache after padding it. A suspect page is confirmed with `np.isfinite` before an error names it
+(a finite page whose sums overflow fp32 passes).
 
 Imports numpy, and onnxruntime only when a graph is used; never torch or transformers.
 """
@@ -41,6 +44,7 @@ from __future__ import annotations
 
 import itertools
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -49,17 +53,25 @@ import numpy as np
 
 from .errors import ModelFolderError, ScoringError
 
-DEFAULT_MEMORY_BUDGET_BYTES = 64 << 20
+DEFAULT_MEMORY_BUDGET_BYTES = 32 << 20
 # transformers' ColQwen2Processor.score_retrieval(batch_size=128): its zero-padding unit.
 REFERENCE_BATCH_SIZE = 128
 BACKENDS = ("auto", "numpy", "onnx")
 # Pages read (and validated) from the input at a time; the onnx path sorts each block by length.
 BLOCK_DOCUMENTS = 512
-# numpy: up to this many query tokens, a GEMM per page on the caller's array beats stacking the
-# pages of a chunk (the copy costs more than the GEMM saves). Measured on a 2-core AVX-512 Xeon.
-PER_PAGE_MAX_QUERY_TOKENS = 96
-# onnx (auto): below this many query tokens the padded copy dominates and numpy wins.
-ONNX_MIN_QUERY_TOKENS = 96
+# numpy kernel choice (measured on a 2-core AVX-512 Xeon, dim 128, OpenBLAS): one GEMM per page on
+# the caller's array (no copy; its similarities stay in cache) wins for 700-800-token pages at every
+# query count tried (26 to 2,496 query tokens: 1.5x at 26, even at 832+). Stacking the pages of a
+# chunk wins only for few query tokens against short pages, where a call per page costs more than
+# the GEMM (26 query tokens: 2x at 8-token pages, 1.1x at 256).
+STACKED_MAX_QUERY_TOKENS = 128
+STACKED_MAX_PAGE_TOKENS = 384  # mean over the block
+# backend="auto" uses the graph (when there is one) from this many query tokens. Measured with
+# 700-800-token pages, best of 4: 32 queries (~830 tokens) graph 211 vs numpy 205 GFLOP/s (1.03-1.1x
+# over several runs), 16 queries (~420) 181 vs 200, 1 query 59 vs 61 (pages already in memory;
+# the graph pays a padded copy of every page, numpy none). With OPENBLAS_CORETYPE=Haswell pinning
+# numpy's kernels on this AVX-512 CPU, the graph led by 1.15x at 832 (onnxruntime picks its own).
+ONNX_MIN_QUERY_TOKENS = 640
 _F32 = np.dtype(np.float32)
 _ACCEPTED_DTYPES = (np.dtype(np.float16), _F32, np.dtype(np.float64))
 
@@ -179,7 +191,8 @@ def _check_rows_finite(signs: np.ndarray, docs: list[np.ndarray], start: int) ->
 
 
 def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarray, first: int) -> None:
-    """`sums[i]` is the sum of page `idx[i]`: finite unless the page holds NaN/inf (or overflows)."""
+    """`sums[i]` is a sum over page `idx[i]`: finite unless the page holds NaN/inf (or the sum
+    overflows fp32, which the exact check then clears)."""
     for i in np.flatnonzero(~np.isfinite(sums)):
         if not np.isfinite(docs[idx[i]]).all():
             raise ScoringError(f"document {first + int(idx[i])}: contains NaN or inf")
@@ -402,44 +415,82 @@ class MaxSimScorer:
                     _numpy_block(q, docs, lengths, floor, first, budget, out, buffers)
             yield first, out
 
+    def backend_for(self, queries: Any, backend: str = "auto") -> str:
+        """Which backend `score`/`top_k` would use for these queries ("numpy" or "onnx")."""
+        if backend not in BACKENDS:
+            raise ScoringError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return self._choose_backend(backend, _prepare_queries(queries))
+
     def _choose_backend(self, backend: str, q: _Queries) -> str:
         if backend != "auto":
             return backend
-        if self._session is None or len(q.vectors) < ONNX_MIN_QUERY_TOKENS:
-            return "numpy"
-        return "onnx"
+        if self._session is not None and len(q.vectors) >= ONNX_MIN_QUERY_TOKENS:
+            return "onnx"
+        return "numpy"
 
     def _onnx_block(self, q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
                     floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
                     buffers: dict[str, np.ndarray]) -> None:
-        """Pages sorted by length, padded in chunks under the budget, one graph run per chunk and
-        query group. The reference's zero rows become one extra real zero row per floored page."""
+        """Pages sorted by length (little padding), padded in chunks under the budget, one graph
+        run per chunk and query group. The reference's zero rows become one extra real zero row
+        per floored page."""
         dim, itemsize = q.dim, self._doc_dtype.itemsize
         need = lengths + floor if floor is not None else lengths  # rows fed per page
         order = np.argsort(need, kind="stable")
-        # Bytes per padded page row: our padded copy and mask, the graph's two fp32 copies of
-        # width dim+1 (zeroed, augmented), and one similarity per query row.
-        page_row = dim * itemsize + 8 + 8 * (dim + 1)
+        # Bytes per padded page row: our two padded copies (double-buffered) and the mask, the
+        # graph's augmented fp32 copy (dim+1 wide) with room for one more, and (below) one
+        # similarity per query row.
+        page_row = 2 * dim * itemsize + 8 + 8 * (dim + 1)
         for a, b in q.groups(_max_group_rows(budget, int(need.max()), page_row)):
-            qpad, qmask = _padded_queries(q, a, b)
-            per_row = page_row + 4 * int(q.lengths[a:b].sum())
-            for chunk in _chunks_by_rows(need[order], budget, per_row, padded=True):
-                idx = order[chunk]
-                width = int(need[idx].max())
-                flat = buffers.get("pad")
-                if flat is None or flat.size < len(idx) * width * dim:
-                    flat = buffers["pad"] = np.empty(len(idx) * width * dim, self._doc_dtype)
-                pad = flat[: len(idx) * width * dim].reshape(len(idx), width, dim)
-                mask = np.zeros((len(idx), width), dtype=np.int64)
-                for i, j in enumerate(idx):
-                    pad[i, : lengths[j]] = docs[j]
-                    pad[i, lengths[j]:] = 0.0
-                    mask[i, : need[j]] = 1
-                _check_pages_finite(pad.sum(axis=(1, 2), dtype=np.float32), docs, idx, first)
-                scores = self._session.run(None, {
-                    "query_vectors": qpad, "query_mask": qmask,
-                    "doc_vectors": pad, "doc_mask": mask})[0]
-                out[a:b, idx] = scores
+            # Every query token is fed as a one-token query and the host sums each query's
+            # rows: MaxSim is a sum over query tokens, and padding ragged queries to the longest
+            # would waste (longest / mean) of the GEMM (30% for 18-34-token queries).
+            start = int(q.starts[a])
+            rows = q.vectors[start: start + int(q.lengths[a:b].sum())]
+            rel = q.starts[a:b] - start
+            token_queries = rows[:, None, :]
+            token_mask = np.ones((len(rows), 1), dtype=np.int64)
+            per_row = page_row + 4 * len(rows)
+            chunks = [order[c] for c in _chunks_by_rows(need[order], budget, per_row, padded=True)]
+            # Pad chunk k+1 on a helper thread while onnxruntime scores chunk k (both release
+            # the GIL); the copy is memory-bound, the graph mostly GEMM.
+            with ThreadPoolExecutor(max_workers=1) as helper:
+                pending = helper.submit(_pad_chunk, docs, chunks[0], lengths, need, dim,
+                                        self._doc_dtype, buffers, "pad0")
+                for k, idx in enumerate(chunks):
+                    pad, mask, sums = pending.result()
+                    if k + 1 < len(chunks):
+                        pending = helper.submit(_pad_chunk, docs, chunks[k + 1], lengths, need,
+                                                dim, self._doc_dtype, buffers, f"pad{(k + 1) % 2}")
+                    _check_pages_finite(sums, docs, idx, first)
+                    maxima = self._session.run(None, {
+                        "query_vectors": token_queries, "query_mask": token_mask,
+                        "doc_vectors": pad, "doc_mask": mask})[0]  # (rows, pages)
+                    out[a:b, idx] = np.add.reduceat(maxima, rel, axis=0)
+
+
+def _pad_chunk(docs: list[np.ndarray], idx: np.ndarray, lengths: np.ndarray, need: np.ndarray,
+               dim: int, dtype: np.dtype, buffers: dict[str, np.ndarray],
+               name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Pages `idx` zero-padded to (pages, width, dim) in the reusable buffer `name`, their mask
+    (1 for `need[j]` rows: the real rows, plus the reference's zero row when floored) and a
+    finiteness probe per page (a sum of squares: NaN/inf, or an overflow, make it non-finite)."""
+    width = int(need[idx].max())
+    size = len(idx) * width * dim
+    flat = buffers.get(name)
+    if flat is None or flat.size < size:
+        flat = buffers[name] = np.empty(size, dtype)
+    pad = flat[:size].reshape(len(idx), width, dim)
+    mask = np.zeros((len(idx), width), dtype=np.int64)
+    probes = np.empty(len(idx), dtype=np.float32)
+    for i, j in enumerate(idx):
+        page = pad[i, : lengths[j]]
+        page[...] = docs[j]
+        pad[i, lengths[j]:] = 0.0
+        mask[i, : need[j]] = 1
+        values = page.reshape(-1)  # still in cache: the probe costs little
+        probes[i] = np.dot(values, values) if dtype == _F32 else values.sum(dtype=np.float32)
+    return pad, mask, probes
 
 
 def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
@@ -450,7 +501,7 @@ def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
         start = int(q.starts[a])
         group = q.vectors[start: start + int(q.lengths[a:b].sum())]
         rel = q.starts[a:b] - start
-        if len(group) <= PER_PAGE_MAX_QUERY_TOKENS:
+        if len(group) > STACKED_MAX_QUERY_TOKENS or lengths.mean() > STACKED_MAX_PAGE_TOKENS:
             out[a:b] = _numpy_per_page(group, rel, docs, floor, first)
             continue
         qx = _with_sign_rows(group)
@@ -482,17 +533,6 @@ def _chunks_by_rows(lengths: np.ndarray, budget: int, per_row: int, *, padded: b
             rows, width, b = rows_b, width_b, b + 1
         yield slice(a, b)
         a = b
-
-
-def _padded_queries(q: _Queries, a: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-    width = int(q.lengths[a:b].max())
-    pad = np.zeros((b - a, width, q.dim), dtype=np.float32)
-    mask = np.zeros((b - a, width), dtype=np.int64)
-    for i in range(a, b):
-        s, n = int(q.starts[i]), int(q.lengths[i])
-        pad[i - a, :n] = q.vectors[s:s + n]
-        mask[i - a, :n] = 1
-    return pad, mask
 
 
 # ---------------------------------------------------------------------------------- ranking

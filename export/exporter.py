@@ -164,6 +164,10 @@ def export_model(
     from colembed.preprocess.config import PreprocessConfig
 
     say = progress or (lambda message: log.info(message))
+    if variants:
+        from .variants import parse_variants
+
+        variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
     out = Path(out_dir).expanduser().resolve()
     say(f"resolving checkpoint {source}")
     ckpt: CheckpointSource = resolve_checkpoint(source, revision)

@@ -70,8 +70,9 @@ def run_score(kind, graph_scorer, monkeypatch, queries, documents, **kw):
     """Score with one backend; the two numpy kernels are forced by moving their threshold."""
     if kind == "onnx":
         return graph_scorer.score(queries, documents, backend="onnx", **kw)
-    monkeypatch.setattr(scoring, "PER_PAGE_MAX_QUERY_TOKENS",
-                        10**9 if kind == "numpy-per-page" else 0)
+    stacked = kind == "numpy-stacked"
+    monkeypatch.setattr(scoring, "STACKED_MAX_QUERY_TOKENS", 10**9 if stacked else 0)
+    monkeypatch.setattr(scoring, "STACKED_MAX_PAGE_TOKENS", 10**9 if stacked else 0)
     return scoring.score(queries, documents, backend="numpy", **kw)
 
 
@@ -175,6 +176,15 @@ def test_auto_backend_and_the_free_functions_agree(graph_scorer):
                                colembed.score(queries, [d[:1] for d in docs]), rtol=1e-6)
 
 
+def test_auto_uses_the_graph_only_for_many_query_tokens(graph_scorer):
+    many = [np.ones((scoring.ONNX_MIN_QUERY_TOKENS, 4), np.float32)]
+    few = [np.ones((scoring.ONNX_MIN_QUERY_TOKENS - 1, 4), np.float32)]
+    assert graph_scorer.backend_for(many) == "onnx"
+    assert graph_scorer.backend_for(few) == "numpy"
+    assert scoring.default_scorer().backend_for(many) == "numpy"  # no graph
+    assert graph_scorer.backend_for(few, "onnx") == "onnx"
+
+
 # -------------------------------------------------------------------------------- top_k
 @pytest.mark.parametrize("kind", ["numpy", "onnx"])
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -218,7 +228,8 @@ def test_top_k_handles_negative_and_zero_scores():
 @pytest.mark.parametrize("per_page", [True, False])
 def test_memory_follows_the_budget(per_page, monkeypatch):
     """A (Q, N, Lq, Ld) tensor here would be 25.6 MB; the budget keeps numpy's scratch near 1 MB."""
-    monkeypatch.setattr(scoring, "PER_PAGE_MAX_QUERY_TOKENS", 10**9 if per_page else 0)
+    monkeypatch.setattr(scoring, "STACKED_MAX_QUERY_TOKENS", 0 if per_page else 10**9)
+    monkeypatch.setattr(scoring, "STACKED_MAX_PAGE_TOKENS", 0 if per_page else 10**9)
     rng = np.random.default_rng(0)
     queries = [rng.standard_normal((20, 32)).astype(np.float32) for _ in range(8)]
     docs = [rng.standard_normal((100, 32)).astype(np.float32) for _ in range(400)]

@@ -28,8 +28,9 @@ def graph_scorer():
 def colembed_reference(kind, graph_scorer, monkeypatch, queries, pages, **kw):
     if kind == "onnx":
         return graph_scorer.score(queries, pages, backend="onnx", reference_padding=True, **kw)
-    monkeypatch.setattr(scoring, "PER_PAGE_MAX_QUERY_TOKENS",
-                        10**9 if kind == "numpy-per-page" else 0)
+    stacked = kind == "numpy-stacked"
+    monkeypatch.setattr(scoring, "STACKED_MAX_QUERY_TOKENS", 10**9 if stacked else 0)
+    monkeypatch.setattr(scoring, "STACKED_MAX_PAGE_TOKENS", 10**9 if stacked else 0)
     return scoring.score(queries, pages, backend="numpy", reference_padding=True, **kw)
 
 
