@@ -265,6 +265,8 @@ class MaxSimScorer:
     None for numpy only. `session`: an existing onnxruntime session over such a graph instead.
     `threads`: onnxruntime intra-op threads (default: physical cores). Use
     `MaxSimScorer.with_built_graph()` to build the graph in memory (needs the `onnx` package).
+    A graph built with `doc_dtype="float16"` is accepted too; pages are then padded into float16
+    (float32 pages rounded), while the numpy backend always scores pages as given, in fp32.
     """
 
     def __init__(self, graph: str | os.PathLike[str] | bytes | None = None, *, session: Any = None,

@@ -274,4 +274,5 @@ def _write_scorer(folder: Path) -> GraphEntry | None:
 
     path = folder / "maxsim.onnx"
     maxsim_graph.write_maxsim_graph(path)
-    return GraphEntry(file=path.name, contract=maxsim_graph.MAXSIM_CONTRACT, opset=None)
+    return GraphEntry(file=path.name, contract=maxsim_graph.MAXSIM_CONTRACT,
+                      opset=maxsim_graph.MAXSIM_OPSET)

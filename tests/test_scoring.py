@@ -347,6 +347,18 @@ def test_graph_ignores_whatever_padding_holds(doc_dtype, query_rows):
     assert (got < 0).all()
 
 
+def test_a_float16_document_graph_is_fed_float16_pages():
+    scorer = scoring.MaxSimScorer(maxsim_graph.maxsim_model_bytes(doc_dtype="float16"))
+    rng = np.random.default_rng(0)
+    queries = [rng.standard_normal((n, 8)).astype(np.float32) for n in (3, 5)]
+    pages = [rng.standard_normal((n, 8)).astype(np.float16) for n in (1, 4, 9)]
+    got = scorer.score(queries, pages, backend="onnx")
+    assert_exact(got, queries, [p.astype(np.float64) for p in pages])
+    # float32 pages are rounded to float16 by the padding copy of such a graph
+    single = scorer.score(queries, [p.astype(np.float32) for p in pages], backend="onnx")
+    np.testing.assert_array_equal(single, got)
+
+
 def test_a_graph_with_another_contract_is_refused(tmp_path):
     onnx = pytest.importorskip("onnx")
     from onnx import TensorProto, helper
