@@ -80,3 +80,19 @@ def copy_model_folder(exported_tiny, tmp_path):
         return shutil.copytree(exported_tiny.folder, tmp_path / name)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def config(tiny_checkpoint):
+    """colembed's PreprocessConfig read from the tiny checkpoint folder."""
+    from colembed.preprocess.config import PreprocessConfig
+
+    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
+
+
+@pytest.fixture(scope="session")
+def encoder(tiny_checkpoint, config):
+    """colembed's TextEncoder over the tiny checkpoint's (real Qwen) tokenizer."""
+    from colembed.preprocess.text import TextEncoder
+
+    return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)

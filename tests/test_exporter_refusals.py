@@ -88,3 +88,25 @@ def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ExportError, match="could not download"):
         export_model("vidore/colqwen2-v1.0-hf", tmp_path / "out", check=False)
+
+
+def test_failed_check_writes_nothing_and_says_where(tiny_checkpoint, tmp_path):
+    """A tolerance no float graph can meet: the check must fail, name the comparisons, write nothing."""
+    with pytest.raises(ExportError) as caught:
+        export_model(tiny_checkpoint, tmp_path / "out", tolerance=1e-12)
+    message = str(caught.value)
+    assert "nothing was written" in message and "query" in message and "image features" in message
+    assert not (tmp_path / "out").exists()
+    assert not any(p.name.startswith(".out.staging") for p in tmp_path.iterdir())
+
+
+def test_exported_graphs_have_no_reshape_allowzero(exported_tiny):
+    import onnx
+
+    for name in ("vision.onnx", "text.onnx"):
+        model = onnx.load(str(exported_tiny.folder / name), load_external_data=False)
+        flagged = [n.name for n in model.graph.node if n.op_type == "Reshape"
+                   and any(a.name == "allowzero" and a.i == 1 for a in n.attribute)]
+        assert flagged == [], (name, flagged)
+        assert model.opset_import[0].version == 18 or any(
+            o.domain in ("", "ai.onnx") and o.version == 18 for o in model.opset_import)

@@ -8,25 +8,16 @@ import pytest
 
 import fixtures_images as fx
 from colembed.errors import InputError
-from colembed.preprocess.config import VISION_ROPE_THETA, PreprocessConfig
+from colembed.preprocess.config import VISION_ROPE_THETA
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
-from colembed.preprocess.text import TextEncoder, pad_batch
+from colembed.preprocess.text import pad_batch
 
 torch = pytest.importorskip("torch")
 
 PAGE_SIZES = [(60, 100), (300, 40), (700, 900), (20, 20)]  # (width, height): different grids
 QUERIES = ["a", "what is the total revenue in 2024?", "<|image_pad|> literally", "", "x" * 300]
 
-
-@pytest.fixture(scope="module")
-def config(tiny_checkpoint):
-    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_checkpoint, config):
-    return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)
 
 
 @pytest.fixture(scope="module")

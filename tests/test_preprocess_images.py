@@ -24,7 +24,7 @@ from colembed.preprocess.images import (
     resized_grid,
     smart_resize,
 )
-from colembed.preprocess.text import TextEncoder, pad_batch
+from colembed.preprocess.text import pad_batch
 
 # name -> zero-argument factory of what the user passes (PIL image or encoded bytes)
 IMAGE_CASES = {
@@ -48,15 +48,6 @@ AMBIGUOUS_CASES = {
     "rgb_150x3": lambda: fx.rgb(150, 3),
 }
 
-
-@pytest.fixture(scope="module")
-def config(tiny_checkpoint):
-    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_checkpoint, config):
-    return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)
 
 
 def as_reference_input(obj):

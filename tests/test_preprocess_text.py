@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from colembed.errors import InputError, InputTypeError, ModelFolderError
-from colembed.preprocess.config import PreprocessConfig
 from colembed.preprocess.text import TextEncoder, pad_batch
 
 QUERIES = [
@@ -28,15 +27,6 @@ QUERIES = [
     "Query: already prefixed",
 ]
 
-
-@pytest.fixture(scope="module")
-def config(tiny_checkpoint):
-    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
-
-
-@pytest.fixture(scope="module")
-def encoder(tiny_checkpoint, config):
-    return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)
 
 
 def reference_queries(processor, queries):

@@ -16,6 +16,18 @@ import colembed
 from colembed.errors import ImageError, InputError
 
 
+# Prepended to subprocess scripts: importing torch or transformers fails there, as in a venv
+# that never had them.
+BLOCK_TORCH = textwrap.dedent("""
+    import sys
+    class Block:
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] in ("torch", "transformers"):
+                raise ImportError(f"No module named {name!r} (blocked)")
+    sys.meta_path.insert(0, Block())
+""")
+
+
 def _page(h=900, w=700, seed=0):
     rng = np.random.default_rng(seed)
     return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
@@ -107,13 +119,7 @@ def test_cli_export_and_info(tiny_checkpoint, tmp_path):
 
 def test_cli_export_without_torch_says_how_to_install(tmp_path):
     """The runtime CLI imports the exporter lazily; with torch absent it names the extra."""
-    script = textwrap.dedent("""
-        import sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("torch", "transformers"):
-                    raise ImportError(f"No module named {name!r} (blocked)")
-        sys.meta_path.insert(0, Block())
+    script = BLOCK_TORCH + textwrap.dedent("""
         from colembed.cli import main
         sys.exit(main(["export", "some/checkpoint", "--out", sys.argv[1]]))
     """)
@@ -125,13 +131,7 @@ def test_cli_export_without_torch_says_how_to_install(tmp_path):
 
 def test_runtime_works_with_torch_blocked(exported_tiny):
     """Embedding and scoring work in a process where importing torch/transformers fails."""
-    script = textwrap.dedent("""
-        import sys
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] in ("torch", "transformers"):
-                    raise ImportError(f"No module named {name!r} (blocked)")
-        sys.meta_path.insert(0, Block())
+    script = BLOCK_TORCH + textwrap.dedent("""
         from PIL import Image
         import colembed
         model = colembed.load(sys.argv[1])
@@ -143,3 +143,20 @@ def test_runtime_works_with_torch_blocked(exported_tiny):
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "(1, 1)" in run.stdout
+
+
+def test_queries_never_run_the_image_graph(exported_tiny):
+    model = colembed.load(exported_tiny.folder)
+    calls = {"vision": 0, "text": 0}
+    for role, session in model._sessions.items():
+        original = session.run
+
+        def counted(feeds, _role=role, _original=original):
+            calls[_role] += 1
+            return _original(feeds)
+        session.run = counted
+    model.embed_queries(["a", "b", "c"], batch_size=2)
+    assert calls == {"vision": 0, "text": 2}
+    # same-grid pages share one image-graph call; all pages share one text-graph call
+    model.embed_images([_page(60, 80, 1), _page(60, 80, 2), _page(90, 60, 3)], batch_size=3)
+    assert calls == {"vision": 2, "text": 3}
