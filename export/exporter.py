@@ -190,7 +190,7 @@ def export_model(
         "text": text_contract(text_hidden, config.embedding_dim),
     }
 
-    from .graphs import ImageGraph, TextGraph
+    from .graphs import ONNX_TRANSLATIONS, ImageGraph, TextGraph
 
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.staging-{os.getpid()}"
@@ -207,7 +207,8 @@ def export_model(
             ):
                 say(f"exporting the {role} graph")
                 info = export_graph(module, args, contracts[role], staging / f"{role}.onnx",
-                                    opset=opset, external_data=external_data)
+                                    opset=opset, external_data=external_data,
+                                    translations=ONNX_TRANSLATIONS)
                 graphs[role] = GraphEntry(file=info["file"], data_file=info["data_file"],
                                           opset=opset, contract=contracts[role])
         scorer = _write_scorer(staging)

@@ -7,7 +7,11 @@ changes exactly two things for export, both checked against the unpatched tower 
   quantisers and DirectML see a MatMul),
 - `VisionAttention.forward` runs batched over (images, patches) instead of splitting the packed
   sequence by `cu_seqlens` in Python (`.tolist()` would freeze the grid into the graph). Attention is
-  full within an image and none across images, as in the reference.
+  full within an image and none across images, as in the reference. The attention itself is one
+  custom op, `colembed::full_attention`, which runs as scaled-dot-product attention in torch and is
+  exported as onnxruntime's fused `com.microsoft.MultiHeadAttention`: measured on one 2976-patch
+  Qwen2-VL-2B layer (16 heads of 80), 0.18 s against 0.25 s for MatMul-Softmax-MatMul, where the
+  Softmax alone was a quarter of the image graph's time.
 
 `TextGraph` holds the checkpoint's language model and projection and replaces `masked_scatter` (a
 data-dependent op) with a gather driven by a host-made index. Position ids come from the host.
@@ -20,11 +24,48 @@ import types
 
 import torch
 from torch import nn
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.qwen2_vl.modeling_qwen2_vl import (
-    apply_rotary_pos_emb_vision,
-    eager_attention_forward,
-)
+from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_vision
+
+
+@torch.library.custom_op("colembed::full_attention", mutates_args=())
+def full_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
+                   scale: float) -> torch.Tensor:
+    """Non-causal attention over (batch, tokens, heads*head_dim) tensors, no mask."""
+    batch, tokens, width = query.shape
+    q, k, v = (t.reshape(batch, tokens, num_heads, -1).transpose(1, 2) for t in (query, key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, width)
+
+
+@full_attention.register_fake
+def _(query, key, value, num_heads, scale):
+    return torch.empty_like(query)
+
+
+def _multi_head_attention_schema():
+    """The part of onnxruntime's contrib-op schema we use (onnx's registry does not hold it)."""
+    from onnx.defs import OpSchema
+
+    return OpSchema(
+        "MultiHeadAttention", "com.microsoft", 1,
+        inputs=[OpSchema.FormalParameter(n, "T") for n in ("query", "key", "value")],
+        outputs=[OpSchema.FormalParameter("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors")],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
+                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "q.k scale")],
+    )
+
+
+def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
+    import onnxscript
+
+    attention = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1),
+                                     "MultiHeadAttention", _multi_head_attention_schema())
+    return attention(query, key, value, num_heads=num_heads, scale=scale)
+
+
+# torch op -> ONNX translation, handed to `torch.onnx.export(custom_translation_table=...)`.
+ONNX_TRANSLATIONS = {torch.ops.colembed.full_attention.default: _full_attention_onnx}
 
 
 def _batched_vision_attention(
@@ -32,20 +73,17 @@ def _batched_vision_attention(
 ) -> torch.Tensor:
     """`VisionAttention.forward` over (images, patches, width): one attention per image.
 
-    Same weights, rotary and attention kernel as the reference; only the packing differs.
+    Same weights, rotary and attention math as the reference; only the packing and the fused
+    attention kernel differ (checked against the unpatched tower before anything is written).
     """
     images, patches, width = hidden_states.shape
     qkv = self.qkv(hidden_states).reshape(images, patches, 3, self.num_heads, -1)
     query, key, value = qkv.permute(2, 0, 1, 3, 4).unbind(0)  # each (images, patches, heads, hd)
     cos, sin = position_embeddings
     query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
-    query, key, value = (t.transpose(1, 2) for t in (query, key, value))  # (images, heads, patches, hd)
-    attention = eager_attention_forward
-    if self.config._attn_implementation != "eager":
-        attention = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
-    out, _ = attention(self, query, key, value, attention_mask=None, scaling=self.scaling,
-                       dropout=0.0, is_causal=False)
-    return self.proj(out.reshape(images, patches, width))
+    query, key, value = (t.reshape(images, patches, width) for t in (query, key, value))
+    out = full_attention(query, key, value, self.num_heads, float(self.scaling))
+    return self.proj(out)
 
 
 class ImageGraph(nn.Module):

@@ -71,10 +71,12 @@ def export_graph(
     *,
     opset: int = DEFAULT_OPSET,
     external_data: bool | None = None,
+    translations: dict | None = None,
 ) -> dict[str, Any]:
     """Export `module` to `path` per `contract`; returns what the manifest records about it.
 
-    `external_data=None` decides by size. Raises ExportError with the exporter's message when
+    `external_data=None` decides by size; `translations` maps custom torch ops to ONNX functions.
+    Raises ExportError with the exporter's message when
     torch cannot export the module.
     """
     import onnx
@@ -98,6 +100,7 @@ def export_graph(
                 opset_version=opset,
                 dynamo=True,
                 optimize=True,
+                custom_translation_table=translations,
                 verbose=False,
                 report=False,
             )

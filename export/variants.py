@@ -76,7 +76,10 @@ RESIDUAL_OWNER = re.compile(r".*\.(layers|blocks)\.\d+")  # an Add owned by a la
 FP16_KEEP_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
                  "SkipSimplifiedLayerNormalization", "RMSNormalization", "Softmax",
                  "ReduceL2", "ReduceMean", "Pow", "Sqrt", "Reciprocal", "Range", "CumSum",
-                 "Cos", "Sin")
+                 "Cos", "Sin",
+                 # the vision tower's fused attention: fp32 softmax inside, and onnxruntime's CPU
+                 # kernel (where the variant is checked) takes fp32 only
+                 "MultiHeadAttention")
 
 
 @dataclass(frozen=True)

@@ -110,3 +110,14 @@ def test_exported_graphs_have_no_reshape_allowzero(exported_tiny):
         assert flagged == [], (name, flagged)
         assert model.opset_import[0].version == 18 or any(
             o.domain in ("", "ai.onnx") and o.version == 18 for o in model.opset_import)
+
+
+def test_vision_attention_is_the_fused_onnxruntime_op(exported_tiny):
+    """The image graph's attention runs as com.microsoft.MultiHeadAttention, one per block."""
+    import onnx
+
+    model = onnx.load(str(exported_tiny.folder / "vision.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    depth = exported_tiny.manifest.architecture["vision_depth"]
+    assert ops.count("MultiHeadAttention") == depth
+    assert "Softmax" not in ops
