@@ -23,21 +23,24 @@ import argparse
 import io
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from machine import load_average, machine_info  # noqa: E402
+
+REPO = HERE.parent
 DEFAULT_OUT = REPO / "benchmarks" / "results" / "preprocess.md"
 PAGES_PER_BATCH = 4
 QUERY_BATCH = 32
@@ -155,42 +158,6 @@ def alternate(reference_fn, colembed_fn, rounds: int) -> tuple[float, float]:
 # -- report --------------------------------------------------------------------------------------
 
 
-def machine() -> dict:
-    model = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": model,
-        "logical_cores": os.cpu_count(),
-        "usable_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "load_average_at_start": load_average(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-
-
-def load_average() -> list[float] | None:
-    """1/5/15-minute load: other jobs on a shared machine move absolute numbers, not ratios."""
-    return [round(x, 2) for x in os.getloadavg()] if hasattr(os, "getloadavg") else None
-
-
-def versions() -> dict:
-    from importlib.metadata import version
-
-    out = {}
-    for name in ("colembed", "numpy", "pillow", "tokenizers", "transformers", "torch"):
-        try:
-            out[name] = version(name)
-        except Exception:  # a missing distribution is reported, not fatal
-            out[name] = "not installed"
-    return out
-
-
 def table_row(row: dict) -> str:
     if row["kind"] == "query":
         cells = [row["case"], "", f"{row['reference_per_s']:.0f}", f"{row['colembed_per_s']:.0f}"]
@@ -202,15 +169,16 @@ def table_row(row: dict) -> str:
 
 
 def markdown(report: dict) -> str:
+    m = report["machine"]
     lines = [
         "# Preprocessing throughput: colembed vs reference ColQwen2Processor",
         "",
-        f"- Date: {report['date']}",
-        f"- Command: `{report['command']}`",
-        f"- Machine: {report['machine']['cpu']}, {report['machine']['logical_cores']} logical cores, "
-        f"load average {report['machine']['load_average_at_start']} at start, "
-        f"{report['machine']['load_average_at_end']} at end",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in report["versions"].items()),
+        f"- Date: {m['date']}",
+        f"- Command: `{m['command']}`",
+        f"- Machine: {m['cpu']}, {m['logical_cpus']} logical cores, "
+        f"load average {m['load_average_at_start']} at start, "
+        f"{m['load_average_at_end']} at end",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()),
         f"- Method: {report['method']}",
         "",
         "| case | resized (WxH) | reference items/s | colembed items/s | speed-up | max abs pixel diff "
@@ -309,10 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     report = {
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "machine": machine(),
-        "versions": versions(),
+        "machine": machine_info(),
         "method": (
             f"batches of {PAGES_PER_BATCH} images / {QUERY_BATCH} queries; reference and colembed "
             "alternate each round, median round reported; outputs checked equal first; single thread "

@@ -31,19 +31,21 @@ Writes benchmarks/results/scoring.{md,json} (--quick: scoring-quick.*).
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from machine import load_average, machine_info  # noqa: E402
+
+REPO = HERE.parent
 RESULTS = REPO / "benchmarks" / "results"
 DIM = 128
 PAGE_TOKENS = (700, 800)
@@ -207,92 +209,22 @@ def run_case(name, queries, pool, lengths, scorer, rounds):
             "rounds": rounds, "results": rows, "checks": checks}
 
 
-# --------------------------------------------------------------------------------- context
-def openblas() -> dict:
-    try:
-        maps = Path("/proc/self/maps").read_text()
-        path = next(line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower())
-        lib = ctypes.CDLL(path)
-        info = {"library": os.path.basename(path)}
-        for prefix in ("scipy_openblas_", "openblas_"):
-            for field, suffix in (("core", "get_corename64_"), ("config", "get_config64_"),
-                                  ("core", "get_corename"), ("config", "get_config")):
-                fn = getattr(lib, prefix + suffix, None)
-                if fn is not None and field not in info:
-                    fn.restype = ctypes.c_char_p
-                    info[field] = fn().decode()
-            fn = getattr(lib, prefix + "get_num_threads64_", None) or \
-                getattr(lib, prefix + "get_num_threads", None)
-            if fn is not None and "threads" not in info:
-                fn.restype = ctypes.c_int
-                info["threads"] = fn()
-        return info
-    except (StopIteration, OSError) as e:
-        return {"error": str(e)}
-
-
-def machine() -> dict:
-    model, flags = platform.processor(), set()
-    cores = set()
-    physical = core = None
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "model name":
-            model = value
-        elif key == "flags":
-            flags = set(value.split())
-        elif key == "physical id":
-            physical = value
-        elif key == "core id":
-            core = value
-            cores.add((physical, core))
-    interesting = ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
-                   "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8", "f16c"]
-    from colembed.sessions import physical_cores
-
-    return {
-        "cpu": model, "logical_cpus": os.cpu_count(), "physical_cores": physical_cores(),
-        "flags": [f for f in interesting if f in flags],
-        "memory_gb": round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1),
-        "platform": platform.platform(),
-        "env": {k: v for k, v in sorted(os.environ.items())
-                if any(s in k for s in ("BLAS", "OMP_", "MKL", "CORETYPE", "NUM_THREADS"))},
-        "openblas": openblas(),
-    }
-
-
-def versions() -> dict:
-    import onnxruntime
-    import torch
-    import transformers
-
-    out = {"python": platform.python_version(), "numpy": np.__version__,
-           "onnxruntime": onnxruntime.__version__, "torch": torch.__version__,
-           "torch_threads": torch.get_num_threads(), "transformers": transformers.__version__}
-    try:
-        import onnx
-
-        out["onnx"] = onnx.__version__
-    except ImportError:
-        pass
-    return out
-
-
+# ---------------------------------------------------------------------------------- report
 def markdown(report: dict) -> str:
-    m, v = report["machine"], report["versions"]
+    m = report["machine"]
+    load = [(m[k] or [float("nan")])[0] for k in ("load_average_at_start", "load_average_at_end")]
     lines = [
         "# MaxSim scoring benchmark", "",
-        f"- command: `{report['command']}`",
-        f"- date: {report['date']}",
+        f"- command: `{m['command']}`",
+        f"- date: {m['date']}",
         f"- machine: {m['cpu']}, {m['physical_cores']} physical cores / {m['logical_cpus']} "
-        f"logical, {m['memory_gb']} GB; flags: {', '.join(m['flags'])}",
+        f"logical, {m['memory_gib']} GiB; flags: {', '.join(m['instruction_sets'])}",
         f"- numpy BLAS: {m['openblas'].get('config', m['openblas'])} (core "
         f"{m['openblas'].get('core', '?')}, {m['openblas'].get('threads', '?')} threads); "
-        f"environment: {m['env'] or 'no BLAS/OMP variables set'}",
-        f"- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- load average (1 min) before / after: {report['load_before']:.2f} / "
-        f"{report['load_after']:.2f} (a shared machine: rounds alternate, best round reported)",
+        f"environment: {m['environment'] or 'no BLAS/OMP variables set'}",
+        f"- versions: " + ", ".join(f"{k} {val}" for k, val in m["versions"].items()),
+        f"- load average (1 min) before / after: {load[0]:.2f} / "
+        f"{load[1]:.2f} (a shared machine: rounds alternate, best round reported)",
         "",
     ]
     for case in report["cases"]:
@@ -356,9 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or RESULTS / ("scoring-quick.md" if args.quick else "scoring.md")
 
+    info = machine_info()  # before the run (load average at start) and before torch loads
+    import torch
+
     from colembed.scoring import MaxSimScorer
 
-    load_before = os.getloadavg()[0]
+    info["versions"]["torch_threads"] = torch.get_num_threads()
     scale = 10 if args.quick else 1
     pool, lengths = make_pages(20_000 // scale, seed=0)
     print(f"pages ready: {pool.nbytes / 2**30:.1f} GiB", file=sys.stderr)
@@ -368,13 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                  scorer, args.rounds),
         run_case("1 query", make_queries(1, 2), pool, lengths, scorer, args.rounds),
     ]
-    report = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(), "versions": versions(),
-        "load_before": load_before, "load_after": os.getloadavg()[0],
-        "cases": cases, "targets": targets(cases),
-    }
+    info["load_average_at_end"] = load_average()
+    report = {"machine": info, "cases": cases, "targets": targets(cases)}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(markdown(report))
     out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,9 +143,52 @@ def read_manifest(folder: Path) -> Manifest:
         raise ManifestError(f"malformed manifest ({type(e).__name__}: {e})", path=path) from e
 
 
-def verify_files(folder: Path, manifest: Manifest, names: list[str], *, check_hashes: bool) -> None:
-    """Every named file exists with the manifest's size (and sha256 unless opted out)."""
+def _stamp_store() -> Path:
+    """Where hashes already checked are remembered (COLEMBED_CACHE_DIR, else the user cache)."""
+    root = os.environ.get("COLEMBED_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+        "colembed")
+    return Path(root) / "verified-files.json"
+
+
+def _stamp(path: Path, sha256: str) -> dict[str, Any]:
+    st = path.stat()
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "inode": st.st_ino, "sha256": sha256}
+
+
+def _read_stamps() -> dict[str, Any]:
+    try:
+        data = json.loads(_stamp_store().read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _write_stamps(stamps: dict[str, Any]) -> None:
+    """Best effort: a read-only home only costs the next load a re-hash."""
+    store = _stamp_store()
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_name(f"{store.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(stamps))
+        os.replace(tmp, store)
+    except OSError:
+        pass
+
+
+def verify_files(folder: Path, manifest: Manifest, names: list[str], *,
+                 check_hashes: bool | str) -> None:
+    """Every named file exists with the manifest's size, and (unless `check_hashes` is False) its
+    sha256.
+
+    Hashing a 9 GB model takes tens of seconds, so `check_hashes=True` skips a file whose size,
+    mtime and inode are those recorded the last time it hashed to the manifest's very sha256;
+    a changed file or a changed manifest entry is hashed again. `check_hashes="full"` always
+    hashes.
+    """
     folder = Path(folder)
+    stamps = _read_stamps() if check_hashes is True else {}
+    stamps_changed = False
     for name in names:
         expected = manifest.files.get(name)
         path = folder / name
@@ -157,7 +201,16 @@ def verify_files(folder: Path, manifest: Manifest, names: list[str], *, check_ha
             raise ModelFolderError(
                 f"size {size} bytes != {expected['size']} in the manifest "
                 "(truncated or replaced; re-download or re-export)", path=path)
-        if check_hashes and sha256_of(path) != expected["sha256"]:
+        if not check_hashes:
+            continue
+        key = str(path.resolve())
+        if check_hashes is True and stamps.get(key) == _stamp(path, expected["sha256"]):
+            continue
+        if sha256_of(path) != expected["sha256"]:
             raise ModelFolderError(
                 "sha256 does not match the manifest (the file was modified; re-export, or load "
                 "with verify=False if you changed it on purpose)", path=path)
+        stamps[key] = _stamp(path, expected["sha256"])
+        stamps_changed = True
+    if stamps_changed and check_hashes is True:
+        _write_stamps(stamps)

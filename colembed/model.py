@@ -56,7 +56,7 @@ class ColQwen2Model:
         providers: Any = None,
         threads: int | None = None,
         max_image_tokens: int | None = None,
-        verify: bool = True,
+        verify: bool | str = True,
         cpu_mem_arena: bool = True,
     ) -> None:
         self.folder = Path(folder)
@@ -265,7 +265,7 @@ def load(
     providers: Any = None,
     threads: int | None = None,
     max_image_tokens: int | None = None,
-    verify: bool = True,
+    verify: bool | str = True,
     cpu_mem_arena: bool = True,
 ) -> ColQwen2Model:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
@@ -277,10 +277,14 @@ def load(
     - `max_image_tokens`: cap image tokens per page (max_pixels = K * 28 * 28), overriding the
       folder's bound (ColQwen2 was trained with at most 768).
     - `verify`: check every graph file's sha256 against the manifest (sizes are always checked).
+      A file already hashed, unchanged since (size, mtime, inode), is not hashed again;
+      `verify="full"` always hashes, `verify=False` checks sizes only.
 
     A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
     see `colembed.registry`); an unknown name that is not a folder is an error naming both.
     """
+    if verify not in (True, False, "full"):
+        raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
     path = Path(source).expanduser()
     if not path.is_dir():
         from . import registry

@@ -15,6 +15,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_colembed_cache(tmp_path_factory):
+    """Hash stamps go to a per-run folder, never the developer's ~/.cache."""
+    os.environ["COLEMBED_CACHE_DIR"] = str(tmp_path_factory.mktemp("colembed-cache"))
+
+
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Folder of the default tiny checkpoint ("tiny" preset, seed 0) with the real Qwen tokenizer."""

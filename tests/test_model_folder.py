@@ -109,3 +109,28 @@ def test_load_by_model_name_offline_says_how_to_export(tmp_path, monkeypatch):
 def test_unknown_name_lists_known_models(tmp_path):
     with pytest.raises(ModelFolderError, match=r"colqwen2"):
         colembed.load("colpali-nonsense")
+
+
+def test_unchanged_files_are_not_hashed_twice(copy_model_folder, monkeypatch):
+    import colembed.manifest as manifest_module
+
+    folder = copy_model_folder()
+    hashed = []
+    real = manifest_module.sha256_of
+    monkeypatch.setattr(manifest_module, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    colembed.load(folder)
+    assert "text.onnx_data" in hashed
+    hashed.clear()
+    colembed.load(folder)
+    assert hashed == []  # stamps from the first load: same size, mtime, inode, expected sha256
+    colembed.load(folder, verify="full")
+    assert "text.onnx_data" in hashed
+    hashed.clear()
+    data = folder / "text.onnx_data"
+    raw = bytearray(data.read_bytes())
+    raw[7] ^= 0x01
+    data.write_bytes(bytes(raw))  # same size, new mtime: hashed again, and caught
+    with pytest.raises(ModelFolderError, match=r"text\.onnx_data.*sha256"):
+        colembed.load(folder)
+    with pytest.raises(ValueError, match="verify"):
+        colembed.load(folder, verify="sometimes")
