@@ -61,16 +61,13 @@ def verify_export(model, checkpoint_folder, staged_folder, *, tolerance: float) 
     visual = model.vlm.model.visual
     with torch.no_grad():
         runtime_features = runtime.image_features(pages)
+        runtime_pages = runtime.embed_images(pages, batch_size=len(pages))
         for i, page in enumerate(pages):
             batch = processor.process_images([page])
             grid = batch["image_grid_thw"]
             n = int(grid[0, 1] * grid[0, 2])
             want = visual(batch["pixel_values"][0, :n], grid_thw=grid).numpy()
             compare(f"page {i} image features", runtime_features[i], want)
-
-        runtime_pages = runtime.embed_images(pages, batch_size=len(pages))
-        for i, page in enumerate(pages):
-            batch = processor.process_images([page])
             want = model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy()
             compare(f"page {i} embeddings", runtime_pages[i], want)
 
