@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -23,7 +24,7 @@ from .preprocess.config import PreprocessConfig
 from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
-from .sessions import Session, resolve_providers
+from .sessions import Session, physical_cores, resolve_providers
 
 # Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
 # Same-grid pages are batched until their scores reach this budget (always at least one page).
@@ -79,6 +80,7 @@ class ColQwen2Model:
         for role, entry in (("vision", vision_entry), ("text", text_entry)):
             self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
+        self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
 
@@ -138,13 +140,7 @@ class ColQwen2Model:
         the ImageError (naming the page's index) is raised.
         """
         for start, batch in _batches(images, batch_size):
-            prepared, error = [], None
-            for offset, obj in enumerate(batch):
-                try:
-                    prepared.append(prepare_image(obj, self.config, index=start + offset))
-                except InputError as e:
-                    error = e
-                    break
+            prepared, error = self._prepare_batch(batch, start)
             if prepared:
                 yield from self._embed_prepared(prepared)
             if error is not None:
@@ -152,6 +148,29 @@ class ColQwen2Model:
 
     def embed_images(self, images: Iterable[Any], batch_size: int = 4) -> list[np.ndarray]:
         return _collect(self.iter_image_embeddings(images, batch_size))
+
+    def _prepare_batch(self, batch: list[Any], start: int) -> tuple[list[PreparedImage], InputError | None]:
+        """The batch's pages decoded, resized and patchified in threads (PIL's decode and resize
+        and numpy's gathers release the GIL), in order, up to the first bad one and its error."""
+        workers = min(len(batch), self._preprocess_threads)
+        if workers <= 1:
+            results = []
+            for offset, obj in enumerate(batch):
+                try:
+                    results.append(prepare_image(obj, self.config, index=start + offset))
+                except InputError as e:
+                    return results, e
+            return results, None
+        with ThreadPoolExecutor(workers, thread_name_prefix="colembed-prepare") as pool:
+            futures = [pool.submit(prepare_image, obj, self.config, index=start + offset)
+                       for offset, obj in enumerate(batch)]
+        results = []
+        for future in futures:
+            try:
+                results.append(future.result())
+            except InputError as e:
+                return results, e
+        return results, None
 
     def image_features(self, images: Sequence[Any]) -> list[np.ndarray]:
         """The image graph's merged features per image, (tokens, text width): for checks."""

@@ -160,3 +160,19 @@ def test_queries_never_run_the_image_graph(exported_tiny):
     # same-grid pages share one image-graph call; all pages share one text-graph call
     model.embed_images([_page(60, 80, 1), _page(60, 80, 2), _page(90, 60, 3)], batch_size=3)
     assert calls == {"vision": 2, "text": 3}
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_threaded_preparation_keeps_order_and_error_semantics(exported_tiny, threads):
+    """Pages of a batch are prepared in `threads` threads; results and errors are as if serial."""
+    model = colembed.load(exported_tiny.folder, threads=threads)
+    pages = [_page(60 + 14 * i, 80, i) for i in range(4)]
+    serial = [model.embed_images([p])[0] for p in pages]
+    with pytest.raises(ImageError) as caught:
+        model.embed_images(pages[:3] + [b"\x89PNG broken"] + pages[3:], batch_size=5)
+    assert caught.value.index == 3
+    assert len(caught.value.completed) == 3
+    for got, want in zip(caught.value.completed, serial):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+    for got, want in zip(model.embed_images(pages, batch_size=4), serial):
+        np.testing.assert_allclose(got, want, atol=1e-5)
