@@ -10,6 +10,7 @@ Queries take the same text path with no image features; they never run the image
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +61,8 @@ class ColQwen2Model:
         verify: bool | str = True,
         cpu_mem_arena: bool = True,
     ) -> None:
+        if verify not in (True, False, "full"):
+            raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
         self.folder = Path(folder)
         if not self.folder.is_dir():
             raise ModelFolderError("not a folder", path=self.folder)
@@ -153,21 +156,18 @@ class ColQwen2Model:
         """The batch's pages decoded, resized and patchified in threads (PIL's decode and resize
         and numpy's gathers release the GIL), in order, up to the first bad one and its error."""
         workers = min(len(batch), self._preprocess_threads)
-        if workers <= 1:
-            results = []
-            for offset, obj in enumerate(batch):
-                try:
-                    results.append(prepare_image(obj, self.config, index=start + offset))
-                except InputError as e:
-                    return results, e
-            return results, None
-        with ThreadPoolExecutor(workers, thread_name_prefix="colembed-prepare") as pool:
-            futures = [pool.submit(prepare_image, obj, self.config, index=start + offset)
-                       for offset, obj in enumerate(batch)]
-        results = []
-        for future in futures:
+        if workers > 1:
+            with ThreadPoolExecutor(workers, thread_name_prefix="colembed-prepare") as pool:
+                futures = [pool.submit(prepare_image, obj, self.config, index=start + offset)
+                           for offset, obj in enumerate(batch)]
+            outcomes = (future.result for future in futures)
+        else:  # lazily, so a bad page stops the work at once
+            outcomes = (functools.partial(prepare_image, obj, self.config, index=start + offset)
+                        for offset, obj in enumerate(batch))
+        results: list[PreparedImage] = []
+        for outcome in outcomes:
             try:
-                results.append(future.result())
+                results.append(outcome())
             except InputError as e:
                 return results, e
         return results, None
@@ -302,8 +302,6 @@ def load(
     A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
     see `colembed.registry`); an unknown name that is not a folder is an error naming both.
     """
-    if verify not in (True, False, "full"):
-        raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
     path = Path(source).expanduser()
     if not path.is_dir():
         from . import registry
