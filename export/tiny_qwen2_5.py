@@ -1,0 +1,270 @@
+"""Random-weight ColQwen2.5 checkpoints of the real architecture, for tests and benchmarks.
+
+The ColQwen2.5 counterpart of `tiny.py` (which it reuses for the tokenizer and pixel bounds): a
+Qwen2.5-VL backbone (windowed vision attention with a few full-attention blocks, RMSNorm, gated
+SiLU MLPs, RMSNorm merger) plus ColQwen's 128-wide projection, at small widths and depths.
+
+Two on-disk layouts of the same weights (`build_checkpoint_2_5` writes the second,
+`to_colpali_layout` converts it to the first) (docs/reference-colqwen2_5.md says why both exist):
+
+- `"colpali"`: what the published `vidore/colqwen2.5-base` (the base of the `vidore/colqwen2.5-v0.2`
+  adapter) stores, i.e. what colpali-engine 0.3.12 `ColQwen2_5.save_pretrained` writes under
+  transformers 4.57.1: a bare `qwen2_5_vl` config.json (`architectures: ["ColQwen2_5"]`) and the
+  keys `model.*` (language model), `visual.*` and `custom_text_proj.*`; no `lm_head`.
+- `"transformers"`: transformers' own retrieval layout (`ColQwen2ForRetrieval` over a Qwen2.5-VL
+  config, as community conversions such as `*/colqwen2.5-v0.2-hf` store it): `vlm.model.*`,
+  `vlm.lm_head`, `embedding_proj_layer.*` and a `colqwen2` config nesting `vlm_config`.
+
+Everything written here has **random weights**: only shapes and agreement with the reference mean
+anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .tiny import (
+    TOKENIZER_FILES,
+    TRAINING_MAX_PIXELS,
+    TRAINING_MIN_PIXELS,
+    ArchitectureSpec,
+    qwen_tokenizer_dir,
+)
+
+TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
+PATCH_SIZE = 14
+MERGE_SIZE = 2
+
+# transformers (vlm.model.*) -> colpali-engine (published) key prefixes; the inverse of what
+# `Qwen2_5_VLModel._checkpoint_conversion_mapping` ({"^model": "language_model"}) undoes on load.
+_COLPALI_PREFIXES = (
+    ("embedding_proj_layer.", "custom_text_proj."),
+    ("vlm.model.language_model.", "model."),
+    ("vlm.model.visual.", "visual."),
+)
+
+
+@dataclass(frozen=True)
+class Qwen2_5Spec(ArchitectureSpec):
+    """`ArchitectureSpec` plus what Qwen2.5-VL's vision tower adds.
+
+    `window_size` is in pixels (the reference's unit): a window is `window_size / (patch * merge)`
+    merged tokens on a side. `fullatt_block_indexes` are the blocks with full attention; every
+    other block attends within windows. `vision_intermediate` replaces Qwen2-VL's `mlp_ratio`
+    (the gated MLP's width is not a ratio of the embed dim in the real model: 3420 for 1280).
+    """
+
+    vision_intermediate: int = 64
+    window_size: int = 56
+    fullatt_block_indexes: tuple[int, ...] = (1,)
+    tie_word_embeddings: bool = False
+
+    def check(self) -> None:
+        super().check()
+        factor = PATCH_SIZE * MERGE_SIZE
+        if self.window_size % factor or self.window_size < factor:
+            raise ValueError(f"{self.name}: window_size {self.window_size} must be a multiple of {factor}")
+        bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.vision_depth]
+        if bad:
+            raise ValueError(f"{self.name}: fullatt_block_indexes {bad} outside depth {self.vision_depth}")
+
+
+PRESETS_2_5: dict[str, Qwen2_5Spec] = {
+    # Windows of 2x2 merged tokens (4x4 patches); block 1 of 3 is full attention.
+    "tiny-2.5": Qwen2_5Spec(name="tiny-2.5", vision_depth=3, vision_intermediate=64),
+    # Other widths and heads, windows of 4x4 merged tokens (the real model's 112 px), full
+    # attention first and last, GQA 3:1, a 64-dim projection, tied word embeddings as in the 3B.
+    "tiny-2.5-alt": Qwen2_5Spec(
+        name="tiny-2.5-alt",
+        vision_depth=4,
+        vision_embed_dim=48,
+        vision_heads=3,
+        vision_intermediate=80,
+        window_size=112,
+        fullatt_block_indexes=(0, 3),
+        text_layers=3,
+        text_hidden=96,
+        text_heads=3,
+        text_kv_heads=1,
+        text_intermediate=160,
+        mrope_section=(4, 6, 6),
+        embedding_dim=64,
+        tie_word_embeddings=True,
+    ),
+    # Qwen2.5-VL-3B widths, heads, windows and vocabulary; reduce depth for benchmarks with
+    # `replace(spec, vision_depth=..., text_layers=..., fullatt_block_indexes=...)`.
+    "qwen2.5-vl-3b": Qwen2_5Spec(
+        name="qwen2.5-vl-3b",
+        vision_depth=32,
+        vision_embed_dim=1280,
+        vision_heads=16,
+        vision_intermediate=3420,
+        window_size=112,
+        fullatt_block_indexes=(7, 15, 23, 31),
+        text_layers=36,
+        text_hidden=2048,
+        text_heads=16,
+        text_kv_heads=2,
+        text_intermediate=11008,
+        mrope_section=(16, 24, 24),
+        embedding_dim=128,
+        tie_word_embeddings=True,
+    ),
+}
+
+
+def build_vlm_config(spec: Qwen2_5Spec):
+    """The `Qwen2_5_VLConfig` of the real architecture at the spec's sizes."""
+    from transformers import Qwen2_5_VLConfig
+
+    spec.check()
+    return Qwen2_5_VLConfig(
+        text_config={
+            "model_type": "qwen2_5_vl_text",
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.text_hidden,
+            "intermediate_size": spec.text_intermediate,
+            "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads,
+            "num_key_value_heads": spec.text_kv_heads,
+            "rms_norm_eps": spec.rms_norm_eps,
+            "rope_theta": spec.rope_theta,
+            "max_position_embeddings": 32768,
+            "rope_scaling": {"type": "mrope", "mrope_section": list(spec.mrope_section)},
+            "tie_word_embeddings": spec.tie_word_embeddings,
+        },
+        vision_config={
+            "depth": spec.vision_depth,
+            "hidden_size": spec.vision_embed_dim,
+            "intermediate_size": spec.vision_intermediate,
+            "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.text_hidden,
+            "window_size": spec.window_size,
+            "fullatt_block_indexes": list(spec.fullatt_block_indexes),
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE,
+            "temporal_patch_size": 2,
+            "in_channels": 3,
+        },
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
+
+
+def build_model(spec: Qwen2_5Spec | str = "tiny-2.5", *, seed: int = 0):
+    """A random-weight `ColQwen2ForRetrieval` over a Qwen2.5-VL config, fp32, eval mode.
+
+    Norm weights and biases are perturbed away from 1 and 0 so that a graph that dropped one
+    would show up in parity tests (random init leaves them exact).
+    """
+    import torch
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval
+
+    spec = _spec(spec)
+    torch.manual_seed(seed)
+    config = ColQwen2Config(vlm_config=build_vlm_config(spec), embedding_dim=spec.embedding_dim)
+    model = ColQwen2ForRetrieval(config).to(torch.float32).eval()
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(seed + 1)
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(0.1 * torch.randn(param.shape, generator=generator))
+    return model
+
+
+def build_checkpoint_2_5(
+    out_dir: str | Path,
+    spec: Qwen2_5Spec | str = "tiny-2.5",
+    *,
+    seed: int = 0,
+    min_pixels: int = TRAINING_MIN_PIXELS,
+    max_pixels: int = TRAINING_MAX_PIXELS,
+) -> Path:
+    """Write a random-weight ColQwen2.5 checkpoint folder in the transformers layout; return it.
+
+    Deterministic for a given spec and seed. The folder also holds the real Qwen tokenizer files
+    (byte-identical) and a Qwen2-VL image processor config with ColQwen's training pixel bounds.
+    `to_colpali_layout` rewrites it in the published layout.
+    """
+    spec = _spec(spec)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model = build_model(spec, seed=seed)
+    model.save_pretrained(out, safe_serialization=True)
+    _save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
+    (out / TINY_INFO).write_text(
+        json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec)},
+                   indent=2) + "\n"
+    )
+    return out
+
+
+def colpali_state_dict(state_dict: dict) -> dict:
+    """The published (colpali-engine) key names for a `ColQwen2ForRetrieval` state dict."""
+    out = {}
+    for key, value in state_dict.items():
+        for old, new in _COLPALI_PREFIXES:
+            if key.startswith(old):
+                out[new + key[len(old):]] = value.detach().contiguous()
+                break
+    return out  # vlm.lm_head.* has no counterpart: ColQwen2_5 is a Qwen2_5_VLModel, headless
+
+
+def to_colpali_layout(src: str | Path, dst: str | Path) -> Path:
+    """Rewrite a transformers-layout folder (from `build_checkpoint_2_5`) in the colpali layout:
+    same tensors, published names and config; processor and tokenizer files copied as they are."""
+    from safetensors.torch import load_file
+
+    src, dst = Path(src), Path(dst)
+    dst.mkdir(parents=True, exist_ok=True)
+    vlm_config = json.loads((src / "config.json").read_text())["vlm_config"]
+    _save_colpali_layout(load_file(str(src / "model.safetensors")), vlm_config, dst)
+    for path in src.iterdir():
+        if path.name not in ("config.json", "model.safetensors", TINY_INFO):
+            shutil.copyfile(path, dst / path.name)
+    if (src / TINY_INFO).is_file():
+        info = {**json.loads((src / TINY_INFO).read_text()), "layout": "colpali"}
+        (dst / TINY_INFO).write_text(json.dumps(info, indent=2) + "\n")
+    return dst
+
+
+def _save_colpali_layout(state_dict: dict, vlm_config: dict, out: Path) -> None:
+    from safetensors.torch import save_file
+
+    config = {**vlm_config, "architectures": ["ColQwen2_5"], "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    save_file(colpali_state_dict(state_dict), str(out / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _save_processor(out: Path, *, min_pixels: int, max_pixels: int) -> None:
+    """ColQwen2Processor files (also what colpali's processor reads) and the raw tokenizer files."""
+    from transformers import ColQwen2Processor, Qwen2TokenizerFast
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    tokenizer_dir = qwen_tokenizer_dir()
+    tokenizer = Qwen2TokenizerFast.from_pretrained(tokenizer_dir)
+    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:
+    if isinstance(spec, str):
+        if spec not in PRESETS_2_5:
+            raise KeyError(f"unknown ColQwen2.5 preset {spec!r}; known: {sorted(PRESETS_2_5)}")
+        return PRESETS_2_5[spec]
+    return spec
+
+
+__all__ = [
+    "PRESETS_2_5",
+    "Qwen2_5Spec",
+    "build_checkpoint_2_5",
+    "build_model",
+    "build_vlm_config",
+    "colpali_state_dict",
+    "to_colpali_layout",
+]

@@ -1,0 +1,53 @@
+"""Tiny ColQwen2.5 checkpoints for the tests/test_qwen2_5_*.py files, each built once per run.
+
+Import the fixtures into a test module (`from qwen2_5_fixtures import qwen2_5_checkpoint`); the
+builds are cached in this module so that several test modules share one folder per checkpoint.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+PRESETS = ("tiny-2.5", "tiny-2.5-alt")
+SEEDS = {"tiny-2.5": 0, "tiny-2.5-alt": 1}
+_BUILT: dict[tuple[str, str], object] = {}
+
+
+def checkpoint(tmp_path_factory, preset: str, layout: str):
+    """Folder of `preset` in `layout`, built on first use."""
+    from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
+
+    key = (preset, layout)
+    if key not in _BUILT:
+        folder = tmp_path_factory.mktemp("qwen2_5") / f"{preset}-{layout}"
+        if layout == "colpali":  # same weights, converted by file (no second model build)
+            _BUILT[key] = to_colpali_layout(checkpoint(tmp_path_factory, preset, "transformers"), folder)
+        else:
+            _BUILT[key] = build_checkpoint_2_5(folder, preset, seed=SEEDS[preset])
+    return _BUILT[key]
+
+
+@pytest.fixture(scope="session", params=PRESETS)
+def qwen2_5_checkpoint(request, tmp_path_factory):
+    """Each tiny preset, in the transformers layout (what `ColQwen2ForRetrieval` loads)."""
+    return checkpoint(tmp_path_factory, request.param, "transformers")
+
+
+@functools.cache
+def load_reference(folder):
+    """The test oracle (docs/reference-colqwen2_5.md): transformers 4.57.1 `ColQwen2ForRetrieval`
+    over the Qwen2.5-VL config, fp32, eval mode. Shared: callers must not modify it."""
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
+
+
+@functools.cache
+def reference_processor(folder):
+    """transformers 4.57.1 `ColQwen2Processor` with the PIL image processor. Shared."""
+    from transformers import ColQwen2Processor
+
+    return ColQwen2Processor.from_pretrained(folder, use_fast=False)

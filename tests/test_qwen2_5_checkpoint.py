@@ -1,0 +1,77 @@
+"""Tiny ColQwen2.5 checkpoints: real architecture, both attention kinds, both on-disk layouts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from qwen2_5_fixtures import (  # noqa: F401
+    PRESETS,
+    checkpoint,
+    load_reference,
+    qwen2_5_checkpoint,
+    reference_processor,
+)
+
+
+def test_window_and_full_attention_blocks_are_both_present(qwen2_5_checkpoint):
+    visual = load_reference(qwen2_5_checkpoint).vlm.model.visual
+    full = set(visual.fullatt_block_indexes)
+    windowed = set(range(len(visual.blocks))) - full
+    assert full and windowed
+    assert type(visual).__name__ == "Qwen2_5_VisionTransformerPretrainedModel"
+    assert type(visual.blocks[0].norm1).__name__ == "Qwen2RMSNorm"  # not Qwen2-VL's LayerNorm
+
+
+def test_checkpoint_uses_the_real_tokenizer_and_training_pixel_bounds(qwen2_5_checkpoint):
+    processor = reference_processor(qwen2_5_checkpoint)
+    assert processor.tokenizer.convert_tokens_to_ids("<|image_pad|>") == 151655
+    assert processor.image_processor.max_pixels == 768 * 28 * 28
+    assert processor.image_processor.min_pixels == 4 * 28 * 28
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_colpali_layout_holds_the_same_weights_under_the_published_names(tmp_path_factory, preset):
+    """The published layout (`model.*`, `visual.*`, `custom_text_proj.*`) loads into
+    transformers' `Qwen2_5_VLModel` through its own checkpoint conversion mapping, which is the
+    mapping colpali-engine 0.3.12 `ColQwen2_5.from_pretrained` passes, with nothing missing."""
+    import torch
+    from safetensors import safe_open
+    from transformers import Qwen2_5_VLModel
+
+    reference = load_reference(checkpoint(tmp_path_factory, preset, "transformers"))
+    folder = checkpoint(tmp_path_factory, preset, "colpali")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "qwen2_5_vl" and config["architectures"] == ["ColQwen2_5"]
+    backbone, info = Qwen2_5_VLModel.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    assert info["missing_keys"] == [] or set(info["missing_keys"]) == set()
+    assert set(info["unexpected_keys"]) == {"custom_text_proj.weight", "custom_text_proj.bias"}
+    expected = reference.vlm.model.state_dict()
+    for name, value in backbone.state_dict().items():
+        assert torch.equal(value, expected[name]), name
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        assert not any(k.startswith(("vlm.", "lm_head")) for k in f.keys())
+        assert torch.equal(f.get_tensor("custom_text_proj.weight"), reference.embedding_proj_layer.weight)
+
+
+def test_reference_page_forward_needs_the_dtype_shim(tmp_path_factory):
+    """Pins a finding of docs/reference-colqwen2_5.md: transformers 4.57.1 `ColQwen2ForRetrieval`
+    calls `visual.get_dtype()`, which only Qwen2-VL's tower has; with the shim it runs."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from transformers import ColQwen2ForRetrieval
+
+    folder = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
+    model = ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()  # patched below
+    processor = reference_processor(folder)
+    page = Image.fromarray(np.random.default_rng(0).integers(0, 256, (112, 140, 3), dtype=np.uint8))
+    batch = processor.process_images([page])
+    with torch.no_grad(), pytest.raises(AttributeError, match="get_dtype"):
+        model(**batch)
+    model.vlm.model.visual.get_dtype = lambda: torch.float32
+    with torch.no_grad():
+        embeddings = model(**batch).embeddings
+    assert embeddings.shape == (1, batch["input_ids"].shape[1], 128)
+    assert torch.isfinite(embeddings).all()
