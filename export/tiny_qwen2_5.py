@@ -21,6 +21,7 @@ anything.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -240,15 +241,22 @@ def _save_colpali_layout(state_dict: dict, vlm_config: dict, out: Path) -> None:
 
 def _save_processor(out: Path, *, min_pixels: int, max_pixels: int) -> None:
     """ColQwen2Processor files (also what colpali's processor reads) and the raw tokenizer files."""
+    _processor(min_pixels, max_pixels).save_pretrained(out)
+    tokenizer_dir = qwen_tokenizer_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(min_pixels: int, max_pixels: int):
+    """One processor per pixel bounds and process: loading the real tokenizer is the slow part
+    of a tiny build. Only ever saved, never changed."""
     from transformers import ColQwen2Processor, Qwen2TokenizerFast
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-    tokenizer_dir = qwen_tokenizer_dir()
-    tokenizer = Qwen2TokenizerFast.from_pretrained(tokenizer_dir)
+    tokenizer = Qwen2TokenizerFast.from_pretrained(qwen_tokenizer_dir())
     image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    return ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:

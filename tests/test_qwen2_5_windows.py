@@ -119,9 +119,12 @@ def test_window_gather_and_scatter_cover_every_row_once(grid):
     assert rows.shape == valid.shape == (layout.num_windows, int(layout.window_lengths.max()))
     assert np.array_equal(np.sort(rows[valid]), np.arange(layout.num_patches))
     assert np.array_equal(rows.ravel()[layout.window_scatter], np.arange(layout.num_patches))
-    # each window's rows are one contiguous cu_window_seqlens segment
+    # each window holds the patches of one cu_window_seqlens segment of the reference's order
     for w, (start, end) in enumerate(zip(layout.cu_window_seqlens[:-1], layout.cu_window_seqlens[1:])):
-        assert np.array_equal(rows[w][valid[w]], np.arange(start, end))
+        assert np.array_equal(rows[w][valid[w]], layout.patch_order[start:end])
+    inputs = layout.graph_inputs()
+    assert sorted(inputs) == ["window_rows", "window_scatter", "window_valid"]
+    assert all(a.dtype == np.int64 for a in inputs.values())
 
 
 def test_round_trip_between_processor_and_window_order():

@@ -18,8 +18,12 @@ The reference, per image of grid (t, h, w) in patches, merge size m, window `win
   `fullatt_block_indexes` attend within `cu_seqlens` (one segment per frame).
 
 `WindowLayout` holds one grid's layout (same-grid images share it) and the arrays a batched graph
-needs instead of `cu_seqlens`: a padded (windows, longest window) gather of window-ordered rows, its
-validity mask, and the scatter back. `packed_window_index` reproduces the reference's packed form
+needs instead of `cu_seqlens` (`graph_inputs`): a padded (windows, longest window) gather of patch
+rows, its validity mask, and the scatter back. They index the processor's patch order directly: a
+tower is per-patch except for attention, full attention does not depend on the order, and merge
+units stay contiguous in both orders, so a graph can run in processor order, gather each window's
+patches for the windowed blocks, and return merged tokens already in the reference's final
+(un-permuted) order. The permuted order is kept (`patch_order`, `to_window_order`) for checking. `packed_window_index` reproduces the reference's packed form
 for several grids (offsets per image), for checking against the reference itself.
 
 Never imports torch or transformers.
@@ -33,11 +37,26 @@ from typing import Sequence
 
 import numpy as np
 
+from ..contracts import GraphContract, TensorSpec, vision_contract
 from ..errors import InputError
 
 INDEX_DTYPE = np.int64
 SEQLEN_DTYPE = np.int32  # the reference's cu_seqlens dtype outside tracing
 _PAD = -100  # the reference's fill value for the window padding
+
+# What a windowed vision graph takes beyond the full-attention image graph's inputs; the same
+# symbolic "patches" as `pixel_patches`. `WindowLayout.graph_inputs` makes them.
+WINDOW_INPUTS = (
+    TensorSpec("window_rows", "int64", ("windows", "window_slots")),
+    TensorSpec("window_valid", "int64", ("windows", "window_slots")),
+    TensorSpec("window_scatter", "int64", ("patches",)),
+)
+
+
+def windowed_vision_contract(patch_dim: int, vision_head_dim: int, out_hidden: int) -> GraphContract:
+    """`vision_contract` plus `WINDOW_INPUTS`: same outputs, in the same (processor) order."""
+    base = vision_contract(patch_dim, vision_head_dim, out_hidden)
+    return GraphContract(role=base.role, inputs=base.inputs + WINDOW_INPUTS, outputs=base.outputs)
 
 
 @dataclass(frozen=True)
@@ -100,19 +119,29 @@ class WindowLayout:
 
     @cached_property
     def window_gather(self) -> tuple[np.ndarray, np.ndarray]:
-        """(windows, longest) int64 window-order row of each window slot, and its (windows,
-        longest) bool validity. Padding slots point at row 0 (never NaN) and are masked out."""
+        """(windows, longest) int64 processor-order patch row of each window slot, windows and
+        slots in the reference's window order, and the (windows, longest) bool slot validity.
+        Padding slots point at row 0 (finite) and are masked out."""
         longest = int(self.window_lengths.max())
         slot = np.arange(longest, dtype=INDEX_DTYPE)
         valid = slot[None, :] < self.window_lengths[:, None]
-        rows = np.where(valid, self.cu_window_seqlens[:-1, None].astype(INDEX_DTYPE) + slot, 0)
-        return rows, valid
+        window_rows = np.minimum(self.cu_window_seqlens[:-1, None].astype(INDEX_DTYPE) + slot, self.num_patches - 1)
+        return np.where(valid, self.patch_order[window_rows], 0), valid
 
     @cached_property
     def window_scatter(self) -> np.ndarray:
-        """(patches,) int64: flat (window * longest + slot) position of each window-order row."""
+        """(patches,) int64: flat `window * longest + slot` position of each processor-order patch,
+        i.e. where its output row is read back from the padded window layout."""
+        _, valid = self.window_gather
+        flat_of_window_order = np.flatnonzero(valid.ravel()).astype(INDEX_DTYPE)
+        out = np.empty(self.num_patches, dtype=INDEX_DTYPE)
+        out[self.patch_order] = flat_of_window_order
+        return out
+
+    def graph_inputs(self) -> dict[str, np.ndarray]:
+        """The window inputs of a windowed vision graph (`WINDOW_INPUTS`), by name, int64."""
         rows, valid = self.window_gather
-        return np.flatnonzero(valid.ravel()).astype(INDEX_DTYPE)
+        return {"window_rows": rows, "window_valid": valid.astype(INDEX_DTYPE), "window_scatter": self.window_scatter}
 
 
 def merged_window_side(*, window_size: int, merge_size: int, patch_size: int) -> int:
@@ -181,4 +210,11 @@ def _check_grid(grid_thw: tuple[int, int, int], merge_size: int) -> tuple[int, i
     return t, h, w
 
 
-__all__ = ["WindowLayout", "merged_window_side", "packed_window_index", "window_layout"]
+__all__ = [
+    "WINDOW_INPUTS",
+    "WindowLayout",
+    "merged_window_side",
+    "packed_window_index",
+    "window_layout",
+    "windowed_vision_contract",
+]
