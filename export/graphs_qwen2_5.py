@@ -21,14 +21,13 @@ the mask becomes additive inside `scaled_dot_product_attention` in the compute d
 
 from __future__ import annotations
 
-import contextlib
 import types
 
 import torch
 from torch import nn
 from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
 
-from .graphs import ImageGraph, _batched_vision_attention
+from .graphs import ImageGraph
 
 
 def _windowed_vision_attention(
@@ -36,12 +35,10 @@ def _windowed_vision_attention(
 ) -> torch.Tensor:
     """`Qwen2_5_VLVisionAttention.forward` over (images, patches, width) within host-made windows.
 
-    `windows` = (rows, valid, scatter) from `WindowLayout.graph_inputs`; None means full attention.
-    Same weights, rotary and attention math as the reference; padding slots attend like real
-    rows (to valid keys only, so they stay finite) and are dropped by the scatter.
+    `windows` = (rows, valid, scatter) from `WindowLayout.graph_inputs`. Same weights, rotary and
+    attention math as the reference; padding slots attend like real rows (to valid keys only, so
+    they stay finite) and are dropped by the scatter.
     """
-    if windows is None:
-        return _batched_vision_attention(self, hidden_states, position_embeddings)
     rows, valid, scatter = windows
     images, patches, width = hidden_states.shape
     num_windows, slots = rows.shape
@@ -71,32 +68,19 @@ class WindowedImageGraph(ImageGraph):
         super().__init__(visual)
         self.full_blocks = frozenset(int(i) for i in visual.fullatt_block_indexes)
 
-    @contextlib.contextmanager
-    def _batched_attention(self):
-        """Swap in the windowed attention for one forward; the checkpoint's modules stay as they
-        are outside it, so the reference forward can run on the very same modules."""
-        attns = [block.attn for block in self.visual.blocks]
-        for attn in attns:
-            attn.forward = types.MethodType(_windowed_vision_attention, attn)
-        try:
-            yield
-        finally:
-            for attn in attns:
-                del attn.forward
-
     def forward(self, pixel_patches, rotary_cos, rotary_sin, window_rows, window_valid, window_scatter):
         images = pixel_patches.shape[0]
         hidden = torch.matmul(pixel_patches, self.patch_weight)
         position_embeddings = (rotary_cos, rotary_sin)
         windows = (window_rows, window_valid, window_scatter)
+        # ImageGraph's scope gives every block Qwen2-VL's batched full attention (which ignores
+        # `windows`) and removes the instance attribute on exit, so the windowed blocks' override
+        # set inside it is undone with it: the checkpoint's modules stay the reference outside.
         with self._batched_attention():
             for index, block in enumerate(self.visual.blocks):
-                hidden = block(
-                    hidden,
-                    cu_seqlens=None,
-                    position_embeddings=position_embeddings,
-                    windows=None if index in self.full_blocks else windows,
-                )
+                if index not in self.full_blocks:
+                    block.attn.forward = types.MethodType(_windowed_vision_attention, block.attn)
+                hidden = block(hidden, cu_seqlens=None, position_embeddings=position_embeddings, windows=windows)
         merged = self.visual.merger(hidden)  # flattens images: (images * patches/4, text width)
         return merged.reshape(images, -1, merged.shape[-1])
 

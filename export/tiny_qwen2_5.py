@@ -32,6 +32,7 @@ from .tiny import (
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,
+    build_config,
     qwen_tokenizer_dir,
 )
 
@@ -121,22 +122,11 @@ def build_vlm_config(spec: Qwen2_5Spec):
     """The `Qwen2_5_VLConfig` of the real architecture at the spec's sizes."""
     from transformers import Qwen2_5_VLConfig
 
-    spec.check()
+    # The language model is Qwen2-VL's with another model_type: tiny.py's mapping of the spec.
+    text_config = build_config(spec).vlm_config.text_config.to_dict()
+    text_config.update(model_type="qwen2_5_vl_text", tie_word_embeddings=spec.tie_word_embeddings)
     return Qwen2_5_VLConfig(
-        text_config={
-            "model_type": "qwen2_5_vl_text",
-            "vocab_size": spec.vocab_size,
-            "hidden_size": spec.text_hidden,
-            "intermediate_size": spec.text_intermediate,
-            "num_hidden_layers": spec.text_layers,
-            "num_attention_heads": spec.text_heads,
-            "num_key_value_heads": spec.text_kv_heads,
-            "rms_norm_eps": spec.rms_norm_eps,
-            "rope_theta": spec.rope_theta,
-            "max_position_embeddings": 32768,
-            "rope_scaling": {"type": "mrope", "mrope_section": list(spec.mrope_section)},
-            "tie_word_embeddings": spec.tie_word_embeddings,
-        },
+        text_config=text_config,
         vision_config={
             "depth": spec.vision_depth,
             "hidden_size": spec.vision_embed_dim,
