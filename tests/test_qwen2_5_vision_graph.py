@@ -58,6 +58,30 @@ def test_windowed_graph_equals_the_reference_tower_in_torch(tmp_path_factory, pr
     assert "forward" not in vars(visual.blocks[0].attn)
 
 
+def test_windowed_graph_holds_with_trained_like_activations(tmp_path_factory):
+    """Random weights are tame: large patch features and one outlier residual channel (as trained
+    towers have) must not break the windowed graph's agreement, relative to the features' scale."""
+    import copy
+
+    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
+
+    visual = copy.deepcopy(visual_of(tmp_path_factory, "tiny-2.5-alt"))
+    with torch.no_grad():
+        visual.patch_embed.proj.weight.mul_(30.0)
+        for block in visual.blocks:
+            block.mlp.down_proj.bias[3] += 500.0
+    residual = []  # the merger's input: the last residual stream (its RMSNorm hides the scale)
+    visual.merger.register_forward_hook(lambda module, args, out: residual.append(args[0].abs().max().item()))
+    graph = WindowedImageGraph(visual).eval()
+    for grid in [(1, 4, 4), (1, 18, 30)]:
+        inputs = graph_inputs(visual, grid, images=1)
+        with torch.no_grad():
+            got = graph(*(torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values())).numpy()
+        want = reference_features(visual, inputs["pixel_patches"][0], grid)
+        assert_close(got[0], want)
+    assert min(residual) > 1000.0  # the perturbation took effect
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """tiny-2.5's image graph on onnxruntime (exported once for this module)."""
