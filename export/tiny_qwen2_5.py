@@ -27,6 +27,7 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .checkpoint_qwen2_5 import COLPALI_TO_TRANSFORMERS
 from .tiny import (
     TOKENIZER_FILES,
     TRAINING_MAX_PIXELS,
@@ -40,13 +41,8 @@ TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 
-# transformers (vlm.model.*) -> colpali-engine (published) key prefixes; the inverse of what
-# `Qwen2_5_VLModel._checkpoint_conversion_mapping` ({"^model": "language_model"}) undoes on load.
-_COLPALI_PREFIXES = (
-    ("embedding_proj_layer.", "custom_text_proj."),
-    ("vlm.model.language_model.", "model."),
-    ("vlm.model.visual.", "visual."),
-)
+# transformers (vlm.model.*) -> colpali-engine (published) key prefixes.
+_COLPALI_PREFIXES = tuple((ours, theirs) for theirs, ours in COLPALI_TO_TRANSFORMERS)
 
 
 @dataclass(frozen=True)

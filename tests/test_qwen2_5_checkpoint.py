@@ -75,3 +75,31 @@ def test_reference_page_forward_needs_the_dtype_shim(tmp_path_factory):
         embeddings = model(**batch).embeddings
     assert embeddings.shape == (1, batch["input_ids"].shape[1], 128)
     assert torch.isfinite(embeddings).all()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_both_layouts_load_to_the_same_model(tmp_path_factory, preset):
+    import torch
+
+    from colembed_export.checkpoint_qwen2_5 import checkpoint_layout, load_colqwen2_5
+
+    hf_folder = checkpoint(tmp_path_factory, preset, "transformers")
+    cp_folder = checkpoint(tmp_path_factory, preset, "colpali")
+    assert (checkpoint_layout(hf_folder), checkpoint_layout(cp_folder)) == ("transformers", "colpali")
+    expected = load_reference(hf_folder).state_dict()
+    loaded = load_colqwen2_5(cp_folder)
+    assert loaded.config.embedding_dim == load_reference(hf_folder).config.embedding_dim
+    for name, value in loaded.state_dict().items():
+        if not name.startswith("vlm.lm_head.") or loaded.config.vlm_config.tie_word_embeddings:
+            assert torch.equal(value, expected[name]), name
+
+
+def test_other_folders_are_refused_with_the_reason(tmp_path_factory, tmp_path):
+    from colembed.errors import ModelFolderError
+    from colembed_export.checkpoint_qwen2_5 import checkpoint_layout, to_transformers_names
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
+    with pytest.raises(ModelFolderError, match="not a ColQwen2.5 checkpoint"):
+        checkpoint_layout(tmp_path)
+    with pytest.raises(ModelFolderError, match="score.weight"):
+        to_transformers_names({"visual.x": 0, "lm_head.weight": 0, "score.weight": 0})

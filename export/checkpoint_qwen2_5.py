@@ -1,0 +1,124 @@
+"""Loading a ColQwen2.5 checkpoint in either published layout as one torch model.
+
+ColQwen2.5 ships in two layouts (docs/reference-colqwen2_5.md): colpali-engine's (the official
+`vidore/colqwen2.5-base`, base of the `vidore/colqwen2.5-v0.2` adapter: a bare `qwen2_5_vl`
+config, keys `model.*`, `visual.*`, `custom_text_proj.*`) and transformers' retrieval layout
+(`ColQwen2ForRetrieval`: a `colqwen2` config nesting `vlm_config`, keys under `vlm.` and
+`embedding_proj_layer.*`). Both load here into a transformers `ColQwen2ForRetrieval`, the class the
+exporter's graphs wrap and the tests use as oracle, with every embedding weight accounted for.
+
+The key renaming is data (`COLPALI_TO_TRANSFORMERS`), the same mapping transformers'
+`convert_colqwen2_weights_to_hf.py` applies. Adapters (PEFT) are not merged here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from colembed.errors import ModelFolderError
+from colembed.safe_fs import inside
+
+# colpali-engine key prefix -> transformers ColQwen2ForRetrieval key prefix.
+COLPALI_TO_TRANSFORMERS = (
+    ("custom_text_proj.", "embedding_proj_layer."),
+    ("model.", "vlm.model.language_model."),
+    ("visual.", "vlm.model.visual."),
+)
+# Accepted on load only: colpali-engine before the transformers 4.52 refactor built ColQwen2_5 on
+# Qwen2_5_VLForConditionalGeneration, which saves an LM head when word embeddings are not tied.
+# 0.3.12 (on Qwen2_5_VLModel) writes none. Unused for embeddings either way.
+LEGACY_HEAD = ("lm_head.", "vlm.lm_head.")
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX = "model.safetensors.index.json"
+
+
+def checkpoint_layout(folder: str | Path) -> str:
+    """"transformers" or "colpali", from config.json; ModelFolderError for anything else."""
+    config = _config(Path(folder))
+    if config.get("model_type") == "colqwen2" and config.get("vlm_config", {}).get("model_type") == "qwen2_5_vl":
+        return "transformers"
+    if config.get("model_type") == "qwen2_5_vl":
+        return "colpali"
+    raise ModelFolderError(
+        f"not a ColQwen2.5 checkpoint: model_type {config.get('model_type')!r} (expected a qwen2_5_vl "
+        "config from colpali-engine, or a colqwen2 config whose vlm_config is qwen2_5_vl)",
+        path=Path(folder) / "config.json",
+    )
+
+
+def load_colqwen2_5(folder: str | Path):
+    """A `ColQwen2ForRetrieval` (fp32, eval) from a ColQwen2.5 folder in either layout."""
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    folder = Path(folder)
+    if checkpoint_layout(folder) == "transformers":
+        return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
+    return _load_colpali_layout(folder)
+
+
+def to_transformers_names(state_dict: dict) -> dict:
+    """colpali-engine key names -> `ColQwen2ForRetrieval` key names; unknown keys are refused."""
+    out, unknown = {}, []
+    for key, value in state_dict.items():
+        new = next((to + key[len(old):] for old, to in (*COLPALI_TO_TRANSFORMERS, LEGACY_HEAD)
+                    if key.startswith(old)), None)
+        if new is None:
+            unknown.append(key)
+        else:
+            out[new] = value
+    if unknown:
+        raise ModelFolderError(f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}")
+    return out
+
+
+def _load_colpali_layout(folder: Path):
+    import torch
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig
+
+    state = to_transformers_names(_read_weights(folder))
+    projection = state.get("embedding_proj_layer.weight")
+    if projection is None:
+        raise ModelFolderError("no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder)
+    vlm_config = Qwen2_5_VLConfig.from_dict(_config(folder))
+    config = ColQwen2Config(vlm_config=vlm_config, embedding_dim=int(projection.shape[0]))
+    model = ColQwen2ForRetrieval(config).to(torch.float32)
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    # 0.3.12 checkpoints are headless; the LM head is unused for embeddings (tied or not).
+    missing = [k for k in missing if not k.startswith("vlm.lm_head.")]
+    if missing or unexpected:
+        raise ModelFolderError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}",
+                               path=folder)
+    model.tie_weights()
+    return model.eval()
+
+
+def _read_weights(folder: Path) -> dict:
+    """All tensors of a single-file or sharded (index.json) safetensors checkpoint."""
+    from safetensors.torch import load_file
+
+    if (folder / WEIGHTS_FILE).is_file():
+        return load_file(str(folder / WEIGHTS_FILE))
+    index = folder / WEIGHTS_INDEX
+    if not index.is_file():
+        raise ModelFolderError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX}", path=folder)
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
+        raise ModelFolderError(f"unreadable weight index: {e}", path=index) from e
+    state: dict = {}
+    for shard in shards:
+        state.update(load_file(str(inside(folder, shard))))
+    return state
+
+
+def _config(folder: Path) -> dict:
+    path = folder / "config.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelFolderError(f"unreadable config.json: {e}", path=path) from e
+
+
+__all__ = ["COLPALI_TO_TRANSFORMERS", "checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]
