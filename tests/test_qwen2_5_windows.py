@@ -4,9 +4,6 @@ position preprocessing against the reference processor and `get_rope_index`."""
 
 from __future__ import annotations
 
-import json
-import shutil
-
 import numpy as np
 import pytest
 import torch
@@ -14,11 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colembed.errors import InputError
-from colembed.preprocess.config import PreprocessConfig
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.windows import packed_window_index, window_layout
-from qwen2_5_fixtures import checkpoint, load_reference, reference_processor
+from qwen2_5_fixtures import checkpoint, family_config, load_reference, reference_processor
 
 PATCH, MERGE = 14, 2
 WINDOW_SIZES = (28, 56, 112, 224)  # 1, 2, 4 and 8 merged tokens a side (112 is Qwen2.5-VL's)
@@ -145,19 +141,6 @@ def test_bad_grids_and_windows_raise_input_error(grid, window_size, match):
 
 
 # -- the family's image and position preprocessing -----------------------------------------------
-
-
-def family_config(folder, tmp_path) -> PreprocessConfig:
-    """PreprocessConfig of a ColQwen2.5 folder. `from_checkpoint` reads the vision width from
-    `vision_config.embed_dim` (Qwen2-VL's name); Qwen2.5-VL calls it `hidden_size` (in Qwen2-VL
-    `hidden_size` is the merger's output), so a copy of the folder gets the Qwen2-VL name."""
-    copy = tmp_path / "as-qwen2-names"
-    shutil.copytree(folder, copy)
-    config = json.loads((copy / "config.json").read_text())
-    vision = config["vlm_config"]["vision_config"]
-    vision["embed_dim"] = vision["hidden_size"]
-    (copy / "config.json").write_text(json.dumps(config))
-    return PreprocessConfig.from_checkpoint(copy)
 
 
 PAGES = [(56, 56), (30, 900), (900, 30), (123, 457), (1000, 700), (2000, 1500)]  # (h, w)
