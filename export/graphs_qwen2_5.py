@@ -48,16 +48,16 @@ def _windowed_vision_attention(
     query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
 
     def by_window(t: torch.Tensor) -> torch.Tensor:  # -> (images * windows, heads, slots, hd)
-        t = t[:, rows.reshape(-1)].reshape(images * num_windows, slots, self.num_heads, -1)
-        return t.transpose(1, 2)
+        t = torch.index_select(t, 1, rows.reshape(-1))  # one ONNX Gather (indexing gives GatherND)
+        return t.reshape(images * num_windows, slots, self.num_heads, -1).transpose(1, 2)
 
     mask = (valid > 0).reshape(1, num_windows, 1, 1, slots).expand(images, -1, -1, -1, -1)
     out = nn.functional.scaled_dot_product_attention(
         by_window(query), by_window(key), by_window(value),
         attn_mask=mask.reshape(images * num_windows, 1, 1, slots), scale=float(self.scaling),
     )
-    out = out.transpose(1, 2).reshape(images, num_windows * slots, width)[:, scatter]
-    return self.proj(out)
+    out = out.transpose(1, 2).reshape(images, num_windows * slots, width)
+    return self.proj(torch.index_select(out, 1, scatter))
 
 
 class WindowedImageGraph(ImageGraph):
