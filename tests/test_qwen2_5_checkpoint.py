@@ -103,3 +103,17 @@ def test_other_folders_are_refused_with_the_reason(tmp_path_factory, tmp_path):
         checkpoint_layout(tmp_path)
     with pytest.raises(ModelFolderError, match="score.weight"):
         to_transformers_names({"visual.x": 0, "lm_head.weight": 0, "score.weight": 0})
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [({"window_size": 70}, "multiple of 28"), ({"fullatt_block_indexes": (3,)}, "outside depth"),
+     ({"mrope_section": (2, 2, 2)}, "mrope_section")],
+)
+def test_inconsistent_specs_are_refused(change, match):
+    from dataclasses import replace
+
+    from colembed_export.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
+
+    with pytest.raises(ValueError, match=match):
+        build_vlm_config(replace(PRESETS_2_5["tiny-2.5"], **change))

@@ -108,9 +108,10 @@ def test_windowed_rotary_tables_are_the_references(grid):
     np.testing.assert_allclose(layout.to_window_order(sin), emb.sin().numpy(), rtol=0, atol=2e-7)
 
 
-@pytest.mark.parametrize("grid", [(1, 2, 2), (1, 8, 8), (1, 18, 30)], ids=str)
-def test_window_gather_and_scatter_cover_every_row_once(grid):
-    layout = window_layout(grid, merge_size=MERGE, patch_size=PATCH, window_size=112)
+@pytest.mark.parametrize("window_size", WINDOW_SIZES)
+@pytest.mark.parametrize("grid", GRIDS, ids=str)
+def test_window_gather_and_scatter_cover_every_row_once(grid, window_size):
+    layout = window_layout(grid, merge_size=MERGE, patch_size=PATCH, window_size=window_size)
     rows, valid = layout.window_gather
     assert rows.shape == valid.shape == (layout.num_windows, int(layout.window_lengths.max()))
     assert np.array_equal(np.sort(rows[valid]), np.arange(layout.num_patches))
