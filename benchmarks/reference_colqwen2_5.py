@@ -6,6 +6,8 @@
 A: colpali-engine 0.3.12 `ColQwen2_5` + `ColQwen2_5_Processor` (loads the published layout).
 B: transformers 4.57.1 `ColQwen2ForRetrieval` + `ColQwen2Processor` over a Qwen2.5-VL config.
 Prints token ids, masks, pixel values and per-token embedding differences (real tokens only).
+Use a 128-dim preset (the default `tiny-2.5`): A hard-codes 128, so `tiny-2.5-alt` (64) does not
+load in A.
 The findings are written up in docs/reference-colqwen2_5.md. Not a test: colpali-engine pins
 torch<2.8 and transformers<4.54 and requires torchvision, so it cannot be a declared dependency.
 """
