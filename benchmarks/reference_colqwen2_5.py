@@ -49,7 +49,8 @@ def rows(embeddings: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 
 
 def compare(name: str, batch_a, out_a, batch_b, out_b) -> None:
-    for i, (a, b) in enumerate(zip(rows(out_a, batch_a["attention_mask"]), rows(out_b, batch_b["attention_mask"]))):
+    pairs = zip(rows(out_a, batch_a["attention_mask"]), rows(out_b, batch_b["attention_mask"]))
+    for i, (a, b) in enumerate(pairs):
         ids_equal = torch.equal(batch_a["input_ids"][i][batch_a["attention_mask"][i].bool()],
                                 batch_b["input_ids"][i][batch_b["attention_mask"][i].bool()])
         diff = (a - b).abs().max().item() if a.shape == b.shape else float("nan")
@@ -70,10 +71,12 @@ def run(root: Path, preset: str) -> None:
     cp_folder = to_colpali_layout(hf_folder, root / "colpali")
     model_a = ColQwen2_5.from_pretrained(cp_folder, dtype=torch.float32).eval()
     model_b = ColQwen2ForRetrieval.from_pretrained(hf_folder, dtype=torch.float32).eval()
-    proc_a, proc_b = colpali_processor(cp_folder), ColQwen2Processor.from_pretrained(hf_folder, use_fast=False)
+    proc_a = colpali_processor(cp_folder)
+    proc_b = ColQwen2Processor.from_pretrained(hf_folder, use_fast=False)
     print("padding side: A", proc_a.tokenizer.padding_side, "B", proc_b.tokenizer.padding_side)
     print("query prefix: A", repr(proc_a.query_prefix), "B", repr(proc_b.query_prefix))
-    print("augmentation: A", repr(proc_a.query_augmentation_token), "B", repr(proc_b.query_augmentation_token))
+    print("augmentation: A", repr(proc_a.query_augmentation_token),
+          "B", repr(proc_b.query_augmentation_token))
     print("page prompt equal:", proc_a.visual_prompt_prefix == proc_b.visual_prompt_prefix)
     rng = np.random.default_rng(0)
     pages = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in PAGES]
@@ -81,7 +84,8 @@ def run(root: Path, preset: str) -> None:
         qa, qb = proc_a.process_queries(QUERIES), proc_b.process_queries(QUERIES)
         compare("query", qa, model_a(**qa), qb, model_b(**qb).embeddings)
         pa, pb = proc_a.process_images(pages), proc_b.process_images(pages)
-        print("grids equal:", torch.equal(pa["image_grid_thw"], pb["image_grid_thw"]), pa["image_grid_thw"].tolist())
+        grids = pa["image_grid_thw"]
+        print("grids equal:", torch.equal(grids, pb["image_grid_thw"]), grids.tolist())
         print("pixel_values equal:", torch.equal(pa["pixel_values"], pb["pixel_values"]))
         try:
             model_b(**pb)

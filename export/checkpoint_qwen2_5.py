@@ -36,7 +36,8 @@ WEIGHTS_INDEX = "model.safetensors.index.json"
 def checkpoint_layout(folder: str | Path) -> str:
     """"transformers" or "colpali", from config.json; ModelFolderError for anything else."""
     config = _config(Path(folder))
-    if config.get("model_type") == "colqwen2" and config.get("vlm_config", {}).get("model_type") == "qwen2_5_vl":
+    nested = config.get("vlm_config") if isinstance(config.get("vlm_config"), dict) else {}
+    if config.get("model_type") == "colqwen2" and nested.get("model_type") == "qwen2_5_vl":
         return "transformers"
     if config.get("model_type") == "qwen2_5_vl":
         return "colpali"
@@ -69,7 +70,8 @@ def to_transformers_names(state_dict: dict) -> dict:
         else:
             out[new] = value
     if unknown:
-        raise ModelFolderError(f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}")
+        raise ModelFolderError(
+            f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}")
     return out
 
 
@@ -88,8 +90,8 @@ def _load_colpali_layout(folder: Path):
     # 0.3.12 checkpoints are headless; the LM head is unused for embeddings (tied or not).
     missing = [k for k in missing if not k.startswith("vlm.lm_head.")]
     if missing or unexpected:
-        raise ModelFolderError(f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}",
-                               path=folder)
+        raise ModelFolderError(
+            f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}", path=folder)
     model.tie_weights()
     return model.eval()
 

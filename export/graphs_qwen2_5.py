@@ -80,7 +80,8 @@ class WindowedImageGraph(ImageGraph):
             for index, block in enumerate(self.visual.blocks):
                 if index not in self.full_blocks:
                     block.attn.forward = types.MethodType(_windowed_vision_attention, block.attn)
-                hidden = block(hidden, cu_seqlens=None, position_embeddings=position_embeddings, windows=windows)
+                hidden = block(hidden, cu_seqlens=None, position_embeddings=position_embeddings,
+                               windows=windows)
         merged = self.visual.merger(hidden)  # flattens images: (images * patches/4, text width)
         return merged.reshape(images, -1, merged.shape[-1])
 

@@ -14,7 +14,7 @@ from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.text import TextEncoder, pad_batch
 from colembed.preprocess.windows import window_layout
-from qwen2_5_fixtures import PRESETS, checkpoint, family_config, load_reference, reference_processor
+from qwen2_5_fixtures import PRESETS, checkpoint, family_config, reference_processor
 
 PAGES = [(300, 200), (60, 90), (300, 200)]  # two of one grid (batched together) and a small one
 QUERIES = ["What is the revenue?", "hi"]
@@ -42,7 +42,8 @@ def page_features(graph, config, pages, window_size):
 def run_text(text_graph, config, ids, grids, features, hidden):
     input_ids, mask = pad_batch(ids, config.pad_token_id)
     positions = mrope_position_ids(input_ids, mask, grids, image_token_id=config.image_token_id,
-                                   vision_start_token_id=config.vision_start_token_id, merge_size=config.merge_size)
+                                   vision_start_token_id=config.vision_start_token_id,
+                                   merge_size=config.merge_size)
     index = np.zeros_like(input_ids)
     offset = 0
     for row, rows in enumerate(features):

@@ -40,7 +40,8 @@ def tower(window_size: int):
 
     if window_size not in _TOWERS:
         config = Qwen2_5_VLVisionConfig(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
-                                        out_hidden_size=16, window_size=window_size, fullatt_block_indexes=[0])
+                                        out_hidden_size=16, window_size=window_size,
+                                        fullatt_block_indexes=[0])
         _TOWERS[window_size] = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
     return _TOWERS[window_size]
 
@@ -70,7 +71,8 @@ def test_single_grid_layout_is_the_references(grid, window_size):
     index, cu_window, cu, _ = reference_indices([grid], window_size)
     layout = window_layout(grid, merge_size=MERGE, patch_size=PATCH, window_size=window_size)
     assert layout.window_index.dtype == np.int64 and np.array_equal(layout.window_index, index)
-    assert layout.cu_window_seqlens.dtype == cu_window.dtype and np.array_equal(layout.cu_window_seqlens, cu_window)
+    assert layout.cu_window_seqlens.dtype == cu_window.dtype
+    assert np.array_equal(layout.cu_window_seqlens, cu_window)
     assert np.array_equal(layout.cu_seqlens, cu)
     assert np.array_equal(layout.inverse, np.argsort(index))
 
@@ -134,7 +136,11 @@ def test_round_trip_between_processor_and_window_order():
 
 @pytest.mark.parametrize(
     "grid, window_size, match",
-    [((1, 3, 4), 112, "invalid image grid"), ((0, 4, 4), 112, "invalid image grid"), ((1, 4, 4), 14, "smaller than one")],
+    [
+        ((1, 3, 4), 112, "invalid image grid"),
+        ((0, 4, 4), 112, "invalid image grid"),
+        ((1, 4, 4), 14, "smaller than one"),
+    ],
 )
 def test_bad_grids_and_windows_raise_input_error(grid, window_size, match):
     with pytest.raises(InputError, match=match):
@@ -172,7 +178,8 @@ def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory, tmp_path
     config = family_config(folder, tmp_path)
     processor = reference_processor(folder)
     rng = np.random.default_rng(4)
-    pages = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in [(300, 200), (60, 90)]]
+    sizes = [(300, 200), (60, 90)]
+    pages = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in sizes]
     batch = processor.process_images(pages)
     queries = processor.process_queries(["What is the revenue?", "hi"])
     model = load_reference(folder).vlm.model

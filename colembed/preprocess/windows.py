@@ -23,7 +23,8 @@ rows, its validity mask, and the scatter back. They index the processor's patch 
 tower is per-patch except for attention, full attention does not depend on the order, and merge
 units stay contiguous in both orders, so a graph can run in processor order, gather each window's
 patches for the windowed blocks, and return merged tokens already in the reference's final
-(un-permuted) order. The permuted order is kept (`patch_order`, `to_window_order`) for checking. `packed_window_index` reproduces the reference's packed form
+(un-permuted) order. The permuted order is kept (`patch_order`, `to_window_order`) for checking.
+`packed_window_index` reproduces the reference's packed form
 for several grids (offsets per image), for checking against the reference itself.
 
 Never imports torch or transformers.
@@ -125,7 +126,8 @@ class WindowLayout:
         longest = int(self.window_lengths.max())
         slot = np.arange(longest, dtype=INDEX_DTYPE)
         valid = slot[None, :] < self.window_lengths[:, None]
-        window_rows = np.minimum(self.cu_window_seqlens[:-1, None].astype(INDEX_DTYPE) + slot, self.num_patches - 1)
+        starts = self.cu_window_seqlens[:-1, None].astype(INDEX_DTYPE)
+        window_rows = np.minimum(starts + slot, self.num_patches - 1)
         return np.where(valid, self.patch_order[window_rows], 0), valid
 
     @cached_property
@@ -141,7 +143,11 @@ class WindowLayout:
     def graph_inputs(self) -> dict[str, np.ndarray]:
         """The window inputs of a windowed vision graph (`WINDOW_INPUTS`), by name, int64."""
         rows, valid = self.window_gather
-        return {"window_rows": rows, "window_valid": valid.astype(INDEX_DTYPE), "window_scatter": self.window_scatter}
+        return {
+            "window_rows": rows,
+            "window_valid": valid.astype(INDEX_DTYPE),
+            "window_scatter": self.window_scatter,
+        }
 
 
 def merged_window_side(*, window_size: int, merge_size: int, patch_size: int) -> int:
@@ -196,7 +202,8 @@ def _frame_windows(t: int, units_h: int, units_w: int, side: int) -> tuple[np.nd
     pad_h, pad_w = side - units_h % side, side - units_w % side
     windows_h, windows_w = (units_h + pad_h) // side, (units_w + pad_w) // side
     padded = np.full((t, units_h + pad_h, units_w + pad_w), _PAD, dtype=INDEX_DTYPE)
-    padded[:, :units_h, :units_w] = np.arange(t * units_h * units_w, dtype=INDEX_DTYPE).reshape(t, units_h, units_w)
+    units = np.arange(t * units_h * units_w, dtype=INDEX_DTYPE)
+    padded[:, :units_h, :units_w] = units.reshape(t, units_h, units_w)
     tiles = padded.reshape(t, windows_h, side, windows_w, side).transpose(0, 1, 3, 2, 4)
     tiles = tiles.reshape(t * windows_h * windows_w, side * side)
     flat = tiles.ravel()
