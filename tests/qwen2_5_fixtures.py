@@ -47,12 +47,25 @@ def load_reference(folder):
     return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
 
 
-@functools.cache
 def reference_processor(folder):
-    """transformers 4.57.1 `ColQwen2Processor` with the PIL image processor. Shared."""
+    """transformers 4.57.1 `ColQwen2Processor` with the PIL image processor, shared. The presets
+    are built with the same processor files (compared byte for byte below), so one load serves
+    all: the real tokenizer is the slow part of a load."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    for first in _PROCESSORS:
+        if all((first / n).read_bytes() == (folder / n).read_bytes() for n in _PROCESSOR_FILES):
+            return _PROCESSORS[first]
     from transformers import ColQwen2Processor
 
-    return ColQwen2Processor.from_pretrained(folder, use_fast=False)
+    _PROCESSORS[folder] = ColQwen2Processor.from_pretrained(folder, use_fast=False)
+    return _PROCESSORS[folder]
+
+
+_PROCESSORS: dict = {}
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer.json",
+                    "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
 
 def family_config(folder, tmp_path):
