@@ -23,9 +23,8 @@ rows, its validity mask, and the scatter back. They index the processor's patch 
 tower is per-patch except for attention, full attention does not depend on the order, and merge
 units stay contiguous in both orders, so a graph can run in processor order, gather each window's
 patches for the windowed blocks, and return merged tokens already in the reference's final
-(un-permuted) order. The permuted order is kept (`patch_order`, `to_window_order`) for checking.
-`packed_window_index` reproduces the reference's packed form
-for several grids (offsets per image), for checking against the reference itself.
+(un-permuted) order. The permuted order is kept (`patch_order`, `to_window_order`) for checking,
+as is the reference's packed form for several grids (`packed_window_index`, offsets per image).
 
 Never imports torch or transformers.
 """
