@@ -63,7 +63,7 @@ def _cmd_demo(args) -> int:
     _import_export_package()
     from colembed_export.demo import run_demo
 
-    run_demo(Path(args.out), overwrite=True, progress=_progress)
+    run_demo(Path(args.out), progress=_progress)
     return 0
 
 
@@ -221,8 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "(int8, int4, fp16); fp32 is always written")
     export.set_defaults(func=_cmd_export)
 
-    demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here")
-    demo.add_argument("--out", default="demo_out", help="working folder (default ./demo_out)")
+    demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here: "
+                                       "export, index PDFs and images, search, similarity maps")
+    demo.add_argument("--out", default="demo_out",
+                      help="working folder (default ./demo_out); must be new, empty, or a "
+                           "previous demo's (never a folder with your files)")
     demo.set_defaults(func=_cmd_demo)
 
     info = sub.add_parser("info", help="describe a model folder")
