@@ -79,3 +79,17 @@ def test_search_explain_and_saved_overlay(tmp_path, exported_tiny):
             assert hit.map.score == pytest.approx(hit.score, rel=1e-3)  # float16 storage
             saved = Image.open(index.save_map(hit, tmp_path / "maps" / f"{hit.page}.png"))
             assert saved.size == (hit.payload["width"], hit.payload["height"])
+
+
+def test_overlay_falls_back_to_similarity_when_the_prompt_takes_the_whole_score():
+    rng = np.random.default_rng(1)
+    page = _unit(rng.standard_normal((LAYOUT.num_tokens, 64)))
+    query = _unit(rng.standard_normal((2, 64)))
+    page[0] = _unit(query.sum(axis=0)) * 1.0  # a prompt row beats every image token
+    page[LAYOUT.image_start + 8] = _unit(query.sum(axis=0) + 0.5 * page[LAYOUT.image_start + 8])
+    smap = explain(query, page, LAYOUT)
+    assert not smap.contribution.any() and smap.hottest_token() == (0, 0)
+    painted = np.asarray(overlay(Image.new("RGB", (196, 140), "white"), smap)).astype(int)
+    tint = 255 - painted[..., 1]
+    left, top, right, bottom = (int(v) for v in LAYOUT.token_box(1, 1, (196, 140)))
+    assert tint[top:bottom, left:right].min() == tint.max() > 0  # token 8 = (1, 1) is strongest

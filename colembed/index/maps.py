@@ -65,8 +65,15 @@ def token_mask(layout, image_size: tuple[int, int]) -> np.ndarray:
 
 
 def overlay(image: Image.Image, smap: SimilarityMap) -> Image.Image:
-    """The page with each token's box tinted in proportion to its share of the score."""
-    values = np.clip(smap.contribution.ravel(), 0, None)
+    """The page with each token's box tinted in proportion to its share of the score.
+
+    When no query token's best match is an image token (the whole score comes from the prompt
+    rows, as with random weights), the dense `similarity` map is painted instead, rescaled to
+    its own range, so the overlay still shows which regions came closest."""
+    values = np.clip(smap.contribution.ravel(), 0, None).astype(np.float64)
+    if not values.any():
+        values = smap.similarity.ravel().astype(np.float64)
+        values = values - values.min()
     peak = float(values.max())
     if peak > 0:
         values = values / peak
