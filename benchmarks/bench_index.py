@@ -170,36 +170,27 @@ def worker_query(backend: str, pages: int, folder: Path) -> dict:
                              slow=backend == "client-local")
     result = {"reopen_s": reopen, **timings, "peak_rss_mib": _peak_rss_mib()}
     if backend == "edge-two-stage":
-        sample = queries[:RECALL_QUERIES]
-        result["recall_at_10"] = _recall(store, sample)
-        result["target_at_1"] = {m: _target_at_1(store, sample, pages, m) for m in ("exact", "two-stage")}
-        result["score_max_abs_diff_vs_numpy"] = _score_check(store, queries[:4])
+        result.update(_quality(store, queries[:RECALL_QUERIES], pages))
     store.close()
     return result
 
 
-def _recall(store, queries) -> float:
+def _quality(store, queries, pages: int) -> dict:
+    """Two-stage recall@10 against exact; how often the page a query was drawn from ranks first;
+    Edge's exact scores against numpy MaxSim over the vectors it stores (float16)."""
     exact = store.search(queries, K, "exact")
     fast = store.search(queries, K, "two-stage")
-    return float(np.mean([len({h.id for h in a} & {h.id for h in b}) / K for a, b in zip(exact, fast)]))
-
-
-def _target_at_1(store, queries, pages: int, mode: str) -> float:
-    """How often the page a query was drawn from ranks first."""
     targets = query_targets(pages, len(queries))
-    hits = store.search(queries, 1, mode)
-    return float(np.mean([int(h[0].payload["serial"]) == int(t) for h, t in zip(hits, targets)]))
-
-
-def _score_check(store, queries) -> float:
-    """Edge's exact scores against numpy MaxSim over the same (float16-stored) vectors."""
+    first = lambda rows: float(np.mean([int(r[0].payload["serial"]) == int(t)  # noqa: E731
+                                         for r, t in zip(rows, targets)]))
     worst = 0.0
-    for q, hits in zip(queries, store.search(queries, 3, "exact")):
-        stored = store.page_vectors([h.id for h in hits])
-        for h in hits:
-            ref = float((q @ stored[h.id].T).max(axis=1).sum())
-            worst = max(worst, abs(ref - h.score))
-    return worst
+    for q, hits in zip(queries[:4], exact[:4]):
+        stored = store.page_vectors([h.id for h in hits[:3]])
+        for h in hits[:3]:
+            worst = max(worst, abs(float((q @ stored[h.id].T).max(axis=1).sum()) - h.score))
+    recall = np.mean([len({h.id for h in a} & {h.id for h in b}) / K for a, b in zip(exact, fast)])
+    return {"recall_at_10": float(recall), "target_at_1": {"exact": first(exact), "two-stage": first(fast)},
+            "score_max_abs_diff_vs_numpy": worst}
 
 
 def worker_numpy(pages: int) -> dict:
