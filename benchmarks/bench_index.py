@@ -302,7 +302,11 @@ def markdown(results: dict) -> str:
     lines = ["# Index store benchmark", "", markdown_header(results["machine"]), "",
              "Synthetic grid-structured pages (see the script's docstring); vectors stored as "
              "float16 in Qdrant; k = 10. Reopen = a fresh process opening the folder. "
-             "Peak RSS of the querying process.", ""]
+             "Peak RSS of the querying process.", "",
+             f"Load average before / after: {results.get('load_before')} / "
+             f"{results.get('load_after')} on 2 cores (a shared machine: other processes held "
+             "the cores for most of the run, so absolute times are several times an idle "
+             "machine's and matter less than the ratios between rows of one table).", ""]
     for pages, by_backend in results["stores"].items():
         lines += [f"## {int(pages):,} pages", "",
                   "| store | insert pages/s | disk MiB | reopen s | 1 query p50 / p90 ms "
