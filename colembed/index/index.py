@@ -110,10 +110,18 @@ class Index:
             skipped=[FileReport(str(p), reason=r) for p, r in found.ignored],
             failed=[FileReport(str(p), reason=r) for p, r in found.missing])
         bar = _progress_bar(progress, len(found.documents))
+        already = len(result.skipped) + len(result.failed)
+
+        def on_pages(n: int) -> None:
+            done = len(result.added) + len(result.skipped) + len(result.failed) - already
+            bar.set_postfix_str(f"files {done}/{len(found.documents)}", refresh=False)
+            bar.update(n)
+
         try:
             ingest(found.documents, self.store, self.model, self.identity, dpi=dpi,
-                   batch_size=batch_size, result=result, on_pages=bar.update,
+                   batch_size=batch_size, result=result, on_pages=on_pages,
                    on_total=lambda n: _grow(bar, n))
+            on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
         if prune:
