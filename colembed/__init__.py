@@ -26,6 +26,7 @@ _LAZY = {
     "ColQwen2Model": ("colembed.model", "ColQwen2Model"),
     "score": ("colembed.scoring", "score"),
     "top_k": ("colembed.scoring", "top_k"),
+    "Index": ("colembed.index", "Index"),
 }
 
 
@@ -45,6 +46,7 @@ def __dir__():
 
 __all__ = [
     "ColQwen2Model",
+    "Index",
     "load",
     "score",
     "top_k",

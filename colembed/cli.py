@@ -3,12 +3,15 @@
     colembed export SOURCE --out DIR     checkpoint -> verified model folder (needs the export extra)
     colembed demo [--out DIR]            offline end-to-end run on a tiny RANDOM-WEIGHT model
     colembed info DIR                    what a model folder holds
+    colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
+    colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -60,7 +63,7 @@ def _cmd_demo(args) -> int:
     _import_export_package()
     from colembed_export.demo import run_demo
 
-    run_demo(Path(args.out), overwrite=True, progress=_progress)
+    run_demo(Path(args.out), progress=_progress)
     return 0
 
 
@@ -79,6 +82,119 @@ def _cmd_info(args) -> int:
     }
     print(json.dumps(summary, indent=2))
     return 0
+
+
+INDEX_EXTRA_HINT = ("this command needs the index extra (qdrant-edge-py, qdrant-client, pypdfium2, "
+                    "tqdm): pip install 'colembed[index]'")
+
+
+def _open_index(args):
+    try:
+        from .index import Index
+    except ImportError as e:
+        raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
+    if (args.db is None) == (args.qdrant_url is None):
+        raise SystemExit("colembed: give exactly one of --db DIR or --qdrant-url URL")
+    api_key = args.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
+    return Index(args.db, model=args.model, url=args.qdrant_url, api_key=api_key,
+                 collection=args.collection, variant=args.variant,
+                 max_image_tokens=args.max_image_tokens)
+
+
+def _cmd_index(args) -> int:
+    with _open_index(args) as index:
+        result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
+                           progress=False if args.quiet or args.json else None)
+        total = len(index)
+    if args.json:
+        print(json.dumps({"added": [vars(r) for r in result.added],
+                          "skipped": [vars(r) for r in result.skipped],
+                          "failed": [vars(r) for r in result.failed],
+                          "removed": [vars(r) for r in result.removed], "pages": total}, indent=2))
+    else:
+        for report in result.failed:
+            print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
+        if not args.quiet:
+            for report in result.skipped:
+                if report.reason != "already indexed":
+                    print(f"skipped: {report.path}: {report.reason}", file=sys.stderr)
+        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s); "
+              f"{len(result.skipped)} skipped, {len(result.failed)} failed"
+              + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
+                 if args.prune else "") + f"; the index holds {total} page(s)")
+    return 0 if result.ok else 1
+
+
+def _cmd_search(args) -> int:
+    with _open_index(args) as index:
+        results = index.search(args.queries, k=args.k, mode=args.mode, explain=bool(args.maps))
+        written = _write_maps(index, results, Path(args.maps)) if args.maps else {}
+    if args.json:
+        print(json.dumps([{"query": q, "hits": [
+            {"rank": r, "score": h.score, "file": h.file, "page": h.page,
+             "map": written.get((qi, r))} for r, h in enumerate(hits, 1)]}
+            for qi, (q, hits) in enumerate(zip(args.queries, results))], indent=2))
+        return 0
+    for qi, (query, hits) in enumerate(zip(args.queries, results)):
+        print(f"query: {query}")
+        print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {hit.file}")
+        if not hits:
+            print("  (the index is empty)")
+    if written and not args.quiet:
+        print(f"similarity maps: {len(written)} PNG file(s) in {args.maps}")
+    return 0
+
+
+def _write_maps(index, results, folder: Path) -> dict:
+    """One overlay PNG per hit; never replaces an existing file (a free name is chosen)."""
+    written = {}
+    for qi, hits in enumerate(results, 1):
+        for rank, hit in enumerate(hits, 1):
+            stem = f"q{qi}-rank{rank}-{Path(hit.file).stem}-p{hit.page}"
+            path, n = folder / f"{stem}.png", 1
+            while path.exists():
+                n += 1
+                path = folder / f"{stem}-{n}.png"
+            try:
+                written[(qi, rank)] = str(index.save_map(hit, path))
+            except ColembedError as e:
+                print(f"no map for {hit.file} page {hit.page}: {e}", file=sys.stderr)
+    return written
+
+
+def _index_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_argument_group("where the index lives")
+    where.add_argument("--db", help="index folder (Qdrant Edge, embedded; created if new)")
+    where.add_argument("--qdrant-url", help="a Qdrant server instead of a folder")
+    where.add_argument("--qdrant-api-key", help="API key for --qdrant-url (or $QDRANT_API_KEY)")
+    where.add_argument("--collection", help="collection name on the server (default colembed)")
+    model = parser.add_argument_group("model")
+    model.add_argument("--model", help="model folder or name (default: the one the index was built with)")
+    model.add_argument("--variant", default="fp32", help="graph variant (default fp32)")
+    model.add_argument("--max-image-tokens", type=int, help="image tokens per page (default: the model's)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+
+
+def _add_index_commands(sub) -> None:
+    index = sub.add_parser("index", help="index PDFs and images (files or folders) for search")
+    index.add_argument("paths", nargs="+", metavar="PATH")
+    index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: at the model's "
+                                                 "pixel budget)")
+    index.add_argument("--prune", action="store_true", help="drop pages of files that no longer exist")
+    _index_options(index)
+    index.set_defaults(func=_cmd_index)
+
+    search = sub.add_parser("search", help="the best pages for a question")
+    search.add_argument("queries", nargs="+", metavar="QUESTION")
+    search.add_argument("-k", type=int, default=5, help="pages per question (default 5)")
+    search.add_argument("--mode", choices=("two-stage", "exact"), default="two-stage",
+                        help="two-stage: pooled prefetch + exact rerank (default); exact: full scan")
+    search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
+    _index_options(search)
+    search.set_defaults(func=_cmd_search)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,13 +221,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "(int8, int4, fp16); fp32 is always written")
     export.set_defaults(func=_cmd_export)
 
-    demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here")
-    demo.add_argument("--out", default="demo_out", help="working folder (default ./demo_out)")
+    demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here: "
+                                       "export, index PDFs and images, search, similarity maps")
+    demo.add_argument("--out", default="demo_out",
+                      help="working folder (default ./demo_out); must be new, empty, or a "
+                           "previous demo's (never a folder with your files)")
     demo.set_defaults(func=_cmd_demo)
 
     info = sub.add_parser("info", help="describe a model folder")
     info.add_argument("folder")
     info.set_defaults(func=_cmd_info)
+    _add_index_commands(sub)
     return parser
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections import defaultdict
+from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
@@ -41,6 +42,45 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]
     while batch := list(itertools.islice(iterator, size)):
         yield start, batch
         start += len(batch)
+
+
+@dataclass(frozen=True)
+class PageLayout:
+    """Where a page's image tokens sit in its embedding, and which pixels each one saw.
+
+    The page prompt is `head + image tokens + tail`: output rows
+    `[image_start, image_start + grid_rows * grid_cols)` are image tokens, row-major over the
+    merged grid; token (r, c) saw the resized image's square
+    `[c*token_px, (c+1)*token_px) x [r*token_px, (r+1)*token_px)` (token_px = patch x merge = 28).
+    The resize stretches the whole input (no crop, no padding), so on an input of any size
+    the box scales by `input size / resized_size`.
+    """
+
+    grid_rows: int
+    grid_cols: int
+    image_start: int
+    num_tokens: int
+    token_px: int
+
+    @property
+    def num_image_tokens(self) -> int:
+        return self.grid_rows * self.grid_cols
+
+    @property
+    def image_rows(self) -> slice:
+        return slice(self.image_start, self.image_start + self.num_image_tokens)
+
+    @property
+    def resized_size(self) -> tuple[int, int]:
+        """(width, height) in pixels of the image the model saw."""
+        return self.grid_cols * self.token_px, self.grid_rows * self.token_px
+
+    def token_box(self, row: int, col: int, image_size: tuple[int, int]) -> tuple[float, float, float, float]:
+        """(left, top, right, bottom) in pixels of `image_size` (width, height) seen by token (row, col)."""
+        sx = image_size[0] / self.resized_size[0]
+        sy = image_size[1] / self.resized_size[1]
+        t = self.token_px
+        return col * t * sx, row * t * sy, (col + 1) * t * sx, (row + 1) * t * sy
 
 
 class ColQwen2Model:
@@ -151,6 +191,30 @@ class ColQwen2Model:
 
     def embed_images(self, images: Iterable[Any], batch_size: int = 4) -> list[np.ndarray]:
         return _collect(self.iter_image_embeddings(images, batch_size))
+
+    def iter_page_embeddings(self, images: Iterable[Any],
+                             batch_size: int = 4) -> Iterator[tuple[np.ndarray, PageLayout]]:
+        """As `iter_image_embeddings`, each page's vectors with its `PageLayout` (image-token grid
+        and rows), for pooling by rows/columns and for similarity maps."""
+        for start, batch in _batches(images, batch_size):
+            prepared, error = self._prepare_batch(batch, start)
+            if prepared:
+                vectors = self._embed_prepared(prepared)
+                yield from zip(vectors, (self._layout(p, len(v)) for p, v in zip(prepared, vectors)))
+            if error is not None:
+                raise error
+
+    def embed_pages(self, images: Iterable[Any], batch_size: int = 4) -> list[tuple[np.ndarray, PageLayout]]:
+        """`iter_page_embeddings` as a list; an ImageError carries the finished pages (`.completed`)."""
+        return _collect(self.iter_page_embeddings(images, batch_size))
+
+    def _layout(self, prepared: PreparedImage, num_tokens: int) -> PageLayout:
+        _, h, w = prepared.grid_thw
+        m = prepared.merge_size
+        one = self.text_encoder.page_prompt_ids(1)  # the prompt's head length, from the tokenizer
+        head = int(np.flatnonzero(one == self.config.image_token_id)[0])
+        return PageLayout(grid_rows=h // m, grid_cols=w // m, image_start=head,
+                          num_tokens=num_tokens, token_px=self.config.resize_factor)
 
     def _prepare_batch(self, batch: list[Any], start: int) -> tuple[list[PreparedImage], InputError | None]:
         """The batch's pages decoded, resized and patchified in threads (PIL's decode and resize

@@ -1,0 +1,141 @@
+"""Qdrant Edge (`qdrant-edge-py`, pinned in pyproject): the embedded store, one shard in a folder.
+
+Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (what this folder
+is: schema version, vector size) and `<db>/shard/` (Edge's own files: segments and a write-ahead
+log, so an update that returned survives a killed process). Vectors are stored as float16 (half
+the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the gaps that order
+pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute force is fast).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import uuid
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+import qdrant_edge as qe
+
+from .schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VERSION, VECTOR_NAMES, PagePoint
+from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
+                    check_mode)
+
+META_FILE = "colembed_index.json"
+SHARD_DIR = "shard"
+_NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
+
+
+@contextlib.contextmanager
+def _edge_errors(action: str, where: Path) -> Iterator[None]:
+    """Qdrant Edge raises its own exception types: report them as StoreError naming the folder."""
+    try:
+        yield
+    except StoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 (the binding's types are not part of its API)
+        raise StoreError(f"{where}: Qdrant Edge failed to {action}: {e}") from e
+
+
+def _vector_params(dim: int) -> qe.EdgeVectorParams:
+    return qe.EdgeVectorParams(
+        size=dim, distance=qe.Distance.Dot,
+        multivector_config=qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim),
+        datatype=qe.VectorStorageDatatype.Float16, hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH))
+
+
+class EdgeStore(Store):
+    """An index folder holding one Qdrant Edge shard."""
+
+    def __init__(self, folder: Path, *, dim: int | None = None) -> None:
+        self.folder = Path(folder)
+        self.location = str(self.folder)
+        meta_path = self.folder / META_FILE
+        if meta_path.is_file():
+            meta = json.loads(meta_path.read_text())
+            if meta.get("schema") != SCHEMA_VERSION:
+                raise StoreError(f"{self.folder}: index schema {meta.get('schema')} is not "
+                                 f"this colembed's ({SCHEMA_VERSION})")
+            with _edge_errors("open the shard", self.folder):
+                self.shard = qe.EdgeShard.load(str(self.folder / SHARD_DIR))
+            self.dim = int(meta["dim"])
+            return
+        if self.folder.exists() and (not self.folder.is_dir() or any(self.folder.iterdir())):
+            raise StoreError(f"{self.folder}: exists and is not a colembed index; give a new or "
+                             "empty folder")
+        if dim is None:
+            raise StoreError(f"{self.folder}: no index here (give a model to create one)")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        config = qe.EdgeConfig(vectors={name: _vector_params(dim) for name in VECTOR_NAMES})
+        with _edge_errors("create the shard", self.folder):
+            self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
+        meta_path.write_text(json.dumps({"schema": SCHEMA_VERSION, "dim": dim,
+                                         "store": "qdrant-edge"}) + "\n")
+        self.dim = dim
+
+    def upsert(self, points: Sequence[PagePoint]) -> None:
+        for lo in range(0, len(points), UPSERT_BATCH):
+            batch = [qe.Point(id=p.id, vector=p.vectors, payload=p.payload)
+                     for p in points[lo:lo + UPSERT_BATCH]]
+            with _edge_errors("store pages", self.folder):
+                self.shard.update(qe.UpdateOperation.upsert_points(batch))
+
+    def delete(self, ids: Sequence[str]) -> None:
+        if ids:
+            with _edge_errors("delete pages", self.folder):
+                self.shard.update(qe.UpdateOperation.delete_points(list(ids)))
+
+    def count(self) -> int:
+        with _edge_errors("count pages", self.folder):
+            return int(self.shard.count(qe.CountRequest(exact=True)))
+
+    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        offset = None
+        while True:
+            with _edge_errors("list pages", self.folder):
+                records, offset = self.shard.scroll(qe.ScrollRequest(
+                    offset=offset, limit=SCROLL_PAGE, with_payload=True, with_vector=False))
+            out.extend((str(r.id), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return out
+
+    def any_payload(self) -> dict[str, Any] | None:
+        with _edge_errors("read a page", self.folder):
+            records, _ = self.shard.scroll(qe.ScrollRequest(limit=1, with_payload=True))
+        return dict(records[0].payload or {}) if records else None
+
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
+        check_mode(mode)
+        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode) for q in queries]
+        with _edge_errors("search", self.folder):
+            results = self.shard.query_batch(qe.QueryBatchRequest(requests))
+        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
+                for points in results]
+
+    @staticmethod
+    def _request(query: np.ndarray, k: int, mode: str) -> qe.QueryRequest:
+        exact = qe.Query.Nearest(query, using=PAGE_VECTOR)
+        if mode == "exact":
+            return qe.QueryRequest(limit=k, query=exact, with_payload=True)
+        stages = [qe.Prefetch(limit=max(k, PREFETCH_CANDIDATES), query=qe.Query.Nearest(query, using=name))
+                  for name in (ROWS_VECTOR, COLS_VECTOR)]
+        return qe.QueryRequest(limit=k, query=exact, prefetches=stages, with_payload=True)
+
+    def page_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        with _edge_errors("read page vectors", self.folder):
+            records = self.shard.retrieve([uuid.UUID(i) for i in ids], with_payload=False,
+                                          with_vector=[PAGE_VECTOR])
+        return {str(r.id): np.asarray(r.vector[PAGE_VECTOR], dtype=np.float32) for r in records}
+
+    def flush(self) -> None:
+        with _edge_errors("flush", self.folder):
+            self.shard.flush()
+
+    def close(self) -> None:
+        if getattr(self, "shard", None) is not None:
+            with _edge_errors("close", self.folder):
+                self.shard.flush()
+                self.shard.close()
+            self.shard = None

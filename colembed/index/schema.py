@@ -1,0 +1,81 @@
+"""The one collection schema every store writes: vector names, payload fields, point ids, pooling.
+
+A page is one point with three multivectors (all MaxSim over dot products; ColQwen2 vectors are
+unit length, so dot = cosine):
+
+- `page`: every output row of the page (~750 x 128). The exact score; no HNSW graph (it is only
+  ever a full scan or a rerank target).
+- `rows` / `cols`: the image-token grid mean-pooled along each row / each column, plus the page's
+  non-image rows (prompt tokens) unchanged: Qdrant's ColPali recipe, ~40 vectors instead of ~750,
+  for a cheap first stage.
+
+Payload (one dict per page, `PAYLOAD_FIELDS`): path, 1-based page, page count, file sha256, the
+rendered size, the image-token grid, model name, variant, manifest hash and schema version. An index
+refuses vectors from another model or export by comparing `model_identity` with what it holds.
+Standard library and numpy only: no store client is imported here.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+SCHEMA_VERSION = 1
+PAGE_VECTOR = "page"
+ROWS_VECTOR = "rows"
+COLS_VECTOR = "cols"
+VECTOR_NAMES = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)
+DEFAULT_COLLECTION = "colembed"
+
+# Point ids: uuid5 in a fixed namespace of "sha256/page/path", so re-running over the same files
+# makes the same ids (idempotent upserts) and a changed file makes new ones.
+POINT_NAMESPACE = uuid.UUID("5b0c1f3e-8f4a-5d2b-9c61-2f6a7e0d4c11")
+
+PAYLOAD_FIELDS = ("path", "page", "pages", "sha256", "width", "height", "grid", "image_start",
+                  "model", "variant", "manifest_sha256", "schema")
+IDENTITY_FIELDS = ("model", "variant", "manifest_sha256", "schema")
+
+
+def point_id(sha256: str, page: int, path: str) -> str:
+    """Deterministic id of page `page` (1-based) of the file with this content at this path."""
+    return str(uuid.uuid5(POINT_NAMESPACE, f"{sha256}/{page}/{path}"))
+
+
+@dataclass(frozen=True)
+class PagePoint:
+    """One page ready for a store: its id, its three multivectors (float32) and payload."""
+
+    id: str
+    vectors: dict[str, np.ndarray]
+    payload: dict[str, Any]
+
+
+def pooled_vectors(vectors: np.ndarray, layout) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, cols): the image-token grid mean-pooled per row and per column, each followed by the
+    page's non-image rows. `layout` is the model's `PageLayout`."""
+    image = vectors[layout.image_rows].reshape(layout.grid_rows, layout.grid_cols, -1)
+    others = np.concatenate([vectors[:layout.image_start], vectors[layout.image_rows.stop:]])
+    rows = np.concatenate([image.mean(axis=1), others])
+    cols = np.concatenate([image.mean(axis=0), others])
+    return rows.astype(np.float32), cols.astype(np.float32)
+
+
+def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoint:
+    """The point of one embedded page; `payload` must hold every field but the grid's."""
+    payload = dict(payload, grid=[layout.grid_rows, layout.grid_cols],
+                   image_start=layout.image_start)
+    missing = [f for f in PAYLOAD_FIELDS if f not in payload]
+    if missing:
+        raise ValueError(f"page payload lacks {missing}")
+    rows, cols = pooled_vectors(vectors, layout)
+    return PagePoint(point_id(payload["sha256"], payload["page"], payload["path"]),
+                     {PAGE_VECTOR: vectors, ROWS_VECTOR: rows, COLS_VECTOR: cols}, payload)
+
+
+def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """The identity fields on which a stored page and this model disagree ("field: a != b")."""
+    return [f"{f}: index has {stored.get(f)!r}, model has {ours.get(f)!r}"
+            for f in IDENTITY_FIELDS if stored.get(f) != ours.get(f)]

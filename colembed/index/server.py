@@ -1,0 +1,129 @@
+"""A Qdrant server through qdrant-client (or qdrant-client's pure-Python local mode in a folder).
+
+Everything qdrant-client-specific lives here. The collection has the schema of `schema.py`, the
+same as the embedded Edge shard, so an index can move from a laptop to a cluster: three named
+MaxSim multivectors (dot, float16, no HNSW graph) and the same payload and point ids.
+Local mode (`path=`) is qdrant-client's own reference implementation: exact but ~8x slower than
+Edge and memory hungry (benchmarks/); colembed uses it only to test this adapter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import numpy as np
+from qdrant_client import QdrantClient, models
+from qdrant_client.http.exceptions import ApiException
+
+from .schema import COLS_VECTOR, DEFAULT_COLLECTION, PAGE_VECTOR, ROWS_VECTOR, VECTOR_NAMES, PagePoint
+from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
+                    check_mode)
+
+
+@contextlib.contextmanager
+def _client_errors(action: str, where: str) -> Iterator[None]:
+    try:
+        yield
+    except (ApiException, OSError, ValueError, RuntimeError) as e:
+        raise StoreError(f"{where}: Qdrant failed to {action}: {e}") from e
+
+
+def _vector_params(dim: int) -> models.VectorParams:
+    return models.VectorParams(
+        size=dim, distance=models.Distance.DOT, datatype=models.Datatype.FLOAT16,
+        multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
+        hnsw_config=models.HnswConfigDiff(m=0))
+
+
+class ServerStore(Store):
+    """One collection on a Qdrant server (`url`, `api_key`) or in a local-mode folder (`path`)."""
+
+    def __init__(self, *, url: str | None = None, api_key: str | None = None,
+                 path: Path | None = None, dim: int | None = None,
+                 collection: str | None = None) -> None:
+        self.collection = collection or DEFAULT_COLLECTION
+        self.location = f"{url or path} (collection {self.collection})"
+        with _client_errors("connect", self.location):
+            self.client = (QdrantClient(url=url, api_key=api_key) if url is not None
+                           else QdrantClient(path=str(path)))
+            exists = self.client.collection_exists(self.collection)
+        if exists:
+            with _client_errors("read the collection", self.location):
+                params = self.client.get_collection(self.collection).config.params.vectors
+            if not isinstance(params, dict) or set(params) != set(VECTOR_NAMES):
+                raise StoreError(f"{self.location}: collection is not a colembed index "
+                                 f"(vectors {sorted(params) if isinstance(params, dict) else params})")
+            self.dim = int(params[PAGE_VECTOR].size)
+            return
+        if dim is None:
+            raise StoreError(f"{self.location}: no index here (give a model to create one)")
+        with _client_errors("create the collection", self.location):
+            self.client.create_collection(
+                self.collection, vectors_config={n: _vector_params(dim) for n in VECTOR_NAMES})
+        self.dim = dim
+
+    def upsert(self, points: Sequence[PagePoint]) -> None:
+        for lo in range(0, len(points), UPSERT_BATCH):
+            batch = [models.PointStruct(id=p.id, payload=p.payload,
+                                        vector={n: v.tolist() for n, v in p.vectors.items()})
+                     for p in points[lo:lo + UPSERT_BATCH]]
+            with _client_errors("store pages", self.location):
+                self.client.upsert(self.collection, points=batch, wait=True)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        if ids:
+            with _client_errors("delete pages", self.location):
+                self.client.delete(self.collection, points_selector=models.PointIdsList(
+                    points=list(ids)), wait=True)
+
+    def count(self) -> int:
+        with _client_errors("count pages", self.location):
+            return int(self.client.count(self.collection, exact=True).count)
+
+    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
+        out: list[tuple[str, dict[str, Any]]] = []
+        offset = None
+        while True:
+            with _client_errors("list pages", self.location):
+                records, offset = self.client.scroll(self.collection, limit=SCROLL_PAGE,
+                                                     offset=offset, with_payload=True)
+            out.extend((str(r.id), dict(r.payload or {})) for r in records)
+            if offset is None:
+                return out
+
+    def any_payload(self) -> dict[str, Any] | None:
+        with _client_errors("read a page", self.location):
+            records, _ = self.client.scroll(self.collection, limit=1, with_payload=True)
+        return dict(records[0].payload or {}) if records else None
+
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
+        check_mode(mode)
+        requests = [self._request(np.asarray(q, dtype=np.float32).tolist(), k, mode)
+                    for q in queries]
+        with _client_errors("search", self.location):
+            responses = self.client.query_batch_points(self.collection, requests=requests)
+        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
+                for r in responses]
+
+    @staticmethod
+    def _request(query: list, k: int, mode: str) -> models.QueryRequest:
+        if mode == "exact":
+            return models.QueryRequest(query=query, using=PAGE_VECTOR, limit=k, with_payload=True)
+        stages = [models.Prefetch(query=query, using=name, limit=max(k, PREFETCH_CANDIDATES))
+                  for name in (ROWS_VECTOR, COLS_VECTOR)]
+        return models.QueryRequest(query=query, using=PAGE_VECTOR, prefetch=stages, limit=k,
+                                   with_payload=True)
+
+    def page_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        with _client_errors("read page vectors", self.location):
+            records = self.client.retrieve(self.collection, ids=list(ids), with_payload=False,
+                                           with_vectors=[PAGE_VECTOR])
+        return {str(r.id): np.asarray(r.vector[PAGE_VECTOR], dtype=np.float32) for r in records}
+
+    def close(self) -> None:
+        if getattr(self, "client", None) is not None:
+            with _client_errors("close", self.location):
+                self.client.close()
+            self.client = None

@@ -1,0 +1,67 @@
+"""Documents for the index tests, written by real writers: Pillow's PDF and TIFF writers, pypdf's
+encryption. Pages carry a black square at a known place on white so geometry can be checked."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+PAGE_SIZE = (420, 560)  # a small letter-shaped page
+
+
+def page(label: str, size: tuple[int, int] = PAGE_SIZE, box: tuple[int, int, int, int] | None = None) -> Image.Image:
+    image = Image.new("RGB", size, "white")
+    draw = ImageDraw.Draw(image)
+    draw.text((20, 20), label, fill="black")
+    if box:
+        draw.rectangle(box, fill="black")
+    return image
+
+
+def write_pdf(path: Path, labels: list[str]) -> Path:
+    pages = [page(label) for label in labels]
+    pages[0].save(path, save_all=True, append_images=pages[1:], resolution=72)
+    return path
+
+
+def write_tiff(path: Path, labels: list[str]) -> Path:
+    pages = [page(label) for label in labels]
+    pages[0].save(path, save_all=True, append_images=pages[1:])
+    return path
+
+
+def write_encrypted_pdf(path: Path) -> Path:
+    from pypdf import PdfReader, PdfWriter
+
+    plain = write_pdf(path.with_suffix(".plain.pdf"), ["secret"])
+    writer = PdfWriter()
+    for p in PdfReader(plain).pages:
+        writer.add_page(p)
+    writer.encrypt("open sesame")
+    with open(path, "wb") as f:
+        writer.write(f)
+    plain.unlink()
+    return path
+
+
+def good_folder(folder: Path) -> dict[str, int]:
+    """Two PDFs, a PNG and a two-page TIFF; returns file name -> pages."""
+    folder.mkdir(parents=True, exist_ok=True)
+    write_pdf(folder / "report.pdf", ["report 1", "report 2", "report 3"])
+    write_pdf(folder / "memo.pdf", ["memo"])
+    page("photo").save(folder / "photo.png")
+    write_tiff(folder / "scan.tiff", ["scan 1", "scan 2"])
+    return {"report.pdf": 3, "memo.pdf": 1, "photo.png": 1, "scan.tiff": 2}
+
+
+def bad_folder(folder: Path) -> dict[str, str]:
+    """Files that must fail or be skipped, with a word their reason must contain."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "empty.pdf").write_bytes(b"")
+    (folder / "corrupt.pdf").write_bytes(b"%PDF-1.7\n this is not a PDF body\n")  # deliberately corrupt
+    (folder / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 16)  # truncated PNG header
+    write_encrypted_pdf(folder / "locked.pdf")
+    (folder / "notes.txt").write_text("not a document")
+    return {"empty.pdf": "empty", "corrupt.pdf": "PDF", "broken.png": "image",
+            "locked.pdf": "encrypted", "notes.txt": "not a PDF or image"}
