@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,13 +20,19 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import InputError, ModelFolderError
-from .manifest import Manifest, read_manifest, verify_files
-from .preprocess.config import PreprocessConfig
+from .errors import ImageError, InputError, InputTypeError, ModelFolderError
+from .integrity import check_graph_files, verify_files
+from .manifest import TOKENIZER_FILE, Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
+from .safe_fs import inside
 from .sessions import Session, physical_cores, resolve_providers
+
+# Queries of a batch run in groups of similar length: a group grows while its padded size stays
+# within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
+# values are those of running each query alone, within float tolerance).
+PAD_SLACK = 1.25
 
 # Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
 # Same-grid pages are batched until their scores reach this budget (always at least one page).
@@ -70,14 +77,18 @@ class ColQwen2Model:
         self.variant = variant
         vision_entry = self.manifest.graph(variant, "vision")
         text_entry = self.manifest.graph(variant, "text")
-        graph_files = [f for e in (vision_entry, text_entry) for f in (e.file, e.data_file) if f]
-        verify_files(self.folder, self.manifest, graph_files + ["tokenizer.json"],
+        graph_files = [f for e in (vision_entry, text_entry) for f in e.files]
+        verify_files(self.folder, self.manifest, graph_files + [TOKENIZER_FILE],
                      check_hashes=verify)
+        for entry in (vision_entry, text_entry):
+            check_graph_files(self.folder, entry)
 
-        self.config = PreprocessConfig.from_dict(self.manifest.preprocess).with_max_image_tokens(
-            max_image_tokens)
-        self.text_encoder = TextEncoder.from_file(self.folder / "tokenizer.json", self.config)
-        self.embedding_size = int(self.manifest.embedding_dim)
+        self.config = self.manifest.preprocess.with_max_image_tokens(max_image_tokens)
+        # Built on the folder's own config: the query bound follows the trained image budget,
+        # not a caller's max_image_tokens.
+        self.text_encoder = TextEncoder.from_file(inside(self.folder, TOKENIZER_FILE),
+                                                  self.manifest.preprocess)
+        self.embedding_size = self.manifest.embedding_dim
         self._provider_request = resolve_providers(providers)
         self._sessions: dict[str, Session] = {}
         for role, entry in (("vision", vision_entry), ("text", text_entry)):
@@ -88,7 +99,7 @@ class ColQwen2Model:
         self._scorer = None
 
     def _open(self, entry, *, threads, cpu_mem_arena) -> Session:
-        path = self.folder / entry.file
+        path = inside(self.folder, entry.file)
         try:
             session = Session(str(path), self._provider_request, threads=threads,
                               cpu_mem_arena=cpu_mem_arena)
@@ -115,25 +126,39 @@ class ColQwen2Model:
 
     @property
     def name(self) -> str:
-        return str(self.manifest.model.get("name", self.folder.name))
+        return self.manifest.model.name
 
     def __repr__(self) -> str:
-        random = ", random_weights=True" if self.manifest.model.get("random_weights") else ""
+        random = ", random_weights=True" if self.manifest.model.random_weights else ""
         return (f"ColQwen2Model(name={self.name!r}, variant={self.variant!r}, "
                 f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
                 f"providers={self.providers}{random}, folder='{self.folder}')")
 
     # ---------------------------------------------------------------------------------- queries
     def iter_query_embeddings(self, texts: Iterable[str], batch_size: int = 16) -> Iterator[np.ndarray]:
-        if isinstance(texts, str):
-            raise InputError("expected an iterable of query strings, got a single str "
-                             "(wrap it in a list)")
+        _refuse_single(texts, "query strings")
         for start, batch in _batches(texts, batch_size):
-            ids = self.text_encoder.encode_queries(batch, start_index=start)
-            yield from self._run_text(ids, [()] * len(ids), None)
+            try:
+                ids = self.text_encoder.encode_queries(batch, start_index=start)
+            except InputError as e:  # embed the queries before the bad one, then raise
+                good = (e.index - start) if e.index is not None else 0
+                if good > 0:
+                    yield from self._run_queries(
+                        self.text_encoder.encode_queries(batch[:good], start_index=start))
+                raise
+            yield from self._run_queries(ids)
 
     def embed_queries(self, texts: Iterable[str], batch_size: int = 16) -> list[np.ndarray]:
         return _collect(self.iter_query_embeddings(texts, batch_size))
+
+    def _run_queries(self, ids: list[np.ndarray]) -> list[np.ndarray]:
+        """One text-graph run per group of similar lengths (`PAD_SLACK`); results in input order."""
+        out: list[np.ndarray | None] = [None] * len(ids)
+        for group in _length_groups([len(row) for row in ids]):
+            vectors = self._run_text([ids[i] for i in group], [()] * len(group), None)
+            for i, vector in zip(group, vectors):
+                out[i] = vector
+        return out  # type: ignore[return-value]
 
     # ----------------------------------------------------------------------------------- images
     def iter_image_embeddings(self, images: Iterable[Any], batch_size: int = 4) -> Iterator[np.ndarray]:
@@ -142,6 +167,7 @@ class ColQwen2Model:
         If an image in a batch is bad, the pages before it are still embedded and yielded, then
         the ImageError (naming the page's index) is raised.
         """
+        _refuse_single(images, "images")
         for start, batch in _batches(images, batch_size):
             prepared, error = self._prepare_batch(batch, start)
             if prepared:
@@ -196,7 +222,7 @@ class ColQwen2Model:
         by_grid: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for i, p in enumerate(prepared):
             by_grid[p.grid_thw].append(i)
-        heads = int(self.manifest.architecture.get("vision_heads", 16))
+        heads = self.manifest.architecture.vision_heads
         features: list[np.ndarray | None] = [None] * len(prepared)
         for grid, members in by_grid.items():
             patches = prepared[members[0]].patches.shape[0]
@@ -223,8 +249,10 @@ class ColQwen2Model:
             if entry is None:
                 self._scorer = MaxSimScorer()
             else:
-                verify_files(self.folder, self.manifest, [entry.file], check_hashes=self._verify)
-                self._scorer = MaxSimScorer(self.folder / entry.file)
+                verify_files(self.folder, self.manifest, list(entry.files),
+                             check_hashes=self._verify)
+                check_graph_files(self.folder, entry)
+                self._scorer = MaxSimScorer(inside(self.folder, entry.file))
         return self._scorer
 
     def score(self, queries: Any, documents: Any, **options: Any) -> np.ndarray:
@@ -244,7 +272,7 @@ class ColQwen2Model:
                                        vision_start_token_id=cfg.vision_start_token_id,
                                        merge_size=cfg.merge_size)
         index = np.zeros_like(input_ids)
-        hidden = int(self.manifest.architecture["text_hidden"])
+        hidden = self.manifest.architecture.text_hidden
         if features:
             offset = 0
             for row, row_features in enumerate(features):
@@ -263,6 +291,29 @@ class ColQwen2Model:
         })
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
+
+
+def _refuse_single(items: Any, what: str) -> None:
+    """A str/bytes/path is one item, not a batch: iterating it would embed characters or bytes."""
+    if isinstance(items, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(items, "read") \
+            or type(items).__module__.startswith("PIL."):
+        raise InputTypeError(f"expected an iterable of {what}, got a single "
+                             f"{type(items).__name__} (wrap it in a list)", item=items)
+
+
+def _length_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices grouped by similar length (shortest first): a group takes the next longer item
+    while its padded size, count x longest, stays within PAD_SLACK x its real tokens."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        if groups and lengths[i] * (len(groups[-1]) + 1) <= PAD_SLACK * (real + lengths[i]):
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 def _collect(iterator: Iterator[np.ndarray]) -> list[np.ndarray]:

@@ -54,6 +54,12 @@ def test_graph_whose_inputs_differ_from_manifest(copy_model_folder):
     def edit(manifest):
         manifest["files"]["text.onnx"] = describe_file(folder / "text.onnx")
     _rewrite_manifest(folder, edit)
+    with pytest.raises(ModelFolderError, match=r"text\.onnx.*external data.*vision\.onnx_data"):
+        colembed.load(folder)  # it reads the vision weights, which its entry does not list
+
+    def edit_data(manifest):
+        manifest["variants"]["fp32"]["text"]["data_file"] = "vision.onnx_data"
+    _rewrite_manifest(folder, edit_data)
     with pytest.raises(ModelFolderError, match=r"text\.onnx.*contract"):
         colembed.load(folder)
 
@@ -112,7 +118,7 @@ def test_unknown_name_lists_known_models(tmp_path):
 
 
 def test_unchanged_files_are_not_hashed_twice(copy_model_folder, monkeypatch):
-    import colembed.manifest as manifest_module
+    import colembed.integrity as manifest_module
 
     folder = copy_model_folder()
     hashed = []
