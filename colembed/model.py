@@ -27,12 +27,15 @@ from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
-from .sessions import Session, physical_cores, resolve_providers
+from .sessions import CPU, Session, physical_cores, resolve_providers
 
 # Queries of a batch run in groups of similar length: a group grows while its padded size stays
 # within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
-# values are those of running each query alone, within float tolerance).
+# values are those of running each query alone, within float tolerance), and while its attention
+# scores (heads x rows x longest^2 floats) stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch of
+# queries at the length bound runs a few at a time (8 for Qwen2-VL-2B's 12 heads at 779 tokens).
 PAD_SLACK = 1.25
+TEXT_ATTENTION_BUDGET_BYTES = 1 << 28
 
 # Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
 # Same-grid pages are batched until their scores reach this budget (always at least one page).
@@ -94,6 +97,7 @@ class ColQwen2Model:
         for role, entry in (("vision", vision_entry), ("text", text_entry)):
             self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
+        self._run_options = _arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
@@ -154,7 +158,9 @@ class ColQwen2Model:
     def _run_queries(self, ids: list[np.ndarray]) -> list[np.ndarray]:
         """One text-graph run per group of similar lengths (`PAD_SLACK`); results in input order."""
         out: list[np.ndarray | None] = [None] * len(ids)
-        for group in _length_groups([len(row) for row in ids]):
+        per_cell = self.manifest.architecture.text_heads * np.dtype(np.float32).itemsize
+        for group in _length_groups([len(row) for row in ids],
+                                    max_cells=TEXT_ATTENTION_BUDGET_BYTES // per_cell):
             vectors = self._run_text([ids[i] for i in group], [()] * len(group), None)
             for i, vector in zip(group, vectors):
                 out[i] = vector
@@ -233,7 +239,8 @@ class ColQwen2Model:
                 group = members[lo:lo + chunk]
                 pixels = np.stack([prepared[i].patches for i in group])
                 (out,) = self._sessions["vision"].run(
-                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin})
+                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin},
+                    self._run_options)
                 for i, rows in zip(group, out):
                     features[i] = rows
         return features  # type: ignore[return-value]
@@ -288,9 +295,25 @@ class ColQwen2Model:
         (out,) = self._sessions["text"].run({
             "input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
             "image_feature_index": index, "image_features": table,
-        })
+        }, self._run_options)
+        if out.ndim != 3 or out.shape[-1] != self.embedding_size:
+            raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
+                                   f"manifest says embedding_dim {self.embedding_size}",
+                                   path=self.folder / self.manifest.graph(self.variant, "text").file)
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
+
+
+def _arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):
+    """Run options that hand the CPU arena's free chunks back after each run, so one large
+    request does not leave the process at its peak (benchmarks/results/query_memory.md)."""
+    if not cpu_mem_arena or not providers or providers[0] != CPU:
+        return None
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
 
 
 def _refuse_single(items: Any, what: str) -> None:
@@ -301,13 +324,16 @@ def _refuse_single(items: Any, what: str) -> None:
                              f"{type(items).__name__} (wrap it in a list)", item=items)
 
 
-def _length_groups(lengths: Sequence[int]) -> list[list[int]]:
+def _length_groups(lengths: Sequence[int], max_cells: int) -> list[list[int]]:
     """Indices grouped by similar length (shortest first): a group takes the next longer item
-    while its padded size, count x longest, stays within PAD_SLACK x its real tokens."""
+    while its padded size, count x longest, stays within PAD_SLACK x its real tokens, and
+    count x longest^2 within `max_cells` (a group always holds at least one item)."""
     groups: list[list[int]] = []
     real = 0
     for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        if groups and lengths[i] * (len(groups[-1]) + 1) <= PAD_SLACK * (real + lengths[i]):
+        count = len(groups[-1]) + 1 if groups else 1
+        if groups and lengths[i] * count <= PAD_SLACK * (real + lengths[i]) \
+                and count * lengths[i] ** 2 <= max_cells:
             groups[-1].append(i)
             real += lengths[i]
         else:
