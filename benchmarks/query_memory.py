@@ -3,7 +3,7 @@
 A model with Qwen2-VL widths cut down to fit this check (text 768 wide, 12 heads, 2 layers; the
 real vocabulary; random weights) is exported once into a work folder. Then, each mode in a fresh
 process: load, embed 16 short queries (baseline RSS), embed a large request (8 queries at the
-length bound), then 15 short + 1 at the bound, then 16 short queries again, reading RSS after each
+length bound), then 7 short + 1 at the bound, then 16 short queries again, reading RSS after each
 step; and time 16 short queries and the mixed batch. Modes, side by side in one run:
 
 - `shipped`: queries grouped by length within the text attention budget, and the CPU arena handing
@@ -73,9 +73,9 @@ def child(folder: str, mode: str) -> dict:
         warnings.simplefilter("ignore")
         model.embed_queries([long_query] * LARGE)
         steps[f"after {LARGE} queries at the bound"] = rss_mib()["rss"]
-        mixed = [SHORT] * 15 + [long_query]
+        mixed = [SHORT] * 7 + [long_query]
         model.embed_queries(mixed)
-        steps["after 15 short + 1 at the bound"] = rss_mib()["rss"]
+        steps["after 7 short + 1 at the bound"] = rss_mib()["rss"]
         model.embed_queries([SHORT] * 16)
         steps["after 16 short queries again"] = rss_mib()["rss"]
         steps["peak"] = rss_mib()["peak"]
@@ -93,7 +93,7 @@ def timings(model, mixed: list[str]) -> dict[str, dict[str, float]]:
         "16 short queries: shrink on / off": (
             lambda: _with_options(model, shrink, lambda: model.embed_queries([SHORT] * 16)),
             lambda: _with_options(model, None, lambda: model.embed_queries([SHORT] * 16))),
-        "15 short + 1 at the bound: grouped / one padded run": (
+        "7 short + 1 at the bound: grouped / one padded run": (
             lambda: model._run_queries(ids),
             lambda: model._run_text(ids, [()] * len(ids), None)),
     }

@@ -166,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = args.folder or tiny_folder(make_work_folder(args.work, "soak benchmark"))
     model = colembed.load(folder, threads=args.threads)
     windows = soak(model, args.minutes, args.interval, args.batch, args.seed)
-    setup = {"model": f"{model.name}" + (" (random weights)" if model.manifest.model.random_weights else ""), "minutes": args.minutes, "batch": args.batch,
+    random = " (random weights)" if model.manifest.model.random_weights else ""
+    setup = {"model": model.name + random, "minutes": args.minutes, "batch": args.batch,
              "interval_s": args.interval}
     write(info, setup, windows, summary(windows))
     return 0

@@ -22,7 +22,6 @@ import hashlib
 import json
 import mmap
 import os
-import posixpath
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
@@ -213,11 +212,13 @@ def external_data_files(graph: Path) -> set[str]:
 def check_graph_files(folder: Path, entry: GraphEntry) -> None:
     """The graph reads no file but the data file its manifest entry lists (which must be inside
     the folder), so that every byte a session loads has been size- and hash-checked."""
-    graph = inside(folder, entry.file)
+    graph = inside(folder, entry.file)  # resolved: the path onnxruntime is given
     listed = inside(folder, entry.data_file) if entry.data_file else None
-    base = posixpath.dirname(entry.file)  # onnxruntime resolves a location beside the graph
+    root = Path(folder).resolve()
     for location in sorted(external_data_files(graph)):
-        if not location or inside(folder, posixpath.join(base, location)) != listed:
+        # onnxruntime reads a location relative to the graph file's own folder
+        beside = os.path.relpath(graph.parent / location, root) if location else ""
+        if not location or inside(folder, beside) != listed:
             raise ModelFolderError(
                 f"the graph reads external data from {location!r:.80}, which its manifest entry "
                 f"does not list (it lists {entry.data_file!r}); re-export the model",

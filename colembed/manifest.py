@@ -371,7 +371,8 @@ def _inconsistencies(m: Manifest) -> list[str]:
         problems.append(f"preprocess.vision_head_dim {m.preprocess.vision_head_dim} != "
                         f"architecture vision_embed_dim / vision_heads "
                         f"{m.architecture.vision_head_dim}")
-    widths = {"text": m.embedding_dim, "vision": m.architecture.text_hidden}
+    widths = {"text": (m.embedding_dim, "embedding_dim"),
+              "vision": (m.architecture.text_hidden, "architecture.text_hidden")}
     for variant, graphs in m.variants.items():
         if sorted(graphs) != sorted(GRAPH_ROLES):
             problems.append(f"variants.{variant}: has graphs {sorted(graphs)}, "
@@ -379,9 +380,10 @@ def _inconsistencies(m: Manifest) -> list[str]:
         for role, entry in graphs.items():
             where = f"variants.{variant}.{role}"
             problems += _entry_problems(entry, role, where, m.files)
-            if role in widths and _output_width(entry, where) != widths[role]:
+            width, source = widths.get(role, (None, ""))
+            if width is not None and _output_width(entry, where) != width:
                 problems.append(f"{where}.contract: output width {_output_width(entry, where)!r} "
-                                f"!= {widths[role]} ({'embedding_dim' if role == 'text' else 'architecture.text_hidden'})")
+                                f"!= {width} ({source})")
     if m.scorer is not None:
         problems += _entry_problems(m.scorer, "scorer", "scorer", m.files)
     unknown = sorted(set(m.checks) - set(m.variants))

@@ -33,9 +33,11 @@ from .sessions import CPU, Session, physical_cores, resolve_providers
 # within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
 # values are those of running each query alone, within float tolerance), and while its attention
 # scores (heads x rows x longest^2 floats) stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch of
-# queries at the length bound runs a few at a time (8 for Qwen2-VL-2B's 12 heads at 779 tokens).
+# queries at the length bound runs two at a time (Qwen2-VL-2B: 12 heads, 779 tokens; a run holds
+# several tensors of that size: 8 such queries in one run peaked at 2.3 GB on a 2-layer model,
+# benchmarks/results/query_memory.md) while ordinary queries are never split.
 PAD_SLACK = 1.25
-TEXT_ATTENTION_BUDGET_BYTES = 1 << 28
+TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
 
 # Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
 # Same-grid pages are batched until their scores reach this budget (always at least one page).

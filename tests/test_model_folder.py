@@ -288,3 +288,16 @@ def test_external_data_references_are_read_without_onnx(exported_tiny, tmp_path)
         (tmp_path / "bad.onnx").write_bytes(bad)
         with pytest.raises(ModelFolderError, match="not a readable ONNX"):
             external_data_files(tmp_path / "bad.onnx")
+
+
+def test_embedding_dim_is_checked_against_the_text_graph(copy_model_folder):
+    """A manifest that consistently claims 64-dim vectors over a graph that gives 128."""
+    folder = copy_model_folder()
+
+    def claim_64(manifest):
+        manifest["embedding_dim"] = manifest["architecture"]["embedding_dim"] = 64
+        for graphs in manifest["variants"].values():
+            graphs["text"]["contract"]["outputs"][0]["dims"][-1] = 64
+    _rewrite_manifest(folder, claim_64)
+    with pytest.raises(ModelFolderError, match=r"text\.onnx.*contract.*embeddings"):
+        colembed.load(folder)
