@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -39,13 +40,16 @@ WARMUP_WINDOWS = 1
 
 
 def tiny_folder(work: Path) -> Path:
-    """The tiny random-weight model, exported into `work` on first use (needs the export extra)."""
+    """The tiny random-weight model, exported into `work` on first use (needs the export extra),
+    in a child process so that torch never counts in this process's RSS."""
     folder = work / "tiny"
     if not (folder / "colembed_manifest.json").is_file():
-        from colembed_export.exporter import export_model
-        from colembed_export.tiny import build_checkpoint
-
-        export_model(build_checkpoint(work / "checkpoint", "tiny", seed=0), folder)
+        script = ("import sys; from pathlib import Path\n"
+                  "from colembed_export.exporter import export_model\n"
+                  "from colembed_export.tiny import build_checkpoint\n"
+                  "w = Path(sys.argv[1])\n"
+                  "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n")
+        subprocess.run([sys.executable, "-c", script, str(work)], check=True)
     return folder
 
 

@@ -35,6 +35,8 @@ FORMAT_VERSION = 1
 GRAPH_ROLES = ("vision", "text")  # every variant has exactly these graphs
 TOKENIZER_FILE = "tokenizer.json"
 _SHA256_HEX = 64
+TOP_LEVEL_KEYS = ("format", "format_version", "model", "embedding_dim", "preprocess",
+                  "architecture", "variants", "scorer", "files", "checks", "versions", "created")
 
 
 # ----------------------------------------------------------------------------- field checking
@@ -60,6 +62,14 @@ def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str, *, optiona
     if positive and not value > 0:
         raise ManifestError(f"{name}: must be > 0, got {value}")
     return value
+
+
+def _known_keys(d: Any, keys: tuple[str, ...], where: str) -> None:
+    """Refuse keys this version does not know: they would be dropped silently by `to_dict`."""
+    unknown = sorted(set(d) - set(keys)) if isinstance(d, dict) else []
+    if unknown:
+        raise ManifestError(f"{where or 'manifest'}: unknown keys {unknown} (a newer colembed's "
+                            "manifest? upgrade colembed)")
 
 
 def check_file_name(name: Any, where: str) -> str:
@@ -91,6 +101,7 @@ class FileEntry:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> FileEntry:
+        _known_keys(d, ("size", "sha256"), where)
         size = _get(d, "size", int, where)
         digest = _get(d, "sha256", str, where)
         if size < 0:
@@ -118,6 +129,7 @@ class ModelInfo:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "model") -> ModelInfo:
+        _known_keys(d, tuple(f.name for f in fields(cls)), where)
         return cls(name=_get(d, "name", str, where),
                    architecture=_get(d, "architecture", str, where),
                    source=_get(d, "source", str, where, optional=True),
@@ -156,6 +168,7 @@ class Architecture:
     @classmethod
     def from_dict(cls, d: Any, where: str = "architecture") -> Architecture:
         values: dict[str, Any] = {}
+        _known_keys(d, tuple(f.name for f in fields(cls)), where)
         for f in fields(cls):
             if f.name == "mrope_section":
                 section = _get(d, f.name, list, where)
@@ -207,11 +220,13 @@ class ExportCheck:
 
 def _contract(d: Any, where: str) -> GraphContract:
     """A graph contract, every tensor spec type-checked before `GraphContract` sees it."""
+    _known_keys(d, ("role", "inputs", "outputs"), where)
     role = _get(d, "role", str, where)
     for kind in ("inputs", "outputs"):
         specs = _get(d, kind, list, where)
         for i, spec in enumerate(specs):
             at = f"{where}.{kind}[{i}]"
+            _known_keys(spec, ("name", "dtype", "dims"), at)
             _get(spec, "name", str, at)
             dtype = _get(spec, "dtype", str, at)
             if dtype not in ORT_TYPES:
@@ -246,6 +261,7 @@ class GraphEntry:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "graph") -> GraphEntry:
+        _known_keys(d, ("file", "data_file", "opset", "contract"), where)
         data_file = _get(d, "data_file", str, where, optional=True)
         return cls(file=check_file_name(_get(d, "file", str, where), f"{where}.file"),
                    data_file=None if data_file is None
@@ -305,6 +321,7 @@ class Manifest:
         """The manifest a JSON object describes; ManifestError naming the first bad field."""
         if not isinstance(d, dict):
             raise ManifestError(f"expected a JSON object, got {type(d).__name__}")
+        _known_keys(d, TOP_LEVEL_KEYS, "")
         if "format" in d and d["format"] != FORMAT:
             raise ManifestError(f"format: {d['format']!r:.40} is not {FORMAT!r}")
         variants = _get(d, "variants", dict, "")

@@ -48,7 +48,11 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]
     """(index of the first item, items) for consecutive batches, without materialising `items`."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"batch_size must be a positive int, got {size!r}")
-    iterator = iter(items)
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise InputTypeError(f"expected an iterable of items, got {type(items).__name__}",
+                             item=items) from None
     start = 0
     while batch := list(itertools.islice(iterator, size)):
         yield start, batch

@@ -178,6 +178,8 @@ MALFORMED = [  # (edit, value, the field the error must name)
     ("architecture/vision_heads", 0, r"architecture\.vision_heads: must be > 0"),
     ("architecture/vision_heads", 5, r"architecture\.vision_heads: 5 does not divide"),
     ("architecture/text_hidden", DELETE, r"architecture\.text_hidden: missing"),
+    ("architecture/text_width", 64, r"architecture: unknown keys \['text_width'\]"),
+    ("exported_by", "someone", r"manifest: unknown keys \['exported_by'\]"),
     ("embedding_dim", "128", r"embedding_dim: expected int"),
     ("embedding_dim", True, r"embedding_dim: expected int"),
     ("preprocess/max_pixels", DELETE, r"preprocess: missing keys \['max_pixels'\]"),

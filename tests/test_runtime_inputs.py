@@ -210,6 +210,8 @@ def test_one_image_instead_of_a_list_is_refused(tiny_model, tmp_path, single):
         tiny_model.embed_images(single)
     with pytest.raises(InputError, match="single"):
         next(tiny_model.iter_image_embeddings(single))
+    with pytest.raises(InputError, match="expected an iterable"):
+        tiny_model.embed_queries(42)
 
 
 @pytest.mark.parametrize("error", [TypeError, KeyError, SyntaxError, IndexError,
