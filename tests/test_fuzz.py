@@ -91,6 +91,7 @@ def _check_page(obj, config, index: int) -> bool:
     return True
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")  # PIL warns about malformed TIFF tags
 @FUZZ
 @given(page=PAGE_SOURCES, index=st.integers(0, 10**6))
 def test_any_page_prepares_or_raises_its_image_error(config, page, index):
@@ -161,6 +162,7 @@ ARRAYS = st.one_of(
 )
 
 
+@pytest.mark.filterwarnings("ignore:.*encountered in cast:RuntimeWarning")  # building NaN ints
 @FUZZ
 @given(queries=st.lists(ARRAYS, max_size=3), pages=st.lists(ARRAYS, max_size=3),
        backend=st.sampled_from(["numpy", "auto"]))
