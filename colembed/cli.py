@@ -72,13 +72,13 @@ def _cmd_info(args) -> int:
 
     manifest = read_manifest(Path(args.folder))
     summary = {
-        "model": manifest.model,
+        "model": manifest.model.to_dict(),
         "embedding_dim": manifest.embedding_dim,
         "variants": {v: {r: g.file for r, g in gs.items()} for v, gs in manifest.variants.items()},
         "scorer": manifest.scorer.file if manifest.scorer else None,
-        "max_pixels": manifest.preprocess.get("max_pixels"),
-        "checks": manifest.checks,
-        "versions": manifest.versions,
+        "max_pixels": manifest.preprocess.max_pixels,
+        "checks": {name: check.to_dict() for name, check in manifest.checks.items()},
+        "versions": dict(manifest.versions),
     }
     print(json.dumps(summary, indent=2))
     return 0

@@ -56,3 +56,12 @@ class ExportError(ColembedError, RuntimeError):
 
 class ScoringError(ColembedError, ValueError):
     """Embeddings handed to the scorer are malformed (wrong dims, dtype, NaN/inf, empty)."""
+
+
+class QueryTruncatedWarning(UserWarning):
+    """A query longer than the model's bound was cut (its first tokens and its augmentation tokens
+    are kept). `index` is its position in the input."""
+
+    def __init__(self, message: str, *, index: int | None = None) -> None:
+        self.index = index
+        super().__init__(message)

@@ -59,6 +59,7 @@ except ImportError as e:
 from . import registry
 from .errors import InputError
 from .manifest import read_manifest, verify_files
+from .safe_fs import inside
 
 SUPPORTED_FASTEMBED = ((0, 9), (0, 10))  # [lower, upper): the versions this module was tested with
 CUDA = "CUDAExecutionProvider"
@@ -255,11 +256,11 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
 
     def _encoder(self):
         if self._text_encoder is None:
-            from .preprocess.config import PreprocessConfig
             from .preprocess.text import TextEncoder
 
-            config = PreprocessConfig.from_dict(read_manifest(self._model_dir).preprocess)
-            self._text_encoder = TextEncoder.from_file(self._model_dir / "tokenizer.json", config)
+            config = read_manifest(self._model_dir).preprocess
+            self._text_encoder = TextEncoder.from_file(inside(self._model_dir, "tokenizer.json"),
+                                                       config)
         return self._text_encoder
 
     def _onnx_providers(self) -> tuple[Any, bool]:
@@ -295,7 +296,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             return
         manifest = read_manifest(self._model_dir)
         entries = [manifest.graph(self.variant, role) for role in ("vision", "text")]
-        names = [f for e in entries for f in (e.file, e.data_file) if f] + ["tokenizer.json"]
+        names = [f for e in entries for f in e.files] + ["tokenizer.json"]
         verify_files(self._model_dir, manifest, names, check_hashes=True)
         self._verified = True
 

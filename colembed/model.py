@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import os
 from collections import defaultdict
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +21,24 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .errors import InputError, ModelFolderError
-from .manifest import Manifest, read_manifest, verify_files
-from .preprocess.config import PreprocessConfig
+from .errors import ImageError, InputError, InputTypeError, ModelFolderError
+from .integrity import check_graph_files, verify_files
+from .manifest import TOKENIZER_FILE, Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
-from .sessions import Session, physical_cores, resolve_providers
+from .safe_fs import inside
+from .sessions import CPU, Session, physical_cores, resolve_providers
+
+# Queries of a batch run in groups of similar length: a group grows while its padded size stays
+# within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
+# values are those of running each query alone, within float tolerance), and while its attention
+# scores (heads x rows x longest^2 floats) stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch of
+# queries at the length bound runs two at a time (Qwen2-VL-2B: 12 heads, 779 tokens; a run holds
+# several tensors of that size: 8 such queries in one run peaked at 2.3 GB on a 2-layer model,
+# benchmarks/results/query_memory.md) while ordinary queries are never split.
+PAD_SLACK = 1.25
+TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
 
 # Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
 # Same-grid pages are batched until their scores reach this budget (always at least one page).
@@ -37,7 +49,11 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]
     """(index of the first item, items) for consecutive batches, without materialising `items`."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
         raise ValueError(f"batch_size must be a positive int, got {size!r}")
-    iterator = iter(items)
+    try:
+        iterator = iter(items)
+    except TypeError:
+        raise InputTypeError(f"expected an iterable of items, got {type(items).__name__}",
+                             item=items) from None
     start = 0
     while batch := list(itertools.islice(iterator, size)):
         yield start, batch
@@ -110,25 +126,30 @@ class ColQwen2Model:
         self.variant = variant
         vision_entry = self.manifest.graph(variant, "vision")
         text_entry = self.manifest.graph(variant, "text")
-        graph_files = [f for e in (vision_entry, text_entry) for f in (e.file, e.data_file) if f]
-        verify_files(self.folder, self.manifest, graph_files + ["tokenizer.json"],
+        graph_files = [f for e in (vision_entry, text_entry) for f in e.files]
+        verify_files(self.folder, self.manifest, graph_files + [TOKENIZER_FILE],
                      check_hashes=verify)
+        for entry in (vision_entry, text_entry):
+            check_graph_files(self.folder, entry)
 
-        self.config = PreprocessConfig.from_dict(self.manifest.preprocess).with_max_image_tokens(
-            max_image_tokens)
-        self.text_encoder = TextEncoder.from_file(self.folder / "tokenizer.json", self.config)
-        self.embedding_size = int(self.manifest.embedding_dim)
+        self.config = self.manifest.preprocess.with_max_image_tokens(max_image_tokens)
+        # Built on the folder's own config: the query bound follows the trained image budget,
+        # not a caller's max_image_tokens.
+        self.text_encoder = TextEncoder.from_file(inside(self.folder, TOKENIZER_FILE),
+                                                  self.manifest.preprocess)
+        self.embedding_size = self.manifest.embedding_dim
         self._provider_request = resolve_providers(providers)
         self._sessions: dict[str, Session] = {}
         for role, entry in (("vision", vision_entry), ("text", text_entry)):
             self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
+        self._run_options = _arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
 
     def _open(self, entry, *, threads, cpu_mem_arena) -> Session:
-        path = self.folder / entry.file
+        path = inside(self.folder, entry.file)
         try:
             session = Session(str(path), self._provider_request, threads=threads,
                               cpu_mem_arena=cpu_mem_arena)
@@ -155,25 +176,41 @@ class ColQwen2Model:
 
     @property
     def name(self) -> str:
-        return str(self.manifest.model.get("name", self.folder.name))
+        return self.manifest.model.name
 
     def __repr__(self) -> str:
-        random = ", random_weights=True" if self.manifest.model.get("random_weights") else ""
+        random = ", random_weights=True" if self.manifest.model.random_weights else ""
         return (f"ColQwen2Model(name={self.name!r}, variant={self.variant!r}, "
                 f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
                 f"providers={self.providers}{random}, folder='{self.folder}')")
 
     # ---------------------------------------------------------------------------------- queries
     def iter_query_embeddings(self, texts: Iterable[str], batch_size: int = 16) -> Iterator[np.ndarray]:
-        if isinstance(texts, str):
-            raise InputError("expected an iterable of query strings, got a single str "
-                             "(wrap it in a list)")
+        _refuse_single(texts, "query strings")
         for start, batch in _batches(texts, batch_size):
-            ids = self.text_encoder.encode_queries(batch, start_index=start)
-            yield from self._run_text(ids, [()] * len(ids), None)
+            try:
+                ids = self.text_encoder.encode_queries(batch, start_index=start)
+            except InputError as e:  # embed the queries before the bad one, then raise
+                good = (e.index - start) if e.index is not None else 0
+                if good > 0:
+                    yield from self._run_queries(
+                        self.text_encoder.encode_queries(batch[:good], start_index=start))
+                raise
+            yield from self._run_queries(ids)
 
     def embed_queries(self, texts: Iterable[str], batch_size: int = 16) -> list[np.ndarray]:
         return _collect(self.iter_query_embeddings(texts, batch_size))
+
+    def _run_queries(self, ids: list[np.ndarray]) -> list[np.ndarray]:
+        """One text-graph run per group of similar lengths (`PAD_SLACK`); results in input order."""
+        out: list[np.ndarray | None] = [None] * len(ids)
+        per_cell = self.manifest.architecture.text_heads * np.dtype(np.float32).itemsize
+        for group in _length_groups([len(row) for row in ids],
+                                    max_cells=TEXT_ATTENTION_BUDGET_BYTES // per_cell):
+            vectors = self._run_text([ids[i] for i in group], [()] * len(group), None)
+            for i, vector in zip(group, vectors):
+                out[i] = vector
+        return out  # type: ignore[return-value]
 
     # ----------------------------------------------------------------------------------- images
     def iter_image_embeddings(self, images: Iterable[Any], batch_size: int = 4) -> Iterator[np.ndarray]:
@@ -182,6 +219,7 @@ class ColQwen2Model:
         If an image in a batch is bad, the pages before it are still embedded and yielded, then
         the ImageError (naming the page's index) is raised.
         """
+        _refuse_single(images, "images")
         for start, batch in _batches(images, batch_size):
             prepared, error = self._prepare_batch(batch, start)
             if prepared:
@@ -260,7 +298,7 @@ class ColQwen2Model:
         by_grid: dict[tuple[int, int, int], list[int]] = defaultdict(list)
         for i, p in enumerate(prepared):
             by_grid[p.grid_thw].append(i)
-        heads = int(self.manifest.architecture.get("vision_heads", 16))
+        heads = self.manifest.architecture.vision_heads
         features: list[np.ndarray | None] = [None] * len(prepared)
         for grid, members in by_grid.items():
             patches = prepared[members[0]].patches.shape[0]
@@ -271,7 +309,8 @@ class ColQwen2Model:
                 group = members[lo:lo + chunk]
                 pixels = np.stack([prepared[i].patches for i in group])
                 (out,) = self._sessions["vision"].run(
-                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin})
+                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin},
+                    self._run_options)
                 for i, rows in zip(group, out):
                     features[i] = rows
         return features  # type: ignore[return-value]
@@ -287,8 +326,10 @@ class ColQwen2Model:
             if entry is None:
                 self._scorer = MaxSimScorer()
             else:
-                verify_files(self.folder, self.manifest, [entry.file], check_hashes=self._verify)
-                self._scorer = MaxSimScorer(self.folder / entry.file)
+                verify_files(self.folder, self.manifest, list(entry.files),
+                             check_hashes=self._verify)
+                check_graph_files(self.folder, entry)
+                self._scorer = MaxSimScorer(inside(self.folder, entry.file))
         return self._scorer
 
     def score(self, queries: Any, documents: Any, **options: Any) -> np.ndarray:
@@ -308,7 +349,7 @@ class ColQwen2Model:
                                        vision_start_token_id=cfg.vision_start_token_id,
                                        merge_size=cfg.merge_size)
         index = np.zeros_like(input_ids)
-        hidden = int(self.manifest.architecture["text_hidden"])
+        hidden = self.manifest.architecture.text_hidden
         if features:
             offset = 0
             for row, row_features in enumerate(features):
@@ -324,9 +365,51 @@ class ColQwen2Model:
         (out,) = self._sessions["text"].run({
             "input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
             "image_feature_index": index, "image_features": table,
-        })
+        }, self._run_options)
+        if out.ndim != 3 or out.shape[-1] != self.embedding_size:
+            raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
+                                   f"manifest says embedding_dim {self.embedding_size}",
+                                   path=self.folder / self.manifest.graph(self.variant, "text").file)
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
+
+
+def _arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):
+    """Run options that hand the CPU arena's free chunks back after each run, so one large
+    request does not leave the process at its peak (benchmarks/results/query_memory.md)."""
+    if not cpu_mem_arena or not providers or providers[0] != CPU:
+        return None
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
+def _refuse_single(items: Any, what: str) -> None:
+    """A str/bytes/path is one item, not a batch: iterating it would embed characters or bytes."""
+    if isinstance(items, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(items, "read") \
+            or type(items).__module__.startswith("PIL."):
+        raise InputTypeError(f"expected an iterable of {what}, got a single "
+                             f"{type(items).__name__} (wrap it in a list)", item=items)
+
+
+def _length_groups(lengths: Sequence[int], max_cells: int) -> list[list[int]]:
+    """Indices grouped by similar length (shortest first): a group takes the next longer item
+    while its padded size, count x longest, stays within PAD_SLACK x its real tokens, and
+    count x longest^2 within `max_cells` (a group always holds at least one item)."""
+    groups: list[list[int]] = []
+    real = 0
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        count = len(groups[-1]) + 1 if groups else 1
+        if groups and lengths[i] * count <= PAD_SLACK * (real + lengths[i]) \
+                and count * lengths[i] ** 2 <= max_cells:
+            groups[-1].append(i)
+            real += lengths[i]
+        else:
+            groups.append([i])
+            real = lengths[i]
+    return groups
 
 
 def _collect(iterator: Iterator[np.ndarray]) -> list[np.ndarray]:

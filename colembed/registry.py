@@ -189,7 +189,7 @@ def check_model_folder(entry: ModelEntry, folder: Path) -> Path:
         raise ModelFolderError(f"incomplete export of {entry.model}: missing {missing}",
                                path=folder)
     manifest = read_manifest(folder)
-    architecture = manifest.model.get("architecture", ARCHITECTURE)
+    architecture = manifest.model.architecture
     if architecture != ARCHITECTURE or manifest.embedding_dim != entry.dim:
         raise ModelFolderError(
             f"this folder holds a {architecture} with {manifest.embedding_dim}-dim vectors, not "

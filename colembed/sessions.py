@@ -133,8 +133,8 @@ class Session:
         self.providers = got
         self._lock = threading.Lock() if traits.one_run_at_a_time else None
 
-    def run(self, feeds: dict[str, Any]) -> list[Any]:
+    def run(self, feeds: dict[str, Any], run_options: Any = None) -> list[Any]:
         if self._lock is None:
-            return self.session.run(None, feeds)
+            return self.session.run(None, feeds, run_options)
         with self._lock:
-            return self.session.run(None, feeds)
+            return self.session.run(None, feeds, run_options)

@@ -68,7 +68,7 @@ def _check_destination(out: Path, fingerprint: str, overwrite: bool) -> None:
             f"{out}: folder is not empty and is not a colembed model; choose another --out "
             "or pass overwrite=True (--overwrite)")
     try:
-        existing = read_manifest(out).model.get("checkpoint_sha256")
+        existing = read_manifest(out).model.checkpoint_sha256
     except ExportError:
         existing = None
     except Exception:
@@ -218,8 +218,8 @@ def export_model(
 
         def manifest_with(checks: dict[str, Any]) -> Manifest:
             files = sorted(p.name for p in staging.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
-            return Manifest(
-                model={
+            return Manifest.from_dict({
+                "model": {
                     "name": name or out.name,
                     "source": ckpt.source,
                     "revision": ckpt.revision,
@@ -227,16 +227,17 @@ def export_model(
                     "checkpoint_sha256": fingerprint,
                     "random_weights": (ckpt.folder / "colembed_tiny.json").is_file(),
                 },
-                embedding_dim=config.embedding_dim,
-                preprocess=preprocess.to_dict(),
-                architecture=_architecture(config),
-                variants={"fp32": graphs, **extra_variants},
-                scorer=scorer,
-                files={f: describe_file(staging / f) for f in files},
-                checks=checks,
-                versions=_versions(),
-                created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            )
+                "embedding_dim": config.embedding_dim,
+                "preprocess": preprocess.to_dict(),
+                "architecture": _architecture(config),
+                "variants": {v: {r: g.to_dict() for r, g in gs.items()}
+                             for v, gs in {"fp32": graphs, **extra_variants}.items()},
+                "scorer": scorer.to_dict() if scorer else None,
+                "files": {f: describe_file(staging / f) for f in files},
+                "checks": checks,
+                "versions": _versions(),
+                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            })
 
         extra_variants: dict[str, dict[str, GraphEntry]] = {}
         manifest_with({}).write(staging)

@@ -136,7 +136,7 @@ def test_second_architecture_exports_and_matches(tiny_alt_checkpoint, tmp_path):
 def test_manifest_records_the_check(exported_tiny):
     check = exported_tiny.manifest.checks["fp32"]
     assert check["max_abs_diff"] <= check["tolerance"] == PARITY_TOLERANCE
-    assert exported_tiny.manifest.model["random_weights"] is True
+    assert exported_tiny.manifest.model.random_weights is True
 
 
 def test_repr_and_properties(tiny_model):

@@ -80,8 +80,8 @@ def test_hub_source_goes_through_snapshot_download(tiny_checkpoint, tmp_path, mo
     report = export_model("someone/colqwen2-test", tmp_path / "out", revision="abc123", check=False)
     assert calls["repo_id"] == "someone/colqwen2-test" and calls["revision"] == "abc123"
     assert "*.safetensors" in calls["patterns"]
-    assert report.manifest.model["source"] == "someone/colqwen2-test"
-    assert report.manifest.model["revision"] == "abc123"
+    assert report.manifest.model.source == "someone/colqwen2-test"
+    assert report.manifest.model.revision == "abc123"
 
 
 def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
@@ -118,6 +118,6 @@ def test_vision_attention_is_the_fused_onnxruntime_op(exported_tiny):
 
     model = onnx.load(str(exported_tiny.folder / "vision.onnx"), load_external_data=False)
     ops = [n.op_type for n in model.graph.node]
-    depth = exported_tiny.manifest.architecture["vision_depth"]
+    depth = exported_tiny.manifest.architecture.vision_depth
     assert ops.count("MultiHeadAttention") == depth
     assert "Softmax" not in ops

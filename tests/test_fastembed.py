@@ -216,7 +216,9 @@ def test_incomplete_or_foreign_folder_says_what_is_wrong(copy_model_folder, entr
 
     folder = copy_model_folder("other-dim")
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    manifest["embedding_dim"] = 64
+    manifest["embedding_dim"] = manifest["architecture"]["embedding_dim"] = 64
+    for graphs in manifest["variants"].values():  # a consistent 64-dim manifest
+        graphs["text"]["contract"]["outputs"][0]["dims"][-1] = 64
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
     with pytest.raises(ModelFolderError, match="64-dim vectors, not colqwen2"):
         registry.resolve_model_folder(entry, specific_model_path=folder)

@@ -151,9 +151,9 @@ def test_queries_never_run_the_image_graph(exported_tiny):
     for role, session in model._sessions.items():
         original = session.run
 
-        def counted(feeds, _role=role, _original=original):
+        def counted(feeds, *options, _role=role, _original=original):
             calls[_role] += 1
-            return _original(feeds)
+            return _original(feeds, *options)
         session.run = counted
     model.embed_queries(["a", "b", "c"], batch_size=2)
     assert calls == {"vision": 0, "text": 2}
@@ -175,4 +175,100 @@ def test_threaded_preparation_keeps_order_and_error_semantics(exported_tiny, thr
     for got, want in zip(caught.value.completed, serial):
         np.testing.assert_allclose(got, want, atol=1e-5)
     for got, want in zip(model.embed_images(pages, batch_size=4), serial):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+# --------------------------------------------------- issue 10: per-item contract, query bound
+def test_lone_surrogate_names_the_item_and_keeps_the_queries_before_it(tiny_model):
+    queries = [f"query number {i}" for i in range(5)]
+    with pytest.raises(InputError, match=r"item 3: query is not valid Unicode") as caught:
+        tiny_model.embed_queries(queries[:3] + ["bad \ud800 text"] + queries[3:], batch_size=16)
+    assert caught.value.index == 3 and len(caught.value.completed) == 3
+    for got, want in zip(caught.value.completed, tiny_model.embed_queries(queries[:3])):
+        np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_control_characters_are_text_as_in_the_reference(tiny_model, encoder, reference_processor):
+    texts = ["tab\there\nnewline", "nul\x00bell\x07esc\x1b[31m", "\x7f\x85\u2028"]
+    want = reference_processor.process_queries(texts)
+    for i, ids in enumerate(encoder.encode_queries(texts)):
+        row = want["input_ids"][i][want["attention_mask"][i] == 1].numpy()
+        np.testing.assert_array_equal(ids, row)
+    assert [v.shape[0] for v in tiny_model.embed_queries(texts)] == [len(i) for i in
+                                                                     encoder.encode_queries(texts)]
+
+
+@pytest.mark.parametrize("single", ["page.png", b"\x89PNG", "PATH", "IMAGE", "FILE"])
+def test_one_image_instead_of_a_list_is_refused(tiny_model, tmp_path, single):
+    from pathlib import Path
+
+    page = _page(40, 40)
+    page.save(tmp_path / "page.png")
+    single = {"PATH": Path(tmp_path / "page.png"), "IMAGE": page,
+              "FILE": io.BytesIO(b"data")}.get(single, single)
+    with pytest.raises(InputError, match="single .*wrap it in a list"):
+        tiny_model.embed_images(single)
+    with pytest.raises(InputError, match="single"):
+        next(tiny_model.iter_image_embeddings(single))
+    with pytest.raises(InputError, match="expected an iterable"):
+        tiny_model.embed_queries(42)
+
+
+@pytest.mark.parametrize("error", [TypeError, KeyError, SyntaxError, IndexError,
+                                   ZeroDivisionError, EOFError, __import__("struct").error])
+def test_any_decoder_failure_is_the_items_image_error(tiny_model, error):
+    """A decoder raising something other than OSError (corrupt multi-frame TIFFs raise TypeError,
+    KeyError, SyntaxError) is that page's ImageError; the pages before it are kept."""
+    class Failing(io.BytesIO):
+        def read(self, *args):
+            raise error("decoder failure")
+
+    good = [_page(60, 80, 1), _page(60, 80, 2)]
+    with pytest.raises(ImageError, match=r"item 2: cannot decode image") as caught:
+        tiny_model.embed_images(good + [Failing(b"x")], batch_size=3)
+    assert len(caught.value.completed) == 2
+
+
+def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder):
+    from colembed.errors import QueryTruncatedWarning
+
+    limit = encoder.max_query_tokens
+    assert limit == len(encoder.page_prompt_ids(
+        encoder.config.max_pixels // encoder.config.pixels_per_image_token))
+    long = "word " * (3 * limit)
+    with pytest.warns(QueryTruncatedWarning, match=rf"item 1: query of \d+ tokens cut to {limit}"):
+        ids = encoder.encode_queries(["short", long])
+    assert len(ids[1]) == limit
+    full = np.asarray(encoder._tokenizer.encode(encoder.config.query_prefix + long).ids)
+    pad = encoder.config.pad_token_id
+    count = encoder.config.query_augmentation_count
+    np.testing.assert_array_equal(ids[1][:-count], full[:limit - count])
+    assert (ids[1][-count:] == pad).all()
+    with pytest.warns(QueryTruncatedWarning):
+        (vector,) = tiny_model.embed_queries([long])
+    assert vector.shape[0] == limit
+    exact = encoder.encode_queries(["word " * 10])[0]
+    assert len(exact) < limit  # short queries are untouched (reference parity tests cover ids)
+
+
+def test_queries_are_grouped_by_length_with_unchanged_results(exported_tiny):
+    """One long query in a batch runs apart from the short ones; output order and values are
+    those of embedding each query alone."""
+    from colembed.model import _length_groups
+
+    big = 10**9
+    assert _length_groups([12, 13, 400, 12, 14], big) == [[0, 3, 1, 4], [2]]
+    assert _length_groups([], big) == [] and _length_groups([5], 1) == [[0]]
+    assert _length_groups([100] * 5, max_cells=2 * 100**2) == [[0, 1], [2, 3], [4]]
+    model = colembed.load(exported_tiny.folder)
+    queries = ["short one", "another short query", "long " * 300, "tiny", "a medium query here"]
+    alone = [model.embed_queries([q])[0] for q in queries]
+    runs = []
+    original = model._sessions["text"].run
+    model._sessions["text"].run = lambda feeds, *o: runs.append(feeds["input_ids"].shape) or \
+        original(feeds, *o)
+    batched = model.embed_queries(queries, batch_size=5)
+    assert len(runs) == 2 and max(r[1] for r in runs if r[0] == 4) < 20  # short ones unpadded
+    for got, want in zip(batched, alone):
+        assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-5)

@@ -61,7 +61,7 @@ def test_manifest_lists_every_variant_with_its_check(exported_variants):
             assert entry.data_file in manifest.files
             assert entry.contract == manifest.graph("fp32", role).contract
         figures = manifest.checks[name]
-        json.dumps(figures)  # JSON-able
+        json.dumps(figures.to_dict())  # JSON-able
         assert figures["gate"] == V.GATES[name].to_dict()
         assert figures["tokens"] > 0
     assert exported_variants.check.keys() >= {"fp32", *ALL}

@@ -153,16 +153,16 @@ class PreprocessConfig:
     def from_dict(cls, d: dict[str, Any]) -> PreprocessConfig:
         """Inverse of `to_dict`; refuses missing or unknown keys (a manifest from another version)."""
         if not isinstance(d, dict):
-            raise ManifestError(f"preprocess config must be a JSON object, got {type(d).__name__}")
+            raise ManifestError(f"preprocess: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in fields(cls)}
         missing, unknown = sorted(names - d.keys()), sorted(d.keys() - names)
         if missing or unknown:
-            raise ManifestError(f"preprocess config: missing keys {missing}, unknown keys {unknown}")
+            raise ManifestError(f"preprocess: missing keys {missing}, unknown keys {unknown}")
+        values = {f.name: _typed(d[f.name], f.type, f"preprocess.{f.name}") for f in fields(cls)}
         try:
-            mean, std = tuple(map(float, d["image_mean"])), tuple(map(float, d["image_std"]))
-            return cls(**{**d, "image_mean": mean, "image_std": std})
-        except (TypeError, ValueError) as e:
-            raise ManifestError(f"preprocess config: {e}") from e
+            return cls(**values)
+        except ValueError as e:
+            raise ManifestError(f"preprocess: {e}") from e
 
     # -- reading a checkpoint folder -------------------------------------------------------------
 
@@ -208,6 +208,20 @@ class PreprocessConfig:
             return cls(**values)
         except ValueError as e:
             raise ModelFolderError(str(e), path=folder) from e
+
+
+def _typed(value: Any, annotation: str, where: str) -> Any:
+    """A JSON value of a field annotated `str`, `int`, `float` or a tuple of floats, or
+    ManifestError naming the field (bool is not an int; an int is a float)."""
+    if annotation.startswith("tuple"):
+        if not isinstance(value, list) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            raise ManifestError(f"{where}: expected a list of numbers, got {value!r:.60}")
+        return tuple(float(v) for v in value)
+    kind = {"str": str, "int": int, "float": (int, float)}[annotation]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise ManifestError(f"{where}: expected {annotation}, got {type(value).__name__} {value!r:.60}")
+    return float(value) if annotation == "float" else value
 
 
 # -- helpers for from_checkpoint -----------------------------------------------------------------
@@ -351,6 +365,12 @@ def _validate(config: PreprocessConfig) -> list[str]:
     for name in ("patch_size", "merge_size", "temporal_patch_size", "vision_head_dim", "min_pixels"):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(config, name)}")
+    for name in ("image_token_id", "vision_start_token_id", "pad_token_id"):
+        if getattr(config, name) < 0:
+            problems.append(f"{name} must be >= 0, got {getattr(config, name)}")
+    for name in ("rescale_factor", "vision_rope_theta"):
+        if not getattr(config, name) > 0:
+            problems.append(f"{name} must be > 0, got {getattr(config, name)}")
     if config.max_pixels < config.min_pixels:
         problems.append(f"max_pixels {config.max_pixels} < min_pixels {config.min_pixels}")
     if len(config.image_mean) != RGB_CHANNELS or len(config.image_std) != RGB_CHANNELS:

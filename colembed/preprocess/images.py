@@ -32,6 +32,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import struct
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import BinaryIO, Union
@@ -45,6 +46,14 @@ from .config import RGB_CHANNELS, UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, PreprocessC
 UINT8_LEVELS = 256
 MAX_ASPECT_RATIO = 200  # smart_resize's limit in the reference
 _RESAMPLE = Image.Resampling.BICUBIC
+
+# What PIL's format plugins may raise on malformed data: not only OSError (corrupt multi-frame
+# TIFFs give TypeError, KeyError and SyntaxError; other plugins struct.error, EOFError, IndexError,
+# ZeroDivisionError). Any of them while decoding one page is that page's ImageError, so nothing
+# escapes the per-item contract (tests/test_fuzz.py).
+DECODER_ERRORS = (OSError, SyntaxError, ValueError, TypeError, LookupError, EOFError,
+                  struct.error, ArithmeticError, AttributeError, RuntimeError, AssertionError,
+                  MemoryError)
 
 # What `load_image` and `prepare_image` accept.
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO, Image.Image]
@@ -87,19 +96,27 @@ def load_image(obj: ImageInput, *, index: int = 0) -> Image.Image:
     source = _as_source(obj, index)
     owns_file = source is not obj or isinstance(obj, (str, os.PathLike))  # not a caller's file object
     try:
-        opened = Image.open(source)
+        return _open_rgb(source, owns_file, index=index, item=obj)
+    except ImageError:
+        raise
     except Image.DecompressionBombError as e:
         raise ImageError(f"decompression bomb refused: {e}", index=index, item=obj) from e
     except UnidentifiedImageError as e:
         raise ImageError("not an image (no decoder recognises the data)", index=index, item=obj) from e
     except FileNotFoundError as e:
         raise ImageError(f"no such file: {obj}", index=index, item=obj) from e
-    except (OSError, SyntaxError, ValueError, TypeError) as e:
-        raise ImageError(f"cannot open image: {e}", index=index, item=obj) from e
+    except DECODER_ERRORS as e:
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
+                         item=obj) from e
+
+
+def _open_rgb(source, owns_file: bool, *, index: int, item) -> Image.Image:
+    """Open, check the size, decode to RGB; a multi-frame file is copied so it can be closed."""
+    opened = Image.open(source)
     rgb = None
     try:
-        _check_size(opened.size, index=index, item=obj, limit=Image.MAX_IMAGE_PIXELS)
-        rgb = _decoded_rgb(opened, index=index, item=obj)
+        _check_size(opened.size, index=index, item=item, limit=Image.MAX_IMAGE_PIXELS)
+        rgb = _decoded_rgb(opened, index=index, item=item)
         if rgb is opened and owns_file and getattr(opened, "n_frames", 1) > 1:
             rgb = opened.copy()  # PIL keeps a multi-frame file (MPO, TIFF) open after load()
     finally:
@@ -148,8 +165,9 @@ def _decoded_rgb(image: Image.Image, *, index: int, item) -> Image.Image:
         return image if image.mode == "RGB" else image.convert("RGB")
     except Image.DecompressionBombError as e:
         raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
-    except (OSError, SyntaxError, ValueError, EOFError) as e:
-        raise ImageError(f"cannot decode image: {e}", index=index, item=item) from e
+    except DECODER_ERRORS as e:
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
+                         item=item) from e
 
 
 # -- sizes ---------------------------------------------------------------------------------------

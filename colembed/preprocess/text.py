@@ -9,6 +9,11 @@ Owns what `ColQwen2Processor.process_queries` and the text half of `process_imag
 - a page becomes `page_prompt` with its single image token expanded to one copy per image token.
   Added special tokens are split out before BPE, so the expanded prompt tokenises to
   `head + [image_token_id] * n + tail`; `head` and `tail` are tokenised once and cached.
+- queries are bounded: `max_query_tokens` is the longest page prompt of the folder's own image
+  budget (768 image tokens + the prompt's ~20 for ColQwen2 = the longest sequence its language
+  model was fine-tuned on; colpali-engine's training never truncates a query, and its training
+  queries are short questions). A longer query keeps its first tokens and its augmentation tokens
+  (`QueryTruncatedWarning` names it); the reference would run it whole, at quadratic cost.
 - `pad_batch` right-pads to the longest row (the reference tokenizer pads right) and builds the
   attention mask from lengths: the query augmentation tokens share the pad id but have mask 1.
 
@@ -18,11 +23,12 @@ Never imports torch or transformers.
 from __future__ import annotations
 
 from pathlib import Path
+import warnings
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from ..errors import InputError, InputTypeError, ModelFolderError
+from ..errors import InputError, InputTypeError, ModelFolderError, QueryTruncatedWarning
 from .config import PreprocessConfig
 
 if TYPE_CHECKING:
@@ -44,6 +50,18 @@ class TextEncoder:
         self._suffix = config.query_augmentation_token * config.query_augmentation_count
         self._check_token_ids()
         self._page_head, self._page_tail = self._split_page_prompt()
+        self._suffix_ids = np.asarray(self._tokenizer.encode(self._suffix).ids, dtype=ID_DTYPE)
+        if not np.array_equal(self._suffix_ids, np.full(config.query_augmentation_count,
+                                                        config.pad_token_id)):
+            raise ModelFolderError("the query augmentation token is not a single special token "
+                                   "of this tokenizer")
+
+    @property
+    def max_query_tokens(self) -> int:
+        """Longest query (prefix and augmentation tokens included): the longest page prompt this
+        config allows, i.e. the longest sequence the model was trained on (module docstring)."""
+        cfg = self.config
+        return len(self._page_head) + len(self._page_tail) + cfg.max_pixels // cfg.pixels_per_image_token
 
     @classmethod
     def from_file(cls, tokenizer_json_path: str | Path, config: PreprocessConfig) -> TextEncoder:
@@ -61,15 +79,28 @@ class TextEncoder:
     # -- queries ---------------------------------------------------------------------------------
 
     def encode_queries(self, texts: Sequence[str], *, start_index: int = 0) -> list[np.ndarray]:
-        """One int64 id vector per query, identical to the reference's unpadded ids for it.
+        """One int64 id vector per query, identical to the reference's unpadded ids for it, cut
+        to `max_query_tokens` (with a QueryTruncatedWarning) when longer.
 
-        Raises InputTypeError naming `start_index + i` for the first item that is not a str.
+        Raises InputTypeError naming `start_index + i` for the first item that is not a str, and
+        InputError for a str that is not valid Unicode text (a lone surrogate).
         """
         texts = _check_texts(texts, start_index)
         prefix, suffix = self.config.query_prefix, self._suffix
         encode_batch = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
         encodings = encode_batch([prefix + t + suffix for t in texts])  # fast: no char offsets
-        return [np.asarray(e.ids, dtype=ID_DTYPE) for e in encodings]
+        ids = [np.asarray(e.ids, dtype=ID_DTYPE) for e in encodings]
+        return [self._bounded(row, start_index + i) for i, row in enumerate(ids)]
+
+    def _bounded(self, ids: np.ndarray, index: int) -> np.ndarray:
+        """`ids` cut to `max_query_tokens`: the first tokens, then the augmentation tokens."""
+        limit, tail = self.max_query_tokens, len(self._suffix_ids)
+        if len(ids) <= limit:
+            return ids
+        warnings.warn(QueryTruncatedWarning(
+            f"item {index}: query of {len(ids)} tokens cut to {limit}, the longest sequence this "
+            "model was trained on", index=index), stacklevel=4)
+        return np.concatenate([ids[:limit - tail], self._suffix_ids])
 
     def count_query_tokens(self, text: str, *, include_extension: bool = True) -> int:
         """Tokens of a query: with the prefix and augmentation tokens (what the model sees), or of
@@ -132,6 +163,11 @@ def _check_texts(texts: Sequence[str], start_index: int) -> list[str]:
             raise InputTypeError(
                 f"query must be a str, got {type(text).__name__}", index=start_index + i, item=text
             )
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InputError(f"query is not valid Unicode text ({e.reason} at character "
+                             f"{e.start})", index=start_index + i, item=text) from None
     return texts
 
 
