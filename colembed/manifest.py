@@ -17,8 +17,7 @@ from typing import Any
 
 from .contracts import GraphContract
 from .errors import ManifestError, ModelFolderError
-
-MANIFEST_NAME = "colembed_manifest.json"
+from .layout import MANIFEST_NAME
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _HASH_CHUNK = 1 << 22

@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from .contracts import GraphContract, TensorSpec
+from .layout import MAXSIM_FILE
 
 MAXSIM_OPSET = 18
 MAXSIM_IR_VERSION = 8  # the lowest IR version that carries opset 18: loads on older onnxruntimes
-MAXSIM_FILE = "maxsim.onnx"
 DOC_DTYPES = ("float32", "float16")
 
 

@@ -19,7 +19,9 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .contracts import GraphContract, colqwen2_contracts
 from .errors import InputError, ModelFolderError
+from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .manifest import Manifest, read_manifest, verify_files
 from .preprocess.config import PreprocessConfig
 from .preprocess.images import PreparedImage, prepare_image
@@ -68,36 +70,38 @@ class ColQwen2Model:
             raise ModelFolderError("not a folder", path=self.folder)
         self.manifest: Manifest = read_manifest(self.folder)
         self.variant = variant
-        vision_entry = self.manifest.graph(variant, "vision")
-        text_entry = self.manifest.graph(variant, "text")
-        graph_files = [f for e in (vision_entry, text_entry) for f in (e.file, e.data_file) if f]
-        verify_files(self.folder, self.manifest, graph_files + ["tokenizer.json"],
+        verify_files(self.folder, self.manifest, variant_files(self.manifest, variant),
                      check_hashes=verify)
 
         self.config = PreprocessConfig.from_dict(self.manifest.preprocess).with_max_image_tokens(
             max_image_tokens)
-        self.text_encoder = TextEncoder.from_file(self.folder / "tokenizer.json", self.config)
+        self.text_encoder = TextEncoder.from_file(self.folder / TOKENIZER_FILE, self.config)
         self.embedding_size = int(self.manifest.embedding_dim)
+        self._text_hidden = int(self.manifest.architecture["text_hidden"])
+        self._contracts = colqwen2_contracts(
+            patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
+            text_hidden=self._text_hidden, embedding_dim=self.embedding_size)
         self._provider_request = resolve_providers(providers)
         self._sessions: dict[str, Session] = {}
-        for role, entry in (("vision", vision_entry), ("text", text_entry)):
-            self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
+        for role in GRAPH_ROLES:
+            self._sessions[role] = self._open(self.manifest.graph(variant, role),
+                                              self._contracts[role], threads=threads,
+                                              cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
         self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
 
-    def _open(self, entry, *, threads, cpu_mem_arena) -> Session:
+    def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena) -> Session:
+        """The graph's session, after its manifest contract was checked against the family's own
+        (so a folder cannot redefine what the runtime feeds) and the session against both."""
         path = self.folder / entry.file
-        try:
-            session = Session(str(path), self._provider_request, threads=threads,
-                              cpu_mem_arena=cpu_mem_arena)
-        except ModelFolderError:
-            raise
-        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
-            if type(e).__module__.startswith("colembed"):
-                raise
-            raise ModelFolderError(f"onnxruntime cannot load this graph ({e})", path=path) from e
+        problems = entry.contract.differences(family)
+        if problems:
+            raise ModelFolderError("the manifest's contract is not ColQwen2's: "
+                                   + "; ".join(problems), path=path)
+        session = Session(str(path), self._provider_request, threads=threads,
+                          cpu_mem_arena=cpu_mem_arena)
         problems = entry.contract.mismatches(session.session)
         if problems:
             raise ModelFolderError("graph does not match its manifest contract: "
@@ -207,7 +211,7 @@ class ColQwen2Model:
                 group = members[lo:lo + chunk]
                 pixels = np.stack([prepared[i].patches for i in group])
                 (out,) = self._sessions["vision"].run(
-                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin})
+                    self._contracts["vision"].feeds(pixels, cos, sin))
                 for i, rows in zip(group, out):
                     features[i] = rows
         return features  # type: ignore[return-value]
@@ -244,7 +248,6 @@ class ColQwen2Model:
                                        vision_start_token_id=cfg.vision_start_token_id,
                                        merge_size=cfg.merge_size)
         index = np.zeros_like(input_ids)
-        hidden = int(self.manifest.architecture["text_hidden"])
         if features:
             offset = 0
             for row, row_features in enumerate(features):
@@ -256,11 +259,9 @@ class ColQwen2Model:
                 offset += len(slots)
             table = np.concatenate(features).astype(np.float32, copy=False)
         else:
-            table = np.zeros((0, hidden), dtype=np.float32)
-        (out,) = self._sessions["text"].run({
-            "input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
-            "image_feature_index": index, "image_features": table,
-        })
+            table = np.zeros((0, self._text_hidden), dtype=np.float32)
+        (out,) = self._sessions["text"].run(
+            self._contracts["text"].feeds(input_ids, mask, positions, index, table))
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
 

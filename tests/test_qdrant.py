@@ -34,8 +34,7 @@ def fastembed_cache(exported_tiny, tmp_path, monkeypatch):
 
 def test_qdrant_local_mode_ranks_like_colembed(fastembed_cache, page_files):
     # --- the README example ---
-    import colembed.fastembed_plugin  # noqa: F401  (registers "colqwen2" with FastEmbed)
-    from fastembed import LateInteractionMultimodalEmbedding
+    from colembed.fastembed import LateInteractionMultimodalEmbedding
     from qdrant_client import QdrantClient, models
 
     model = LateInteractionMultimodalEmbedding("colqwen2")
