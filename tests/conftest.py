@@ -22,6 +22,18 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# Fixtures that run the exporter (tens of seconds each on 2 cores). Every test that needs one is
+# marked `slow`: `pytest -m "not slow"` runs the rest in a minute while iterating; the README's
+# command runs everything.
+EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def reference_rows(model, batch) -> np.ndarray:
     """The reference model's vectors for the first item of a processor batch, padding removed."""
     import torch

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from colembed_export.demo import run_demo
 
 
+@pytest.mark.slow  # runs the exporter
 def test_demo_runs_end_to_end_and_labels_random_weights(tmp_path, capsys):
     result = run_demo(tmp_path / "demo", progress=lambda message: None)
     printed = capsys.readouterr().out

@@ -101,6 +101,7 @@ def test_empty_inputs_give_empty_lists(tiny_model):
     assert tiny_model.embed_images([]) == []
 
 
+@pytest.mark.slow  # runs the exporter
 def test_cli_export_and_info(tiny_checkpoint, tmp_path):
     out = tmp_path / "cli-model"
     run = subprocess.run(

@@ -227,6 +227,7 @@ def test_top5_agreement_detects_a_broken_ranking(fp32_scores):
 
 
 # ------------------------------------------------------------------------------ gate failure
+@pytest.mark.slow  # runs the exporter
 def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
     from colembed.errors import ExportError
     from colembed_export.exporter import export_model
