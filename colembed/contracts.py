@@ -17,6 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The transformers class a model folder's graphs reproduce (written in the manifest's `model`).
+ARCHITECTURE = "ColQwen2ForRetrieval"
+
 # ONNX type strings as onnxruntime reports them, keyed by the names the manifest uses.
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
 

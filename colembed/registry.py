@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contracts import ARCHITECTURE
 from .errors import ColembedError, ModelFolderError
 from .layout import MANIFEST_NAME, required_files
 from .safe_fs import inside
@@ -50,7 +51,6 @@ FORMAT_VERSION = 1
 CACHE_ENV = "FASTEMBED_CACHE_PATH"
 OFFLINE_ENV = "HF_HUB_OFFLINE"
 CACHE_PREFIX = "colembed-"
-ARCHITECTURE = "ColQwen2ForRetrieval"
 
 _TRUE = {"1", "on", "yes", "true"}
 
