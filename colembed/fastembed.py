@@ -216,10 +216,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         _no_extra(kwargs)
         if isinstance(documents, str):
             documents = [documents]
-        if self._use_workers(documents, batch_size, parallel):
-            yield from self._embed_in_workers(_TextWorker, documents, batch_size, parallel)
-        else:
-            yield from self._loaded().iter_query_embeddings(documents, batch_size=batch_size)
+        yield from self._embed(_TextWorker, documents, batch_size, parallel)
 
     def embed_image(
         self,
@@ -233,10 +230,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         _no_extra(kwargs)
         if _is_single_image(images):
             images = [images]
-        if self._use_workers(images, batch_size, parallel):
-            yield from self._embed_in_workers(_ImageWorker, images, batch_size, parallel)
-        else:
-            yield from self._loaded().iter_image_embeddings(images, batch_size=batch_size)
+        yield from self._embed(_ImageWorker, images, batch_size, parallel)
 
     def token_count(
         self,
@@ -258,6 +252,17 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         return total
 
     # -------------------------------------------------------------------------------- internals
+    def _embed(self, worker: type["_Worker"], items: Any, batch_size: int,
+               parallel: int | None) -> Iterator[np.ndarray]:
+        """Here (colembed's lazy iterator) or in FastEmbed's worker processes, as FastEmbed does."""
+        if self._use_workers(items, batch_size, parallel):
+            yield from self._embed_in_workers(worker, items, batch_size, parallel)
+        else:
+            model = self._loaded()
+            serial = (model.iter_query_embeddings if worker is _TextWorker
+                      else model.iter_image_embeddings)
+            yield from serial(items, batch_size=batch_size)
+
     def _loaded(self):
         if getattr(self, "model", None) is None:
             self.load_onnx_model()

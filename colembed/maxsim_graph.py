@@ -102,6 +102,28 @@ def build_maxsim_model(*, doc_dtype: str = "float32") -> Any:
         const("minus_inf", TensorProto.FLOAT, [], [float("-inf")]),
         const("one", TensorProto.FLOAT, [1], [1.0]),
     ]
+    nodes = _scorer_nodes(helper, TensorProto, contract, doc_dtype)
+    graph = helper.make_graph(
+        nodes,
+        "colembed_maxsim",
+        [value_info(s) for s in contract.inputs],
+        [value_info(s) for s in contract.outputs],
+        initializers,
+    )
+    model = helper.make_model(
+        graph,
+        opset_imports=[helper.make_opsetid("", MAXSIM_OPSET)],
+        producer_name="colembed.maxsim_graph",
+        doc_string="MaxSim late-interaction scores with padding masked (colembed).",
+    )
+    model.ir_version = MAXSIM_IR_VERSION
+    onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _scorer_nodes(helper: Any, TensorProto: Any, contract: GraphContract, doc_dtype: str) -> list:
+    """The main graph's nodes: the 0 / -inf document bias, the If picking the GEMM formulation,
+    the max over document tokens and the masked sum over query tokens."""
     node = helper.make_node
     # the graph's own tensor names come from the contract (spelled once, there)
     queries, query_mask, docs, doc_mask = (spec.name for spec in contract.inputs)
@@ -136,22 +158,7 @@ def build_maxsim_model(*, doc_dtype: str = "float32") -> Any:
         node("Where", ["query_real_3", "best_3", "zero"], ["best_real"]),              # (Q, Lq, N)
         node("ReduceSum", ["best_real", "axis_1"], [scores], keepdims=0),              # (Q, N)
     ]
-    graph = helper.make_graph(
-        nodes,
-        "colembed_maxsim",
-        [value_info(s) for s in contract.inputs],
-        [value_info(s) for s in contract.outputs],
-        initializers,
-    )
-    model = helper.make_model(
-        graph,
-        opset_imports=[helper.make_opsetid("", MAXSIM_OPSET)],
-        producer_name="colembed.maxsim_graph",
-        doc_string="MaxSim late-interaction scores with padding masked (colembed).",
-    )
-    model.ir_version = MAXSIM_IR_VERSION
-    onnx.checker.check_model(model, full_check=True)
-    return model
+    return nodes
 
 
 def _bias_in_gemm_branch(helper: Any, tp: Any, queries: str, docs: str) -> Any:
