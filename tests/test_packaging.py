@@ -4,6 +4,7 @@ checkout turns into a text file), and the version is colembed's one `__version__
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -26,9 +27,13 @@ def test_models_json_is_a_regular_file_in_the_package():
 
 @pytest.mark.slow
 def test_wheel_ships_models_json_and_one_version(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(ROOT), "--no-deps",
-                    "--no-build-isolation", "-q", "-w", str(tmp_path)], check=True, timeout=300)
-    (wheel,) = tmp_path.glob("colembed-*.whl")
+    # built from a copy: setuptools writes build/ and *.egg-info next to the sources
+    source = shutil.copytree(ROOT, tmp_path / "src", ignore=shutil.ignore_patterns(
+        ".venv", ".git", "build", "*.egg-info", "__pycache__", ".pytest_cache"))
+    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps",
+                    "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")], check=True,
+                   timeout=300)
+    (wheel,) = (tmp_path / "dist").glob("colembed-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         models = json.loads(archive.read("colembed/models.json"))
         (metadata,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
