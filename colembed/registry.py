@@ -34,6 +34,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 import stat
 import tempfile
 from dataclasses import dataclass
@@ -53,6 +54,9 @@ OFFLINE_ENV = "HF_HUB_OFFLINE"
 CACHE_PREFIX = "colembed-"
 
 _TRUE = {"1", "on", "yes", "true"}
+# A model name becomes a folder name in the cache: one or two plain segments ("org/name"), so that
+# no entry can point outside the cache. Names users pass are only matched against these entries.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
 class UnknownModelError(ColembedError, ValueError):
@@ -84,8 +88,12 @@ class ModelEntry:
                                     f"{kind}, got {value!r}")
             return value
 
+        name = get("model", str)
+        if not _NAME.fullmatch(name) or ".." in name:
+            raise ColembedError(f"{source}: model name {name!r} is not a plain name (letters, "
+                                "digits, . _ -, at most one /)")
         return cls(
-            model=get("model", str),
+            model=name,
             dim=get("dim", int),
             description=get("description", str),
             license=get("license", str),

@@ -191,6 +191,16 @@ def test_cache_dir_and_env(exported_tiny, tmp_path, monkeypatch, entry):
     assert model.model._model_dir == linked
 
 
+@pytest.mark.parametrize("name", ["../evil", "/etc", "a/b/c", "a\\b", "x/..", ""])
+def test_a_model_name_that_could_leave_the_cache_is_refused(tmp_path, name):
+    data = json.loads(registry.models_json_path().read_text())
+    data["models"][0]["model"] = name
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(colembed.ColembedError):
+        registry.known_models(path)
+
+
 def test_nothing_found_names_colembed_export(tmp_path, entry):
     with pytest.raises(ModelFolderError) as info:
         LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(tmp_path))
