@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 import pytest
-from PIL import Image
+from fixtures_images import rgb as noise_page  # noqa: F401  (the one page generator: seeded noise)
 
 # Max abs difference per token between colembed's vectors and the reference model's (fp32; the
 # exporter's own check uses the same bound by default).
@@ -41,12 +41,6 @@ def reference_rows(model, batch) -> np.ndarray:
     with torch.no_grad():
         out = model(**batch).embeddings[0]
     return out[batch["attention_mask"][0] == 1].numpy()
-
-
-def noise_page(width: int, height: int, seed: int = 0) -> Image.Image:
-    """A seeded RGB noise page: every grid, reproducible, no files in the repository."""
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
 
 
 @pytest.fixture(autouse=True, scope="session")

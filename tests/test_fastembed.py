@@ -40,7 +40,8 @@ from fastembed.postprocess import Muvera
 
 MODEL = "colqwen2"
 QUERIES = ["What was the revenue in 2023?", "hello world", "", "表格中的数字是多少？"]
-PAGES = [noise_page(150, 210, 1), noise_page(200, 120, 2), noise_page(150, 210, 3)]
+PAGES = [noise_page(w, h, seed=seed)
+         for seed, (w, h) in enumerate([(150, 210), (200, 120), (150, 210)], start=1)]
 
 
 def _png(image: Image.Image) -> bytes:
@@ -474,7 +475,7 @@ def test_muvera_first_pass_keeps_the_exact_best_page(fe_model):
     With the page FDEs shuffled the same check fails, so it can fail."""
     sizes = [(150, 210), (210, 150), (120, 120), (168, 224), (90, 300), (200, 200), (140, 180),
              (224, 168)]
-    pages = list(fe_model.embed_image([noise_page(w, h, i) for i, (w, h) in enumerate(sizes)]))
+    pages = list(fe_model.embed_image([noise_page(w, h, seed=i) for i, (w, h) in enumerate(sizes)]))
     muvera = Muvera.from_multivector_model(fe_model, k_sim=5, dim_proj=16, r_reps=20)
     fdes = np.stack([muvera.process_document(p) for p in pages])
     assert fdes.shape == (8, muvera.embedding_size) and np.all(np.isfinite(fdes))
