@@ -178,8 +178,10 @@ def missing_files(folder: Path, variant: str = "fp32") -> list[str]:
 def check_private(folder: Path, names: list[str] | tuple[str, ...] = ()) -> None:
     """`folder` and its files `names` belong to this user and only this user may write them.
 
-    Applied to cached folders (the default cache sits in the world-writable temp folder). POSIX
-    only: where `os.getuid` does not exist (Windows) ownership is left to the ACLs.
+    Applied to cached folders (the default cache sits in the world-writable temp folder). As
+    OpenSSH does for its files, a group-writable file passes only when its group is the user's
+    private group (the umask-002 default of many Linux distributions). POSIX only: where
+    `os.getuid` does not exist (Windows) ownership is left to the ACLs.
     """
     getuid = getattr(os, "getuid", None)
     if getuid is None:
@@ -195,11 +197,26 @@ def check_private(folder: Path, names: list[str] | tuple[str, ...] = ()) -> None
                 f"owned by user id {st.st_uid}, not by you ({uid}); another user could have put "
                 "this model in the shared cache. Refusing to load it: export the model yourself, "
                 "use another cache_dir, or pass specific_model_path", path=path)
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        others = st.st_mode & stat.S_IWOTH or (
+            st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid))
+        if others:
             raise ModelFolderError(
                 f"writable by other users (mode {stat.filemode(st.st_mode)}); refusing to load a "
                 "cached model anyone could replace (chmod go-w it, or use another cache_dir)",
                 path=path)
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The group is `uid`'s own: its primary group, named after it, with no other members."""
+    try:
+        import grp
+        import pwd
+
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return (user.pw_gid == gid and group.gr_name == user.pw_name
+            and set(group.gr_mem) <= {user.pw_name})
 
 
 def check_model_folder(entry: ModelEntry, folder: Path, variant: str = "fp32") -> Path:

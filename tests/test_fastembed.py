@@ -369,7 +369,7 @@ def test_cached_folder_of_another_user_or_writable_by_others_is_refused(
     folder = shutil.copytree(exported_tiny_default.folder, cache / entry.cache_folder_name)
     assert registry.resolve_model_folder(entry, cache_dir=cache) == folder
     # a specific_model_path is the caller's own choice; only the shared cache is checked
-    for path, mode in ((folder, 0o777), (folder / "text.onnx", 0o666), (folder, 0o775)):
+    for path, mode in ((folder, 0o777), (folder / "text.onnx", 0o666)):
         original = path.stat().st_mode
         path.chmod(mode)
         with pytest.raises(ModelFolderError, match="writable by other users") as info:
@@ -378,6 +378,13 @@ def test_cached_folder_of_another_user_or_writable_by_others_is_refused(
         assert registry.resolve_model_folder(entry, specific_model_path=folder) == folder
         path.chmod(original)
     if os.geteuid() == 0:  # only root may give a file away
+        # group-writable: fine for the user's private group (umask 002), refused for another group
+        (folder / "text.onnx").chmod(0o664)
+        assert registry.resolve_model_folder(entry, cache_dir=cache) == folder
+        os.chown(folder / "text.onnx", -1, 4242)
+        with pytest.raises(ModelFolderError, match="writable by other users"):
+            registry.resolve_model_folder(entry, cache_dir=cache)
+        (folder / "text.onnx").chmod(0o644)
         os.chown(folder / MANIFEST_NAME, 4242, -1)
         with pytest.raises(ModelFolderError, match="owned by user id 4242"):
             LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(cache))
