@@ -45,6 +45,9 @@ sys.path.insert(0, str(HERE))
 from flops import Shapes, page_flops, text_flops  # noqa: E402
 from machine import machine_info, markdown_header, rss_mib  # noqa: E402
 
+from colembed.layout import MANIFEST_NAME, TOKENIZER_FILE  # noqa: E402
+from colembed.sessions import Session, physical_cores  # noqa: E402
+
 LETTER_150DPI = (1275, 1650)  # width, height in pixels: 8.5 x 11 in at 150 dpi
 BUDGET_TOKENS = 256
 QUERIES = [
@@ -92,24 +95,27 @@ def letter_page():
     return page
 
 
-def image_tokens(page) -> int:
-    """Image tokens of a page under ColQwen2's training bound (768 tokens), reference.md."""
+def image_tokens(page, config) -> int:
+    """Image tokens of a page under the model's own bound (`config`: its PreprocessConfig;
+    ColQwen2 was trained with at most 768)."""
     from colembed.preprocess.images import smart_resize
 
-    h, w = smart_resize(page.height, page.width, factor=28, min_pixels=4 * 28 * 28,
-                        max_pixels=768 * 28 * 28)
-    return (h // 28) * (w // 28)
+    f = config.resize_factor
+    h, w = smart_resize(page.height, page.width, factor=f, min_pixels=config.min_pixels,
+                        max_pixels=config.max_pixels)
+    return (h // f) * (w // f)
 
 
-def budget_page(page, tokens: int):
-    """The page resized as a `tokens` budget resizes it (max_pixels = tokens * 28 * 28), so a
-    model with the default 768-token bound processes exactly the budgeted grid."""
+def budget_page(page, tokens: int, config):
+    """The page resized as a `tokens` budget resizes it (`config.with_max_image_tokens(tokens)`),
+    so a model with its default bound processes exactly the budgeted grid."""
     from PIL import Image
 
     from colembed.preprocess.images import smart_resize
 
-    h, w = smart_resize(page.height, page.width, factor=28, min_pixels=4 * 28 * 28,
-                        max_pixels=tokens * 28 * 28)
+    budget = config.with_max_image_tokens(tokens)
+    h, w = smart_resize(page.height, page.width, factor=budget.resize_factor,
+                        min_pixels=budget.min_pixels, max_pixels=budget.max_pixels)
     return page.resize((w, h), Image.BICUBIC)
 
 
@@ -117,7 +123,6 @@ def budget_page(page, tokens: int):
 def gemm_peaks(threads: int, size: int = 3072, repeats: int = 7) -> dict[str, Any]:
     """fp32 GEMM peak (numpy sgemm) and int8 matmul peak (onnxruntime MatMulInteger u8 x s8)."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -134,14 +139,10 @@ def gemm_peaks(threads: int, size: int = 3072, repeats: int = 7) -> dict[str, An
         [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", size])],
         [numpy_helper.from_array(weight, "w")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = Session(model.SerializeToString(), threads=threads)
     activations = rng.integers(0, 256, (size, size), dtype=np.uint8)
-    session.run(None, {"a": activations})
-    best8 = min(_timed(lambda: session.run(None, {"a": activations})) for _ in range(repeats))
+    session.run({"a": activations})
+    best8 = min(_timed(lambda: session.run({"a": activations})) for _ in range(repeats))
     return {"size": size, "threads": threads, "fp32_gflops": fp32 / 1e9,
             "int8_gops": 2 * size**3 / best8 / 1e9,
             "fp32_how": f"numpy {np.__version__} float32 {size}^3 matmul, best of {repeats}",
@@ -189,16 +190,20 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     base = rss_mib()
     start = time.perf_counter()
     if job["runtime"] == "torch":
+        from colembed.preprocess.config import PreprocessConfig
+
         model = TorchRuntime(job["checkpoint"], job["threads"])
+        config = PreprocessConfig.from_checkpoint(Path(job["checkpoint"]))
     else:
         import colembed
 
         model = colembed.load(job["folder"], variant=job["variant"], threads=job["threads"],
                               cpu_mem_arena=job.get("cpu_mem_arena", True))
+        config = model.config
     load_s = time.perf_counter() - start
     after_load = rss_mib()
     page = letter_page()
-    small = budget_page(page, BUDGET_TOKENS)
+    small = budget_page(page, BUDGET_TOKENS, config)
     result: dict[str, Any] = {"load_s": load_s, "rss_base_mib": base["rss"],
                               "rss_after_load_mib": after_load["rss"],
                               "peak_rss_load_mib": after_load["peak"]}
@@ -209,8 +214,8 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     letter = model.embed_images([page])
     result["letter_rows"] = int(letter[0].shape[0])
-    result["letter_image_tokens"] = image_tokens(page)
-    result["budget_image_tokens"] = image_tokens(small)
+    result["letter_image_tokens"] = image_tokens(page, config)
+    result["budget_image_tokens"] = image_tokens(small, config)
     times = timed_runs(lambda: model.embed_images([page]), job["page_repeats"])
     result["page_s"] = {"median": statistics.median(times), "min": min(times), "all": times}
     budget = model.embed_images([small])
@@ -263,29 +268,36 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
 
     import numpy as np
     import onnx
-    import onnxruntime as ort
     from onnxruntime.transformers import optimizer
 
+    from colembed.contracts import colqwen2_contracts
+    from colembed.preprocess.config import PreprocessConfig
+
     logging.getLogger("onnxruntime.transformers").setLevel(logging.ERROR)
-    manifest = json.loads((folder / "colembed_manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
     arch = manifest["architecture"]
+    config = PreprocessConfig.from_dict(manifest["preprocess"])
+    contracts = colqwen2_contracts(patch_dim=config.patch_dim,
+                                   vision_head_dim=config.vision_head_dim,
+                                   text_hidden=arch["text_hidden"],
+                                   embedding_dim=manifest["embedding_dim"])
     rng = np.random.default_rng(0)
     report: dict[str, Any] = {}
-    patches = page_tokens * 4
-    head_dim = arch["vision_embed_dim"] // arch["vision_heads"]
+    patches = page_tokens * config.merge_size**2
     tokens = page_tokens + 20
     index = np.zeros((1, tokens), np.int64)
     index[0, 5:5 + page_tokens] = np.arange(1, page_tokens + 1)
     feeds = {
-        "vision": {"pixel_patches": rng.standard_normal((1, patches, 1176), dtype=np.float32),
-                   "rotary_cos": np.ones((patches, head_dim), np.float32),
-                   "rotary_sin": np.zeros((patches, head_dim), np.float32)},
-        "text": {"input_ids": np.full((1, tokens), 151643, np.int64),
-                 "attention_mask": np.ones((1, tokens), np.int64),
-                 "position_ids": np.broadcast_to(np.arange(tokens), (3, 1, tokens)).copy(),
-                 "image_feature_index": index,
-                 "image_features": rng.standard_normal((page_tokens, arch["text_hidden"]),
-                                                       dtype=np.float32)},
+        "vision": contracts["vision"].feeds(
+            rng.standard_normal((1, patches, config.patch_dim), dtype=np.float32),
+            np.ones((patches, config.vision_head_dim), np.float32),
+            np.zeros((patches, config.vision_head_dim), np.float32)),
+        "text": contracts["text"].feeds(
+            np.full((1, tokens), config.pad_token_id, np.int64),
+            np.ones((1, tokens), np.int64),
+            np.broadcast_to(np.arange(tokens), (3, 1, tokens)).copy(),
+            index,
+            rng.standard_normal((page_tokens, arch["text_hidden"]), dtype=np.float32)),
     }
     model_types = {"vision": "clip", "text": "bert"}  # the fusion sets that match our patterns
     with tempfile.TemporaryDirectory(prefix="colembed-opt-") as tmp:
@@ -304,19 +316,10 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
             del optimised
             timing = {}
             for label, path in (("exported", src), ("transformer_optimiser", opt_path)):
-                options = ort.SessionOptions()
-                options.intra_op_num_threads = threads
-                options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-                if label == "exported":
-                    options.optimized_model_filepath = str(session_path)
-                    options.add_session_config_entry(
-                        "session.optimized_model_external_initializers_file_name",
-                        session_path.name + "_data")
-                session = ort.InferenceSession(str(path), options,
-                                               providers=["CPUExecutionProvider"])
-                session.run(None, feeds[role])
-                timing[label] = min(_timed(lambda: session.run(None, feeds[role]))
-                                    for _ in range(3))
+                session = Session(path, threads=threads,
+                                  save_optimized=session_path if label == "exported" else None)
+                session.run(feeds[role])
+                timing[label] = min(_timed(lambda: session.run(feeds[role])) for _ in range(3))
                 del session
             in_session = collections.Counter(
                 n.op_type for n in onnx.load(str(session_path), load_external_data=False).graph.node)
@@ -350,8 +353,8 @@ def prepare_model(args, work: Path, progress) -> tuple[Path, Path, Any]:
     folder = work / f"model-{tag}"
     wanted = set(args.variants)
     have = set()
-    if (folder / "colembed_manifest.json").is_file():
-        have = set(json.loads((folder / "colembed_manifest.json").read_text())["variants"])
+    if (folder / MANIFEST_NAME).is_file():
+        have = set(json.loads((folder / MANIFEST_NAME).read_text())["variants"])
     if not wanted <= have:
         from colembed_export.exporter import export_model
 
@@ -383,9 +386,9 @@ GATE_MISSES: dict[str, str] = {}  # variant -> the exporter's message, when a ga
 
 
 def folder_bytes(folder: Path, variant: str) -> int:
-    manifest = json.loads((folder / "colembed_manifest.json").read_text())
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
     files = {f for g in manifest["variants"][variant].values() for f in (g["file"], g["data_file"]) if f}
-    return sum((folder / f).stat().st_size for f in files | {"tokenizer.json"})
+    return sum((folder / f).stat().st_size for f in files | {TOKENIZER_FILE})
 
 
 def derive(rows: dict[str, dict], shapes: Shapes, peaks: dict, folder: Path,
@@ -550,8 +553,6 @@ def main(argv: list[str] | None = None) -> int:
         print("RESULT " + json.dumps(result), flush=True)
         return 0
 
-    from colembed.sessions import physical_cores
-
     started = time.perf_counter()
     info = machine_info()
     threads = args.threads or physical_cores()
@@ -568,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench {time.perf_counter() - started:6.0f}s] {message}", file=sys.stderr, flush=True)
 
     ckpt, folder, spec = prepare_model(args, work, progress)
-    shapes = Shapes.from_spec(spec)
+    shapes = Shapes.from_manifest(json.loads((folder / MANIFEST_NAME).read_text()))
     progress("measuring GEMM peaks")
     peaks = gemm_peaks(threads)
     progress(f"fp32 peak {peaks['fp32_gflops']:.0f} GFLOP/s, int8 peak {peaks['int8_gops']:.0f} GOP/s")

@@ -2,19 +2,19 @@
 
 Only matrix products are counted (linear layers and the two attention products); norms, rotary,
 activations and softmax are O(width) per token and below 1% of the total at these widths. The
-architecture comes from a model folder's manifest (`architecture`) or an `ArchitectureSpec`; both
-spell the same numbers. Check against reference.md: a letter page at 150 dpi (2976 patches, 744
+architecture comes from a model folder's manifest (`architecture`) or an `ArchitectureSpec`; the
+patch geometry (values per patch, patches per image token) from the model's `PreprocessConfig`,
+never from literals. Check against docs/reference.md: a letter page at 150 dpi (2976 patches, 744
 image tokens) on the real 2B shapes is about 5.3 TFLOP in the vision tower and 2.1 TFLOP in the
-language model; a 25-token query about 66 GFLOP (`python benchmarks/flops.py`).
+language model; a 25-token query about 66 GFLOP
+(`python benchmarks/flops.py MODEL_FOLDER --vision-depth 32 --text-layers 28` on any export of
+Qwen2-VL-2B widths, e.g. the one bench_embed.py builds).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Mapping
-
-PATCH_DIM = 3 * 2 * 14 * 14  # channels x temporal patch x patch x patch = 1176
-MERGE = 4  # 2 x 2 patches per image token
 
 
 @dataclass(frozen=True)
@@ -30,30 +30,38 @@ class Shapes:
     text_kv_heads: int
     text_intermediate: int
     embedding_dim: int
+    patch_dim: int  # values per vision patch (PreprocessConfig.patch_dim)
+    merge: int  # patches per image token (PreprocessConfig.merge_size ** 2)
 
     @classmethod
-    def from_manifest(cls, architecture: Mapping[str, Any]) -> "Shapes":
-        a = architecture
+    def from_manifest(cls, manifest: Mapping[str, Any]) -> "Shapes":
+        """From a model folder's manifest (as a dict): its architecture and its preprocessing."""
+        from colembed.preprocess.config import PreprocessConfig
+
+        a = manifest["architecture"]
+        config = PreprocessConfig.from_dict(manifest["preprocess"])
         return cls(int(a["vision_depth"]), int(a["vision_embed_dim"]), float(a["vision_mlp_ratio"]),
                    int(a["text_layers"]), int(a["text_hidden"]), int(a["text_heads"]),
-                   int(a["text_kv_heads"]), int(a["text_intermediate"]), int(a["embedding_dim"]))
+                   int(a["text_kv_heads"]), int(a["text_intermediate"]), int(a["embedding_dim"]),
+                   config.patch_dim, config.merge_size**2)
 
     @classmethod
-    def from_spec(cls, spec: Any) -> "Shapes":
+    def from_spec(cls, spec: Any, config: Any) -> "Shapes":
+        """From a tiny-checkpoint `ArchitectureSpec` and the checkpoint's PreprocessConfig."""
         return cls(spec.vision_depth, spec.vision_embed_dim, spec.vision_mlp_ratio, spec.text_layers,
                    spec.text_hidden, spec.text_heads, spec.text_kv_heads, spec.text_intermediate,
-                   spec.embedding_dim)
+                   spec.embedding_dim, config.patch_dim, config.merge_size**2)
 
 
 def vision_flops(s: Shapes, patches: int) -> float:
     """One image of `patches` patches through the vision tower (attention within the image)."""
     d, p = s.vision_embed_dim, patches
     mlp = int(d * s.vision_mlp_ratio)
-    embed = 2 * p * PATCH_DIM * d
+    embed = 2 * p * s.patch_dim * d
     linear = 2 * p * (3 * d * d + d * d + 2 * d * mlp)
     attention = 2 * 2 * p * p * d  # q.k and p.v over all heads
-    merged = p // MERGE
-    merger = 2 * merged * (MERGE * d) * (MERGE * d) + 2 * merged * (MERGE * d) * s.text_hidden
+    merged = p // s.merge
+    merger = 2 * merged * (s.merge * d) * (s.merge * d) + 2 * merged * (s.merge * d) * s.text_hidden
     return float(embed + s.vision_depth * (linear + attention) + merger)
 
 
@@ -70,19 +78,25 @@ def text_flops(s: Shapes, tokens: int) -> float:
 
 
 def page_flops(s: Shapes, image_tokens: int, sequence_tokens: int) -> dict[str, float]:
-    vision = vision_flops(s, image_tokens * MERGE)
+    vision = vision_flops(s, image_tokens * s.merge)
     text = text_flops(s, sequence_tokens)
     return {"vision": vision, "text": text, "total": vision + text}
 
 
 if __name__ == "__main__":
-    import sys
+    import argparse
+    import dataclasses
+    import json
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "export"))
-    from tiny import PRESETS  # noqa: E402  (export/tiny.py; no torch at import time)
-
-    shapes = Shapes.from_spec(PRESETS["qwen2-vl-2b"])
+    parser = argparse.ArgumentParser(description="FLOPs of a letter page and a query")
+    parser.add_argument("folder", type=Path, help="an exported model folder (its manifest)")
+    parser.add_argument("--vision-depth", type=int, help="override the folder's vision depth")
+    parser.add_argument("--text-layers", type=int, help="override the folder's language depth")
+    args = parser.parse_args()
+    shapes = Shapes.from_manifest(json.loads((args.folder / "colembed_manifest.json").read_text()))
+    shapes = dataclasses.replace(shapes, vision_depth=args.vision_depth or shapes.vision_depth,
+                                 text_layers=args.text_layers or shapes.text_layers)
     page = page_flops(shapes, 744, 744 + 20)
     print(f"letter page, 150 dpi, 744 image tokens: vision {page['vision'] / 1e12:.2f} TFLOP, "
           f"language {page['text'] / 1e12:.2f} TFLOP")

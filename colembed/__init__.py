@@ -1,7 +1,10 @@
 """colembed: ColQwen2 document retrieval on onnxruntime, torch-free.
 
-`import colembed` must never import torch or transformers (a test enforces it); the exporter that
-needs them lives in the separate `colembed_export` package (the `export` extra).
+`import colembed` imports only the standard library and colembed's errors (no torch, transformers,
+onnxruntime or fastembed; tests/test_import_isolation.py enforces it), so the
+`colembed` command starts fast. `load`, `score` and `top_k` are resolved on first use. The exporter
+lives in the separate `colembed_export` package (the `export` extra); the FastEmbed integration is
+`colembed.fastembed` (the `fastembed` extra), imported only by those who use it.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ def __getattr__(name: str):
 def __dir__():
     return sorted(list(globals()) + list(_LAZY))
 
+
 __all__ = [
     "ColQwen2Model",
     "Index",
@@ -62,28 +66,3 @@ __all__ = [
     "__version__",
 ]
 
-
-def _register_with_fastembed() -> None:
-    """Make `LateInteractionMultimodalEmbedding("colqwen2")` work after `import colembed`.
-
-    FastEmbed 0.9 has no plugin entry points: it finds models in a class-level list, so ColQwen2
-    exists for it only once colembed has added itself, in this process. Does nothing when fastembed
-    is not installed; an incompatible fastembed only costs the integration (with a warning).
-    """
-    import importlib.util
-
-    try:
-        if importlib.util.find_spec("fastembed") is None:
-            return
-    except (ImportError, ValueError):
-        return
-    try:
-        from . import fastembed_plugin  # noqa: F401  (registers on import)
-    except ImportError as e:
-        import warnings
-
-        warnings.warn(f"colembed: FastEmbed integration unavailable ({e})", RuntimeWarning,
-                      stacklevel=2)
-
-
-_register_with_fastembed()

@@ -40,9 +40,12 @@ def _progress(message: str) -> None:
 
 def _cmd_export(args) -> int:
     exporter = _import_export_package()
+    # opset and tolerance default to the exporter's own constants (not repeated here)
+    defaults = {k: v for k, v in (("opset", args.opset), ("tolerance", args.tolerance))
+                if v is not None}
     report = exporter.export_model(
-        args.source, args.out, revision=args.revision, name=args.name, opset=args.opset,
-        check=not args.no_check, tolerance=args.tolerance, overwrite=args.overwrite,
+        args.source, args.out, revision=args.revision, name=args.name, **defaults,
+        check=not args.no_check, overwrite=args.overwrite,
         external_data={"auto": None, "always": True, "never": False}[args.external_data],
         variants=tuple(v for v in (args.variant or "").split(",") if v),
         progress=_progress,
@@ -207,9 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", required=True, help="destination model folder")
     export.add_argument("--revision", help="hub revision (branch, tag or commit)")
     export.add_argument("--name", help="model name recorded in the manifest (default: folder name)")
-    export.add_argument("--opset", type=int, default=18)
-    export.add_argument("--tolerance", type=float, default=1e-4,
-                        help="max abs difference per token allowed by the check (default 1e-4)")
+    export.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
+    export.add_argument("--tolerance", type=float,
+                        help="max abs difference per token allowed by the check (default: the "
+                             "exporter's)")
     export.add_argument("--no-check", action="store_true",
                         help="skip the onnxruntime-vs-torch check (not recommended)")
     export.add_argument("--overwrite", action="store_true",

@@ -1,15 +1,24 @@
 """The graph contracts: every exported graph's inputs and outputs, declared once.
 
-The exporter builds its `torch.onnx.export` call (names, dynamic axes) from these objects and writes
-them into the manifest; the runtime checks each session's `get_inputs()` / `get_outputs()` against
-the manifest's copy. A dim is an int (fixed, filled from the checkpoint at export time) or a str
-(symbolic: the same name means the same size across a graph's tensors).
+The contracts bind both halves. The exporter builds its `torch.onnx.export` call (names, dynamic
+axes) from these objects and writes them into the manifest. At load the runtime checks the
+manifest's copy against the family's own contract built from the folder's numbers
+(`colqwen2_contracts`, `GraphContract.differences`), then each session's `get_inputs()` /
+`get_outputs()` against it (`mismatches`), and builds every feed from the contract's input names
+(`feeds`): an input name is spelled here and nowhere else. A dim is an int (fixed, filled from the
+checkpoint at export time) or a str (symbolic: the same name means the same size across a graph's
+tensors).
+
+Standard library only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+# The transformers class a model folder's graphs reproduce (written in the manifest's `model`).
+ARCHITECTURE = "ColQwen2ForRetrieval"
 
 # ONNX type strings as onnxruntime reports them, keyed by the names the manifest uses.
 ORT_TYPES = {"float32": "tensor(float)", "float16": "tensor(float16)", "int64": "tensor(int64)"}
@@ -66,6 +75,25 @@ class GraphContract:
             outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
         )
 
+    def feeds(self, *arrays: Any) -> dict[str, Any]:
+        """The session feed: `arrays` in the contract's input order, keyed by its input names."""
+        if len(arrays) != len(self.inputs):
+            raise TypeError(f"the {self.role} graph takes {len(self.inputs)} inputs "
+                            f"{[t.name for t in self.inputs]}, got {len(arrays)} arrays")
+        return {spec.name: array for spec, array in zip(self.inputs, arrays)}
+
+    def differences(self, expected: "GraphContract") -> list[str]:
+        """Every way this contract (a manifest's) differs from `expected` (the family's)."""
+        problems = [] if self.role == expected.role else [f"role {self.role!r} != {expected.role!r}"]
+        for kind, got, want in (("input", self.inputs, expected.inputs),
+                                ("output", self.outputs, expected.outputs)):
+            if [t.name for t in got] != [t.name for t in want]:
+                problems.append(f"{kind}s {[t.name for t in got]} != {[t.name for t in want]}")
+                continue
+            problems += [f"{kind} {g.name}: {g.dtype}{list(g.dims)} != {w.dtype}{list(w.dims)}"
+                         for g, w in zip(got, want) if g != w]
+        return problems
+
     def mismatches(self, session: Any) -> list[str]:
         """Every way a live onnxruntime session differs from this contract (empty if none)."""
         problems = []
@@ -119,3 +147,13 @@ def text_contract(text_hidden: int, embedding_dim: int) -> GraphContract:
         ),
         outputs=(TensorSpec("embeddings", "float32", ("batch", "sequence", embedding_dim)),),
     )
+
+
+def colqwen2_contracts(*, patch_dim: int, vision_head_dim: int, text_hidden: int,
+                       embedding_dim: int) -> dict[str, GraphContract]:
+    """The ColQwen2 family's two graphs, by role, from the numbers a checkpoint (or a manifest)
+    gives: the exporter writes these, the runtime checks a folder's manifest against them."""
+    return {
+        "vision": vision_contract(patch_dim, vision_head_dim, text_hidden),
+        "text": text_contract(text_hidden, embedding_dim),
+    }

@@ -29,11 +29,9 @@ from .errors import ManifestError, ModelFolderError
 from .integrity import describe_file, sha256_of, verify_files  # noqa: F401  (re-exported)
 from .preprocess.config import PreprocessConfig
 
-MANIFEST_NAME = "colembed_manifest.json"
+from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
-GRAPH_ROLES = ("vision", "text")  # every variant has exactly these graphs
-TOKENIZER_FILE = "tokenizer.json"
 _SHA256_HEX = 64
 TOP_LEVEL_KEYS = ("format", "format_version", "model", "embedding_dim", "preprocess",
                   "architecture", "variants", "scorer", "files", "checks", "versions", "created")

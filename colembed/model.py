@@ -2,7 +2,7 @@
 
 Data flow for a batch of pages:
     images -> prepare_image (resize, normalise, patchify; one PreparedImage each)
-           -> grouped by grid -> image graph (B same-grid images at once) -> merged features
+           -> image graph (one image per run) -> merged features
            -> page prompts (image tokens expanded) -> pad_batch -> 3-D positions, feature index
            -> text graph -> (B, L, dim) -> each page's real rows
 Queries take the same text path with no image features; they never run the image graph.
@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-from collections import defaultdict
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,9 +20,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
+from .contracts import GraphContract, colqwen2_contracts
 from .errors import ImageError, InputError, InputTypeError, ModelFolderError
 from .integrity import check_graph_files, verify_files
-from .manifest import TOKENIZER_FILE, Manifest, read_manifest
+from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
+from .manifest import Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
@@ -39,11 +40,6 @@ from .sessions import CPU, Session, physical_cores, resolve_providers
 # benchmarks/results/query_memory.md) while ordinary queries are never split.
 PAD_SLACK = 1.25
 TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
-
-# Attention scores dominate the image graph's memory: heads * patches^2 floats per image per layer.
-# Same-grid pages are batched until their scores reach this budget (always at least one page).
-VISION_ATTENTION_BUDGET_BYTES = 1 << 30
-
 
 def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
     """(index of the first item, items) for consecutive batches, without materialising `items`."""
@@ -124,13 +120,10 @@ class ColQwen2Model:
             raise ModelFolderError("not a folder", path=self.folder)
         self.manifest: Manifest = read_manifest(self.folder)
         self.variant = variant
-        vision_entry = self.manifest.graph(variant, "vision")
-        text_entry = self.manifest.graph(variant, "text")
-        graph_files = [f for e in (vision_entry, text_entry) for f in e.files]
-        verify_files(self.folder, self.manifest, graph_files + [TOKENIZER_FILE],
+        verify_files(self.folder, self.manifest, variant_files(self.manifest, variant),
                      check_hashes=verify)
-        for entry in (vision_entry, text_entry):
-            check_graph_files(self.folder, entry)
+        for role in GRAPH_ROLES:
+            check_graph_files(self.folder, self.manifest.graph(variant, role))
 
         self.config = self.manifest.preprocess.with_max_image_tokens(max_image_tokens)
         # Built on the folder's own config: the query bound follows the trained image budget,
@@ -138,27 +131,32 @@ class ColQwen2Model:
         self.text_encoder = TextEncoder.from_file(inside(self.folder, TOKENIZER_FILE),
                                                   self.manifest.preprocess)
         self.embedding_size = self.manifest.embedding_dim
+        self._text_hidden = self.manifest.architecture.text_hidden
+        self._contracts = colqwen2_contracts(
+            patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
+            text_hidden=self._text_hidden, embedding_dim=self.embedding_size)
         self._provider_request = resolve_providers(providers)
         self._sessions: dict[str, Session] = {}
-        for role, entry in (("vision", vision_entry), ("text", text_entry)):
-            self._sessions[role] = self._open(entry, threads=threads, cpu_mem_arena=cpu_mem_arena)
+        for role in GRAPH_ROLES:
+            self._sessions[role] = self._open(self.manifest.graph(variant, role),
+                                              self._contracts[role], threads=threads,
+                                              cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
         self._run_options = _arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
 
-    def _open(self, entry, *, threads, cpu_mem_arena) -> Session:
+    def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena) -> Session:
+        """The graph's session, after its manifest contract was checked against the family's own
+        (so a folder cannot redefine what the runtime feeds) and the session against both."""
         path = inside(self.folder, entry.file)
-        try:
-            session = Session(str(path), self._provider_request, threads=threads,
-                              cpu_mem_arena=cpu_mem_arena)
-        except ModelFolderError:
-            raise
-        except Exception as e:  # onnxruntime raises its own types for unreadable graphs
-            if type(e).__module__.startswith("colembed"):
-                raise
-            raise ModelFolderError(f"onnxruntime cannot load this graph ({e})", path=path) from e
+        problems = entry.contract.differences(family)
+        if problems:
+            raise ModelFolderError("the manifest's contract is not ColQwen2's: "
+                                   + "; ".join(problems), path=path)
+        session = Session(str(path), self._provider_request, threads=threads,
+                          cpu_mem_arena=cpu_mem_arena)
         problems = entry.contract.mismatches(session.session)
         if problems:
             raise ModelFolderError("graph does not match its manifest contract: "
@@ -294,26 +292,21 @@ class ColQwen2Model:
         return self._rotary_cache[grid]
 
     def _vision_features(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
-        """Same-grid images go through the image graph together; output in input order."""
-        by_grid: dict[tuple[int, int, int], list[int]] = defaultdict(list)
-        for i, p in enumerate(prepared):
-            by_grid[p.grid_thw].append(i)
-        heads = self.manifest.architecture.vision_heads
-        features: list[np.ndarray | None] = [None] * len(prepared)
-        for grid, members in by_grid.items():
-            patches = prepared[members[0]].patches.shape[0]
-            per_image = heads * patches * patches * 4
-            chunk = max(1, VISION_ATTENTION_BUDGET_BYTES // per_image)
-            cos, sin = self._rotary(grid)
-            for lo in range(0, len(members), chunk):
-                group = members[lo:lo + chunk]
-                pixels = np.stack([prepared[i].patches for i in group])
-                (out,) = self._sessions["vision"].run(
-                    {"pixel_patches": pixels, "rotary_cos": cos, "rotary_sin": sin},
-                    self._run_options)
-                for i, rows in zip(group, out):
-                    features[i] = rows
-        return features  # type: ignore[return-value]
+        """Each image through the image graph on its own; output in input order.
+
+        Batching same-grid images does not pay since the vision attention is onnxruntime's fused
+        MultiHeadAttention. Measured at Qwen2-VL-2B width (2 vision layers, 2 threads, CPU seconds
+        per page, 2026-12-01): letter pages (2976 patches) 6.20 alone vs 6.30 / 6.09 in batches of
+        2 / 4; 256-token pages 1.59 vs 1.80 (4); 64-token pages 0.354 vs 0.368 (4). Each extra
+        letter page in a batch cost ~0.85 GB of peak RSS.
+        """
+        features = []
+        for page in prepared:
+            cos, sin = self._rotary(page.grid_thw)
+            (out,) = self._sessions["vision"].run(
+                self._contracts["vision"].feeds(page.patches[None], cos, sin), self._run_options)
+            features.append(out[0])
+        return features
 
     # ---------------------------------------------------------------------------------- scoring
     @property
@@ -349,7 +342,6 @@ class ColQwen2Model:
                                        vision_start_token_id=cfg.vision_start_token_id,
                                        merge_size=cfg.merge_size)
         index = np.zeros_like(input_ids)
-        hidden = self.manifest.architecture.text_hidden
         if features:
             offset = 0
             for row, row_features in enumerate(features):
@@ -361,11 +353,10 @@ class ColQwen2Model:
                 offset += len(slots)
             table = np.concatenate(features).astype(np.float32, copy=False)
         else:
-            table = np.zeros((0, hidden), dtype=np.float32)
-        (out,) = self._sessions["text"].run({
-            "input_ids": input_ids, "attention_mask": mask, "position_ids": positions,
-            "image_feature_index": index, "image_features": table,
-        }, self._run_options)
+            table = np.zeros((0, self._text_hidden), dtype=np.float32)
+        (out,) = self._sessions["text"].run(
+            self._contracts["text"].feeds(input_ids, mask, positions, index, table),
+            self._run_options)
         if out.ndim != 3 or out.shape[-1] != self.embedding_size:
             raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
                                    f"manifest says embedding_dim {self.embedding_size}",

@@ -1,17 +1,12 @@
 """The models colembed knows by name (`models.json`), and where each one's exported folder is.
 
-`models.json` is the one place a named model is described: FastEmbed's fields (model, dim,
-description, license, size_in_GB, model_file, additional_files) plus where it comes from
-(`checkpoint`, the transformers checkpoint `colembed export` reads; `export_repo`, a Hugging Face
-repo holding a published colembed export, or null while there is none). The FastEmbed plugin builds
-its model descriptions from these entries and nothing else.
-
-Where `models.json` is read from at run time (`models_json_path`):
-  1. a source checkout (editable installs, CI): the repository root, i.e. the folder above this
-     package when it holds `pyproject.toml` and `models.json`;
-  2. an installed wheel: `colembed/models.json`, a symlink to the root file in the repository that
-     setuptools ships as package data (the link is followed when the wheel is built).
-The root file is the source of truth; the packaged one is never edited by hand.
+`colembed/models.json` (package data, the one copy) describes each named model: FastEmbed's fields
+(model, dim, description, license, size_in_GB) plus where it comes from (`checkpoint`, the
+transformers checkpoint `colembed export` reads; `export_repo`, a Hugging Face repo holding a
+published colembed export, or null while there is none). It names no files: which files a folder
+needs comes from the folder's own manifest (`layout.required_files`), so an export with inline
+weights (no `.onnx_data`), or one holding only some variants, is complete when it holds what its
+manifest lists for the variant asked for.
 
 Resolution of a name to a folder (`resolve_model_folder`), first hit wins:
   1. `specific_model_path`: an exported folder given by the caller (never falls through);
@@ -19,10 +14,16 @@ Resolution of a name to a folder (`resolve_model_folder`), first hit wins:
      `FASTEMBED_CACHE_PATH`, else `<tmp>/fastembed_cache` (FastEmbed's own convention);
   3. a download of `export_repo` into that same cache folder (huggingface_hub.snapshot_download
      with `local_dir`, so the folder holds real files: onnxruntime refuses external data that
-     resolves outside the model folder, as the hub cache's symlinks do);
+     resolves outside the model folder, as the hub cache's symlinks do): the manifest first, then
+     the files it lists for the variant;
   4. otherwise ModelFolderError with the `colembed export` command that makes the folder.
 Offline (`local_files_only=True` or `HF_HUB_OFFLINE=1`) step 3 is skipped: nothing touches the
 network, and the error lists what is missing where.
+
+The default cache lives under a world-writable folder, so on POSIX a cached folder is used only
+when it (and every file it must hold) belongs to this user and is writable by nobody else; any
+other user could otherwise plant a model there (`check_private`). A `specific_model_path` is the
+caller's own choice and is not checked for ownership.
 
 Imports only the standard library and colembed (huggingface_hub lazily, to download); never
 fastembed, torch or transformers.
@@ -33,12 +34,17 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contracts import ARCHITECTURE
 from .errors import ColembedError, ModelFolderError
+from .layout import MANIFEST_NAME, required_files
+from .safe_fs import inside
 
 MODELS_JSON = "models.json"
 FORMAT = "colembed-models"
@@ -46,9 +52,11 @@ FORMAT_VERSION = 1
 CACHE_ENV = "FASTEMBED_CACHE_PATH"
 OFFLINE_ENV = "HF_HUB_OFFLINE"
 CACHE_PREFIX = "colembed-"
-ARCHITECTURE = "ColQwen2ForRetrieval"
 
 _TRUE = {"1", "on", "yes", "true"}
+# A model name becomes a folder name in the cache: one or two plain segments ("org/name"), so that
+# no entry can point outside the cache. Names users pass are only matched against these entries.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?")
 
 
 class UnknownModelError(ColembedError, ValueError):
@@ -65,8 +73,6 @@ class ModelEntry:
     license: str
     size_in_GB: float
     checkpoint: str
-    model_file: str
-    additional_files: tuple[str, ...]
     checkpoint_revision: str | None = None
     export_repo: str | None = None
     export_revision: str | None = None
@@ -82,34 +88,25 @@ class ModelEntry:
                                     f"{kind}, got {value!r}")
             return value
 
-        files = get("additional_files", list)
-        if not all(isinstance(f, str) and f for f in files):
-            raise ColembedError(f"{source}: additional_files must be file names, got {files!r}")
+        name = get("model", str)
+        if not _NAME.fullmatch(name) or ".." in name:
+            raise ColembedError(f"{source}: model name {name!r} is not a plain name (letters, "
+                                "digits, . _ -, at most one /)")
         return cls(
-            model=get("model", str),
+            model=name,
             dim=get("dim", int),
             description=get("description", str),
             license=get("license", str),
             size_in_GB=float(get("size_in_GB", (int, float))),
             checkpoint=get("checkpoint", str),
-            model_file=get("model_file", str),
-            additional_files=tuple(files),
             checkpoint_revision=get("checkpoint_revision", str, optional=True),
             export_repo=get("export_repo", str, optional=True),
             export_revision=get("export_revision", str, optional=True),
         )
 
     @property
-    def files(self) -> tuple[str, ...]:
-        """Every file an exported folder of this model must hold."""
-        return (self.model_file, *self.additional_files)
-
-    @property
     def cache_folder_name(self) -> str:
         return CACHE_PREFIX + self.model.lower().replace("/", "--")
-
-    def missing_files(self, folder: Path) -> list[str]:
-        return [name for name in self.files if not (folder / name).is_file()]
 
     def export_command(self, out: Path | str) -> str:
         revision = f" --revision {self.checkpoint_revision}" if self.checkpoint_revision else ""
@@ -117,17 +114,8 @@ class ModelEntry:
 
 
 def models_json_path() -> Path:
-    """The `models.json` this colembed reads (see the module docstring for the order)."""
-    package = Path(__file__).resolve().parent
-    root = package.parent
-    if (root / "pyproject.toml").is_file() and (root / MODELS_JSON).is_file():
-        return root / MODELS_JSON
-    packaged = Path(__file__).with_name(MODELS_JSON)
-    if packaged.is_file():
-        return packaged
-    raise ColembedError(
-        f"colembed's model list is missing: neither {packaged} (package data of an installed "
-        f"colembed) nor {root / MODELS_JSON} (a source checkout) exists; reinstall colembed")
+    """The package's `models.json` (one copy, shipped as package data)."""
+    return Path(__file__).with_name(MODELS_JSON)
 
 
 @functools.lru_cache(maxsize=8)
@@ -136,7 +124,7 @@ def _read_entries(path: str) -> tuple[ModelEntry, ...]:
     try:
         data = json.loads(source.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ColembedError(f"{source}: unreadable model list ({e})") from e
+        raise ColembedError(f"{source}: unreadable model list ({e}); reinstall colembed") from e
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ColembedError(f"{source}: not a {FORMAT} file")
     if data.get("format_version") != FORMAT_VERSION:
@@ -176,15 +164,70 @@ def is_offline(local_files_only: bool = False) -> bool:
     return bool(local_files_only) or os.environ.get(OFFLINE_ENV, "").strip().lower() in _TRUE
 
 
-def check_model_folder(entry: ModelEntry, folder: Path) -> Path:
-    """`folder` holds every file of `entry` and its manifest describes the same model."""
+def missing_files(folder: Path, variant: str = "fp32") -> list[str]:
+    """What `folder` lacks to serve `variant`, by its own manifest ([manifest name] without one)."""
+    from .manifest import read_manifest
+
+    if not inside(folder, MANIFEST_NAME).is_file():
+        return [MANIFEST_NAME]
+    manifest = read_manifest(folder)
+    return [name for name in required_files(manifest, variant)
+            if not inside(folder, name).is_file()]
+
+
+def check_private(folder: Path, names: list[str] | tuple[str, ...] = ()) -> None:
+    """`folder` and its files `names` belong to this user and only this user may write them.
+
+    Applied to cached folders (the default cache sits in the world-writable temp folder). As
+    OpenSSH does for its files, a group-writable file passes only when its group is the user's
+    private group (the umask-002 default of many Linux distributions). POSIX only: where
+    `os.getuid` does not exist (Windows) ownership is left to the ACLs.
+    """
+    getuid = getattr(os, "getuid", None)
+    if getuid is None:
+        return
+    uid = getuid()
+    for path in [Path(folder)] + [inside(folder, name) for name in names]:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if st.st_uid != uid:
+            raise ModelFolderError(
+                f"owned by user id {st.st_uid}, not by you ({uid}); another user could have put "
+                "this model in the shared cache. Refusing to load it: export the model yourself, "
+                "use another cache_dir, or pass specific_model_path", path=path)
+        others = st.st_mode & stat.S_IWOTH or (
+            st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid))
+        if others:
+            raise ModelFolderError(
+                f"writable by other users (mode {stat.filemode(st.st_mode)}); refusing to load a "
+                "cached model anyone could replace (chmod go-w it, or use another cache_dir)",
+                path=path)
+
+
+def _private_group(gid: int, uid: int) -> bool:
+    """The group is `uid`'s own: its primary group, named after it, with no other members."""
+    try:
+        import grp
+        import pwd
+
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except (ImportError, KeyError):
+        return False
+    return (user.pw_gid == gid and group.gr_name == user.pw_name
+            and set(group.gr_mem) <= {user.pw_name})
+
+
+def check_model_folder(entry: ModelEntry, folder: Path, variant: str = "fp32") -> Path:
+    """`folder` holds every file its manifest lists for `variant` and describes the same model."""
     from .manifest import read_manifest
 
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelFolderError(f"not a folder (expected a colembed export of {entry.model})",
                                path=folder)
-    missing = entry.missing_files(folder)
+    missing = missing_files(folder, variant)
     if missing:
         raise ModelFolderError(f"incomplete export of {entry.model}: missing {missing}",
                                path=folder)
@@ -197,31 +240,44 @@ def check_model_folder(entry: ModelEntry, folder: Path) -> Path:
     return folder
 
 
+def _check_cached(entry: ModelEntry, folder: Path, variant: str) -> Path:
+    check_private(folder, [MANIFEST_NAME])
+    check_model_folder(entry, folder, variant)
+    from .manifest import read_manifest
+
+    check_private(folder, required_files(read_manifest(folder), variant))
+    return folder
+
+
 def resolve_model_folder(
     model: str | ModelEntry,
     *,
     specific_model_path: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
+    variant: str = "fp32",
 ) -> Path:
     """The exported folder of `model`; see the module docstring for the order."""
     entry = model if isinstance(model, ModelEntry) else get_model(model)
     if specific_model_path:
-        return check_model_folder(entry, Path(specific_model_path).expanduser())
+        return check_model_folder(entry, Path(specific_model_path).expanduser(), variant)
 
     cached = default_cache_dir(cache_dir) / entry.cache_folder_name
-    if cached.is_dir() and not entry.missing_files(cached):
-        return check_model_folder(entry, cached)
+    if cached.is_dir():
+        check_private(cached, [MANIFEST_NAME])
+        missing = missing_files(cached, variant)
+        if not missing:
+            return _check_cached(entry, cached, variant)
+    else:
+        missing = []
 
     offline = is_offline(local_files_only)
     if entry.export_repo and not offline:
-        _download(entry, cached)
-        return check_model_folder(entry, cached)
+        _download(entry, cached, variant)
+        return _check_cached(entry, cached, variant)
 
-    if cached.is_dir():
-        found = f"{cached} is incomplete: missing {entry.missing_files(cached)}"
-    else:
-        found = f"{cached} does not exist"
+    found = f"{cached} is incomplete: missing {missing}" if cached.is_dir() else \
+        f"{cached} does not exist"
     if entry.export_repo:
         why = (f"offline ({OFFLINE_ENV}=1 or local_files_only=True), so the published export "
                f"{entry.export_repo} was not downloaded")
@@ -233,24 +289,31 @@ def resolve_model_folder(
         "'colembed[export]'), or pass specific_model_path=<an exported folder>")
 
 
-def _download(entry: ModelEntry, folder: Path) -> None:
-    """The export's files from the hub, straight into `folder` (resumes a partial folder)."""
+def _download(entry: ModelEntry, folder: Path, variant: str) -> None:
+    """The export's manifest, then the files it lists for `variant`, from the hub straight into
+    `folder` (resumes a partial folder)."""
     import huggingface_hub
 
+    from .manifest import read_manifest
+
     folder.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        huggingface_hub.snapshot_download(
-            entry.export_repo,
-            revision=entry.export_revision,
-            local_dir=folder,
-            allow_patterns=list(entry.files),
-            library_name="colembed",
-        )
-    except (OSError, ValueError) as e:  # hub HTTP, connection and not-found errors are among these
-        raise ModelFolderError(
-            f"could not download {entry.export_repo} ({type(e).__name__}: {e}); export the model "
-            f"yourself with `{entry.export_command(folder)}`", path=folder) from e
-    missing = entry.missing_files(folder)
+
+    def fetch(names: list[str]) -> None:
+        try:
+            huggingface_hub.snapshot_download(
+                entry.export_repo, revision=entry.export_revision, local_dir=folder,
+                allow_patterns=names, library_name="colembed")
+        except (OSError, ValueError) as e:  # hub HTTP, connection and not-found errors are these
+            raise ModelFolderError(
+                f"could not download {entry.export_repo} ({type(e).__name__}: {e}); export the "
+                f"model yourself with `{entry.export_command(folder)}`", path=folder) from e
+
+    fetch([MANIFEST_NAME])
+    if not inside(folder, MANIFEST_NAME).is_file():
+        raise ModelFolderError(f"{entry.export_repo} holds no {MANIFEST_NAME}; it is not a "
+                               f"colembed export of {entry.model}", path=folder)
+    fetch(required_files(read_manifest(folder), variant))
+    missing = missing_files(folder, variant)
     if missing:
         raise ModelFolderError(f"{entry.export_repo} does not hold {missing}; it is not a complete "
                                f"colembed export of {entry.model}", path=folder)

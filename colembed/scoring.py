@@ -289,39 +289,27 @@ class MaxSimScorer:
         return cls(maxsim_model_bytes(), threads=threads)
 
     def _open(self, graph: str | os.PathLike[str] | bytes, threads: int | None) -> Any:
-        import onnxruntime as ort
+        from .layout import MAXSIM_FILE
+        from .sessions import Session
 
-        from .maxsim_graph import MAXSIM_FILE
-        from .sessions import physical_cores
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads if threads else physical_cores()
-        options.inter_op_num_threads = 1
-        # The host pads the next chunk between runs; spinning workers would steal its cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        if isinstance(graph, (bytes, bytearray)):
-            source: Any = bytes(graph)
-        else:
+        if not isinstance(graph, (bytes, bytearray)):
             path = Path(graph)
             if path.is_dir():
                 path = path / MAXSIM_FILE
             if not path.is_file():
                 raise ModelFolderError("no MaxSim scorer graph here", path=path)
             self.graph_path = path
-            source = str(path)
-        try:
-            return ort.InferenceSession(source, sess_options=options,
-                                        providers=["CPUExecutionProvider"])
-        except Exception as e:  # onnxruntime raises its own exception types
-            raise ModelFolderError(f"onnxruntime cannot load the scorer graph ({e})",
-                                   path=self.graph_path) from e
+            graph = str(path)
+        return Session(graph, threads=threads).session
 
     def _attach(self, session: Any) -> None:
         from .maxsim_graph import MAXSIM_CONTRACT, MAXSIM_FP16_CONTRACT
 
+        self._contract = MAXSIM_CONTRACT
         problems = MAXSIM_CONTRACT.mismatches(session)
         if problems and not MAXSIM_FP16_CONTRACT.mismatches(session):
             self._doc_dtype, problems = np.dtype(np.float16), []
+            self._contract = MAXSIM_FP16_CONTRACT
         if problems:
             raise ModelFolderError("graph does not match the MaxSim scorer contract: "
                                    + "; ".join(problems), path=self.graph_path)
@@ -465,9 +453,8 @@ class MaxSimScorer:
                         pending = helper.submit(_pad_chunk, docs, chunks[k + 1], lengths, need,
                                                 dim, self._doc_dtype, buffers, f"pad{(k + 1) % 2}")
                     _check_pages_finite(sums, docs, idx, first)
-                    maxima = self._session.run(None, {
-                        "query_vectors": token_queries, "query_mask": token_mask,
-                        "doc_vectors": pad, "doc_mask": mask})[0]  # (rows, pages)
+                    maxima = self._session.run(None, self._contract.feeds(
+                        token_queries, token_mask, pad, mask))[0]  # (rows, pages)
                     out[a:b, idx] = np.add.reduceat(maxima, rel, axis=0)
 
 

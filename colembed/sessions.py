@@ -1,8 +1,15 @@
 """onnxruntime sessions: which providers, with which options, and proof that we got them.
 
+The one session factory: the model graphs (`model.py`), the MaxSim scorer (`scoring.py`) and the
+benchmarks all open their onnxruntime sessions through `Session`, so thread counts, spinning, memory
+options and the provider check are set in one place. Provider names live here and nowhere else.
+
 Capabilities live in one table. onnxruntime silently falls back to CPU when a provider refuses a
 graph (DirectML does so for `Reshape(allowzero=1)`), so after creating a session we check the
-provider it really got and raise instead of running slowly on the wrong device.
+provider it really got and raise instead of running slowly on the wrong device. A graph onnxruntime
+cannot load raises ModelFolderError naming the file (onnxruntime's own exception types vary).
+
+The only colembed module that imports onnxruntime (lazily: importing this module is cheap).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from .errors import ProviderError
+from .errors import ModelFolderError, ProviderError
 
 CPU = "CPUExecutionProvider"
 DIRECTML = "DmlExecutionProvider"
@@ -85,7 +92,10 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[Pr
             raise ProviderError(f"provider {spec!r} is not a name or a (name, options) pair")
         name = ALIASES.get(name.lower(), name)
         if name not in available:
-            hint = " (pip install 'colembed[directml]' on Windows)" if name == DIRECTML else ""
+            hint = (" (on Windows x64 colembed installs onnxruntime-directml; if `onnxruntime` was "
+                    "installed next to it, e.g. by fastembed, run `pip uninstall -y onnxruntime "
+                    "onnxruntime-directml` then `pip install onnxruntime-directml`)"
+                    if name == DIRECTML else "")
             raise ProviderError(f"execution provider {name} is not available here; this onnxruntime "
                                 f"has {available}{hint}")
         resolved.append(name if options is None else (name, options))
@@ -99,12 +109,21 @@ def _name(spec: ProviderSpec) -> str:
 
 
 class Session:
-    """An onnxruntime InferenceSession plus the lock its provider may need."""
+    """An onnxruntime InferenceSession plus the lock its provider may need.
 
-    def __init__(self, path: str, providers: list[ProviderSpec], *, threads: int | None = None,
-                 cpu_mem_arena: bool = True, graph_optimization: str = "all") -> None:
+    `source`: a graph file or the serialised graph (bytes). `providers`: resolved specs (see
+    `resolve_providers`); None is CPU. `save_optimized`: also write the graph as onnxruntime
+    optimised it (weights beside it), for inspecting fusions.
+    """
+
+    def __init__(self, source: str | os.PathLike | bytes,
+                 providers: Sequence[ProviderSpec] | None = None, *,
+                 threads: int | None = None, cpu_mem_arena: bool = True,
+                 graph_optimization: str = "all",
+                 save_optimized: str | os.PathLike | None = None) -> None:
         import onnxruntime as ort
 
+        providers = list(providers) if providers else [CPU]
         traits = TRAITS.get(_name(providers[0]), ProviderTraits())
         options = ort.SessionOptions()
         options.intra_op_num_threads = threads if threads else physical_cores()
@@ -119,17 +138,32 @@ class Session:
         }[graph_optimization]
         if traits.sequential:
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Between the image and the text graph the host does numpy work; spinning threads would
-        # steal its cores.
+        # Between graph runs the host does numpy work (the next batch, the next scorer chunk);
+        # spinning threads would steal its cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        if save_optimized is not None:
+            options.optimized_model_filepath = str(save_optimized)
+            options.add_session_config_entry(
+                "session.optimized_model_external_initializers_file_name",
+                os.path.basename(save_optimized) + "_data")
         self.options = options
-        self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
+        self.path = None if isinstance(source, (bytes, bytearray)) else os.fspath(source)
+        label = os.path.basename(self.path) if self.path else "<in-memory graph>"
+        try:
+            self.session = ort.InferenceSession(
+                bytes(source) if self.path is None else self.path, sess_options=options,
+                providers=providers)
+        except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
+            if type(e).__module__.startswith("colembed"):
+                raise
+            raise ModelFolderError(f"onnxruntime cannot load this graph ({e})",
+                                   path=self.path or label) from e
         got = self.session.get_providers()
         wanted = _name(providers[0])
         if not got or got[0] != wanted:
             raise ProviderError(
-                f"{os.path.basename(path)}: asked for {wanted} but onnxruntime gave {got}; refusing "
-                "the silent fallback (the graph or this machine does not support that provider)")
+                f"{label}: asked for {wanted} but onnxruntime gave {got}; refusing the silent "
+                "fallback (the graph or this machine does not support that provider)")
         self.providers = got
         self._lock = threading.Lock() if traits.one_run_at_a_time else None
 

@@ -1,18 +1,46 @@
 """Shared fixtures: tiny random-weight ColQwen2 checkpoints of the real architecture, the pinned
-reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run.
+reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run;
+and the suite's one parity tolerance, one reference-rows helper and one page generator (tests
+import them: `from conftest import PARITY_TOLERANCE, reference_rows, noise_page`).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
+import numpy as np
 import pytest
+from fixtures_images import rgb as noise_page  # noqa: F401  (the one page generator: seeded noise)
+
+# Max abs difference per token between colembed's vectors and the reference model's (fp32; the
+# exporter's own check uses the same bound by default).
+PARITY_TOLERANCE = 1e-4
 
 # Offline by construction: nothing in the suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# Fixtures that run the exporter (tens of seconds each on 2 cores). Every test that needs one is
+# marked `slow`: `pytest -m "not slow"` runs the rest in a minute while iterating; the README's
+# command runs everything.
+EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants"})
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
+def reference_rows(model, batch) -> np.ndarray:
+    """The reference model's vectors for the first item of a processor batch, padding removed."""
+    import torch
+
+    with torch.no_grad():
+        out = model(**batch).embeddings[0]
+    return out[batch["attention_mask"][0] == 1].numpy()
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -68,6 +96,13 @@ def exported_tiny(tiny_checkpoint, tmp_path_factory):
     """
     return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny",
                    external_data=True)
+
+
+@pytest.fixture(scope="session")
+def exported_tiny_default(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint exported exactly as `colembed export` does by default (weights inline in
+    the graphs: no `.onnx_data`), the folder a user with a small model gets."""
+    return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny-default")
 
 
 @pytest.fixture(scope="session")

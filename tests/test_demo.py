@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from PIL import Image
 
 from colembed.cli import main
@@ -12,6 +13,7 @@ from colembed.safe_fs import is_work_folder
 from colembed_export.demo import DOCUMENTS, QUERIES, run_demo
 
 
+@pytest.mark.slow  # runs the exporter
 def test_demo_indexes_searches_and_maps(tmp_path, capsys):
     result = run_demo(tmp_path / "demo", progress=lambda message: None)
     printed = capsys.readouterr().out

@@ -8,20 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
-
-import colembed
+from conftest import PARITY_TOLERANCE
+from conftest import reference_rows as _reference_rows
 from samples import PAGES, QUERIES
 
-PARITY_TOLERANCE = 1e-4
+import colembed
+
 BATCH_TOLERANCE = 1e-5
-
-
-
-def _reference_rows(model, batch) -> np.ndarray:
-    with torch.no_grad():
-        out = model(**batch).embeddings[0]
-    return out[batch["attention_mask"][0] == 1].numpy()
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +105,10 @@ def test_lazy_iteration_over_a_generator(tiny_model):
     assert len(rest) == 4 and first.shape[1] == tiny_model.embedding_size
 
 
+@pytest.mark.slow  # runs the exporter
 def test_second_architecture_exports_and_matches(tiny_alt_checkpoint, tmp_path):
     """Nothing is hard-wired to the default fixture: other heads, sections, depths, dim 64."""
+    import torch
     from transformers import ColQwen2ForRetrieval, ColQwen2Processor
 
     from colembed_export.exporter import export_model

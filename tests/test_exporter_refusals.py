@@ -66,6 +66,7 @@ def test_unknown_source_is_refused(tmp_path):
         export_model(tmp_path / "does-not-exist", tmp_path / "out")
 
 
+@pytest.mark.slow  # runs the exporter
 def test_hub_source_goes_through_snapshot_download(tiny_checkpoint, tmp_path, monkeypatch):
     """A repo id is fetched with huggingface-hub; the boundary call is replaced by a local folder."""
     calls = {}
@@ -90,6 +91,7 @@ def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
         export_model("vidore/colqwen2-v1.0-hf", tmp_path / "out", check=False)
 
 
+@pytest.mark.slow  # runs the exporter
 def test_failed_check_writes_nothing_and_says_where(tiny_checkpoint, tmp_path):
     """A tolerance no float graph can meet: the check must fail, name the comparisons, write nothing."""
     with pytest.raises(ExportError) as caught:

@@ -19,27 +19,22 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-import torch
 from PIL import Image
 
-import colembed.fastembed_plugin  # noqa: F401  (registers "colqwen2" with FastEmbed)
+from conftest import noise_page, reference_rows
+
+from colembed.fastembed import LateInteractionMultimodalEmbedding
 from colembed.registry import get_model
-from fastembed import LateInteractionMultimodalEmbedding
 
 MODEL = "colqwen2"
 TOKENS, DIMS = 7, 7  # abridged like FastEmbed's canonical arrays
 queries = ["hello world", "flag embedding"]
 
 
-def _page(width: int, height: int, seed: int) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
-
-
 @pytest.fixture(scope="module")
 def image_path(tmp_path_factory):
     path = tmp_path_factory.mktemp("peer-images") / "image.png"
-    _page(150, 210, seed=7).save(path)
+    noise_page(150, 210, seed=7).save(path)
     return path
 
 
@@ -61,19 +56,13 @@ def fastembed_cache(exported_tiny, tmp_path_factory):
         yield cache
 
 
-def _reference_rows(model, batch) -> np.ndarray:
-    with torch.no_grad():
-        out = model(**batch).embeddings[0]
-    return out[batch["attention_mask"][0] == 1].numpy()
-
-
 @pytest.fixture(scope="module")
 def canonical(reference_model, reference_processor, image_path):
     """{"image": {model: values}, "query": {model: values}} from the reference model, rounded to
     4 decimals like FastEmbed's literals."""
-    page = _reference_rows(reference_model,
+    page = reference_rows(reference_model,
                            reference_processor.process_images([Image.open(image_path)]))
-    query = _reference_rows(reference_model, reference_processor.process_queries(queries[:1]))
+    query = reference_rows(reference_model, reference_processor.process_queries(queries[:1]))
     return {
         "image": {MODEL: np.round(page[:TOKENS, :DIMS], 4)},
         "query": {MODEL: np.round(query[:TOKENS, :DIMS], 4)},
@@ -152,7 +141,6 @@ def test_list_supported_models_fields():
     for key in ("model", "dim", "license", "size_in_GB", "model_file", "sources"):
         assert key in description and description[key], key
     assert "hf" in description["sources"] or "url" in description["sources"]
-    assert description["additional_files"]
 
 
 def test_lazy_load(images):

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import torch
-
-import colembed
+from conftest import reference_rows
 from samples import PAGES, QUERIES
 
-
-def _reference_rows(model, batch):
-    with torch.no_grad():
-        out = model(**batch).embeddings[0]
-    return out[batch["attention_mask"][0] == 1].numpy()
+import colembed
 
 
 def test_runtime_ranking_equals_reference_ranking(tiny_model, reference_model, reference_processor):
@@ -20,9 +14,9 @@ def test_runtime_ranking_equals_reference_ranking(tiny_model, reference_model, r
     queries = QUERIES[:6]
     ours_pages = tiny_model.embed_images(pages, batch_size=4)
     ours_queries = tiny_model.embed_queries(queries)
-    ref_pages = [_reference_rows(reference_model, reference_processor.process_images([p]))
+    ref_pages = [reference_rows(reference_model, reference_processor.process_images([p]))
                  for p in pages]
-    ref_queries = [_reference_rows(reference_model, reference_processor.process_queries([q]))
+    ref_queries = [reference_rows(reference_model, reference_processor.process_queries([q]))
                    for q in queries]
     ours = colembed.score(ours_queries, ours_pages)
     ref = colembed.score(ref_queries, ref_pages)

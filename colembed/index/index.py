@@ -21,13 +21,13 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from ..layout import MANIFEST_NAME
 from .ingest import AddResult, FileReport, ingest
 from .maps import SimilarityMap, explain, overlay
 from .schema import SCHEMA_VERSION, identity_mismatch
 from .sources import Document, SourceError, discover
 from .store import DEFAULT_SEARCH_MODE, ModelMismatchError, StoreError, check_mode, open_store
 
-MANIFEST_FILE = "colembed_manifest.json"
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Hit:
 
 
 def manifest_sha256(folder: str | os.PathLike) -> str:
-    return hashlib.sha256((Path(folder) / MANIFEST_FILE).read_bytes()).hexdigest()
+    return hashlib.sha256((Path(folder) / MANIFEST_NAME).read_bytes()).hexdigest()
 
 
 class Index:

@@ -1,16 +1,25 @@
-"""ColQwen2 as a FastEmbed 0.9.x late-interaction multimodal model.
+"""ColQwen2 as a FastEmbed 0.9.x late-interaction multimodal model, in one import line:
 
-    import colembed.fastembed_plugin  # registers ColQwen2 with FastEmbed
-    from fastembed import LateInteractionMultimodalEmbedding
+    from colembed.fastembed import LateInteractionMultimodalEmbedding
     model = LateInteractionMultimodalEmbedding("colqwen2")
 
-Why the import: FastEmbed 0.9 has no plugin entry points. `LateInteractionMultimodalEmbedding`
-looks a name up in a class-level list (`EMBEDDINGS_REGISTRY`), so a model from another package
-exists for it only after that package's code has appended its class, in the same process. Importing
-this module does that once (`register`): it appends `ColQwen2` after FastEmbed's own classes and
-never replaces them (if FastEmbed ever lists a "colqwen2" itself, its own model keeps the name).
-FastEmbed's `parallel=N` workers are started with spawn/forkserver; they unpickle the worker classes
-below, which imports this module again in each worker, so they need nothing else.
+`LateInteractionMultimodalEmbedding` here is FastEmbed's own class (the same object), re-exported
+after this module has registered ColQwen2 with it. Why an import at all: FastEmbed 0.9 has no
+plugin entry points. It looks a name up in a class-level list (`EMBEDDINGS_REGISTRY`), so a model
+from another package exists for it only after that package's code has appended its class, in the
+same process. Importing this module does that once (`register`): it appends `ColQwen2` after
+FastEmbed's own classes and never replaces them (if FastEmbed ever lists a "colqwen2" itself, its
+own model keeps the name).
+
+Why not on `import colembed`: importing fastembed costs 0.4-0.75 s, which every `colembed` command
+and every runtime user would pay. Why not a meta-path hook that registers when fastembed is
+imported: it would still need `import colembed` first (two lines, order-dependent), and wrapping
+another package's loader breaks under reloads, frozen apps and other import hooks. An explicit
+module is one line, works in any order, and fails loudly when fastembed is missing.
+
+FastEmbed's `parallel=N` workers are started with spawn/forkserver; each unpickles the worker
+classes below by reference, which imports this module (and so registers) in the worker, and
+rebuilds `ColQwen2` directly from the already-resolved folder: no name lookup happens there.
 
 What FastEmbed sees (its contract for multimodal late-interaction models):
 - `embed_text` / `embed_image` yield one float32 (tokens, dim) array per item, padding removed, in
@@ -25,7 +34,8 @@ What FastEmbed sees (its contract for multimodal late-interaction models):
 
 Model descriptions come from `models.json` (`colembed.registry`); the folder is found by
 `registry.resolve_model_folder` (specific path, cache, published export, else an error naming
-`colembed export`). The vectors are colembed's own (`ColQwen2Model`), bit for bit.
+`colembed export`), complete when it holds what its own manifest lists for the variant. The
+vectors are colembed's own (`ColQwen2Model`), bit for bit.
 
 Imports fastembed (which never imports torch); `import colembed` works without fastembed.
 """
@@ -58,11 +68,12 @@ except ImportError as e:
 
 from . import registry
 from .errors import InputError
+from .layout import MANIFEST_NAME, TOKENIZER_FILE, variant_files
 from .manifest import read_manifest, verify_files
 from .safe_fs import inside
+from .sessions import CUDA, available_providers
 
 SUPPORTED_FASTEMBED = ((0, 9), (0, 10))  # [lower, upper): the versions this module was tested with
-CUDA = "CUDAExecutionProvider"
 
 
 def _fastembed_version() -> tuple[int, ...]:
@@ -76,7 +87,7 @@ def _fastembed_version() -> tuple[int, ...]:
 def _describe(entry: registry.ModelEntry) -> DenseModelDescription:
     # FastEmbed requires a source. Until a colembed export is published, it names the checkpoint
     # the export is made from; FastEmbed never downloads it for us (ColQwen2 resolves its folder
-    # through colembed.registry).
+    # through colembed.registry). The model file is the manifest: it lists every other file.
     return DenseModelDescription(
         model=entry.model,
         dim=entry.dim,
@@ -84,8 +95,7 @@ def _describe(entry: registry.ModelEntry) -> DenseModelDescription:
         license=entry.license,
         size_in_GB=entry.size_in_GB,
         sources=ModelSource(hf=entry.export_repo or entry.checkpoint),
-        model_file=entry.model_file,
-        additional_files=list(entry.additional_files),
+        model_file=MANIFEST_NAME,
     )
 
 
@@ -142,7 +152,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         self._specific_model_path = specific_model_path
         self._model_dir = registry.resolve_model_folder(
             self._entry, specific_model_path=specific_model_path, cache_dir=self.cache_dir,
-            local_files_only=self._local_files_only)
+            local_files_only=self._local_files_only, variant=variant)
 
         self.providers = providers
         self.cuda = cuda
@@ -207,10 +217,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         _no_extra(kwargs)
         if isinstance(documents, str):
             documents = [documents]
-        if self._use_workers(documents, batch_size, parallel):
-            yield from self._embed_in_workers(_TextWorker, documents, batch_size, parallel)
-        else:
-            yield from self._loaded().iter_query_embeddings(documents, batch_size=batch_size)
+        yield from self._embed(_TextWorker, documents, batch_size, parallel)
 
     def embed_image(
         self,
@@ -224,10 +231,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         _no_extra(kwargs)
         if _is_single_image(images):
             images = [images]
-        if self._use_workers(images, batch_size, parallel):
-            yield from self._embed_in_workers(_ImageWorker, images, batch_size, parallel)
-        else:
-            yield from self._loaded().iter_image_embeddings(images, batch_size=batch_size)
+        yield from self._embed(_ImageWorker, images, batch_size, parallel)
 
     def token_count(
         self,
@@ -249,6 +253,17 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         return total
 
     # -------------------------------------------------------------------------------- internals
+    def _embed(self, worker: type["_Worker"], items: Any, batch_size: int,
+               parallel: int | None) -> Iterator[np.ndarray]:
+        """Here (colembed's lazy iterator) or in FastEmbed's worker processes, as FastEmbed does."""
+        if self._use_workers(items, batch_size, parallel):
+            yield from self._embed_in_workers(worker, items, batch_size, parallel)
+        else:
+            model = self._loaded()
+            serial = (model.iter_query_embeddings if worker is _TextWorker
+                      else model.iter_image_embeddings)
+            yield from serial(items, batch_size=batch_size)
+
     def _loaded(self):
         if getattr(self, "model", None) is None:
             self.load_onnx_model()
@@ -259,7 +274,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             from .preprocess.text import TextEncoder
 
             config = read_manifest(self._model_dir).preprocess
-            self._text_encoder = TextEncoder.from_file(inside(self._model_dir, "tokenizer.json"),
+            self._text_encoder = TextEncoder.from_file(inside(self._model_dir, TOKENIZER_FILE),
                                                        config)
         return self._text_encoder
 
@@ -276,11 +291,8 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         cuda = [CUDA] if self.device_id is None else [(CUDA, {"device_id": self.device_id})]
         if explicit_cuda:
             return cuda, False
-        if self.cuda == Device.AUTO:
-            import onnxruntime
-
-            if CUDA in onnxruntime.get_available_providers():
-                return cuda, True
+        if self.cuda == Device.AUTO and CUDA in available_providers():
+            return cuda, True
         return None, False
 
     @staticmethod
@@ -295,9 +307,8 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         if self._verified:
             return
         manifest = read_manifest(self._model_dir)
-        entries = [manifest.graph(self.variant, role) for role in ("vision", "text")]
-        names = [f for e in entries for f in e.files] + ["tokenizer.json"]
-        verify_files(self._model_dir, manifest, names, check_hashes=True)
+        verify_files(self._model_dir, manifest, variant_files(manifest, self.variant),
+                     check_hashes=True)
         self._verified = True
 
     def _worker_params(self) -> dict[str, Any]:
@@ -400,6 +411,8 @@ def register() -> type[ColQwen2]:
     models.append(ColQwen2)
     return ColQwen2
 
+
+__all__ = ["ColQwen2", "LateInteractionMultimodalEmbedding", "register"]
 
 if not SUPPORTED_FASTEMBED[0] <= _fastembed_version() < SUPPORTED_FASTEMBED[1]:
     warnings.warn(f"colembed's FastEmbed integration was tested with fastembed 0.9.x, not "

@@ -1,0 +1,66 @@
+"""The README's Python examples, run as written (as safetensors tests its README).
+
+Every ```python block of README.md runs, in order, in one namespace, in a folder laid out as the
+README assumes: the model exported with default options as `colqwen2-onnx` and in FastEmbed's
+cache, and two pages `page1.png` / `page2.jpg`. Then the claims the README makes about the results
+are checked: Qdrant's MAX_SIM ranking equals colembed's exact `top_k`, and the MUVERA sizes.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import noise_page
+
+import colembed
+from colembed.registry import get_model
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+
+
+@pytest.fixture
+def readme_folder(exported_tiny_default, tmp_path, monkeypatch):
+    (tmp_path / "colqwen2-onnx").symlink_to(exported_tiny_default.folder)
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / get_model("colqwen2").cache_folder_name).symlink_to(exported_tiny_default.folder)
+    noise_page(150, 210, seed=1).save(tmp_path / "page1.png")
+    noise_page(210, 150, seed=2).save(tmp_path / "page2.jpg", quality=95)
+    monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(cache))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_readme_has_the_examples_this_test_checks():
+    blocks = python_blocks()
+    assert len(blocks) == 4
+    assert "colembed.load" in blocks[0] and "QdrantClient" in blocks[2] and "Muvera" in blocks[3]
+
+
+def test_readme_python_examples_run_as_written(readme_folder):
+    namespace: dict = {}
+    for block in python_blocks():
+        exec(compile(block, str(README), "exec"), namespace)
+
+    # the runtime example: exact scores and the scorer's top pages agree
+    scores, best = namespace["scores"], namespace["best"]
+    assert scores.shape == (1, 2) and best.shape == (1, 2)
+    assert best[0].tolist() == np.argsort(-scores[0], kind="stable").tolist()
+    # the Qdrant example ranks as colembed's exact MaxSim does
+    query, page_vectors = namespace["query"], namespace["page_vectors"]
+    indices, exact = colembed.top_k([query], page_vectors, 2)
+    hits = namespace["hits"]
+    assert [hit.id for hit in hits] == indices[0].tolist()
+    assert np.allclose([hit.score for hit in hits], exact[0], atol=1e-4, rtol=0)
+    assert [hit.payload["file"] for hit in hits] == [namespace["page_files"][i]
+                                                     for i in indices[0]]
+    # MUVERA: the sizes the comment states
+    assert namespace["page_fde"].shape == (20 * 2**5 * 16,) == (10240,)
+    assert namespace["query_fde"].shape == (10240,)
