@@ -29,7 +29,7 @@ from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
-from .sessions import CPU, Session, physical_cores, resolve_providers
+from .sessions import Session, arena_shrinking_options, physical_cores, resolve_providers
 
 # Queries of a batch run in groups of similar length: a group grows while its padded size stays
 # within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
@@ -142,7 +142,7 @@ class ColQwen2Model:
                                               self._contracts[role], threads=threads,
                                               cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
-        self._run_options = _arena_shrinking_options(self.providers, cpu_mem_arena)
+        self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
         self._scorer = None
@@ -363,18 +363,6 @@ class ColQwen2Model:
                                    path=self.folder / self.manifest.graph(self.variant, "text").file)
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
-
-
-def _arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):
-    """Run options that hand the CPU arena's free chunks back after each run, so one large
-    request does not leave the process at its peak (benchmarks/results/query_memory.md)."""
-    if not cpu_mem_arena or not providers or providers[0] != CPU:
-        return None
-    import onnxruntime as ort
-
-    options = ort.RunOptions()
-    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
-    return options
 
 
 def _refuse_single(items: Any, what: str) -> None:

@@ -104,6 +104,18 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[Pr
     return resolved
 
 
+def arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):
+    """Run options that hand the CPU arena's free chunks back after each run, so one large
+    request does not leave the process at its peak (benchmarks/results/query_memory.md)."""
+    if not cpu_mem_arena or not providers or providers[0] != CPU:
+        return None
+    import onnxruntime as ort
+
+    options = ort.RunOptions()
+    options.add_run_config_entry("memory.enable_memory_arena_shrinkage", "cpu:0")
+    return options
+
+
 def _name(spec: ProviderSpec) -> str:
     return spec if isinstance(spec, str) else spec[0]
 

@@ -33,6 +33,12 @@ def readme_folder(exported_tiny_default, tmp_path, monkeypatch):
     (cache / get_model("colqwen2").cache_folder_name).symlink_to(exported_tiny_default.folder)
     noise_page(150, 210, seed=1).save(tmp_path / "page1.png")
     noise_page(210, 150, seed=2).save(tmp_path / "page2.jpg", quality=95)
+    (tmp_path / "reports").mkdir()  # the Index example's folder of PDFs and its multi-page scan
+    noise_page(170, 220, seed=3).save(tmp_path / "reports" / "old.pdf",
+                                      save_all=True, append_images=[noise_page(220, 170, seed=4)])
+    noise_page(160, 200, seed=5).save(tmp_path / "scan.tiff", save_all=True,
+                                      append_images=[noise_page(200, 160, seed=6)])
+    (tmp_path / "maps").mkdir()
     monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(cache))
     monkeypatch.chdir(tmp_path)
     return tmp_path
@@ -40,8 +46,9 @@ def readme_folder(exported_tiny_default, tmp_path, monkeypatch):
 
 def test_readme_has_the_examples_this_test_checks():
     blocks = python_blocks()
-    assert len(blocks) == 4
-    assert "colembed.load" in blocks[0] and "QdrantClient" in blocks[2] and "Muvera" in blocks[3]
+    assert len(blocks) == 5
+    assert "colembed.load" in blocks[0] and "colembed.Index" in blocks[1]
+    assert "QdrantClient" in blocks[3] and "Muvera" in blocks[4]
 
 
 def test_readme_python_examples_run_as_written(readme_folder):
@@ -53,6 +60,10 @@ def test_readme_python_examples_run_as_written(readme_folder):
     scores, best = namespace["scores"], namespace["best"]
     assert scores.shape == (1, 2) and best.shape == (1, 2)
     assert best[0].tolist() == np.argsort(-scores[0], kind="stable").tolist()
+    # the Index example: 2 PDF pages + 2 TIFF pages added, the PDF removed again, maps written
+    result, index = namespace["result"], namespace["index"]
+    assert len(result.added) == 2 and not result.failed and len(index) == 2
+    assert len(list((readme_folder / "maps").glob("*.png"))) >= 1
     # the Qdrant example ranks as colembed's exact MaxSim does
     query, page_vectors = namespace["query"], namespace["page_vectors"]
     indices, exact = colembed.top_k([query], page_vectors, 2)
