@@ -231,7 +231,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     result["peak_rss_embed_mib"] = rss_mib()["peak"]
 
     if job.get("embeddings_out"):
-        from colembed_export.variants import synthetic_retrieval_set
+        from retrieval import synthetic_retrieval_set
 
         pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
         retrieval_pages = model.embed_images(pages, batch_size=8)
@@ -424,7 +424,8 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
     """Each variant's embeddings vs colembed fp32's (and fp32 vs torch on the letter page)."""
     import numpy as np
 
-    from colembed_export.variants import cosine_figures, maxsim_scores, topk_agreement
+    from colembed_export.evaluation import cosine_figures
+    from retrieval import maxsim_scores, topk_agreement
 
     def load(name):
         path = work / f"emb-{name}.npz"
