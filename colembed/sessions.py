@@ -29,13 +29,16 @@ class ProviderTraits:
     mem_pattern: bool = True
     sequential: bool = False
     one_run_at_a_time: bool = False  # serialise `run` calls on a session
+    config: tuple[tuple[str, str], ...] = ()  # session config entries
 
 
 TRAITS: dict[str, ProviderTraits] = {
     CPU: ProviderTraits(),
     # DirectML: memory patterns off, sequential execution, one Run per session at a time
-    # (onnxruntime's DirectML documentation).
-    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True),
+    # (onnxruntime's DirectML documentation); dynamic graph fusion lets DirectML fuse graphs whose
+    # shapes change per call (tokens, patches), as ours do, instead of running node by node.
+    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True,
+                             config=(("ep.dml.enable_dynamic_graph_fusion", "1"),)),
     CUDA: ProviderTraits(),
 }
 
@@ -122,6 +125,8 @@ class Session:
         # Between the image and the text graph the host does numpy work; spinning threads would
         # steal its cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in traits.config:
+            options.add_session_config_entry(key, value)
         self.options = options
         self.session = ort.InferenceSession(path, sess_options=options, providers=providers)
         got = self.session.get_providers()
