@@ -148,3 +148,20 @@ def test_auto_picks_fp16_on_directml_unless_a_variant_is_named(folder, monkeypat
     assert model.default_variant(folder, None) == "fp32"
     monkeypatch.setattr(sessions, "available_providers", lambda: [sessions.CPU])
     assert model.default_variant(folder, "auto") == "fp32"
+
+
+def test_doctor_reports_placement_and_parity(folder, capsys):
+    """What a Windows user runs (README); here on the CPU provider, where every node must land."""
+    import json
+
+    from colembed.cli import main
+
+    assert main(["doctor", str(folder), "--providers", "cpu", "--variant", "fp16"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out[:out.rindex("}") + 1])
+    for role in ("vision", "text"):
+        placed = report["placement"][role]
+        assert placed["providers"]["CPUExecutionProvider"] > 10
+        assert placed["off_first_provider"] == {}
+    assert report["parity_vs_cpu_fp32"]["min_token_cosine"] > 0.999
+    assert "every node placed there" in out
