@@ -255,6 +255,7 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
 
 
 # ----------------------------------------------------------------------------- stress checkpoint
+@pytest.mark.slow
 def test_stress_checkpoint_carries_trained_model_traits(stress_variants):
     """Massive residual channels (100-1000x) on every token from layer 0 on, compensated by the
     norms; a vision residual stream beyond fp16's range; image features in the hundreds."""
@@ -274,6 +275,7 @@ def test_stress_checkpoint_carries_trained_model_traits(stress_variants):
     assert 100 < report["features_peak"] < 1000
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 def test_gates_met_on_the_stress_checkpoint(stress_variants, name):
     figures = stress_variants.manifest.checks[name]
@@ -281,6 +283,7 @@ def test_gates_met_on_the_stress_checkpoint(stress_variants, name):
     assert not V.GATES[name].misses(figures), figures
 
 
+@pytest.mark.slow
 def test_fp16_without_fp32_islands_fails_on_the_stress_checkpoint(stress_variants, tmp_path):
     """The stress is real: onnxruntime's plain fp16 conversion (its default op block list only)
     overflows or loses the embeddings; the fp16 variant passed its gate on the same folder."""
