@@ -236,7 +236,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     result["peak_rss_embed_mib"] = rss_mib()["peak"]
 
     if job.get("embeddings_out"):
-        from colembed_export.variants import synthetic_retrieval_set
+        from retrieval import synthetic_retrieval_set
 
         pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
         retrieval_pages = model.embed_images(pages, batch_size=8)
@@ -340,16 +340,18 @@ def _delta(before, after) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------------------- driver
-def prepare_model(args, work: Path, progress) -> tuple[Path, Path, Any]:
-    from colembed_export.tiny import PRESETS, build_checkpoint
+def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[Path, Path, Any]:
+    """Build (once) and export the benchmark checkpoint: random weights, or with `stress` the
+    stress checkpoint (trained-model activation traits, export/tiny.py) at the same widths."""
+    from colembed_export.tiny import PRESETS, build_checkpoint, build_stress_checkpoint
 
     spec = dataclasses.replace(PRESETS["qwen2-vl-2b"], vision_depth=args.vision_depth,
                                text_layers=args.text_layers)
-    tag = f"2b-v{args.vision_depth}-t{args.text_layers}"
+    tag = f"{'stress-' if stress else ''}2b-v{args.vision_depth}-t{args.text_layers}"
     ckpt = work / f"ckpt-{tag}"
     if not (ckpt / "colembed_tiny.json").is_file():
-        progress(f"building the random-weight checkpoint {tag}")
-        build_checkpoint(ckpt, spec, seed=0)
+        progress(f"building the {'stress' if stress else 'random-weight'} checkpoint {tag}")
+        (build_stress_checkpoint if stress else build_checkpoint)(ckpt, spec, seed=0)
     folder = work / f"model-{tag}"
     wanted = set(args.variants)
     have = set()
@@ -360,7 +362,7 @@ def prepare_model(args, work: Path, progress) -> tuple[Path, Path, Any]:
 
         from colembed.errors import ExportError
 
-        variants = sorted(wanted - {"fp32"})
+        variants = sorted(wanted - {"fp32", INT8_BASELINE})
         while True:
             progress(f"exporting {tag} with variants {variants}")
             start = time.perf_counter()
@@ -373,13 +375,58 @@ def prepare_model(args, work: Path, progress) -> tuple[Path, Path, Any]:
                 if not missed:
                     raise
                 progress(f"gate missed, benchmarking without {missed}: {e}")
-                GATE_MISSES.update({v: str(e) for v in missed})
+                GATE_MISSES.update({f"{v}{' (stress)' if stress else ''}": str(e) for v in missed})
                 variants = [v for v in variants if v not in missed]
                 continue
             progress(f"export took {time.perf_counter() - start:.0f} s")
             break
-        args.variants = [v for v in args.variants if v not in GATE_MISSES]
+        if not stress:
+            args.variants = [v for v in args.variants if v not in GATE_MISSES]
     return ckpt, folder, spec
+
+
+INT8_BASELINE = "int8-plain"  # the int8 recipe without outlier smoothing, for the speed comparison
+
+
+def add_int8_baseline(folder: Path, progress) -> None:
+    """Write the plain int8 recipe (per-channel dynamic, no smoothing) beside the folder's
+    variants as `int8-plain`, so one run times both recipes on the same machine state."""
+    import tempfile
+
+    from colembed.manifest import MANIFEST_NAME, describe_file
+    from colembed_export.graph_edits import finish
+    from colembed_export.recipes import quantize_int8
+    from colembed_export.variants import save_graph
+
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    if INT8_BASELINE in manifest["variants"]:
+        return
+    progress("writing the plain int8 baseline")
+    entries = {}
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        for role, fp32 in manifest["variants"]["fp32"].items():
+            model = quantize_int8(folder / fp32["file"], Path(tmp), calibration=None)
+            finish(model)
+            file, data = save_graph(model, folder, f"{role}.{INT8_BASELINE}.onnx",
+                                    external=fp32["data_file"] is not None)
+            entries[role] = {**fp32, "file": file, "data_file": data}
+            for name in (file, data):
+                if name:
+                    manifest["files"][name] = describe_file(folder / name)
+    manifest["variants"][INT8_BASELINE] = entries
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
+
+
+def gate_figures(folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """The exporter's gate figures per variant, per checkpoint (random weights, stress)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, folder in folders.items():
+        checks = json.loads((folder / "colembed_manifest.json").read_text())["checks"]
+        for name, figures in checks.items():
+            if name != "fp32" and "mean_cosine" in figures:
+                out.setdefault(name, {})[label] = {k: figures.get(k) for k in (
+                    "mean_cosine", "min_cosine", "finite", "ranking", "gate")}
+    return out
 
 
 GATE_MISSES: dict[str, str] = {}  # variant -> the exporter's message, when a gate was missed
@@ -427,7 +474,8 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
     """Each variant's embeddings vs colembed fp32's (and fp32 vs torch on the letter page)."""
     import numpy as np
 
-    from colembed_export.variants import cosine_figures, maxsim_scores, topk_agreement
+    from colembed_export.evaluation import cosine_figures
+    from retrieval import maxsim_scores, topk_agreement
 
     def load(name):
         path = work / f"emb-{name}.npz"
@@ -503,7 +551,7 @@ def markdown(results: dict[str, Any]) -> str:
                   "retrieval set with 20 queries; random weights: necessary, not sufficient)", "",
                   "| variant | mean token cosine | min token cosine | top-5 same set | "
                   "top-5 within 0.5% ties | gate |", "|---|---|---|---|---|---|"]
-        from colembed_export.variants import GATES
+        from colembed_export.recipes import GATES
 
         for name, a in acc.items():
             gate = GATES.get(name)
@@ -511,6 +559,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines.append(f"| {name} | {a['mean_cosine']:.5f} | {a['min_cosine']:.5f} | "
                          f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
                          f"| {ok} |")
+    lines += gate_markdown(results.get("gates", {}))
     opt = results.get("optimiser")
     if opt and "error" not in opt:
         lines += ["", "onnxruntime transformer optimiser on the fp32 graphs "
@@ -526,6 +575,33 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
+    """The exporter's variant gates per checkpoint: per-token cosine to fp32 over its sample pages
+    and queries, top-1 agreement on its clear-winner ranking set (colembed_export.evaluation)."""
+    if not gates:
+        return []
+    labels = sorted({label for per in gates.values() for label in per}, key=lambda l: l != "random weights")
+    lines = ["", "Variant gates as the exporter checked them (per-token cosine to fp32, mean / min; "
+             "top-1 agreement on the clear-winner ranking set)", "",
+             "| variant | " + " | ".join(f"{l}: mean / min cosine | {l}: top-1 | {l}: gate"
+                                         for l in labels) + " |",
+             "|---|" + "---|---|---|" * len(labels)]
+    for name, per in gates.items():
+        cells = []
+        for label in labels:
+            f = per.get(label)
+            if f is None:
+                cells += ["-", "-", "-"]
+                continue
+            from colembed_export.recipes import GATES
+
+            ok = "pass" if not GATES[name].misses(f) else "MISS"
+            cells += [f"{f['mean_cosine']:.5f} / {f['min_cosine']:.5f}",
+                      f"{100 * f['ranking']['top1_agreement']:.0f}% of {f['ranking']['queries']}", ok]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
@@ -537,6 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-optimiser", action="store_true", help="skip the optimiser report")
     parser.add_argument("--arena-off", action="store_true",
                         help="also run fp32 with the CPU memory arena off")
+    parser.add_argument("--stress", action="store_true",
+                        help="also export the stress checkpoint (trained-model activation traits) "
+                             "at the same widths and depth and report its gate figures")
+    parser.add_argument("--int8-baseline", action="store_true",
+                        help="also time the plain int8 recipe (no outlier smoothing) in this run")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get(
         "COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench")))
@@ -569,6 +650,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[bench {time.perf_counter() - started:6.0f}s] {message}", file=sys.stderr, flush=True)
 
     ckpt, folder, spec = prepare_model(args, work, progress)
+    gate_folders = {"random weights": folder}
+    if args.stress:
+        gate_folders["stress"] = prepare_model(args, work, progress, stress=True)[1]
+    if args.int8_baseline and "int8" in args.variants:
+        add_int8_baseline(folder, progress)
     shapes = Shapes.from_manifest(json.loads((folder / MANIFEST_NAME).read_text()))
     progress("measuring GEMM peaks")
     peaks = gemm_peaks(threads)
@@ -580,6 +666,9 @@ def main(argv: list[str] | None = None) -> int:
     for variant in args.variants:
         jobs[variant] = {"runtime": "colembed", "variant": variant, "folder": str(folder),
                          "embeddings_out": str(work / f"emb-{variant}.npz")}
+        if variant == "int8" and args.int8_baseline:
+            jobs[INT8_BASELINE] = {"runtime": "colembed", "variant": INT8_BASELINE,
+                                   "folder": str(folder)}
     if args.arena_off:
         jobs["fp32 (arena off)"] = {"runtime": "colembed", "variant": "fp32", "folder": str(folder),
                                     "cpu_mem_arena": False}
@@ -609,12 +698,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {
         "machine": info,
         "setting": {"vision_depth": args.vision_depth, "text_layers": args.text_layers,
-                    "threads": threads, "quick": args.quick, **repeats,
+                    "threads": threads, "quick": args.quick, "stress": args.stress, **repeats,
                     "model": "Qwen2-VL-2B widths, random weights", "workdir": str(work)},
         "peaks": peaks,
         "runtimes": rows,
         "accuracy": accuracy(work, [v for v in args.variants if v != "fp32"]),
         "gate_misses": GATE_MISSES,
+        "gates": gate_figures(gate_folders),
     }
     if not args.no_optimiser:
         progress("transformer optimiser report")

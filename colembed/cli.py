@@ -5,6 +5,7 @@
     colembed info DIR                    what a model folder holds
     colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
     colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
+    colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
 """
 
 from __future__ import annotations
@@ -200,6 +201,22 @@ def _add_index_commands(sub) -> None:
     search.set_defaults(func=_cmd_search)
 
 
+def _cmd_doctor(args) -> int:
+    from .doctor import run_doctor
+
+    report = run_doctor(Path(args.folder), providers=args.providers, variant=args.variant)
+    print(json.dumps(report, indent=2))
+    first = report["requested_providers"][0]
+    off = {role: r["off_first_provider"] for role, r in report["placement"].items()
+           if r["off_first_provider"]}
+    parity = report["parity_vs_cpu_fp32"]
+    print(f"variant {report['variant']} on {first}: "
+          + ("every node placed there" if not off else f"nodes elsewhere: {off}")
+          + f"; vs CPU fp32 max abs diff {parity['max_abs_diff']:.2e}, "
+          f"min token cosine {parity['min_token_cosine']:.5f}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="colembed", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +253,14 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("folder")
     info.set_defaults(func=_cmd_info)
     _add_index_commands(sub)
+
+    doctor = sub.add_parser("doctor", help="check node placement on this machine's providers and "
+                                           "parity against CPU fp32")
+    doctor.add_argument("folder")
+    doctor.add_argument("--providers", default="auto",
+                        help="auto (DirectML when available), cpu, directml, ... (default auto)")
+    doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, else fp32)")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

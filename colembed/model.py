@@ -406,7 +406,7 @@ def _collect(iterator: Iterator[np.ndarray]) -> list[np.ndarray]:
 def load(
     source: str | Path,
     *,
-    variant: str = "fp32",
+    variant: str | None = None,
     providers: Any = None,
     threads: int | None = None,
     max_image_tokens: int | None = None,
@@ -415,7 +415,8 @@ def load(
 ) -> ColQwen2Model:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
-    - `variant`: which graphs ("fp32"; quantised variants when the folder has them).
+    - `variant`: which graphs ("fp32"; quantised variants when the folder has them). Unnamed:
+      "fp16" when the session will run on DirectML and the folder has it, else "fp32".
     - `providers`: None (CPU), "auto" (DirectML when available), or onnxruntime provider names /
       (name, options) pairs; the session must really get the first one or ProviderError is raised.
     - `threads`: intra-op threads (default: physical cores).
@@ -439,6 +440,20 @@ def load(
                 f"({sorted(known)}); export one with `colembed export CHECKPOINT --out DIR`",
                 path=path)
         path = registry.resolve_model_folder(str(source))
+    if variant is None:
+        variant = default_variant(path, providers)
     return ColQwen2Model(path, variant=variant, providers=providers, threads=threads,
                          max_image_tokens=max_image_tokens, verify=verify,
                          cpu_mem_arena=cpu_mem_arena)
+
+
+def default_variant(folder: str | Path, providers: Any) -> str:
+    """fp16 when DirectML would run the graphs and the folder has fp16 (the variant built for GPUs,
+    with fp32 islands), fp32 otherwise."""
+    from .sessions import DIRECTML, resolve_providers
+
+    first = resolve_providers(providers)[0]
+    first = first if isinstance(first, str) else first[0]
+    if first == DIRECTML and "fp16" in read_manifest(Path(folder)).variants:
+        return "fp16"
+    return "fp32"

@@ -36,13 +36,16 @@ class ProviderTraits:
     mem_pattern: bool = True
     sequential: bool = False
     one_run_at_a_time: bool = False  # serialise `run` calls on a session
+    config: tuple[tuple[str, str], ...] = ()  # session config entries
 
 
 TRAITS: dict[str, ProviderTraits] = {
     CPU: ProviderTraits(),
     # DirectML: memory patterns off, sequential execution, one Run per session at a time
-    # (onnxruntime's DirectML documentation).
-    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True),
+    # (onnxruntime's DirectML documentation); dynamic graph fusion lets DirectML fuse graphs whose
+    # shapes change per call (tokens, patches), as ours do, instead of running node by node.
+    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True,
+                             config=(("ep.dml.enable_dynamic_graph_fusion", "1"),)),
     CUDA: ProviderTraits(),
 }
 
@@ -158,6 +161,8 @@ class Session:
             options.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name",
                 os.path.basename(save_optimized) + "_data")
+        for key, value in traits.config:
+            options.add_session_config_entry(key, value)
         self.options = options
         self.path = None if isinstance(source, (bytes, bytearray)) else os.fspath(source)
         label = os.path.basename(self.path) if self.path else "<in-memory graph>"

@@ -17,6 +17,7 @@ import json
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any, Callable, Sequence
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
 
@@ -162,12 +163,15 @@ def build_checkpoint(
     seed: int = 0,
     min_pixels: int = TRAINING_MIN_PIXELS,
     max_pixels: int = TRAINING_MAX_PIXELS,
+    edit: Callable[[Any], dict[str, Any]] | None = None,
 ) -> Path:
     """Write a random-weight ColQwen2 checkpoint folder (HF format) and return its path.
 
     Deterministic for a given spec and seed. The folder holds config.json, model.safetensors, the
     real Qwen tokenizer files and ColQwen2's processor configuration, exactly what
     `ColQwen2ForRetrieval.from_pretrained` and `ColQwen2Processor.from_pretrained` read.
+    `edit(model)` changes the random weights in place before saving (the stress checkpoint's
+    traits); what it returns is recorded in colembed_tiny.json.
     """
     import torch
     from transformers import ColQwen2ForRetrieval, ColQwen2Processor, Qwen2TokenizerFast
@@ -189,6 +193,7 @@ def build_checkpoint(
         for name, param in model.named_parameters():
             if param.ndim == 1:
                 param.add_(0.1 * torch.randn(param.shape, generator=generator))
+        edited = edit(model) if edit is not None else None
     model.save_pretrained(out, safe_serialization=True)
 
     tokenizer_dir = qwen_tokenizer_dir()
@@ -198,15 +203,213 @@ def build_checkpoint(
     for name in TOKENIZER_FILES:  # byte-identical tokenizer files, not a re-serialisation
         shutil.copyfile(tokenizer_dir / name, out / name)
     (out / "colembed_tiny.json").write_text(
-        json.dumps({"random_weights": True, "seed": seed, "spec": asdict(spec)}, indent=2) + "\n"
+        json.dumps({"random_weights": True, "seed": seed, "spec": asdict(spec),
+                    **({"stress": edited} if edited is not None else {})}, indent=2) + "\n"
     )
     return out
+
+
+# ------------------------------------------------------------------------------ stress checkpoint
+@dataclass(frozen=True)
+class StressTraits:
+    """Trained-model activation traits injected into random weights (`build_stress_checkpoint`).
+
+    What it imitates:
+    - "massive activations" (Sun et al. 2024, seen in LLaMA/Mistral/Qwen2): two residual-stream
+      channels `massive_ratio` times the median of the others, on every token from layer 0 on.
+      They are written by layer 0's attention: a large `v_proj` bias on one value channel (softmax
+      weights sum to one, so every token's attention output carries it) that `o_proj` routes into
+      the two channels, with opposite signs;
+    - norm weights that compensate, as trained models' do: every RMSNorm that sees those channels
+      scales them down, so after the norm they are `norm_outlier` times a typical channel (the
+      activation outliers of LLM.int8 / SmoothQuant that set a per-tensor int8 scale);
+    - a vision tower whose residual stream runs at `vision_typical` per element and accumulates a
+      constant offset on two channels (attention and MLP biases of every block) up to
+      `vision_peak` (above fp16's 65504, so an fp16 residual overflows), its LayerNorms
+      compensating the same way;
+    - image features (merger output) reaching `feature_peak`, as trained vision towers' do.
+
+    Limits: the traits are constant across tokens (trained models' massive activations sit on a
+    few tokens or vary by token); the random weights still carry no meaning; outliers inside the
+    MLP (the down-projection's input) and attention sinks are not imitated; magnitudes are set
+    relative to a probe input, not learned. Weights of the real architecture, nothing re-defined.
+    """
+
+    massive_ratio: float = 800.0
+    text_typical: float = 10.0
+    norm_outlier: float = 20.0
+    vision_typical: float = 1000.0
+    vision_peak: float = 100_000.0
+    feature_peak: float = 300.0
+    small_norm_weight: float = 0.02
+
+    def massive_channels(self, hidden: int) -> tuple[int, int]:
+        return hidden // 7, (5 * hidden) // 9
+
+
+def _inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+    import math
+
+    lm = model.vlm.model.language_model
+    cfg = lm.config
+    hidden = cfg.hidden_size
+    head_dim = hidden // cfg.num_attention_heads
+    groups = cfg.num_attention_heads // cfg.num_key_value_heads
+    channels = list(traits.massive_channels(hidden))
+    embed = lm.embed_tokens.weight
+    embed.mul_(traits.text_typical / embed[:4096].abs().median())
+    massive = traits.massive_ratio * traits.text_typical
+    attn = lm.layers[0].self_attn
+    attn.v_proj.weight[0].zero_()  # value channel 0 of kv head 0: the bias alone, on every token
+    attn.v_proj.bias[0] = massive / groups
+    for head in range(groups):  # the query heads that read kv head 0
+        column = attn.o_proj.weight[:, head * head_dim]
+        column.zero_()
+        column[channels[0]], column[channels[1]] = 1.0, -1.0
+    # RMS of a hidden state without / with the two channels (|N(0, s)| has median 0.67 s).
+    plain = traits.text_typical / 0.67
+    full = math.sqrt(plain**2 + 2 * massive**2 / hidden)
+    later = [lm.layers[0].post_attention_layernorm]
+    later += [n for layer in lm.layers[1:] for n in (layer.input_layernorm,
+                                                     layer.post_attention_layernorm)]
+    for norm, outlier in [(n, traits.norm_outlier) for n in later] + [(lm.norm, 1.0)]:
+        weight = norm.weight
+        on_massive = outlier * 0.8 * full / massive  # x 0.8: a typical |normed value|
+        weight.mul_(full / plain)  # the other channels keep their usual size after the norm
+        weight[channels] = on_massive * weight[channels].sign()
+    return {"text_massive_channels": channels, "text_massive_value": massive,
+            "text_norm_rescale": full / plain}
+
+
+def _norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
+    """Mean per-token standard deviation of each LayerNorm's input on a probe."""
+    seen: dict[int, float] = {}
+
+    def record(module: Any, args: tuple) -> None:
+        seen.setdefault(id(module), float(args[0].float().std(dim=-1).mean()))
+
+    hooks = [n.register_forward_pre_hook(record) for n in norms]
+    visual(patches, grid_thw=grid)
+    for hook in hooks:
+        hook.remove()
+    return [seen[id(n)] for n in norms]
+
+
+def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+    import math
+
+    import torch
+
+    visual = model.vlm.model.visual
+    dim = visual.config.embed_dim
+    channels = list(traits.massive_channels(dim))
+    others = [c for c in range(dim) if c not in channels]
+    grid = torch.tensor([[1, 4, 4]])
+    patches = torch.randn(16, visual.patch_embed.proj.weight[0].numel(),
+                          generator=torch.Generator().manual_seed(5))
+    typical = visual.patch_embed(patches).abs().median()
+    scale = float(traits.vision_typical / typical)  # LayerNorm is scale-invariant: same function
+    visual.patch_embed.proj.weight.mul_(scale)
+    for block in visual.blocks:
+        for linear in (block.attn.proj, block.mlp.fc2):
+            linear.weight.mul_(scale)
+            linear.bias.mul_(scale)
+    offset = traits.vision_peak / (2 * len(visual.blocks))
+    norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.ln_q]
+    sigmas = _norm_input_std(visual, patches, grid, norms)
+    for block in visual.blocks:
+        for linear in (block.attn.proj, block.mlp.fc2):
+            linear.bias[channels] += offset
+    # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by 2*O/dim and
+    # its std grows; weight and bias of the other channels undo both, the offset channels get a
+    # small weight, as a trained model's norms do for their massive channels.
+    for i, (norm, sigma) in enumerate(zip(norms, sigmas)):
+        seen = i * offset
+        if seen == 0:
+            continue
+        full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
+        weight = norm.weight[others].clone()
+        norm.bias[others] += weight * (2 * seen / dim) / sigma
+        norm.weight[others] = weight * full / sigma
+        norm.weight[channels] = traits.small_norm_weight
+    features = visual(patches, grid_thw=grid)
+    last = visual.merger.mlp[2]
+    factor = traits.feature_peak / float(features.abs().max())
+    last.weight.mul_(factor)
+    last.bias.mul_(factor)
+    return {"vision_offset_channels": channels, "vision_scale": scale,
+            "vision_offset_per_sublayer": offset, "feature_scale": factor}
+
+
+def build_stress_checkpoint(out_dir: str | Path, spec: ArchitectureSpec | str = "tiny", *,
+                            seed: int = 0, traits: StressTraits = StressTraits()) -> Path:
+    """`build_checkpoint` plus trained-model activation traits (see `StressTraits`)."""
+
+    def edit(model: Any) -> dict[str, Any]:
+        return {**asdict(traits), **_inject_text_traits(model, traits),
+                **_inject_vision_traits(model, traits)}
+
+    return build_checkpoint(out_dir, spec, seed=seed, edit=edit)
+
+
+def activation_report(checkpoint: str | Path, pages: Sequence[Any], queries: Sequence[str]
+                      ) -> dict[str, list[dict[str, float]]]:
+    """Per-layer activation magnitudes of a checkpoint on real inputs (torch, fp32).
+
+    Text: for each hidden state (embeddings, then each layer's output), the largest |value| on
+    the largest channel, the median |value| of the other channels, and their ratio. Vision: the
+    largest |value| of each block's residual output and of the image features. Evidence that
+    a stress checkpoint carries its traits.
+    """
+    import torch
+    from transformers import ColQwen2ForRetrieval, ColQwen2Processor
+
+    model = ColQwen2ForRetrieval.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    processor = ColQwen2Processor.from_pretrained(checkpoint, use_fast=False)
+    vision: list[float] = []
+    hooks = [block.register_forward_hook(lambda m, i, o: vision.append(float(o.abs().max())))
+             for block in model.vlm.model.visual.blocks]
+    text: list[list[Any]] = []  # per source, per hidden state: (tokens, hidden)
+    with torch.no_grad():
+        for batch in [processor.process_images(list(pages)), processor.process_queries(list(queries))]:
+            out = model(**batch, output_hidden_states=True, return_dict=True)
+            mask = batch["attention_mask"].bool()
+            text.append([h[mask] for h in out.hidden_states])
+        first = processor.process_images(list(pages[:1]))
+        grid = first["image_grid_thw"]
+        features = model.vlm.model.visual(first["pixel_values"][0, :int(grid[0, 1] * grid[0, 2])],
+                                          grid_thw=grid)
+    for hook in hooks:
+        hook.remove()
+    rows = {source: [_magnitudes(layer, h, len(states)) for layer, h in enumerate(states)]
+            for source, states in zip(("pages", "queries"), text)}
+    depth = len(model.vlm.model.visual.blocks)
+    blocks = [{"block": b, "peak": max(vision[b::depth])} for b in range(depth)]
+    return {"text": rows, "vision": blocks, "features_peak": float(features.abs().max())}
+
+
+def _magnitudes(layer: int, hidden: Any, count: int) -> dict[str, Any]:
+    """Peak channel vs the rest for one hidden state of shape (tokens, hidden)."""
+    import torch
+
+    h = hidden.abs()
+    peak_channel = int(h.max(dim=0).values.argmax())
+    others = torch.cat([h[:, :peak_channel], h[:, peak_channel + 1:]], dim=1).median()
+    name = ("embeddings" if layer == 0 else "final norm" if layer == count - 1
+            else f"layer {layer - 1}")
+    return {"state": name, "peak": float(h.max()), "peak_channel": peak_channel,
+            "median_other": float(others),
+            "ratio": float(h[:, peak_channel].median() / others),
+            "tokens_over_100x": float((h[:, peak_channel] > 100 * others).float().mean())}
 
 
 __all__ = [
     "ArchitectureSpec",
     "PRESETS",
+    "StressTraits",
+    "activation_report",
     "build_checkpoint",
+    "build_stress_checkpoint",
     "build_config",
     "qwen_tokenizer_dir",
 ]

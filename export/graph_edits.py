@@ -1,0 +1,237 @@
+"""Edits on variant graphs (onnx_ir models): fp16 GEMM islands, outlier smoothing, finishing.
+
+- `half_precision_gemms`: the fp16 recipe. Each MatMul / Gemm with a constant fp32 weight gets an fp16
+  copy of the weight and runs in fp16 between one Cast in (shared by the MatMuls that read the
+  same activation) and one Cast out; constant Gathers (the token-embedding table) read an fp16
+  table and Cast out. Everything else stays fp32, so no value goes fp32 -> fp16 -> fp32 between
+  two fp32 ops (`round_trip_casts` counts those; onnxruntime does not remove them).
+- `smooth_activation_outliers`: SmoothQuant's export-time smoothing for the int8 recipe.
+- `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
+  `Reshape(allowzero)` cleaner (onnx_io.clear_reshape_allowzero), before saving.
+This module imports onnx_ir and numpy; onnxruntime only for calibration.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from colembed.errors import ExportError
+
+from .onnx_io import clear_reshape_allowzero
+
+ONNX_DOMAINS = ("", "ai.onnx")
+SCOPE_KEY = "pkg.torch.onnx.name_scopes"
+SMOOTHING_BOUNDS = (1e-4, 1e4)  # never scale a channel by more than this either way
+
+
+def finish(model: Any) -> int:
+    """Sort the graph (stable, subgraphs too) and clear Reshape allowzero; returns the count."""
+    try:
+        model.graph.sort()
+    except ValueError as e:
+        raise ExportError(f"variant graph has a cycle; cannot sort it: {e}") from e
+    return clear_reshape_allowzero(model)
+
+
+def scopes(node: Any) -> list[str]:
+    """The torch module path of a node, outermost first (empty when the exporter left none)."""
+    raw = node.metadata_props.get(SCOPE_KEY)
+    if not raw:
+        return []
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return []
+    return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def _const_float(value: Any) -> np.ndarray | None:
+    """The array of a constant fp32 input (initializer), else None."""
+    import onnx_ir as ir
+
+    if value is None or value.const_value is None or value.dtype != ir.DataType.FLOAT:
+        return None
+    return value.const_value.numpy()
+
+
+def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
+    import onnx_ir as ir
+
+    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(
+        ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array, name=name))
+    graph.register_initializer(value)
+    return value
+
+
+def _cast(value: Any, to: Any, name: str) -> Any:
+    import onnx_ir as ir
+
+    node = ir.node("Cast", [value], attributes={"to": to}, name=name)
+    node.outputs[0].name = name + "_out"
+    node.outputs[0].type = ir.TensorType(to)
+    return node
+
+
+def _swap_in(graph: Any, old: Any, new_nodes: Sequence[Any]) -> None:
+    """Put `new_nodes` where `old` was; the last one's output replaces `old`'s."""
+    import onnx_ir as ir
+
+    graph.insert_after(old, new_nodes)
+    ir.convenience.replace_all_uses_with(old.outputs[0], new_nodes[-1].outputs[0])
+    for i, output in enumerate(graph.outputs):
+        if output is old.outputs[0]:
+            new_nodes[-1].outputs[0].name = output.name
+            graph.outputs[i] = new_nodes[-1].outputs[0]
+    graph.remove(old, safe=True)
+
+
+def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = ()) -> int:
+    """The fp16 recipe (module docstring). Returns how many nodes now run on fp16 weights."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    graph, f16, f32 = model.graph, ir.DataType.FLOAT16, ir.DataType.FLOAT
+    keep = tuple(keep_scopes)
+    half_weights: dict[int, Any] = {}
+    half_inputs: dict[int, Any] = {}
+    converted = 0
+    for node in list(graph):
+        weight_slot = {"MatMul": 1, "Gemm": 1, "Gather": 0}.get(node.op_type)
+        if weight_slot is None or node.domain not in ONNX_DOMAINS:
+            continue
+        weight = node.inputs[weight_slot]
+        array = _const_float(weight)
+        if array is None or any(k in s for s in scopes(node) for k in keep):
+            continue
+        if id(weight) not in half_weights:
+            half_weights[id(weight)] = _initializer(graph, f"{weight.name}_fp16",
+                                                    array.astype(np.float16))
+        inputs = list(node.inputs)
+        inputs[weight_slot] = half_weights[id(weight)]
+        if node.op_type == "Gemm" and len(inputs) > 2 and inputs[2] is not None:
+            bias = _const_float(inputs[2])
+            if bias is None:
+                continue
+            inputs[2] = _initializer(graph, f"{inputs[2].name}_fp16", bias.astype(np.float16))
+        new: list[Any] = []
+        if node.op_type in ("MatMul", "Gemm"):
+            activation = inputs[0]
+            if id(activation) not in half_inputs:
+                cast_in = _cast(activation, f16, f"{node.name}_to_fp16")
+                new.append(cast_in)
+                half_inputs[id(activation)] = cast_in.outputs[0]
+            inputs[0] = half_inputs[id(activation)]
+        half = ir.node(node.op_type, inputs, attributes=node.attributes, name=f"{node.name}_fp16")
+        half.outputs[0].name = f"{node.name}_fp16_out"
+        new += [half, _cast(half.outputs[0], f32, f"{node.name}_to_fp32")]
+        _swap_in(graph, node, new)
+        converted += 1
+    RemoveUnusedNodesPass()(model)  # drops the fp32 weights nothing reads any more
+    return converted
+
+
+def round_trip_casts(model: Any) -> list[str]:
+    """Names of Casts to fp32 whose input is a Cast to fp16 of an fp32 value (graph and subgraphs)."""
+    import onnx_ir as ir
+
+    found = []
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
+        if node.op_type != "Cast" or node.attributes.get_int("to") != ir.DataType.FLOAT:
+            continue
+        producer = node.inputs[0].producer()
+        if (producer is not None and producer.op_type == "Cast"
+                and producer.attributes.get_int("to") == ir.DataType.FLOAT16
+                and producer.inputs[0].dtype in (ir.DataType.FLOAT, None)):
+            found.append(node.name)
+    return found
+
+
+# ------------------------------------------------------------------------------- smoothing
+def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
+    """(scale node, its constant scale value, the weight-MatMuls reading its output).
+
+    A group is a norm's last scaling (Mul by a constant vector, or LayerNormalization's scale)
+    whose output is read only by MatMuls with constant weights: dividing the scale by s and
+    multiplying the weights' rows by s leaves the function unchanged.
+    """
+    groups = []
+    for node in model.graph:
+        if node.domain not in ONNX_DOMAINS or node.op_type not in ("Mul", "LayerNormalization"):
+            continue
+        if node.op_type == "Mul":
+            slots = [i for i, v in enumerate(node.inputs) if _const_float(v) is not None
+                     and _const_float(v).ndim == 1]
+            if len(slots) != 1:
+                continue
+            scale = node.inputs[slots[0]]
+        else:
+            scale = node.inputs[1]
+            if _const_float(scale) is None:
+                continue
+        users = [user for user, _ in node.outputs[0].uses()]
+        if users and all(u.op_type == "MatMul" and u.domain in ONNX_DOMAINS
+                         and u.inputs[0] is node.outputs[0] and _const_float(u.inputs[1]) is not None
+                         for u in users) and len(scale.uses()) == 1:
+            groups.append((node, scale, users))
+    return groups
+
+
+def channel_maxima(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-channel max |value| of the named intermediate tensors of the graph at `src`, by
+    onnxruntime on `feeds` (the extra outputs go to a temporary graph beside `src`)."""
+    import onnx
+    import onnxruntime as ort
+
+    proto = onnx.load(str(src), load_external_data=False)
+    del proto.graph.output[:]
+    proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
+    probe = src.with_name(f".{src.stem}.calibration.onnx")
+    onnx.save(proto, str(probe))
+    try:
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+        maxima: dict[str, np.ndarray] = {}
+        for feed in feeds:
+            for name, out in zip(names, session.run(list(names), feed)):
+                peak = np.abs(out.reshape(-1, out.shape[-1])).max(axis=0)
+                maxima[name] = peak if name not in maxima else np.maximum(maxima[name], peak)
+        return maxima
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict[str, Any]],
+                               *, alpha: float) -> int:
+    """SmoothQuant smoothing of every `_smoothable_groups` group in place; returns the count.
+
+    s_k = max|X_k|^alpha / max|W_k|^(1-alpha) over the group's weights, from `calibration` feeds
+    of the fp32 graph at `src` (the same graph as `model`).
+    """
+    import onnx_ir as ir
+
+    groups = _smoothable_groups(model)
+    if not groups:
+        return 0
+    maxima = channel_maxima(src, [node.outputs[0].name for node, _, _ in groups], calibration)
+    low, high = SMOOTHING_BOUNDS
+    for node, scale, users in groups:
+        act = np.maximum(maxima[node.outputs[0].name], 1e-5)
+        weight_peak = np.max([np.abs(_const_float(u.inputs[1])).max(axis=1) for u in users], axis=0)
+        s = np.clip(act**alpha / np.maximum(weight_peak, 1e-5) ** (1 - alpha), low, high)
+        s = s.astype(np.float32)
+        targets = [scale] + ([node.inputs[2]] if node.op_type == "LayerNormalization"
+                             and len(node.inputs) > 2 and _const_float(node.inputs[2]) is not None
+                             else [])
+        for value in targets:
+            value.const_value = ir.tensor(_const_float(value) / s, name=value.name)
+        for user in users:
+            w = user.inputs[1]
+            if len(w.uses()) > 1:
+                raise ExportError(f"{w.name}: a weight shared outside its smoothing group")
+            w.const_value = ir.tensor(_const_float(w) * s[:, None], name=w.name)
+    return len(groups)

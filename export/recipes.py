@@ -1,0 +1,200 @@
+"""What each reduced-precision variant is: the recipe per graph role and the gate against fp32.
+
+| variant | vision graph                               | text graph                                        |
+|---------|--------------------------------------------|---------------------------------------------------|
+| int8    | dynamic int8, per-channel MatMul weights   | dynamic int8, per-channel MatMul weights, after   |
+|         |                                            | SmoothQuant smoothing of activation outliers      |
+| int4    | the int8 vision graph (same file)          | MatMulNBits 4-bit weight-only, accuracy level 4,  |
+|         |                                            | block 16; token-embedding table stays fp32        |
+| fp16    | fp16 weights and weight-GEMMs, fp32 rest   | fp16 weights and weight-GEMMs, fp32 rest          |
+
+Why these choices (measured on the Qwen2-VL-2B-width benchmark model and the stress checkpoint,
+see benchmarks/README.md):
+
+- int8: onnxruntime's dynamic quantisation (`quantize_dynamic`) turns each MatMul with a constant
+  weight into DynamicQuantizeLinear + MatMulInteger, which the CPU graph optimiser fuses into
+  `DynamicQuantizeMatMul`. Activations are always uint8 there with ONE scale per tensor; signed
+  int8 weights (u8s8) run the VNNI kernels (`INT8_WEIGHT_TYPE`). Trained models carry a few
+  activation channels far above the rest (the stress checkpoint imitates them); a per-tensor
+  scale then leaves the other channels a few levels. SmoothQuant (Xiao et al. 2023) moves that
+  range into the weights at export: per input channel k, s_k = max|X_k|^a / max|W_k|^(1-a);
+  X/s is folded into the producing norm's weight, W*s into the MatMul's rows. The function is
+  unchanged in fp32, the graph and its speed too (graph_edits.smooth_activation_outliers).
+  Chosen by measurement on the stress checkpoint at Qwen2-VL-2B widths (2+2 layers; per-token
+  cosine to fp32, mean / min): plain 0.99626 / 0.99225; smoothed (alpha 0.5) 0.99654 / 0.99345;
+  the one text MatMul whose input outlier ratio exceeded 8 left fp32 0.99635 / 0.99339 (slower).
+  On the 64-wide tiny stress fixture smoothing costs a little (0.9945 / 0.986 against 0.9983 /
+  0.9965), inside the gate; at real widths it is the better of the three.
+- int4 is for the language model, where query work is memory-bound; the vision tower is
+  compute-bound, where 4 bits save nothing over int8 compute but cost accuracy, so the int4
+  variant reuses the int8 vision graph file.
+- fp16 targets DirectML: fp16 weights (half the bytes) and fp16 weight-GEMMs (the bulk of the
+  work); norms, softmax, activations, residual adds, rotary tables, attention scores and the
+  final projection + L2 normalisation stay fp32, with one Cast into and one out of each GEMM
+  group. No value rounds through fp16 between two fp32 ops (graph_edits.round_trip_casts == 0),
+  and a residual stream above 65504 (the fp16 maximum) stays finite.
+
+Gates: per-token cosine between the variant's and fp32's embeddings (mean and min over all tokens)
+and top-1 agreement on a ranking set built so that fp32 has clear winners (evaluation.py).
+This module imports nothing heavy; the recipes import onnx / onnxruntime when called.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from colembed.errors import ExportError
+
+# Signed int8 weights: u8 activations x s8 weights is the VNNI fast path on x86 (benchmarks/
+# README.md, "int8 weight type"); QUInt8 weights run the slower u8u8 kernels.
+INT8_WEIGHT_TYPE = "QInt8"
+# SmoothQuant migration strength: 0.5 splits the range evenly between activations and weights
+# (the paper's default for OPT/LLaMA-class models).
+SMOOTHING_ALPHA = 0.5
+# Block 16 with the token-embedding table left fp32: on the realistic-width 2+2-layer model the
+# mean/min per-token cosine to fp32 was 0.9814/0.920 with block 32 + 4-bit embeddings, 0.9835/0.940
+# with fp32 embeddings, 0.9855/0.944 with block 16; the gate is 0.98 mean, so take the margin.
+INT4_BLOCK_SIZE = 16
+INT4_ACCURACY_LEVEL = 4  # int8 activations in the MatMulNBits kernel (VNNI), weights 4-bit
+# Module-path fragments (torch exporter name scopes) whose weight-GEMMs stay fp32 in fp16: the
+# final projection feeds the L2 normalisation and is tiny.
+FP16_KEEP_SCOPES = ("projection",)
+
+
+@dataclass(frozen=True)
+class Gate:
+    """What a variant must reach against fp32 (min_cosine None: not gated)."""
+
+    mean_cosine: float
+    min_cosine: float | None = None
+    top1_agreement: float = 0.95
+
+    def misses(self, figures: dict[str, Any]) -> list[str]:
+        misses = []
+        if not figures["mean_cosine"] >= self.mean_cosine:
+            misses.append(f"mean cosine {figures['mean_cosine']:.5f} < {self.mean_cosine}")
+        if self.min_cosine is not None and not figures["min_cosine"] >= self.min_cosine:
+            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}")
+        ranking = figures.get("ranking")
+        if ranking is not None and not ranking["top1_agreement"] >= self.top1_agreement:
+            misses.append(f"top-1 agreement {ranking['top1_agreement']:.3f} < "
+                          f"{self.top1_agreement} on {ranking['queries']} clear-winner queries")
+        return misses
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mean_cosine": self.mean_cosine, "min_cosine": self.min_cosine,
+                "top1_agreement": self.top1_agreement}
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """Which recipe makes each role's graph, and the gate against fp32."""
+
+    name: str
+    recipes: dict[str, str]  # role -> recipe ("int8", "int4", "fp16")
+    gate: Gate
+
+
+# fp16 gate: fp16 keeps 11 significant bits, so honest rounding over a few dozen layers moves a
+# token's direction by ~1e-3 relative (cosine 1 - 1e-6 ... 1 - 1e-4). A cosine below 0.999 (mean)
+# / 0.99 (any token) means an overflow or a lost small value somewhere.
+GATES = {
+    "int8": Gate(mean_cosine=0.99, min_cosine=0.95),
+    "int4": Gate(mean_cosine=0.98),
+    "fp16": Gate(mean_cosine=0.999, min_cosine=0.99),
+}
+
+VARIANTS: dict[str, VariantSpec] = {
+    "int8": VariantSpec("int8", {"vision": "int8", "text": "int8"}, GATES["int8"]),
+    "int4": VariantSpec("int4", {"vision": "int8", "text": "int4"}, GATES["int4"]),
+    "fp16": VariantSpec("fp16", {"vision": "fp16", "text": "fp16"}, GATES["fp16"]),
+}
+
+
+def parse_variants(variants: Sequence[str] | str) -> list[str]:
+    """Normalise "int8,int4" / ["int8", "int4"] to a de-duplicated list; unknown names raise."""
+    if isinstance(variants, str):
+        variants = variants.split(",")
+    names: list[str] = []
+    for raw in variants:
+        name = raw.strip().lower()
+        if not name or name == "fp32":
+            continue
+        if name not in VARIANTS:
+            raise ExportError(f"unknown variant {raw!r}; known: {sorted(VARIANTS)} (fp32 is always "
+                              "written)")
+        if name not in names:
+            names.append(name)
+    return names
+
+
+def quiet_quantisers() -> None:
+    # matmul_nbits_quantizer logs one INFO line per node; the dynamic quantiser warns about
+    # pre-processing (symbolic shape inference), which does not apply to MatMul-only quantisation.
+    for name in ("onnxruntime.quantization.matmul_nbits_quantizer", "root"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def quantize_int8(src: Path, work: Path, *, weight_type: str = INT8_WEIGHT_TYPE,
+                  calibration: dict[str, Any] | None = None) -> Any:
+    """Dynamic int8 per output channel, after smoothing activation outliers. Returns an ir.Model.
+
+    `calibration` maps the fp32 graph's input names to sample feeds; without it no smoothing.
+    """
+    import onnx_ir as ir
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    from .graph_edits import smooth_activation_outliers
+
+    source = src
+    if calibration is not None:
+        model = ir.load(src)
+        if smooth_activation_outliers(model, src, calibration, alpha=SMOOTHING_ALPHA):
+            source = work / f"{src.stem}.smoothed-tmp.onnx"
+            ir.save(model, source, external_data=source.name + "_data", size_threshold_bytes=1024)
+        del model
+    out = work / f"{src.stem}.int8-tmp.onnx"
+    quantize_dynamic(source, out, per_channel=True, weight_type=getattr(QuantType, weight_type),
+                     op_types_to_quantize=["MatMul"], use_external_data_format=True,
+                     extra_options={"MatMulConstBOnly": True})
+    return ir.load(out)
+
+
+def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
+                  accuracy_level: int = INT4_ACCURACY_LEVEL) -> Any:
+    """4-bit weight-only MatMulNBits, asymmetric (4 inputs: A, B, scales, zero points)."""
+    import onnx
+    import onnx_ir as ir
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(src))
+    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=False,
+                                     accuracy_level=accuracy_level, op_types_to_quantize=("MatMul",),
+                                     quant_axes=(("MatMul", 0),))
+    quantizer.process()
+    return ir.from_proto(quantizer.model.model)
+
+
+def convert_fp16(src: Path) -> Any:
+    """fp16 weights and weight-GEMMs, everything else fp32 (see the module docstring)."""
+    import onnx_ir as ir
+
+    from .graph_edits import half_precision_gemms
+
+    model = ir.load(src)
+    half_precision_gemms(model, keep_scopes=FP16_KEEP_SCOPES)
+    return model
+
+
+def make_graph(recipe: str, src: Path, work: Path, calibration: dict[str, Any] | None) -> Any:
+    """The variant graph of one role as an onnx_ir Model (not yet sorted nor saved)."""
+    if recipe == "int8":
+        return quantize_int8(src, work, calibration=calibration)
+    if recipe == "int4":
+        return quantize_int4(src)
+    if recipe == "fp16":
+        return convert_fp16(src)
+    raise ExportError(f"unknown recipe {recipe!r}")
