@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from .sessions import TRAITS, ProviderTraits, _name, resolve_providers
+from .sessions import Session, _name, onnxruntime_facts, resolve_providers
 
 SAMPLE_QUERIES = ("What was the revenue in 2023?", "operating margin by region")
 
@@ -46,9 +46,9 @@ def _recorded_feeds(model: Any) -> dict[str, dict[str, np.ndarray]]:
     """The first feeds each graph of `model` gets for the sample page and queries."""
     feeds: dict[str, dict[str, np.ndarray]] = {}
     for role, session in model._sessions.items():  # the runtime's own feeds, at its session edge
-        def run(inputs, _run=session.run, _role=role):
+        def run(inputs, run_options=None, _run=session.run, _role=role):
             feeds.setdefault(_role, dict(inputs))
-            return _run(inputs)
+            return _run(inputs, run_options)
 
         session.run = run
     model.embed_images([sample_page()])
@@ -57,33 +57,24 @@ def _recorded_feeds(model: Any) -> dict[str, dict[str, np.ndarray]]:
 
 def placement(folder: Path, variant: str, providers: list[Any], feeds: dict[str, dict]) -> dict:
     """{role: {"providers": {provider: nodes}, "off_first_provider": {op: nodes}}} by profiling."""
-    import onnxruntime as ort
-
     from .manifest import read_manifest
+    from .safe_fs import inside
 
     manifest = read_manifest(folder)
-    traits = TRAITS.get(_name(providers[0]), ProviderTraits())
     report: dict[str, Any] = {}
+    first = _name(providers[0])
     with tempfile.TemporaryDirectory(prefix="colembed-doctor-") as tmp:
         for role, entry in manifest.variants[variant].items():
-            options = ort.SessionOptions()
-            options.enable_profiling = True
-            options.profile_file_prefix = str(Path(tmp) / role)
-            options.enable_mem_pattern = traits.mem_pattern
-            if traits.sequential:
-                options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-            for key, value in traits.config:
-                options.add_session_config_entry(key, value)
-            session = ort.InferenceSession(str(folder / entry.file), options, providers=providers)
-            session.run(None, feeds[role])
-            events = json.loads(Path(session.end_profiling()).read_text())
+            session = Session(inside(folder, entry.file), providers,
+                              profile_prefix=str(Path(tmp) / role))
+            session.run(feeds[role])
+            events = json.loads(Path(session.session.end_profiling()).read_text())
             nodes = {e["name"]: e["args"] for e in events
                      if e.get("cat") == "Node" and "provider" in e.get("args", {})}
             where = collections.Counter(args["provider"] for args in nodes.values())
-            first = _name(providers[0])
             off = collections.Counter(args.get("op_name", "?") for args in nodes.values()
                                       if args["provider"] != first)
-            report[role] = {"session_providers": session.get_providers(),
+            report[role] = {"session_providers": session.providers,
                             "providers": dict(where), "off_first_provider": dict(off)}
             del session
     return report
@@ -105,8 +96,6 @@ def parity(model: Any, reference: Any) -> dict[str, float]:
 
 def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | None = None) -> dict:
     """Placement and parity report for `folder` on `providers` (see the module docstring)."""
-    import onnxruntime as ort
-
     from .model import default_variant, load
 
     folder = Path(folder)
@@ -116,8 +105,7 @@ def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | No
     model = load(folder, variant=chosen, providers=providers, verify=True)
     feeds = _recorded_feeds(reference)
     return {
-        "onnxruntime": ort.__version__,
-        "available_providers": ort.get_available_providers(),
+        **onnxruntime_facts(),
         "requested_providers": [_name(p) for p in resolved],
         "variant": chosen,
         "placement": placement(folder, chosen, resolved, feeds),

@@ -52,6 +52,13 @@ TRAITS: dict[str, ProviderTraits] = {
 ProviderSpec = str | tuple[str, dict[str, Any]]
 
 
+def onnxruntime_facts() -> dict[str, Any]:
+    """The installed onnxruntime's version and providers (for reports such as `colembed doctor`)."""
+    import onnxruntime as ort
+
+    return {"onnxruntime": ort.__version__, "available_providers": ort.get_available_providers()}
+
+
 def available_providers() -> list[str]:
     import onnxruntime as ort
 
@@ -128,14 +135,16 @@ class Session:
 
     `source`: a graph file or the serialised graph (bytes). `providers`: resolved specs (see
     `resolve_providers`); None is CPU. `save_optimized`: also write the graph as onnxruntime
-    optimised it (weights beside it), for inspecting fusions.
+    optimised it (weights beside it), for inspecting fusions. `profile_prefix`: profile every
+    run (node placement per provider; `colembed doctor`), files starting with this prefix.
     """
 
     def __init__(self, source: str | os.PathLike | bytes,
                  providers: Sequence[ProviderSpec] | None = None, *,
                  threads: int | None = None, cpu_mem_arena: bool = True,
                  graph_optimization: str = "all",
-                 save_optimized: str | os.PathLike | None = None) -> None:
+                 save_optimized: str | os.PathLike | None = None,
+                 profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
 
         providers = list(providers) if providers else [CPU]
@@ -145,6 +154,9 @@ class Session:
         options.inter_op_num_threads = 1
         options.enable_cpu_mem_arena = cpu_mem_arena
         options.enable_mem_pattern = traits.mem_pattern
+        if profile_prefix is not None:
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         options.graph_optimization_level = {
             "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
             "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,

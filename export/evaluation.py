@@ -148,9 +148,9 @@ def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
     for role, session in runtime._sessions.items():
         recorded[role] = []
 
-        def run(feeds, _run=session.run, _into=recorded[role]):
+        def run(feeds, run_options=None, _run=session.run, _into=recorded[role]):
             _into.append(dict(feeds))
-            return _run(feeds)
+            return _run(feeds, run_options)
 
         session.run = run
     runtime.embed_images(sample_pages() + ranking_set(4, seed=1)[0])
