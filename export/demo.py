@@ -27,7 +27,7 @@ def run_demo(workdir: Path, *, overwrite: bool = True, progress: Callable[[str],
     progress("building a tiny RANDOM-WEIGHT ColQwen2 checkpoint (real architecture and tokenizer)")
     checkpoint = build_checkpoint(workdir / "checkpoint", "tiny", seed=0)
     report = export_model(checkpoint, workdir / "model", name="colqwen2-tiny-random",
-                          progress=progress)
+                          random_weights=True, progress=progress)
     model = colembed.load(report.folder)
     pages = sample_pages()[:2]
     queries = ["What was the revenue in 2023?", "Who signed the contract?"]

@@ -19,15 +19,12 @@ from typing import Any
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 
+from .constants import DATA_SUFFIX, EXTERNAL_DATA_THRESHOLD, OPSET
+
 log = logging.getLogger("colembed_export")
 # torch's exporter warns about every torchvision op it cannot register; torchvision is
 # deliberately absent (it breaks transformers' image processing beside this torch).
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-
-DEFAULT_OPSET = 18
-# Above this many bytes of weights a graph is written with external data. Protobuf's hard limit
-# is 2 GiB; staying well under it leaves room for the graph itself.
-EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
 def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
@@ -46,7 +43,10 @@ def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
 
 
 def clear_reshape_allowzero(model: Any) -> int:
-    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count."""
+    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count.
+
+    The one allowzero cleaner: every graph colembed writes (fp32 and variants) goes through it.
+    """
     import onnx_ir as ir
 
     cleared = 0
@@ -69,7 +69,7 @@ def export_graph(
     contract: GraphContract,
     path: Path,
     *,
-    opset: int = DEFAULT_OPSET,
+    opset: int = OPSET,
     external_data: bool | None = None,
     translations: dict | None = None,
 ) -> dict[str, Any]:
@@ -86,7 +86,7 @@ def export_graph(
     path = Path(path)
     if external_data is None:
         external_data = weight_bytes(module) > EXTERNAL_DATA_THRESHOLD
-    data_name = path.name + "_data" if external_data else None
+    data_name = path.name + DATA_SUFFIX if external_data else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -108,7 +108,7 @@ def export_graph(
             raise ExportError(f"torch could not export the {contract.role} graph: {e}") from e
     model = program.model
     cleared = clear_reshape_allowzero(model)
-    for stale in (path, path.with_name(path.name + "_data")):
+    for stale in (path, path.with_name(path.name + DATA_SUFFIX)):
         if stale.exists():
             stale.unlink()
     ir.save(model, path, external_data=data_name, size_threshold_bytes=1024 if data_name else 0)
