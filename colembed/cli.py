@@ -50,7 +50,8 @@ def _cmd_export(args) -> int:
     check = report.check.get("fp32")
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
-              f"over {check['pages']} pages and {check['queries']} queries")
+              f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
+              f"their scale, over {check['pages']} pages and {check['queries']} queries")
     for name, figures in report.check.items():
         if name != "fp32":
             print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "

@@ -14,7 +14,6 @@ a half-written model, and only a colembed export is ever replaced (`destination.
 from __future__ import annotations
 
 import datetime as _dt
-import gc
 import logging
 import os
 import shutil
@@ -24,7 +23,14 @@ from typing import Any, Callable, Sequence
 
 from colembed import safe_fs
 from colembed.contracts import GraphContract, text_contract, vision_contract
-from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest, describe_file
+from colembed.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
+    MANIFEST_NAME,
+    GraphEntry,
+    Manifest,
+    describe_file,
+)
 
 from .checkpoint import (
     CheckpointSource,
@@ -110,22 +116,27 @@ def load(folder: Path) -> tuple[Any, ModelFacts]:
                              embedding_dim=config.embedding_dim)
 
 
-def export_graphs(model, facts: ModelFacts, staging: Path, *, opset: int,
+def export_graphs(folder: Path, facts: ModelFacts, staging: Path, *, opset: int,
                   external_data: bool | None, meter: StepMeter) -> dict[str, GraphEntry]:
-    """The image and text graphs, one at a time, each written straight to disk."""
+    """The image and text graphs, one at a time, each from a fresh load, written straight to disk.
+
+    The weights are memory-mapped from the safetensors file: pages once read stay resident until
+    the whole model is freed (dropping a submodule releases nothing). A fresh load per graph keeps
+    only that graph's weights resident (benchmarks/results/export.md).
+    """
     import torch
 
     from .graphs import ONNX_TRANSLATIONS, ImageGraph, TextGraph, example_inputs
 
-    vision_args, text_args = example_inputs(model, facts.preprocess)
-    wrappers = {"vision": (ImageGraph, model.vlm.model.visual, vision_args),
-                "text": (TextGraph, model, text_args)}
     graphs: dict[str, GraphEntry] = {}
-    for role, (wrapper, module, args) in wrappers.items():
+    for role, wrapper in (("vision", ImageGraph.of_model), ("text", TextGraph)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
-            info = export_graph(wrapper(module).eval(), args, facts.contracts[role],
+            model = load_strict(folder)
+            args = example_inputs(model, facts.preprocess)[role]
+            info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
                                 staging / GRAPH_FILES[role], opset=opset,
                                 external_data=external_data, translations=ONNX_TRANSLATIONS)
+            del model
         graphs[role] = GraphEntry(file=info["file"], data_file=info["data_file"], opset=opset,
                                   contract=facts.contracts[role])
     return graphs
@@ -250,23 +261,22 @@ def export_model(
         variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
     with meter.step("resolve the checkpoint and the destination"):
         resolved = resolve(source, out_dir, revision=revision, overwrite=overwrite)
+    folder = resolved.checkpoint.folder
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
-        with meter.step("load the checkpoint (fp32, strict)"):
-            model, facts = load(resolved.checkpoint.folder)
-        reference = None
-        if check:
-            from .verify import reference_outputs
+        with meter.step("load the checkpoint and run the torch reference"):
+            model, facts = load(folder)
+            reference = None
+            if check:
+                from .verify import reference_outputs
 
-            with meter.step("run the torch reference on the sample inputs"):
-                reference = reference_outputs(model, resolved.checkpoint.folder)
-        graphs = export_graphs(model, facts, staging, opset=opset, external_data=external_data,
+                reference = reference_outputs(model, folder)
+            del model  # each step below loads what it needs: no two steps share resident weights
+        graphs = export_graphs(folder, facts, staging, opset=opset, external_data=external_data,
                                meter=meter)
-        del model
-        gc.collect()  # the torch weights go before onnxruntime loads the graphs
         with meter.step("write the scorer and copy the processor files"):
             scorer = write_scorer(staging)
-            copy_processor_files(resolved.checkpoint.folder, staging)
+            copy_processor_files(folder, staging)
         checks: dict[str, Any] = {}
         extra: dict[str, dict[str, GraphEntry]] = {}
 
@@ -288,9 +298,9 @@ def export_model(
                 checks.update(variants_step(staging, graphs, variants, write_manifest, say))
         manifest = write_manifest()
         with meter.step("commit"):
-            folder = commit(staging, resolved.out)
+            written = commit(staging, resolved.out)
     except BaseException:
         safe_fs.discard_staging(staging)
         raise
-    say(f"wrote {folder} (peak RSS {meter.peak_rss_gb:.2f} GB)")
-    return ExportReport(folder=folder, manifest=manifest, check=checks, steps=meter.as_dicts())
+    say(f"wrote {written} (peak RSS {meter.peak_rss_gb:.2f} GB)")
+    return ExportReport(folder=written, manifest=manifest, check=checks, steps=meter.as_dicts())

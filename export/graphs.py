@@ -97,6 +97,10 @@ class ImageGraph(nn.Module):
         weight = embed.proj.weight.detach().reshape(embed.embed_dim, -1).t().contiguous()
         self.register_buffer("patch_weight", weight, persistent=False)
 
+    @classmethod
+    def of_model(cls, retrieval_model: nn.Module) -> "ImageGraph":
+        return cls(retrieval_model.vlm.model.visual)
+
     @contextlib.contextmanager
     def _batched_attention(self):
         """Swap in the batched attention for one forward; the checkpoint's model stays unpatched,
@@ -147,8 +151,8 @@ class TextGraph(nn.Module):
         return proj * attention_mask.unsqueeze(-1).to(proj.dtype)
 
 
-def example_inputs(model: nn.Module, preprocess) -> tuple[tuple, tuple]:
-    """Small example tensors for tracing (shapes only matter; all axes are exported dynamic)."""
+def example_inputs(model: nn.Module, preprocess) -> dict[str, tuple]:
+    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic)."""
     vision = model.vlm.model.visual
     head_dim = vision.config.embed_dim // vision.config.num_heads
     merge = preprocess.merge_size
@@ -166,4 +170,4 @@ def example_inputs(model: nn.Module, preprocess) -> tuple[tuple, tuple]:
     index = torch.zeros(2, 7, dtype=torch.long)
     index[0, 2:5] = torch.arange(1, 4)
     text_args = (ids, mask, positions, index, torch.randn(3, hidden))
-    return vision_args, text_args
+    return {"vision": vision_args, "text": text_args}

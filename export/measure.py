@@ -3,12 +3,15 @@
 At the start of a step the kernel's peak-RSS mark is reset (`/proc/self/clear_refs`, "5"), so
 `VmHWM` at its end is that step's own peak. Where the reset is not available (not Linux, or a
 kernel refusing it) the figure is the process's peak so far (`ru_maxrss`), which is still an upper
-bound. gc runs at the end of each step so that what a step freed is gone before the next starts.
+bound. At the end of each step what it freed is handed back to the system (`release_memory`), so
+the next step starts from what is really still held.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import resource
 import sys
@@ -37,6 +40,18 @@ def _reset_peak() -> bool:
         return True
     except OSError:
         return False
+
+
+def release_memory() -> None:
+    """gc, then glibc's `malloc_trim`: freed tensors below glibc's mmap threshold (which grows to
+    32 MB) otherwise stay in the heap, counted in RSS and unavailable to other processes."""
+    gc.collect()
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+            pass
 
 
 def peak_rss_bytes() -> int:
@@ -74,7 +89,7 @@ class StepMeter:
         own_peak = _reset_peak()
         start = time.perf_counter()
         yield
-        gc.collect()
+        release_memory()
         record = StepRecord(step=name, seconds=round(time.perf_counter() - start, 2),
                             peak_rss_gb=round(peak_rss_bytes() / _GB, 3),
                             rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak)

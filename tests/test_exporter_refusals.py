@@ -132,6 +132,8 @@ def test_overwrite_replaces_an_export_of_another_model(copy_model_folder, tiny_a
     out = copy_model_folder("existing")
     report = export_model(tiny_alt_checkpoint, out, check=False, overwrite=True)
     assert report.folder == out and report.manifest.embedding_dim == 64
+    # Never guessed from the fixture's colembed_tiny.json: only an explicit random_weights=True.
+    assert report.manifest.model["random_weights"] is False
     assert is_export_folder(out)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no staging, no old copy
 
