@@ -41,12 +41,12 @@ def _progress(message: str) -> None:
 
 def _cmd_export(args) -> int:
     exporter = _import_export_package()
-    # opset and tolerance default to the exporter's own constants (not repeated here)
-    defaults = {k: v for k, v in (("opset", args.opset), ("tolerance", args.tolerance))
-                if v is not None}
+    # Options left unset take the exporter's defaults (colembed_export/constants.py).
+    given = {k: getattr(args, k) for k in ("opset", "tolerance", "feature_tolerance")
+             if getattr(args, k) is not None}
     report = exporter.export_model(
-        args.source, args.out, revision=args.revision, name=args.name, **defaults,
-        check=not args.no_check, overwrite=args.overwrite,
+        args.source, args.out, revision=args.revision, name=args.name, **given,
+        check=not args.no_check, overwrite=args.overwrite, random_weights=args.random_weights,
         external_data={"auto": None, "always": True, "never": False}[args.external_data],
         variants=tuple(v for v in (args.variant or "").split(",") if v),
         progress=_progress,
@@ -54,7 +54,8 @@ def _cmd_export(args) -> int:
     check = report.check.get("fp32")
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
-              f"over {check['pages']} pages and {check['queries']} queries")
+              f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
+              f"their scale, over {check['pages']} pages and {check['queries']} queries")
     for name, figures in report.check.items():
         if name != "fp32":
             print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "
@@ -229,12 +230,19 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--name", help="model name recorded in the manifest (default: folder name)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     export.add_argument("--tolerance", type=float,
-                        help="max abs difference per token allowed by the check (default: the "
-                             "exporter's)")
+                        help="max abs difference per token of the final embeddings allowed by the "
+                             "check (default: the exporter's)")
+    export.add_argument("--feature-tolerance", type=float,
+                        help="max abs difference of the image features relative to their largest "
+                             "value allowed by the check (default: the exporter's)")
     export.add_argument("--no-check", action="store_true",
                         help="skip the onnxruntime-vs-torch check (not recommended)")
     export.add_argument("--overwrite", action="store_true",
-                        help="replace a folder that holds a different model")
+                        help="replace a colembed export of a different model (nothing but a "
+                             "colembed export is ever replaced)")
+    export.add_argument("--random-weights", action="store_true",
+                        help="record in the manifest that the checkpoint has random weights "
+                             "(test and benchmark builds)")
     export.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
                         help="weights in a separate .onnx_data file (auto: when over 1 GiB)")
     export.add_argument("--variant", default="",

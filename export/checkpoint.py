@@ -6,16 +6,21 @@ A checkpoint that loads with a missing tensor would export cleanly and produce p
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from colembed.errors import ExportError
+from colembed.manifest import describe_file
 
-SUPPORTED_ARCHITECTURE = "colqwen2"
-SUPPORTED_BACKBONE = "qwen2_vl"
-# What a checkpoint download needs; nothing else is fetched.
-CHECKPOINT_PATTERNS = ["*.json", "*.safetensors", "*.txt", "*.jinja", "*.model"]
+from .constants import (
+    CHECKPOINT_PATTERNS,
+    REQUIRED_FILES,
+    SUPPORTED_BACKBONE,
+    SUPPORTED_MODEL_TYPE,
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ def resolve_checkpoint(source: str | Path, revision: str | None = None) -> Check
 
     try:
         folder = snapshot_download(
-            repo_id=str(source), revision=revision, allow_patterns=CHECKPOINT_PATTERNS
+            repo_id=str(source), revision=revision, allow_patterns=list(CHECKPOINT_PATTERNS)
         )
     except Exception as e:  # the hub raises many types; all mean "could not get it"
         raise ExportError(f"{source}: could not download the checkpoint ({type(e).__name__}: {e})") from e
@@ -57,13 +62,13 @@ def check_architecture(folder: Path) -> dict:
     except json.JSONDecodeError as e:
         raise ExportError(f"{config_path}: not valid JSON ({e})") from e
     model_type = config.get("model_type")
-    if model_type != SUPPORTED_ARCHITECTURE:
+    if model_type != SUPPORTED_MODEL_TYPE:
         hint = ""
-        if model_type in (None, "qwen2_vl") or "adapter_config" in str(config):
+        if model_type in (None, SUPPORTED_BACKBONE) or "adapter_config" in str(config):
             hint = (" (colpali-engine checkpoints such as vidore/colqwen2-v1.0 must first be "
                     "converted; use the transformers-format vidore/colqwen2-v1.0-hf)")
         raise ExportError(
-            f"{config_path}: model_type {model_type!r} is not {SUPPORTED_ARCHITECTURE!r}; colembed "
+            f"{config_path}: model_type {model_type!r} is not {SUPPORTED_MODEL_TYPE!r}; colembed "
             f"exports transformers ColQwen2ForRetrieval checkpoints{hint}"
         )
     backbone = (config.get("vlm_config") or {}).get("model_type")
@@ -73,6 +78,41 @@ def check_architecture(folder: Path) -> dict:
             "(ColQwen2.5 and other backbones are not supported yet)"
         )
     return config
+
+
+def check_required_files(folder: Path) -> None:
+    missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
+    if missing:
+        raise ExportError(f"{folder}: checkpoint lacks {missing} (needed by the runtime)")
+
+
+def fingerprint(folder: Path) -> str:
+    """sha256 over the checkpoint's config and weight files: identifies "the same model"."""
+    digest = hashlib.sha256()
+    for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
+        digest.update(path.name.encode())
+        digest.update(describe_file(path)["sha256"].encode())
+    return digest.hexdigest()
+
+
+def architecture_facts(config) -> dict[str, Any]:
+    """The numbers of a loaded `ColQwen2Config` the runtime needs (the manifest's `architecture`)."""
+    text, vision = config.vlm_config.text_config, config.vlm_config.vision_config
+    return {
+        "text_hidden": text.hidden_size,
+        "text_layers": text.num_hidden_layers,
+        "text_heads": text.num_attention_heads,
+        "text_kv_heads": text.num_key_value_heads,
+        "text_intermediate": text.intermediate_size,
+        "mrope_section": list(text.rope_scaling["mrope_section"]),
+        "rope_theta": text.rope_theta,
+        "vocab_size": text.vocab_size,
+        "vision_depth": vision.depth,
+        "vision_embed_dim": vision.embed_dim,
+        "vision_heads": vision.num_heads,
+        "vision_mlp_ratio": vision.mlp_ratio,
+        "embedding_dim": config.embedding_dim,
+    }
 
 
 def load_strict(folder: Path):

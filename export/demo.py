@@ -68,7 +68,7 @@ def run_demo(workdir: Path, *, progress: Callable[[str], None] = print, k: int =
     progress("building a tiny RANDOM-WEIGHT ColQwen2 checkpoint (real architecture and tokenizer)")
     checkpoint = build_checkpoint(workdir / "checkpoint", "tiny", seed=0)
     report = export_model(checkpoint, workdir / "model", name="colqwen2-tiny-random",
-                          progress=progress)
+                          random_weights=True, progress=progress)
     model = colembed.load(report.folder)
     documents = write_documents(workdir / "documents")
     progress(f"indexing {len(documents)} documents into {workdir / 'index'} (Qdrant Edge, embedded)")

@@ -1,14 +1,19 @@
 """`export_model`: a ColQwen2 checkpoint in, one verified colembed model folder out.
 
-The folder is assembled in a staging directory beside the destination and moved into place only
-after the check passes, so a failed or interrupted export never leaves a half-written model and
-never clobbers a good one.
+In steps, each a function readable and callable alone (as optimum's export-then-validate):
+resolve -> load -> reference outputs -> export graphs -> scorer -> processor files -> verify ->
+variants -> commit. `export_model` only sequences them, measures each (time, peak RSS) and frees
+what the next no longer needs: the torch model is gone before onnxruntime loads the graphs, so the
+two never hold the weights at once.
+
+The folder is assembled in a marked staging folder beside the destination and moved into place
+only after every check passes (`colembed.safe_fs`), so a failed or interrupted export never leaves
+a half-written model, and only a colembed export is ever replaced (`destination.py`).
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import logging
 import os
 import shutil
@@ -16,31 +21,42 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from colembed.contracts import text_contract, vision_contract
-from colembed.errors import ExportError
+from colembed import safe_fs
+from colembed.contracts import GraphContract, text_contract, vision_contract
 from colembed.manifest import (
+    FORMAT,
+    FORMAT_VERSION,
     MANIFEST_NAME,
     GraphEntry,
     Manifest,
     describe_file,
-    read_manifest,
 )
 
-from .checkpoint import CheckpointSource, check_architecture, load_strict, resolve_checkpoint
-from .onnx_io import DEFAULT_OPSET, export_graph
+from .checkpoint import (
+    CheckpointSource,
+    architecture_facts,
+    check_architecture,
+    check_required_files,
+    fingerprint,
+    load_strict,
+    resolve_checkpoint,
+)
+from .constants import (
+    ARCHITECTURE,
+    EMBEDDING_TOLERANCE,
+    FEATURE_TOLERANCE,
+    GRAPH_FILES,
+    OPSET,
+    OPTIONAL_FILES,
+    REQUIRED_FILES,
+    SCORER_FILE,
+    SCORER_OPSET,
+)
+from .destination import check_destination, is_export_folder
+from .measure import StepMeter
+from .onnx_io import export_graph
 
 log = logging.getLogger("colembed_export")
-
-# Files copied from the checkpoint: what the runtime's tokenizer and preprocessing read, plus the
-# configs kept for provenance. Optional ones are copied when present.
-REQUIRED_FILES = ("tokenizer.json", "config.json", "preprocessor_config.json")
-OPTIONAL_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                  "vocab.json", "merges.txt", "processor_config.json", "chat_template.jinja",
-                  "colembed_tiny.json")
-DEFAULT_TOLERANCE = 1e-4  # absolute, per token, on the final unit-norm embeddings
-# Relative to the tensor's own scale (max abs diff / max abs): image features of trained towers
-# reach the hundreds, where fp32 rounding alone exceeds any sensible absolute bound.
-DEFAULT_FEATURE_TOLERANCE = 1e-4
 
 
 @dataclass
@@ -48,39 +64,100 @@ class ExportReport:
     folder: Path
     manifest: Manifest
     check: dict[str, Any] = field(default_factory=dict)
+    steps: list[dict[str, Any]] = field(default_factory=list)  # StepRecord dicts, in order
 
 
-def _checkpoint_fingerprint(folder: Path) -> str:
-    """sha256 over the checkpoint's config and weight files: identifies "the same model"."""
-    digest = hashlib.sha256()
-    for path in sorted(folder.glob("*.safetensors")) + [folder / "config.json"]:
-        digest.update(path.name.encode())
-        digest.update(describe_file(path)["sha256"].encode())
-    return digest.hexdigest()
+@dataclass(frozen=True)
+class Resolved:
+    """A checkpoint found, checked and fingerprinted, and where its export goes."""
+
+    checkpoint: CheckpointSource
+    fingerprint: str
+    out: Path
 
 
-def _check_destination(out: Path, fingerprint: str, overwrite: bool) -> None:
-    if not out.exists() or overwrite:
-        return
-    if not out.is_dir():
-        raise ExportError(f"{out}: exists and is not a folder")
-    if not any(out.iterdir()):
-        return
-    if not (out / MANIFEST_NAME).is_file():
-        raise ExportError(
-            f"{out}: folder is not empty and is not a colembed model; choose another --out "
-            "or pass overwrite=True (--overwrite)")
-    try:
-        existing = read_manifest(out).model.checkpoint_sha256
-    except ExportError:
-        existing = None
-    except Exception:
-        existing = None
-    if existing != fingerprint:
-        raise ExportError(
-            f"{out}: already holds a different model (checkpoint fingerprint "
-            f"{str(existing)[:12]} != {fingerprint[:12]}); pass overwrite=True (--overwrite) "
-            "to replace it")
+@dataclass(frozen=True)
+class ModelFacts:
+    """What the manifest needs from the loaded model; outlives the torch model."""
+
+    preprocess: Any  # colembed PreprocessConfig
+    contracts: dict[str, GraphContract]
+    architecture: dict[str, Any]
+    embedding_dim: int
+
+
+def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None,
+            overwrite: bool) -> Resolved:
+    """Find the checkpoint, refuse what cannot be exported or written, before any heavy work."""
+    checkpoint = resolve_checkpoint(source, revision)
+    check_architecture(checkpoint.folder)
+    check_required_files(checkpoint.folder)
+    digest = fingerprint(checkpoint.folder)
+    out = check_destination(out_dir, checkpoint.folder, digest, overwrite)
+    return Resolved(checkpoint=checkpoint, fingerprint=digest, out=out)
+
+
+def load(folder: Path) -> tuple[Any, ModelFacts]:
+    """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
+    from colembed.preprocess.config import PreprocessConfig
+
+    model = load_strict(folder)
+    preprocess = PreprocessConfig.from_checkpoint(folder)
+    config = model.config
+    vision = model.vlm.model.visual.config
+    text_hidden = config.vlm_config.text_config.hidden_size
+    contracts = {
+        "vision": vision_contract(preprocess.patch_dim, vision.embed_dim // vision.num_heads,
+                                  text_hidden),
+        "text": text_contract(text_hidden, config.embedding_dim),
+    }
+    return model, ModelFacts(preprocess=preprocess, contracts=contracts,
+                             architecture=architecture_facts(config),
+                             embedding_dim=config.embedding_dim)
+
+
+def export_graphs(folder: Path, facts: ModelFacts, staging: Path, *, opset: int,
+                  external_data: bool | None, meter: StepMeter) -> dict[str, GraphEntry]:
+    """The image and text graphs, one at a time, each from a fresh load, written straight to disk.
+
+    The weights are memory-mapped from the safetensors file: pages once read stay resident until
+    the whole model is freed (dropping a submodule releases nothing). A fresh load per graph keeps
+    only that graph's weights resident (benchmarks/results/export.md).
+    """
+    import torch
+
+    from .graphs import ONNX_TRANSLATIONS, ImageGraph, TextGraph, example_inputs
+
+    graphs: dict[str, GraphEntry] = {}
+    for role, wrapper in (("vision", ImageGraph.of_model), ("text", TextGraph)):
+        with meter.step(f"export the {role} graph"), torch.no_grad():
+            model = load_strict(folder)
+            args = example_inputs(model, facts.preprocess)[role]
+            info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
+                                staging / GRAPH_FILES[role], opset=opset,
+                                external_data=external_data, translations=ONNX_TRANSLATIONS)
+            del model
+        graphs[role] = GraphEntry(file=info["file"], data_file=info["data_file"], opset=opset,
+                                  contract=facts.contracts[role])
+    return graphs
+
+
+def write_scorer(staging: Path) -> GraphEntry:
+    """The MaxSim scorer graph (torch-free builder in colembed) written beside the model graphs."""
+    from colembed import maxsim_graph
+
+    maxsim_graph.write_maxsim_graph(staging / SCORER_FILE)
+    return GraphEntry(file=SCORER_FILE, contract=maxsim_graph.MAXSIM_CONTRACT, opset=SCORER_OPSET)
+
+
+def copy_processor_files(checkpoint: Path, staging: Path) -> list[str]:
+    """The tokenizer and processor files the runtime reads (and configs kept for provenance)."""
+    copied = []
+    for name in REQUIRED_FILES + OPTIONAL_FILES:
+        if (checkpoint / name).is_file():
+            shutil.copyfile(checkpoint / name, staging / name)
+            copied.append(name)
+    return copied
 
 
 def _versions() -> dict[str, str]:
@@ -96,47 +173,56 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def _architecture(config) -> dict[str, Any]:
-    text, vision = config.vlm_config.text_config, config.vlm_config.vision_config
+def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name: str | None,
+                  random_weights: bool, variants: dict[str, dict[str, GraphEntry]],
+                  scorer: GraphEntry, checks: dict[str, Any]) -> dict[str, Any]:
+    """The manifest as plain JSON data; every file in `staging` is described."""
+    files = sorted(p.name for p in staging.iterdir() if p.is_file()
+                   and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER))
     return {
-        "text_hidden": text.hidden_size,
-        "text_layers": text.num_hidden_layers,
-        "text_heads": text.num_attention_heads,
-        "text_kv_heads": text.num_key_value_heads,
-        "text_intermediate": text.intermediate_size,
-        "mrope_section": list(text.rope_scaling["mrope_section"]),
-        "rope_theta": text.rope_theta,
-        "vocab_size": text.vocab_size,
-        "vision_depth": vision.depth,
-        "vision_embed_dim": vision.embed_dim,
-        "vision_heads": vision.num_heads,
-        "vision_mlp_ratio": vision.mlp_ratio,
-        "embedding_dim": config.embedding_dim,
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "model": {
+            "name": name or resolved.out.name,
+            "source": resolved.checkpoint.source,
+            "revision": resolved.checkpoint.revision,
+            "architecture": ARCHITECTURE,
+            "checkpoint_sha256": resolved.fingerprint,
+            "random_weights": bool(random_weights),
+        },
+        "embedding_dim": facts.embedding_dim,
+        "preprocess": facts.preprocess.to_dict(),
+        "architecture": facts.architecture,
+        "variants": {v: {role: g.to_dict() for role, g in graphs.items()}
+                     for v, graphs in variants.items()},
+        "scorer": scorer.to_dict(),
+        "files": {f: describe_file(staging / f) for f in files},
+        "checks": checks,
+        "versions": _versions(),
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _example_inputs(model, preprocess) -> tuple[tuple, tuple]:
-    """Small example tensors for tracing (shapes only matter; all axes are exported dynamic)."""
-    import torch
+def verify(staging: Path, reference, *, tolerance: float, feature_tolerance: float) -> dict:
+    """The staged folder through colembed's runtime against the torch model's kept outputs."""
+    from .verify import compare_with_reference
 
-    vision = model.vlm.model.visual
-    head_dim = vision.config.embed_dim // vision.config.num_heads
-    merge = preprocess.merge_size
-    patches = 2 * merge * 3 * merge  # a 2-image batch on a (2m x 3m) grid: no axis of size 1
-    hidden = model.config.vlm_config.text_config.hidden_size
-    vision_args = (
-        torch.randn(2, patches, preprocess.patch_dim),
-        torch.randn(patches, head_dim),
-        torch.randn(patches, head_dim),
-    )
-    ids = torch.full((2, 7), preprocess.pad_token_id, dtype=torch.long)
-    mask = torch.ones(2, 7, dtype=torch.long)
-    mask[1, 5:] = 0
-    positions = (mask.cumsum(-1) - 1).clamp(min=0).unsqueeze(0).expand(3, -1, -1).contiguous()
-    index = torch.zeros(2, 7, dtype=torch.long)
-    index[0, 2:5] = torch.arange(1, 4)
-    text_args = (ids, mask, positions, index, torch.randn(3, hidden))
-    return vision_args, text_args
+    return compare_with_reference(staging, reference, tolerance=tolerance,
+                                  feature_tolerance=feature_tolerance)
+
+
+def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
+                  write: Callable[[dict[str, dict[str, GraphEntry]]], None],
+                  progress: Callable[[str], None]) -> dict[str, Any]:
+    """Derive and gate the requested variants (export/variants.py owns how)."""
+    from .variants import write_variants
+
+    return write_variants(staging, graphs, names, write_manifest=write, progress=progress)
+
+
+def commit(staging: Path, out: Path) -> Path:
+    """Move the finished folder into place, replacing only a colembed export."""
+    return safe_fs.commit_folder(staging, out, replaceable=is_export_folder)
 
 
 def export_model(
@@ -145,13 +231,14 @@ def export_model(
     *,
     revision: str | None = None,
     name: str | None = None,
-    opset: int = DEFAULT_OPSET,
+    opset: int = OPSET,
     check: bool = True,
-    tolerance: float = DEFAULT_TOLERANCE,
-    feature_tolerance: float = DEFAULT_FEATURE_TOLERANCE,
+    tolerance: float = EMBEDDING_TOLERANCE,
+    feature_tolerance: float = FEATURE_TOLERANCE,
     overwrite: bool = False,
     external_data: bool | None = None,
     variants: Sequence[str] = (),
+    random_weights: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ExportReport:
     """Export a transformers `ColQwen2ForRetrieval` checkpoint to a colembed model folder.
@@ -161,127 +248,59 @@ def export_model(
     pages and queries and compared with the unpatched torch model; beyond `tolerance` (max abs
     difference per token of the final embeddings) or `feature_tolerance` (image features, max abs
     difference relative to their own scale) nothing is written and ExportError lists every
-    comparison with its figure.
-    `variants` (e.g. ("int8", "int4", "fp16")) are derived from the checked fp32 graphs, each
-    checked against fp32 with its own gate; the manifest records every check's figures.
+    comparison with its figure. `variants` (e.g. ("int8", "int4", "fp16")) are derived from the
+    checked fp32 graphs, each gated against fp32. `overwrite` lets an export of another model be
+    replaced; nothing but a colembed export is ever replaced. `random_weights` is recorded in the
+    manifest (test and benchmark checkpoints say so; it is never guessed).
     """
-    import torch
-
-    from colembed.preprocess.config import PreprocessConfig
-
-    say = progress or (lambda message: log.info(message))
+    say = progress or log.info
+    meter = StepMeter(say)
     if variants:
         from .variants import parse_variants
 
         variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
-    out = Path(out_dir).expanduser().resolve()
-    say(f"resolving checkpoint {source}")
-    ckpt: CheckpointSource = resolve_checkpoint(source, revision)
-    check_architecture(ckpt.folder)
-    missing = [f for f in REQUIRED_FILES if not (ckpt.folder / f).is_file()]
-    if missing:
-        raise ExportError(f"{ckpt.folder}: checkpoint lacks {missing} (needed by the runtime)")
-    fingerprint = _checkpoint_fingerprint(ckpt.folder)
-    _check_destination(out, fingerprint, overwrite)
-
-    say("loading checkpoint (fp32, strict)")
-    model = load_strict(ckpt.folder)
-    preprocess = PreprocessConfig.from_checkpoint(ckpt.folder)
-    config = model.config
-    vision_cfg = model.vlm.model.visual.config
-    text_hidden = config.vlm_config.text_config.hidden_size
-    contracts = {
-        "vision": vision_contract(preprocess.patch_dim, vision_cfg.embed_dim // vision_cfg.num_heads,
-                                  text_hidden),
-        "text": text_contract(text_hidden, config.embedding_dim),
-    }
-
-    from .graphs import ONNX_TRANSLATIONS, ImageGraph, TextGraph
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.staging-{os.getpid()}"
-    if staging.exists():
-        shutil.rmtree(staging)
-    staging.mkdir()
+    with meter.step("resolve the checkpoint and the destination"):
+        resolved = resolve(source, out_dir, revision=revision, overwrite=overwrite)
+    folder = resolved.checkpoint.folder
+    staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
-        vision_args, text_args = _example_inputs(model, preprocess)
-        graphs: dict[str, GraphEntry] = {}
-        with torch.no_grad():
-            for role, module, args in (
-                ("vision", ImageGraph(model.vlm.model.visual).eval(), vision_args),
-                ("text", TextGraph(model).eval(), text_args),
-            ):
-                say(f"exporting the {role} graph")
-                info = export_graph(module, args, contracts[role], staging / f"{role}.onnx",
-                                    opset=opset, external_data=external_data,
-                                    translations=ONNX_TRANSLATIONS)
-                graphs[role] = GraphEntry(file=info["file"], data_file=info["data_file"],
-                                          opset=opset, contract=contracts[role])
-        scorer = _write_scorer(staging)
-        for name_ in REQUIRED_FILES + OPTIONAL_FILES:
-            if (ckpt.folder / name_).is_file():
-                shutil.copyfile(ckpt.folder / name_, staging / name_)
+        with meter.step("load the checkpoint and run the torch reference"):
+            model, facts = load(folder)
+            reference = None
+            if check:
+                from .verify import reference_outputs
 
-        def manifest_with(checks: dict[str, Any]) -> Manifest:
-            files = sorted(p.name for p in staging.iterdir() if p.is_file() and p.name != MANIFEST_NAME)
-            return Manifest.from_dict({
-                "model": {
-                    "name": name or out.name,
-                    "source": ckpt.source,
-                    "revision": ckpt.revision,
-                    "architecture": "ColQwen2ForRetrieval",
-                    "checkpoint_sha256": fingerprint,
-                    "random_weights": (ckpt.folder / "colembed_tiny.json").is_file(),
-                },
-                "embedding_dim": config.embedding_dim,
-                "preprocess": preprocess.to_dict(),
-                "architecture": _architecture(config),
-                "variants": {v: {r: g.to_dict() for r, g in gs.items()}
-                             for v, gs in {"fp32": graphs, **extra_variants}.items()},
-                "scorer": scorer.to_dict() if scorer else None,
-                "files": {f: describe_file(staging / f) for f in files},
-                "checks": checks,
-                "versions": _versions(),
-                "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            })
-
-        extra_variants: dict[str, dict[str, GraphEntry]] = {}
-        manifest_with({}).write(staging)
+                reference = reference_outputs(model, folder)
+            del model  # each step below loads what it needs: no two steps share resident weights
+        graphs = export_graphs(folder, facts, staging, opset=opset, external_data=external_data,
+                               meter=meter)
+        with meter.step("write the scorer and copy the processor files"):
+            scorer = write_scorer(staging)
+            copy_processor_files(folder, staging)
         checks: dict[str, Any] = {}
-        if check:
-            from .verify import verify_export
+        extra: dict[str, dict[str, GraphEntry]] = {}
 
-            say("checking the exported graphs against the torch model")
-            checks["fp32"] = verify_export(model, ckpt.folder, staging, tolerance=tolerance,
-                                           feature_tolerance=feature_tolerance)
+        def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
+            extra.update(with_variants or {})
+            d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
+                              variants={"fp32": graphs, **extra}, scorer=scorer, checks=checks)
+            manifest = Manifest.from_dict(d)
+            manifest.write(staging)
+            return manifest
+
+        write_manifest()
+        if reference is not None:
+            with meter.step("check the graphs against the torch model"):
+                checks["fp32"] = verify(staging, reference, tolerance=tolerance,
+                                        feature_tolerance=feature_tolerance)
         if variants:
-            from .variants import write_variants
-
-            def write_manifest(with_variants: dict[str, dict[str, GraphEntry]]) -> None:
-                extra_variants.clear()
-                extra_variants.update(with_variants)
-                manifest_with(checks).write(staging)
-
-            variant_checks = write_variants(staging, graphs, variants, write_manifest=write_manifest,
-                                            progress=say)
-            checks.update(variant_checks)
-        manifest = manifest_with(checks)
-        manifest.write(staging)
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        staging.rename(out)
+            with meter.step("write and check the variants"):
+                checks.update(variants_step(staging, graphs, variants, write_manifest, say))
+        manifest = write_manifest()
+        with meter.step("commit"):
+            written = commit(staging, resolved.out)
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        safe_fs.discard_staging(staging)
         raise
-    say(f"wrote {out}")
-    return ExportReport(folder=out, manifest=manifest, check=checks)
-
-
-def _write_scorer(folder: Path) -> GraphEntry | None:
-    """The MaxSim scorer graph (torch-free builder in colembed) written beside the model graphs."""
-    from colembed import maxsim_graph
-
-    path = folder / "maxsim.onnx"
-    maxsim_graph.write_maxsim_graph(path)
-    return GraphEntry(file=path.name, contract=maxsim_graph.MAXSIM_CONTRACT,
-                      opset=maxsim_graph.MAXSIM_OPSET)
+    say(f"wrote {written} (peak RSS {meter.peak_rss_gb:.2f} GB)")
+    return ExportReport(folder=written, manifest=manifest, check=checks, steps=meter.as_dicts())

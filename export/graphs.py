@@ -97,6 +97,10 @@ class ImageGraph(nn.Module):
         weight = embed.proj.weight.detach().reshape(embed.embed_dim, -1).t().contiguous()
         self.register_buffer("patch_weight", weight, persistent=False)
 
+    @classmethod
+    def of_model(cls, retrieval_model: nn.Module) -> "ImageGraph":
+        return cls(retrieval_model.vlm.model.visual)
+
     @contextlib.contextmanager
     def _batched_attention(self):
         """Swap in the batched attention for one forward; the checkpoint's model stays unpatched,
@@ -145,3 +149,25 @@ class TextGraph(nn.Module):
         proj = self.projection(hidden)
         proj = proj / proj.norm(dim=-1, keepdim=True)
         return proj * attention_mask.unsqueeze(-1).to(proj.dtype)
+
+
+def example_inputs(model: nn.Module, preprocess) -> dict[str, tuple]:
+    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic)."""
+    vision = model.vlm.model.visual
+    head_dim = vision.config.embed_dim // vision.config.num_heads
+    merge = preprocess.merge_size
+    patches = 2 * merge * 3 * merge  # a 2-image batch on a (2m x 3m) grid: no axis of size 1
+    hidden = model.config.vlm_config.text_config.hidden_size
+    vision_args = (
+        torch.randn(2, patches, preprocess.patch_dim),
+        torch.randn(patches, head_dim),
+        torch.randn(patches, head_dim),
+    )
+    ids = torch.full((2, 7), preprocess.pad_token_id, dtype=torch.long)
+    mask = torch.ones(2, 7, dtype=torch.long)
+    mask[1, 5:] = 0
+    positions = (mask.cumsum(-1) - 1).clamp(min=0).unsqueeze(0).expand(3, -1, -1).contiguous()
+    index = torch.zeros(2, 7, dtype=torch.long)
+    index[0, 2:5] = torch.arange(1, 4)
+    text_args = (ids, mask, positions, index, torch.randn(3, hidden))
+    return {"vision": vision_args, "text": text_args}

@@ -19,15 +19,12 @@ from typing import Any
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 
+from .constants import DATA_SUFFIX, EXTERNAL_DATA_THRESHOLD, OPSET
+
 log = logging.getLogger("colembed_export")
 # torch's exporter warns about every torchvision op it cannot register; torchvision is
 # deliberately absent (it breaks transformers' image processing beside this torch).
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-
-DEFAULT_OPSET = 18
-# Above this many bytes of weights a graph is written with external data. Protobuf's hard limit
-# is 2 GiB; staying well under it leaves room for the graph itself.
-EXTERNAL_DATA_THRESHOLD = 1 << 30
 
 
 def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
@@ -46,7 +43,10 @@ def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
 
 
 def clear_reshape_allowzero(model: Any) -> int:
-    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count."""
+    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count.
+
+    The one allowzero cleaner: every graph colembed writes (fp32 and variants) goes through it.
+    """
     import onnx_ir as ir
 
     cleared = 0
@@ -59,38 +59,40 @@ def clear_reshape_allowzero(model: Any) -> int:
     return cleared
 
 
+def release_weights(model: Any) -> None:
+    """Drop an onnx_ir model's references to its weights once it is saved.
+
+    onnxscript's module-level rewrite rules keep their matcher state, which points into the last
+    graph they matched: the exported graph (and through it every torch weight it wraps) outlived
+    the export, holding the memory-mapped checkpoint resident while onnxruntime loaded the graphs
+    (measured: the text weights stayed resident through the check).
+    """
+    import onnx_ir as ir
+
+    graph = model.graph
+    values = [*graph.initializers.values(), *graph.inputs, *graph.outputs]
+    # Inputs removed by the optimiser (the weights the exporter first lifts as inputs) stay keys
+    # of the input list's reference counter.
+    values.extend(getattr(graph.inputs, "_ref_counter", {}).keys())
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        values.extend(v for v in (*node.inputs, *node.outputs) if v is not None)
+    for value in values:
+        value.const_value = None
+
+
 def weight_bytes(module: Any) -> int:
     return sum(p.numel() * p.element_size() for p in module.state_dict().values())
 
 
-def export_graph(
-    module: Any,
-    example_inputs: tuple,
-    contract: GraphContract,
-    path: Path,
-    *,
-    opset: int = DEFAULT_OPSET,
-    external_data: bool | None = None,
-    translations: dict | None = None,
-) -> dict[str, Any]:
-    """Export `module` to `path` per `contract`; returns what the manifest records about it.
-
-    `external_data=None` decides by size; `translations` maps custom torch ops to ONNX functions.
-    Raises ExportError with the exporter's message when
-    torch cannot export the module.
-    """
-    import onnx
-    import onnx_ir as ir
+def _dynamo_export(module: Any, example_inputs: tuple, contract: GraphContract, opset: int,
+                   translations: dict | None) -> Any:
+    """torch.onnx.export (dynamo, optimised) with the contract's names and dynamic axes."""
     import torch
 
-    path = Path(path)
-    if external_data is None:
-        external_data = weight_bytes(module) > EXTERNAL_DATA_THRESHOLD
-    data_name = path.name + "_data" if external_data else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
-            program = torch.onnx.export(
+            return torch.onnx.export(
                 module,
                 example_inputs,
                 input_names=[s.name for s in contract.inputs],
@@ -106,12 +108,40 @@ def export_graph(
             )
         except Exception as e:  # torch.export raises a zoo of types; all mean the same here
             raise ExportError(f"torch could not export the {contract.role} graph: {e}") from e
+
+
+def export_graph(
+    module: Any,
+    example_inputs: tuple,
+    contract: GraphContract,
+    path: Path,
+    *,
+    opset: int = OPSET,
+    external_data: bool | None = None,
+    translations: dict | None = None,
+) -> dict[str, Any]:
+    """Export `module` to `path` per `contract`; returns what the manifest records about it.
+
+    `external_data=None` decides by size; `translations` maps custom torch ops to ONNX functions.
+    The weights go straight from the torch tensors to disk; the in-memory graph is released before
+    returning. Raises ExportError with the exporter's message when torch cannot export the module.
+    """
+    import onnx
+    import onnx_ir as ir
+
+    path = Path(path)
+    if external_data is None:
+        external_data = weight_bytes(module) > EXTERNAL_DATA_THRESHOLD
+    data_name = path.name + DATA_SUFFIX if external_data else None
+    program = _dynamo_export(module, example_inputs, contract, opset, translations)
     model = program.model
     cleared = clear_reshape_allowzero(model)
-    for stale in (path, path.with_name(path.name + "_data")):
+    for stale in (path, path.with_name(path.name + DATA_SUFFIX)):
         if stale.exists():
             stale.unlink()
     ir.save(model, path, external_data=data_name, size_threshold_bytes=1024 if data_name else 0)
+    release_weights(model)
+    del program, model
     try:
         onnx.checker.check_model(os.fspath(path), full_check=False)
     except onnx.checker.ValidationError as e:

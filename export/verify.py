@@ -68,7 +68,8 @@ class Comparison:
 
     def describe(self) -> str:
         what = "max abs diff" if self.kind == "absolute" else "max abs diff / max abs"
-        return f"{'ok  ' if self.ok else 'FAIL'} {self.label}: {what} {self.figure:.3e} (bound {self.bound:.0e})"
+        verdict = "ok  " if self.ok else "FAIL"
+        return f"{verdict} {self.label}: {what} {self.figure:.3e} (bound {self.bound:.0e})"
 
 
 def max_abs_diff(got: np.ndarray, want: np.ndarray) -> float:

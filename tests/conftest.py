@@ -84,7 +84,7 @@ def reference_model(tiny_checkpoint):
 def _export(checkpoint, out, **kwargs):
     from colembed_export.exporter import export_model
 
-    return export_model(checkpoint, out, **kwargs)
+    return export_model(checkpoint, out, random_weights=True, **kwargs)
 
 
 @pytest.fixture(scope="session")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
 from colembed.errors import ExportError
+from colembed_export.destination import is_export_folder
 from colembed_export.exporter import export_model
 
 
@@ -52,13 +54,100 @@ def test_folder_with_a_different_model_is_refused(exported_tiny, tiny_alt_checkp
     assert sorted(p.name for p in out.iterdir()) == before  # untouched
 
 
-def test_non_model_folder_is_refused(tiny_checkpoint, tmp_path):
+def _snapshot(folder):
+    """Every file under `folder` with its bytes: what a refused export must leave unchanged."""
+    return {p.relative_to(folder): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_user_folder_is_refused_even_with_overwrite(tiny_checkpoint, tmp_path, overwrite):
     out = tmp_path / "notes"
     out.mkdir()
     (out / "thesis.txt").write_text("precious")
-    with pytest.raises(ExportError, match="not a colembed model"):
-        export_model(tiny_checkpoint, out, check=False)
+    with pytest.raises(ExportError, match="not a colembed model folder.*thesis.txt"):
+        export_model(tiny_checkpoint, out, check=False, overwrite=overwrite)
     assert (out / "thesis.txt").read_text() == "precious"
+    assert [p.name for p in tmp_path.iterdir()] == ["notes"]  # no staging left behind
+
+
+@pytest.mark.parametrize("where, reason", [
+    (lambda ckpt: ckpt, "is the source checkpoint"),
+    (lambda ckpt: ckpt / "export", "inside the source checkpoint"),
+    (lambda ckpt: ckpt.parent, "contains the source checkpoint"),
+])
+def test_source_checkpoint_is_never_a_destination(checkpoint_copy, where, reason):
+    before = _snapshot(checkpoint_copy.parent)
+    with pytest.raises(ExportError, match=reason):
+        export_model(checkpoint_copy, where(checkpoint_copy), check=False, overwrite=True)
+    assert _snapshot(checkpoint_copy.parent) == before
+
+
+@pytest.mark.parametrize("folder", ["cwd", "home"])
+def test_working_and_home_folders_are_refused(tiny_checkpoint, tmp_path, monkeypatch, folder):
+    user = tmp_path / folder
+    user.mkdir()
+    (user / "todo.txt").write_text("mine")
+    monkeypatch.chdir(user) if folder == "cwd" else monkeypatch.setenv("HOME", str(user))
+    target = "." if folder == "cwd" else "~"
+    with pytest.raises(ExportError, match="root, home or working folder"):
+        export_model(tiny_checkpoint, target, check=False, overwrite=True)
+    assert _snapshot(user) == {Path("todo.txt"): b"mine"}
+
+
+def test_export_with_a_foreign_file_is_refused(copy_model_folder, tiny_alt_checkpoint):
+    out = copy_model_folder("existing")
+    (out / "my-notes.md").write_text("added by the user")
+    before = _snapshot(out)
+    with pytest.raises(ExportError, match="my-notes.md"):
+        export_model(tiny_alt_checkpoint, out, check=False, overwrite=True)
+    assert _snapshot(out) == before
+
+
+def test_file_and_link_destinations_are_refused(copy_model_folder, tiny_checkpoint, tmp_path):
+    existing = copy_model_folder("existing")
+    link = tmp_path / "link"
+    link.symlink_to(existing, target_is_directory=True)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("a file")
+    for out in (link, plain):
+        with pytest.raises(ExportError, match="not a folder"):
+            export_model(tiny_checkpoint, out, check=False, overwrite=True)
+    assert link.is_symlink() and plain.read_text() == "a file"
+
+
+def test_is_export_folder(copy_model_folder, tmp_path):
+    export = copy_model_folder("export")
+    assert is_export_folder(export)
+    (export / "vision.onnx_data").unlink()  # a listed file missing: still only colembed's files
+    assert is_export_folder(export)
+    (export / "extra").mkdir()
+    assert not is_export_folder(export)
+    (tmp_path / "empty").mkdir()
+    assert not is_export_folder(tmp_path / "empty")
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_an_export_of_another_model(copy_model_folder, tiny_alt_checkpoint,
+                                                       tmp_path):
+    out = copy_model_folder("existing")
+    report = export_model(tiny_alt_checkpoint, out, check=False, overwrite=True)
+    assert report.folder == out and report.manifest.embedding_dim == 64
+    # Never guessed from the fixture's colembed_tiny.json: only an explicit random_weights=True.
+    assert report.manifest.model.random_weights is False
+    assert is_export_folder(out)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no staging, no old copy
+
+
+def test_cli_refuses_overwrite_of_a_user_folder(tiny_checkpoint, tmp_path, capsys):
+    from colembed.cli import main
+
+    out = tmp_path / "photos"
+    out.mkdir()
+    (out / "cat.jpg").write_bytes(b"\xff\xd8 not really")
+    assert main(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite",
+                 "--no-check"]) == 2
+    assert "not a colembed model folder" in capsys.readouterr().err
+    assert (out / "cat.jpg").read_bytes() == b"\xff\xd8 not really"
 
 
 def test_unknown_source_is_refused(tmp_path):

@@ -263,7 +263,7 @@ def test_stress_checkpoint_carries_trained_model_traits(stress_variants):
     from colembed_export.tiny import activation_report
     from colembed_export.verify import SAMPLE_QUERIES, sample_pages
 
-    source = stress_variants.manifest.model["source"]
+    source = stress_variants.manifest.model.source
     report = activation_report(source, sample_pages(), list(SAMPLE_QUERIES))
     for rows in report["text"].values():
         embeddings, *layers, final = rows

@@ -1,0 +1,104 @@
+"""Time and peak memory per export step, read from /proc (Linux) without extra dependencies.
+
+At the start of a step the kernel's peak-RSS mark is reset (`/proc/self/clear_refs`, "5"), so
+`VmHWM` at its end is that step's own peak. Where the reset is not available (not Linux, or a
+kernel refusing it) the figure is the process's peak so far (`ru_maxrss`), which is still an upper
+bound. At the end of each step what it freed is handed back to the system (`release_memory`), so
+the next step starts from what is really still held.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import gc
+import resource
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator
+
+_GB = 1e9
+
+
+def _status_bytes(key: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def release_memory() -> None:
+    """gc, then glibc's `malloc_trim`: freed tensors below glibc's mmap threshold (which grows to
+    32 MB) otherwise stay in the heap, counted in RSS and unavailable to other processes."""
+    gc.collect()
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    if name:
+        try:
+            ctypes.CDLL(name).malloc_trim(0)
+        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+            pass
+
+
+def peak_rss_bytes() -> int:
+    """The peak RSS since the last reset (or since the process started)."""
+    hwm = _status_bytes("VmHWM")
+    if hwm is not None:
+        return hwm
+    scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB elsewhere
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+def rss_bytes() -> int:
+    return _status_bytes("VmRSS") or peak_rss_bytes()
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    step: str
+    seconds: float
+    peak_rss_gb: float  # this step's own peak when `per_step_peak`, else the process's so far
+    rss_after_gb: float
+    per_step_peak: bool
+
+
+@dataclass
+class StepMeter:
+    """`with meter.step("load"):` records the step and reports it through `progress`."""
+
+    progress: Callable[[str], None]
+    records: list[StepRecord] = field(default_factory=list)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        self.progress(name)
+        own_peak = _reset_peak()
+        start = time.perf_counter()
+        yield
+        release_memory()
+        record = StepRecord(step=name, seconds=round(time.perf_counter() - start, 2),
+                            peak_rss_gb=round(peak_rss_bytes() / _GB, 3),
+                            rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak)
+        self.records.append(record)
+        self.progress(f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB")
+
+    def as_dicts(self) -> list[dict]:
+        return [asdict(r) for r in self.records]
+
+    @property
+    def peak_rss_gb(self) -> float:
+        return max((r.peak_rss_gb for r in self.records), default=0.0)

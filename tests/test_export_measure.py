@@ -1,0 +1,27 @@
+"""The exporter's per-step memory figures: each step's own peak, not the process's so far."""
+
+from __future__ import annotations
+
+import sys
+
+import numpy as np
+import pytest
+
+from colembed_export.measure import StepMeter
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-step peaks read /proc")
+def test_each_step_reports_its_own_peak():
+    messages: list[str] = []
+    meter = StepMeter(messages.append)
+    with meter.step("allocate"):
+        block = np.ones(300_000_000 // 8)  # 300 MB, touched
+        del block
+    with meter.step("idle"):
+        pass
+    allocate, idle = meter.records
+    assert idle.per_step_peak  # the kernel accepted the reset
+    assert allocate.peak_rss_gb - idle.peak_rss_gb > 0.25
+    assert idle.rss_after_gb < allocate.peak_rss_gb - 0.25  # freed memory went back
+    assert meter.peak_rss_gb == allocate.peak_rss_gb
+    assert messages[0] == "allocate" and messages[1].startswith("allocate: ")
