@@ -24,7 +24,7 @@ def _described(folder: Path) -> set[str] | None:
         listed = read_manifest(folder).files
     except (ColembedError, OSError):
         return None
-    return set(listed) if isinstance(listed, dict) else set()
+    return set(listed)
 
 
 def foreign_entries(path: str | os.PathLike) -> list[str]:
