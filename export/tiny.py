@@ -12,6 +12,8 @@ shapes and their agreement with the reference are.
 
 from __future__ import annotations
 
+import functools
+
 import importlib.util
 import json
 import shutil
@@ -174,8 +176,7 @@ def build_checkpoint(
     traits); what it returns is recorded in colembed_tiny.json.
     """
     import torch
-    from transformers import ColQwen2ForRetrieval, ColQwen2Processor, Qwen2TokenizerFast
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+    from transformers import ColQwen2ForRetrieval
 
     if isinstance(spec, str):
         if spec not in PRESETS:
@@ -186,27 +187,49 @@ def build_checkpoint(
 
     torch.manual_seed(seed)
     model = ColQwen2ForRetrieval(build_config(spec)).to(torch.float32).eval()
-    # Random init leaves norms at exactly 1 and biases at 0; perturb them so that a graph that
-    # dropped a norm weight or a bias would show up in parity tests.
+    perturb_vectors(model, seed)
     with torch.no_grad():
-        generator = torch.Generator().manual_seed(seed + 1)
-        for name, param in model.named_parameters():
-            if param.ndim == 1:
-                param.add_(0.1 * torch.randn(param.shape, generator=generator))
         edited = edit(model) if edit is not None else None
     model.save_pretrained(out, safe_serialization=True)
-
-    tokenizer_dir = qwen_tokenizer_dir()
-    tokenizer = Qwen2TokenizerFast.from_pretrained(tokenizer_dir)
-    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer).save_pretrained(out)
-    for name in TOKENIZER_FILES:  # byte-identical tokenizer files, not a re-serialisation
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     (out / "colembed_tiny.json").write_text(
         json.dumps({"random_weights": True, "seed": seed, "spec": asdict(spec),
                     **({"stress": edited} if edited is not None else {})}, indent=2) + "\n"
     )
     return out
+
+
+def perturb_vectors(model: Any, seed: int) -> None:
+    """Random init leaves norms at exactly 1 and biases at 0; perturb every 1-D parameter so that a
+    graph that dropped a norm weight or a bias would show up in parity tests."""
+    import torch
+
+    with torch.no_grad():
+        generator = torch.Generator().manual_seed(seed + 1)
+        for param in model.parameters():
+            if param.ndim == 1:
+                param.add_(0.1 * torch.randn(param.shape, generator=generator))
+
+
+def save_processor(out: Path, *, min_pixels: int, max_pixels: int) -> None:
+    """ColQwen2Processor's files (what colpali-engine's processor reads too) and the real Qwen
+    tokenizer files, byte-identical (not a re-serialisation)."""
+    _processor(min_pixels, max_pixels).save_pretrained(out)
+    tokenizer_dir = qwen_tokenizer_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+
+
+@functools.lru_cache(maxsize=4)
+def _processor(min_pixels: int, max_pixels: int):
+    """One processor per pixel bounds and process: loading the real tokenizer is the slow part of
+    a tiny build. Only ever saved, never changed."""
+    from transformers import ColQwen2Processor, Qwen2TokenizerFast
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    tokenizer = Qwen2TokenizerFast.from_pretrained(qwen_tokenizer_dir())
+    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
+    return ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 # ------------------------------------------------------------------------------ stress checkpoint

@@ -21,7 +21,6 @@ anything.
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -29,12 +28,12 @@ from pathlib import Path
 
 from .checkpoint_qwen2_5 import COLPALI_TO_TRANSFORMERS
 from .tiny import (
-    TOKENIZER_FILES,
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,
     build_config,
-    qwen_tokenizer_dir,
+    perturb_vectors,
+    save_processor,
 )
 
 TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
@@ -153,11 +152,7 @@ def build_model(spec: Qwen2_5Spec | str = "tiny-2.5", *, seed: int = 0):
     torch.manual_seed(seed)
     config = ColQwen2Config(vlm_config=build_vlm_config(spec), embedding_dim=spec.embedding_dim)
     model = ColQwen2ForRetrieval(config).to(torch.float32).eval()
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(seed + 1)
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.1 * torch.randn(param.shape, generator=generator))
+    perturb_vectors(model, seed)
     return model
 
 
@@ -180,7 +175,7 @@ def build_checkpoint_2_5(
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(spec, seed=seed)
     model.save_pretrained(out, safe_serialization=True)
-    _save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
+    save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     (out / TINY_INFO).write_text(
         json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec)},
                    indent=2) + "\n"
@@ -223,26 +218,6 @@ def _save_colpali_layout(state_dict: dict, vlm_config: dict, out: Path) -> None:
     config = {**vlm_config, "architectures": ["ColQwen2_5"], "torch_dtype": "float32"}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(colpali_state_dict(state_dict), str(out / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _save_processor(out: Path, *, min_pixels: int, max_pixels: int) -> None:
-    """ColQwen2Processor files (also what colpali's processor reads) and the raw tokenizer files."""
-    _processor(min_pixels, max_pixels).save_pretrained(out)
-    tokenizer_dir = qwen_tokenizer_dir()
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
-
-
-@functools.lru_cache(maxsize=4)
-def _processor(min_pixels: int, max_pixels: int):
-    """One processor per pixel bounds and process: loading the real tokenizer is the slow part
-    of a tiny build. Only ever saved, never changed."""
-    from transformers import ColQwen2Processor, Qwen2TokenizerFast
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
-
-    tokenizer = Qwen2TokenizerFast.from_pretrained(qwen_tokenizer_dir())
-    image_processor = Qwen2VLImageProcessor(min_pixels=min_pixels, max_pixels=max_pixels)
-    return ColQwen2Processor(image_processor=image_processor, tokenizer=tokenizer)
 
 
 def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:

@@ -8,7 +8,8 @@ keeps the items before the bad one. Bounded: few examples per property, a deadli
 small tiny-model export shared with the rest of the suite (the module runs in well under 30 s on
 two cores once that fixture exists).
 
-PDF pages join here when the index reads PDFs: add a strategy to `PAGE_SOURCES`.
+PDFs (and image files) as the index reads them: `Document` opens and renders, or raises its
+SourceError naming the file.
 """
 
 from __future__ import annotations
@@ -56,6 +57,16 @@ def _encode(frames: list[Image.Image], fmt: str) -> bytes:
     return out.getvalue()
 
 
+def _damage(draw, data: bytearray) -> bytes:
+    """Maybe truncate `data`, then overwrite up to 6 random bytes."""
+    if draw(st.booleans()):
+        data = data[:draw(st.integers(0, len(data)))]
+    for _ in range(draw(st.integers(0, 6))):
+        if data:
+            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
+    return bytes(data)
+
+
 @st.composite
 def page_bytes(draw) -> bytes:
     """A small real image file (possibly multi-frame), then maybe truncated and/or mutated."""
@@ -68,12 +79,7 @@ def page_bytes(draw) -> bytes:
     images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode)
               for _ in range(frames)]
     data = bytearray(_encode(images, fmt))
-    if draw(st.booleans()):
-        data = data[:draw(st.integers(0, len(data)))]
-    for _ in range(draw(st.integers(0, 6))):
-        if data:
-            data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
-    return bytes(data)
+    return _damage(draw, data)
 
 
 PAGE_SOURCES = st.one_of(page_bytes(), st.binary(max_size=256),
@@ -118,6 +124,35 @@ def _embeds_or_names_first_bad(embed, good: list[bool]) -> list[np.ndarray] | No
         return None
     assert first_bad is None and len(vectors) == len(good)
     return vectors
+
+
+@st.composite
+def pdf_bytes(draw) -> bytes:
+    """A small real PDF of 1-3 pages (Pillow's writer), then maybe truncated and/or mutated."""
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    pages = [Image.fromarray(rng.integers(0, 256, (draw(st.integers(8, 40)),
+                                                   draw(st.integers(8, 40)), 3), dtype=np.uint8))
+             for _ in range(draw(st.integers(1, 3)))]
+    data = bytearray(_encode(pages, "PDF"))
+    return _damage(draw, data)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@FUZZ
+@given(data=st.one_of(pdf_bytes(), page_bytes().map(lambda b: ("png", b))), name=st.uuids())
+def test_any_document_renders_or_raises_its_source_error(tmp_path, data, name):
+    from colembed.index.sources import Document, SourceError
+
+    suffix, payload = data if isinstance(data, tuple) else ("pdf", data)
+    path = tmp_path / f"{name}.{suffix}"
+    path.write_bytes(payload)
+    try:
+        with Document(path, max_pixels=40_000) as document:
+            for page in range(1, document.pages + 1):
+                image = document.render(page)
+                assert image.mode == "RGB" and image.width * image.height <= 4 * 40_000
+    except SourceError as e:
+        assert str(path) in str(e)
 
 
 # ----------------------------------------------------------------------------------- queries
