@@ -89,12 +89,14 @@ if __name__ == "__main__":
     import json
     from pathlib import Path
 
+    from colembed.layout import MANIFEST_NAME
+
     parser = argparse.ArgumentParser(description="FLOPs of a letter page and a query")
     parser.add_argument("folder", type=Path, help="an exported model folder (its manifest)")
     parser.add_argument("--vision-depth", type=int, help="override the folder's vision depth")
     parser.add_argument("--text-layers", type=int, help="override the folder's language depth")
     args = parser.parse_args()
-    shapes = Shapes.from_manifest(json.loads((args.folder / "colembed_manifest.json").read_text()))
+    shapes = Shapes.from_manifest(json.loads((args.folder / MANIFEST_NAME).read_text()))
     shapes = dataclasses.replace(shapes, vision_depth=args.vision_depth or shapes.vision_depth,
                                  text_layers=args.text_layers or shapes.text_layers)
     page = page_flops(shapes, 744, 744 + 20)

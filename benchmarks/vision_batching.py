@@ -26,6 +26,8 @@ sys.path.insert(0, str(HERE))
 from bench_embed import budget_page, letter_page  # noqa: E402
 from machine import rss_mib  # noqa: E402
 
+from colembed.layout import MANIFEST_NAME  # noqa: E402
+
 PAGES = 4
 
 
@@ -37,7 +39,7 @@ def build(work: Path) -> Path:
     checkpoint, folder = work / "ckpt", work / "model"
     if not (checkpoint / "colembed_tiny.json").is_file():
         build_checkpoint(checkpoint, spec, seed=0)
-    if not (folder / "colembed_manifest.json").is_file():
+    if not (folder / MANIFEST_NAME).is_file():
         export_model(checkpoint, folder, check=False)
     return folder
 

@@ -6,6 +6,7 @@ What the runtime also needs (the architecture string, the scorer's file and opse
 
 from __future__ import annotations
 
+from colembed.layout import TOKENIZER_FILE
 from colembed.maxsim_graph import MAXSIM_FILE, MAXSIM_OPSET
 from colembed.registry import ARCHITECTURE
 
@@ -36,7 +37,7 @@ CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
 
 # Files copied from the checkpoint: what the runtime's tokenizer and preprocessing read, plus the
 # configs kept for provenance. Optional ones are copied when present.
-REQUIRED_FILES = ("tokenizer.json", "config.json", "preprocessor_config.json")
+REQUIRED_FILES = (TOKENIZER_FILE, "config.json", "preprocessor_config.json")
 OPTIONAL_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                   "vocab.json", "merges.txt", "processor_config.json", "chat_template.jinja",
                   "colembed_tiny.json")

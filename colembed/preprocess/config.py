@@ -41,6 +41,7 @@ from typing import Any
 from PIL import Image
 
 from ..errors import InputError, InputTypeError, ManifestError, ModelFolderError
+from ..layout import TOKENIZER_FILE
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:
@@ -175,7 +176,7 @@ class PreprocessConfig:
         processor_config = _read_json(folder / "processor_config.json", required=False)
         tokenizer_config = _read_json(folder / "tokenizer_config.json", required=False)
         special_tokens = _read_json(folder / "special_tokens_map.json", required=False)
-        tokenizer = _load_tokenizer(folder / "tokenizer.json")
+        tokenizer = _load_tokenizer(folder / TOKENIZER_FILE)
 
         pad_token = _pad_token(tokenizer_config, special_tokens, folder)
         image_token = _image_token(tokenizer_config)
@@ -294,7 +295,7 @@ def _token_id(tokenizer, token: str, model_config: dict, key: str, folder: Path)
     from_tokenizer = tokenizer.token_to_id(token)
     from_config = model_config.get(key)
     if from_tokenizer is None:
-        raise ModelFolderError(f"token {token!r} is not in tokenizer.json", path=folder / "tokenizer.json")
+        raise ModelFolderError(f"token {token!r} is not in {TOKENIZER_FILE}", path=folder / TOKENIZER_FILE)
     if from_config is not None and int(from_config) != from_tokenizer:
         raise ModelFolderError(
             f"config.json says {key}={from_config} but tokenizer.json maps {token!r} to {from_tokenizer}",
