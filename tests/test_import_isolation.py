@@ -79,6 +79,10 @@ OWNERS = {
     "transformers": {"cli"},
     "colembed_export": {"cli"},
     "huggingface_hub": {"registry"},
+    "qdrant_edge": {"index.edge"},  # the index's two stores, each behind the store interface
+    "qdrant_client": {"index.server"},
+    "pypdfium2": {"index.sources"},
+    "tqdm": {"index.index"},
 }
 
 
