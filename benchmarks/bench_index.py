@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -298,15 +299,23 @@ def bench_ingest(model_dir: Path | None, scratch: Path, files: int, pages: int) 
             "index_pages_per_s": n / index, "ratio": embed / index, "rounds": rounds}
 
 
+def _load_caveat(results: dict) -> str:
+    """Say that absolute times are inflated only when the load average shows other work ran."""
+    loads = [max(results.get(key) or [0.0]) for key in ("load_before", "load_after")]
+    if max(loads) <= 0.75 * (os.cpu_count() or 1):
+        return " (a quiet machine)."
+    return (" (other processes held the cores during the run: absolute times are inflated and "
+            "matter less than the ratios between rows of one table).")
+
+
 def markdown(results: dict) -> str:
     lines = ["# Index store benchmark", "", markdown_header(results["machine"]), "",
              "Synthetic grid-structured pages (see the script's docstring); vectors stored as "
              "float16 in Qdrant; k = 10. Reopen = a fresh process opening the folder. "
              "Peak RSS of the querying process.", "",
              f"Load average before / after: {results.get('load_before')} / "
-             f"{results.get('load_after')} on 2 cores (a shared machine: other processes held "
-             "the cores for most of the run, so absolute times are several times an idle "
-             "machine's and matter less than the ratios between rows of one table).", ""]
+             f"{results.get('load_after')} on {os.cpu_count()} cores" + _load_caveat(results),
+             ""]
     for pages, by_backend in results["stores"].items():
         lines += [f"## {int(pages):,} pages", "",
                   "| store | insert pages/s | disk MiB | reopen s | 1 query p50 / p90 ms "
