@@ -242,7 +242,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         retrieval_pages = model.embed_images(pages, batch_size=8)
         retrieval_queries = model.embed_queries(texts)
         np.savez(job["embeddings_out"],
-                 **{f"letter": letter[0], **{f"q{i}": q for i, q in enumerate(query_rows)},
+                 **{"letter": letter[0], **{f"q{i}": q for i, q in enumerate(query_rows)},
                     **{f"rp{i}": p for i, p in enumerate(retrieval_pages)},
                     **{f"rq{i}": q for i, q in enumerate(retrieval_queries)}})
     return result

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .contracts import GraphContract, colqwen2_contracts
-from .errors import ImageError, InputError, InputTypeError, ModelFolderError
+from .errors import InputError, InputTypeError, ModelFolderError
 from .integrity import check_graph_files, verify_files
 from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .manifest import Manifest, read_manifest
