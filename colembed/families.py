@@ -16,29 +16,34 @@ make per grid) and by the exporter (`colembed_export.families` adds the torch si
 | vision attention    | full                            | windowed (`window_size` px from the config) |
 | extra grid inputs   | none                            | `window_layout(grid, ...).graph_inputs()`   |
 
-Torch-free: the standard library, numpy (through `preprocess.windows`) and colembed's own modules.
+Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
+family names); numpy through `preprocess.windows` only when window inputs are made.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .contracts import GraphContract, TensorSpec, text_contract, vision_contract
 from .errors import ColembedError, ManifestError, ModelFolderError
-from .preprocess.windows import WINDOW_INPUTS, window_layout, windowed_vision_contract
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FULL = "full"
 WINDOWED = "windowed"
+ATTENTION_KINDS = (FULL, WINDOWED)
 
-# Per attention kind: the image graph's contract and the inputs it takes beyond Qwen2-VL's.
-_VISION_CONTRACTS: dict[str, Callable[[int, int, int], GraphContract]] = {
-    FULL: vision_contract,
-    WINDOWED: windowed_vision_contract,
-}
-_EXTRA_INPUTS: dict[str, tuple[TensorSpec, ...]] = {FULL: (), WINDOWED: WINDOW_INPUTS}
+
+def _extra_inputs(kind: str) -> tuple[TensorSpec, ...]:
+    """The image graph's inputs beyond Qwen2-VL's (pixels, rotary tables), per attention kind.
+    (Imported here, not at the top: the registry reads family names without numpy.)"""
+    if kind == FULL:
+        return ()
+    from .preprocess.windows import WINDOW_INPUTS
+
+    return WINDOW_INPUTS
 
 
 class UnknownFamilyError(ColembedError, ValueError):
@@ -54,8 +59,8 @@ class VisionAttention:
     window_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in _VISION_CONTRACTS:
-            raise ValueError(f"kind {self.kind!r} is not one of {sorted(_VISION_CONTRACTS)}")
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"kind {self.kind!r} is not one of {list(ATTENTION_KINDS)}")
         if self.kind == WINDOWED and not (type(self.window_size) is int and self.window_size > 0):
             raise ValueError(f"windowed attention needs a positive int window_size, got "
                              f"{self.window_size!r}")
@@ -65,13 +70,15 @@ class VisionAttention:
     @property
     def extra_inputs(self) -> tuple[TensorSpec, ...]:
         """The image graph's inputs beyond pixels and rotary tables, in contract order."""
-        return _EXTRA_INPUTS[self.kind]
+        return _extra_inputs(self.kind)
 
     def grid_inputs(self, grid: tuple[int, int, int], *, merge_size: int,
                     patch_size: int) -> tuple[np.ndarray, ...]:
         """The extra inputs for one image grid (same-grid images share them), in contract order."""
         if self.kind == FULL:
             return ()
+        from .preprocess.windows import window_layout
+
         layout = window_layout(grid, merge_size=merge_size, patch_size=patch_size,
                                window_size=self.window_size)  # type: ignore[arg-type]
         made = layout.graph_inputs()
@@ -90,7 +97,7 @@ class VisionAttention:
         if unknown:
             raise ManifestError(f"{where}: unknown keys {unknown}")
         if not isinstance(d.get("kind"), str):
-            raise ManifestError(f"{where}.kind: expected one of {sorted(_VISION_CONTRACTS)}, "
+            raise ManifestError(f"{where}.kind: expected one of {list(ATTENTION_KINDS)}, "
                                 f"got {d.get('kind')!r:.40}")
         try:
             return cls(kind=d["kind"], window_size=d.get("window_size"))
@@ -165,10 +172,10 @@ class Family:
                   embedding_dim: int) -> dict[str, GraphContract]:
         """The family's two graphs by role: the exporter writes these, the runtime checks a
         folder's manifest against them."""
-        return {
-            "vision": _VISION_CONTRACTS[self.attention_kind](patch_dim, vision_head_dim, text_hidden),
-            "text": text_contract(text_hidden, embedding_dim),
-        }
+        base = vision_contract(patch_dim, vision_head_dim, text_hidden)
+        vision = GraphContract(role=base.role, outputs=base.outputs,
+                               inputs=base.inputs + _extra_inputs(self.attention_kind))
+        return {"vision": vision, "text": text_contract(text_hidden, embedding_dim)}
 
 
 COLQWEN2 = Family(
