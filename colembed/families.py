@@ -1,4 +1,4 @@
-"""The model families colembed serves, declared as data: what differs between ColQwen2 and ColQwen2.5.
+"""The model families colembed serves, declared as data: what differs between ColQwen2 and 2.5.
 
 Both families share everything on the host and in the text graph (prompts, tokens, pixels,
 positions, rotary tables, feature placement, scorer; docs/reference-colqwen2_5.md). They differ in
@@ -8,13 +8,14 @@ inputs that attention needs. Each difference is one field of a frozen `Family`, 
 family and its `VisionAttention`), by the runtime (which contract to check, which host inputs to
 make per grid) and by the exporter (`colembed_export.families` adds the torch side).
 
-| declared            | colqwen2                        | colqwen2.5                                  |
-|---------------------|---------------------------------|---------------------------------------------|
-| backbone model_type | qwen2_vl                        | qwen2_5_vl                                  |
-| checkpoint layouts  | colqwen2/qwen2_vl               | colqwen2/qwen2_5_vl, bare qwen2_5_vl (colpali) |
-| vision config names | embed_dim, hidden_size, mlp_ratio | hidden_size, out_hidden_size, intermediate_size |
-| vision attention    | full                            | windowed (`window_size` px from the config) |
-| extra grid inputs   | none                            | `window_layout(grid, ...).graph_inputs()`   |
+| declared            | colqwen2                  | colqwen2.5                                   |
+|---------------------|---------------------------|----------------------------------------------|
+| backbone model_type | qwen2_vl                  | qwen2_5_vl                                   |
+| checkpoint layouts  | colqwen2/qwen2_vl         | colqwen2/qwen2_5_vl; qwen2_5_vl (colpali)    |
+| vision width        | embed_dim                 | hidden_size                                  |
+| merger output, MLP  | hidden_size, mlp_ratio    | out_hidden_size, intermediate_size           |
+| vision attention    | full                      | windowed (`window_size` px, from the config) |
+| extra grid inputs   | none                      | `window_layout(grid, ...).graph_inputs()`    |
 
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` only when window inputs are made.
@@ -123,6 +124,7 @@ class Family:
     """One model family: everything colembed's torch-free half declares about it."""
 
     name: str
+    display_name: str  # in messages
     backbone: str  # the Qwen-VL config's model_type
     checkpoint_layouts: tuple[tuple[str, str | None], ...]  # (config model_type, vlm_config's)
     vision_names: VisionConfigNames
@@ -161,6 +163,10 @@ class Family:
                 "vision_heads": self._vision_value(vision_config, names.heads, source),
                 "vision_mlp_ratio": ratio}
 
+    def merger_width(self, vision_config: Mapping[str, Any], source: str = "config.json") -> int:
+        """The width of the tower's merged features (must be the language model's hidden size)."""
+        return self._vision_value(vision_config, self.vision_names.merger_out, source)
+
     def vision_attention(self, vision_config: Mapping[str, Any],
                          source: str = "config.json") -> VisionAttention:
         """The attention this family's tower runs, from the checkpoint's vision config."""
@@ -180,6 +186,7 @@ class Family:
 
 COLQWEN2 = Family(
     name="colqwen2",
+    display_name="ColQwen2",
     backbone="qwen2_vl",
     checkpoint_layouts=(("colqwen2", "qwen2_vl"),),
     vision_names=VisionConfigNames(width="embed_dim", merger_out="hidden_size", mlp="mlp_ratio",
@@ -188,6 +195,7 @@ COLQWEN2 = Family(
 )
 COLQWEN2_5 = Family(
     name="colqwen2.5",
+    display_name="ColQwen2.5",
     backbone="qwen2_5_vl",
     # transformers' retrieval layout, and colpali-engine's published one (a bare qwen2_5_vl config)
     checkpoint_layouts=(("colqwen2", "qwen2_5_vl"), ("qwen2_5_vl", None)),
@@ -204,7 +212,8 @@ LEGACY_FAMILY = COLQWEN2
 def get_family(name: str) -> Family:
     """The family called `name`; UnknownFamilyError listing the known ones."""
     if name not in FAMILIES:
-        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves {sorted(FAMILIES)}")
+        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves "
+                                 f"{sorted(FAMILIES)}")
     return FAMILIES[name]
 
 

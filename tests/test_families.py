@@ -48,6 +48,8 @@ def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, pre
     assert family_of_backbone(config) is COLQWEN2_5 and family_of_checkpoint(config) is COLQWEN2_5
     assert PreprocessConfig.from_checkpoint(folder).vision_head_dim == \
         vision["hidden_size"] // vision["num_heads"]
+    text = config.get("vlm_config", config)["text_config"]
+    assert COLQWEN2_5.merger_width(vision) == vision["out_hidden_size"] == text["hidden_size"]
 
 
 def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
@@ -56,6 +58,8 @@ def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
     def drop_embed_dim(config):
         del config["vlm_config"]["vision_config"]["embed_dim"]
 
+    vision = json.loads((tiny_checkpoint / "config.json").read_text())["vlm_config"]["vision_config"]
+    assert COLQWEN2.merger_width(vision) == vision["hidden_size"] != vision["embed_dim"]
     folder = _edit_config(tiny_checkpoint, tmp_path, drop_embed_dim)
     with pytest.raises(ModelFolderError, match=r"vision_config\.embed_dim .*colqwen2 checkpoint"):
         PreprocessConfig.from_checkpoint(folder)
@@ -92,7 +96,8 @@ def test_contracts_differ_only_in_the_image_graphs_window_inputs():
 def test_window_inputs_per_grid_are_the_window_layouts():
     attention = VisionAttention("windowed", 112)
     made = attention.grid_inputs((1, 22, 30), merge_size=2, patch_size=14)
-    expected = window_layout((1, 22, 30), merge_size=2, patch_size=14, window_size=112).graph_inputs()
+    expected = window_layout((1, 22, 30), merge_size=2, patch_size=14,
+                             window_size=112).graph_inputs()
     assert [spec.name for spec in attention.extra_inputs] == list(expected)
     for got, want in zip(made, expected.values()):
         np.testing.assert_array_equal(got, want)
@@ -160,5 +165,5 @@ def test_a_folder_claiming_the_other_family_is_refused(exported_tiny_2_5, tmp_pa
     data = json.loads((folder / MANIFEST_NAME).read_text())
     data.update(family="colqwen2", vision_attention={"kind": "full"})
     (folder / MANIFEST_NAME).write_text(json.dumps(data))
-    with pytest.raises(ModelFolderError, match=r"not colqwen2's: inputs \[.*'window_rows'"):
+    with pytest.raises(ModelFolderError, match=r"not ColQwen2's: inputs \[.*'window_rows'"):
         colembed.load(folder)
