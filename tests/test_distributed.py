@@ -5,7 +5,8 @@ with the same exported tiny model.
 Three Ray jobs in all (each costs ~15 s here, mostly worker and actor start-up):
 - Parquet, 2 actors, with a corrupt PDF among the documents and one actor process made to exit
   on its second batch (`crash_once`: real code in `PageEmbedder`, not a mock);
-- a Qdrant Edge folder (the driver as its one writer), 2 actors;
+- a Qdrant Edge folder (the driver as its one writer), 2 actors, the documents read through a
+  pyarrow filesystem (the path a bucket takes: each file copied to a temporary file to render);
 - the same Edge folder again through `colembed index --ray`: everything is skipped.
 """
 
@@ -69,9 +70,12 @@ def parquet_job(documents, exported_tiny, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def edge_job(documents, exported_tiny, tmp_path_factory):
+    import pyarrow.fs as pafs
+
     db = tmp_path_factory.mktemp("edge-job") / "db"
-    result = index_with_ray([str(documents[0])], QdrantTarget(str(db)),
-                            model=exported_tiny.folder, actors=2, batch_size=3, progress=False)
+    result = index_with_ray([str(documents[0].resolve())], QdrantTarget(str(db)),
+                            model=exported_tiny.folder, actors=2, batch_size=3, progress=False,
+                            filesystem=pafs.LocalFileSystem())
     return result, db
 
 
@@ -135,6 +139,8 @@ def test_a_corrupt_pdf_is_recorded_and_the_rest_indexed(parquet_job, single):
 
 
 def test_the_qdrant_sink_holds_what_the_single_process_index_holds(edge_job, single):
+    result, _ = edge_job
+    assert [f.path.rsplit("/", 1)[-1] for f in result.failed] == [CORRUPT]
     _, single_payloads, single_vectors = single
     payloads, vectors = _edge_contents(edge_job[1])
     assert payloads == single_payloads

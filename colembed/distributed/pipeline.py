@@ -109,7 +109,7 @@ def _check_identity(stored, identity, target) -> None:
     if stored:
         problems = identity_mismatch(stored[0][1], identity)
         if problems:
-            raise ModelMismatchError(f"{target}: the target holds pages of another model or "
+            raise ModelMismatchError(f"{target.location}: the target holds pages of another model or "
                                      "export (" + "; ".join(problems) + ")")
 
 

@@ -46,6 +46,7 @@ class QdrantTarget:
                  local: bool = False) -> None:
         self.options = dict(location=location, url=url, api_key=api_key, collection=collection,
                             local=local)
+        self.location = f"{url or location} (collection {collection or 'default'})"
         self.store = None
 
     @property
@@ -98,6 +99,7 @@ class ParquetTarget:
             filesystem, folder = pafs.FileSystem.from_uri(str(folder)) if "://" in str(folder) \
                 else (pafs.LocalFileSystem(), str(folder))
         self.folder, self.filesystem, self.dim = str(folder), filesystem, None
+        self.location = f"{self.folder} (Parquet)"
 
     def open(self, dim: int) -> list[tuple[str, dict[str, Any]]]:
         """Create the folder if new; (id, payload) of the rows already written."""
