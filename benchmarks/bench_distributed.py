@@ -66,6 +66,7 @@ class TreeCpu:
 
     def __enter__(self) -> TreeCpu:
         self.seen: dict[int, float] = {}
+        self.names: dict[int, str] = {}
         self.base = dict(self._sample())
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -75,6 +76,25 @@ class TreeCpu:
     def _run(self) -> None:
         while not self.stop.wait(SAMPLE_S):
             self.seen.update(self._sample())
+            for pid in self.seen:  # a Ray worker's name says what it runs now; keep the last
+                try:
+                    name = Path(f"/proc/{pid}/comm").read_text().strip()
+                except OSError:
+                    continue
+                if name != "ray::IDLE" or pid not in self.names:
+                    self.names[pid] = name
+
+    def by_role(self) -> dict[str, float]:
+        """CPU seconds per role: this process (the driver), the model actors, other Ray workers
+        (render and write tasks), Ray's daemons (raylet, GCS, agents, monitors)."""
+        roles: dict[str, float] = {}
+        for pid, seconds in self.seen.items():
+            name = self.names.get(pid, "")
+            role = ("driver" if pid == os.getpid() else "model actors" if "PageEmbedder" in name
+                    or name.startswith("ray::MapWorker") else "other Ray workers"
+                    if name.startswith("ray::") and "Agent" not in name else "Ray daemons")
+            roles[role] = roles.get(role, 0.0) + seconds - self.base.get(pid, 0.0)
+        return roles
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -102,8 +122,8 @@ class TreeCpu:
         return {p: cpu[p] for p in mine}
 
 
-def index_once(name: str, docs: list[Path], model_dir: Path, model, db: Path) -> tuple[float, float, int]:
-    """(wall s, CPU s, pages added) of indexing `docs` into the Edge folder `db`."""
+def index_once(name: str, docs: list[Path], model_dir: Path, model, db: Path) -> tuple:
+    """(wall s, CPU s, pages added, CPU s by role) of indexing `docs` into the Edge folder `db`."""
     import colembed
     from colembed.distributed import QdrantTarget, index_with_ray
 
@@ -117,14 +137,16 @@ def index_once(name: str, docs: list[Path], model_dir: Path, model, db: Path) ->
                                     model=model_dir, batch_size=BATCH_SIZE, progress=False,
                                     **CONFIGS[name])
     assert result.ok, result
-    return time.perf_counter() - wall, cpu.seconds, result.pages_added
+    return time.perf_counter() - wall, cpu.seconds, result.pages_added, cpu.by_role()
 
 
 def run_config(name: str, docs: list[Path], model_dir: Path, model, db: Path) -> dict:
-    wall, cpu, pages = index_once(name, docs, model_dir, model, db)
-    again_wall, again_cpu, again = index_once(name, docs, model_dir, model, db)
+    wall, cpu, pages, roles = index_once(name, docs, model_dir, model, db)
+    again_wall, again_cpu, again, again_roles = index_once(name, docs, model_dir, model, db)
     assert pages > 0 and again == 0
+    per_page = {k: (v - again_roles.get(k, 0.0)) / pages for k, v in roles.items()}
     return {"job_wall_s": wall, "job_cpu_s": cpu, "rerun_wall_s": again_wall,
+            "cpu_s_per_page_by_role": per_page,
             "rerun_cpu_s": again_cpu, "pages": pages,
             "wall_s_per_page": (wall - again_wall) / pages, "cpu_s_per_page": (cpu - again_cpu) / pages}
 
@@ -168,7 +190,9 @@ def bench(model_dir: Path, scratch: Path, files: int, pages: int, rounds: int) -
         for name in CONFIGS:
             runs = [run_config(name, docs, model_dir, model, scratch / f"db-{name}-{r}")
                     for r in range(rounds)]
-            rows[name] = {k: sum(x[k] for x in runs) / rounds for k in runs[0]}  # mean of rounds
+            rows[name] = {k: sum(x[k] for x in runs) / rounds for k in runs[0]
+                          if not isinstance(runs[0][k], dict)}  # mean of rounds
+            rows[name]["cpu_s_per_page_by_role"] = runs[-1]["cpu_s_per_page_by_role"]
             rows[name]["rounds_cpu_s_per_page"] = [x["cpu_s_per_page"] for x in runs]
             print(name, rows[name], file=sys.stderr, flush=True)
         actor = actor_peak_rss(model_dir, page)
@@ -219,6 +243,9 @@ def markdown(results: dict) -> str:
                      f"{c['wall_s_per_page']:.3f} | "
                      f"{c['wall_s_per_page'] / single['wall_s_per_page']:.2f} | "
                      f"{c['job_wall_s']:.1f} | {c['rerun_wall_s']:.1f} | {c['rerun_cpu_s']:.1f} |")
+    lines += ["", "CPU seconds per page by process (last round; job minus re-run): " + "; ".join(
+        f"{name}: " + ", ".join(f"{role} {v:.3f}" for role, v in sorted(c["cpu_s_per_page_by_role"].items()))
+        for name, c in r["configs"].items()) + "."]
     lines += ["", f"Ray's overhead per page at 1 actor: **{100 * r['overhead_1_actor_cpu']:+.1f}% "
               f"CPU** (target <= 5%), {100 * r['overhead_1_actor_wall']:+.1f}% wall. 2 actors vs "
               f"1 actor on these 2 cores: {r['scaling_2_actors_wall']:.2f}x the pages/s (wall).",

@@ -138,7 +138,7 @@ RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'co
 def _cmd_index_ray(args) -> int:
     """`colembed index --ray [ADDRESS]`: the same job on a Ray cluster (colembed.distributed)."""
     try:
-        from .distributed import ParquetTarget, QdrantTarget, index_with_ray
+        from .distributed import ParquetTarget, QdrantTarget, index_with_ray, pipeline  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"colembed: {RAY_EXTRA_HINT}\n  ({e})") from None
     if args.model is None or args.prune:

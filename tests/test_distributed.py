@@ -159,3 +159,36 @@ def test_the_cli_rerun_skips_everything(edge_job, documents, exported_tiny, caps
     assert report["added"] == [] and len(report["skipped"]) == 5
     assert [f["path"].rsplit("/", 1)[-1] for f in report["failed"]] == [CORRUPT]
     assert _edge_contents(edge_job[1])[0] == before
+
+
+def test_the_server_writer_stores_what_the_single_process_index_holds(documents, exported_tiny,
+                                                                      single, tmp_path):
+    """The stages without Ray (render, embed, a server writer) into qdrant-client's local mode,
+    the stand-in for a Qdrant server: the same ids, payloads and (float16-stored) vectors."""
+    from colembed.distributed.pipeline import model_identity
+    from colembed.distributed.stages import PageEmbedder, render_document
+    from colembed.distributed.targets import StoreWriter
+    from colembed.index.store import open_store
+
+    folder = exported_tiny.folder
+    embedder = PageEmbedder(str(folder), model_identity(folder, "fp32"),
+                            load_options=dict(variant="fp32"))
+    rows = list(render_document({"path": str(documents[0] / "report.pdf")}, stored=frozenset(),
+                                max_pixels=embedder.model.config.max_pixels, dpi=None))
+    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]}
+    points = embedder(batch)
+    writer = StoreWriter(location=str(tmp_path / "local"), url=None, api_key=None,
+                         collection=None, local=True, dim=embedder.model.embedding_size)
+    summary = writer({k: np.array(v, dtype=object) for k, v in points.items()})
+    writer.store.close()
+    assert summary["status"] == ["page"] * 3
+    store = open_store(tmp_path / "local", local=True)
+    try:
+        payloads = dict(store.payloads())
+        vectors = store.page_vectors(list(payloads))
+    finally:
+        store.close()
+    _, single_payloads, single_vectors = single
+    assert payloads == {pid: single_payloads[pid] for pid in payloads} and len(payloads) == 3
+    for pid, v in vectors.items():  # float16 storage either way: rounding is idempotent
+        assert v.astype(np.float16).astype(np.float32).tobytes() == single_vectors[pid].tobytes()
