@@ -209,15 +209,30 @@ def bench(model_dir: Path, scratch: Path, files: int, pages: int, rounds: int) -
             "actor_rss": actor, "driver_rss_mib": rss_mib()}
 
 
-def projection(r: dict, nodes: tuple[int, ...] = (1, 10, 100)) -> list[str]:
-    """N machines from the measured per-actor rate, bounded by Qdrant's ingestion."""
-    per_actor = CORES_PER_MACHINE / r["configs"]["ray x1"]["cpu_s_per_page"]
-    lines = ["| machines (2 cores, 1 actor each) | embedding pages/s | Qdrant nodes to keep up "
-             f"(at {QDRANT_PAGES_PER_S_PER_NODE} pages/s each) | 1M pages take |", "|---:|---:|---:|---:|"]
-    for n in nodes:
-        rate = n * per_actor
-        qdrant = max(1, -(-int(rate) // QDRANT_PAGES_PER_S_PER_NODE))
-        lines.append(f"| {n} | {rate:.1f} | {qdrant} | {1e6 / rate / 3600:.1f} h |")
+def projection(r: dict, nodes: tuple[int, ...] = (1, 10, 100, 1000)) -> list[str]:
+    """N 2-core machines, one actor each: the tiny model as measured, and the Qwen2-VL-2B-width
+    model of bench_embed (its single-process pages/s, results/embed.json) plus the Ray overhead
+    per page measured here, in CPU seconds; bounded by Qdrant's ingestion."""
+    overhead = r["configs"]["ray x1"]["cpu_s_per_page"] - r["configs"]["single"]["cpu_s_per_page"]
+    embed = json.loads((HERE / "results" / "embed.json").read_text())
+    wide_cpu = CORES_PER_MACHINE / embed["runtimes"]["fp32"]["pages_per_s"]
+    setting = embed["setting"]
+    per_machine = {"tiny (measured)": CORES_PER_MACHINE / r["configs"]["ray x1"]["cpu_s_per_page"],
+                   f"2B widths, {setting['vision_depth']}+{setting['text_layers']} layers, fp32 "
+                   f"(projected: {wide_cpu:.1f} CPU s per page + {overhead:.3f})":
+                   CORES_PER_MACHINE / (wide_cpu + overhead)}
+    lines = [f"Ray's measured overhead, {overhead:.3f} CPU s per page, is "
+             f"{100 * overhead / wide_cpu:.1f}% of a 2B-width {setting['vision_depth']}+"
+             f"{setting['text_layers']}-layer page ({wide_cpu:.1f} CPU s: bench_embed's "
+             f"{embed['runtimes']['fp32']['pages_per_s']:.3f} pages/s on 2 threads) and less "
+             "at full depth.", "",
+             "| model | machines | pages/s | Qdrant nodes to keep up | 1M pages take |",
+             "|---|---:|---:|---:|---:|"]
+    for model, rate in per_machine.items():
+        for n in nodes:
+            qdrant = max(1, -(-int(n * rate) // QDRANT_PAGES_PER_S_PER_NODE))
+            lines.append(f"| {model} | {n} | {n * rate:.1f} | {qdrant} | "
+                         f"{1e6 / (n * rate) / 3600:.1f} h |")
     return lines
 
 
@@ -253,11 +268,13 @@ def markdown(results: dict) -> str:
               f"{r['actor_rss']['peak_mib']:.0f} MiB (the Ray worker alone: "
               f"{r['actor_rss']['worker_before_model_mib']:.0f} MiB).", "",
               "## Projection for N machines", "",
-              "From the measured 1-actor CPU seconds per page (a machine = 2 cores / that); assumes one actor per 2-core machine (the same "
-              "model and pages), documents read from shared storage at no cost, no shared "
-              "bottleneck but Qdrant, and Qdrant nodes ingesting at the rate measured for Edge "
-              "on this machine (a server with HNSW off on `page` behaves alike; more with more "
-              "cores). Real depth multiplies the per-page time (see docs/distributed.md).", "",
+              "A 2-core machine with one actor = 2 / (CPU seconds per page). Assumes the cores "
+              "are saturated, letter pages (~750 tokens), documents read from shared storage at "
+              "no cost, no shared bottleneck but Qdrant, and (an assumption, not measured: no "
+              "server runs here) each Qdrant node ingesting whole pages as fast as Qdrant Edge "
+              f"did on this 2-core machine, {QDRANT_PAGES_PER_S_PER_NODE} pages/s "
+              "(benchmarks/results/index-10k.md); real depth divides the 2B-width rate further "
+              "(docs/distributed.md).", "",
               *projection(r), ""]
     return "\n".join(lines)
 
@@ -265,8 +282,8 @@ def markdown(results: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", help="an exported model folder (default: build the tiny one)")
-    parser.add_argument("--files", type=int, default=6)
-    parser.add_argument("--pages", type=int, default=4, help="pages per PDF")
+    parser.add_argument("--files", type=int, default=12)
+    parser.add_argument("--pages", type=int, default=8, help="pages per PDF")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--markdown-only", action="store_true",
                         help="rewrite distributed.md from distributed.json")
