@@ -2,7 +2,7 @@
 
 Ray-free (Ray Data calls these; a test or a debugger can call them alone). Rows between stages:
 
-    document row   {"path": str, "stored": ...}                       (the driver's list)
+    document row   {"path": str}                                      (the driver's list)
     page row       path, page, pages, sha256, width, height, pixels (raw RGB bytes), status, reason
     point row      the page row's keys (pixels dropped) + id, payload (JSON), page/rows/cols
                    vectors (raw float32 bytes, `dim` wide)
