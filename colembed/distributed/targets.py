@@ -182,10 +182,17 @@ def read_points(folder: str, *, filesystem: pafs.FileSystem | None = None) -> di
     if not parts:
         raise StoreError(f"{folder}: no Parquet pages here")
     table = pads.dataset(parts, format="parquet", filesystem=target.filesystem).to_table()
+    columns = {col: _ragged(table[col].combine_chunks()) for col in VECTOR_COLUMNS.values()}
     points: dict[str, PagePoint] = {}
-    for row in table.to_pylist():
-        vectors = {name: np.asarray(row[col], dtype=np.float32)
-                   for name, col in VECTOR_COLUMNS.items()}
-        points.setdefault(row["id"], PagePoint(row["id"], vectors, json.loads(row["payload"])))
+    for i, (pid, payload) in enumerate(zip(table["id"].to_pylist(), table["payload"].to_pylist())):
+        vectors = {name: columns[col][i] for name, col in VECTOR_COLUMNS.items()}
+        points.setdefault(pid, PagePoint(pid, vectors, json.loads(payload)))
     return points
 
+
+def _ragged(column: pa.ListArray) -> list[np.ndarray]:
+    """A list<fixed_size_list<float32, dim>> column as one (rows, dim) float32 array per row."""
+    rows = column.values  # FixedSizeListArray over every row of every page
+    flat = rows.values.to_numpy(zero_copy_only=False).reshape(len(rows), rows.type.list_size)
+    offsets = column.offsets.to_numpy()
+    return [flat[offsets[i]:offsets[i + 1]] for i in range(len(column))]
