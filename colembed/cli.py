@@ -107,6 +107,8 @@ def _open_index(args):
 
 
 def _cmd_index(args) -> int:
+    if getattr(args, "ray", None) is not None:
+        return _cmd_index_ray(args)
     with _open_index(args) as index:
         result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
                            progress=False if args.quiet or args.json else None)
@@ -128,6 +130,47 @@ def _cmd_index(args) -> int:
               + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
                  if args.prune else "") + f"; the index holds {total} page(s)")
     return 0 if result.ok else 1
+
+
+RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'colembed[ray]'"
+
+
+def _cmd_index_ray(args) -> int:
+    """`colembed index --ray [ADDRESS]`: the same job on a Ray cluster (colembed.distributed)."""
+    try:
+        from .distributed import ParquetTarget, QdrantTarget, index_with_ray, pipeline  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(f"colembed: {RAY_EXTRA_HINT}\n  ({e})") from None
+    if args.model is None or args.prune:
+        raise SystemExit("colembed: --ray needs --model (a folder every node reads) and has no --prune")
+    if sum(x is not None for x in (args.db, args.qdrant_url, args.parquet)) != 1:
+        raise SystemExit("colembed: give exactly one of --db DIR, --qdrant-url URL, --parquet DIR")
+    target = ParquetTarget(args.parquet) if args.parquet else QdrantTarget(
+        args.db, url=args.qdrant_url, collection=args.collection,
+        api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"))
+    result = index_with_ray(args.paths, target, model=args.model, address=args.ray,
+                            actors=args.actors, batch_size=args.batch_size, variant=args.variant,
+                            max_image_tokens=args.max_image_tokens, dpi=args.dpi,
+                            progress=not (args.quiet or args.json))
+    reports = {k: [vars(r) for r in getattr(result, k)] for k in ("added", "skipped", "failed")}
+    if args.json:
+        print(json.dumps(reports, indent=2))
+    for report in result.failed if not args.json else ():
+        print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
+    if not args.json:
+        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s) on Ray; "
+              f"{len(result.skipped)} skipped, {len(result.failed)} failed")
+    return 0 if result.ok else 1
+
+
+def _ray_options(parser: argparse.ArgumentParser) -> None:
+    ray = parser.add_argument_group("on a Ray cluster (the ray extra; docs/distributed.md)")
+    ray.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
+                     help="run the job on Ray Data: the cluster at ADDRESS ('auto': the one this "
+                          "node is in), or a local Ray started for the job")
+    ray.add_argument("--actors", type=int, default=1, help="model actors (default 1)")
+    ray.add_argument("--batch-size", type=int, default=4, help="pages per actor call (default 4)")
+    ray.add_argument("--parquet", metavar="DIR", help="write Parquet (one row per page) instead")
 
 
 def _cmd_search(args) -> int:
@@ -190,6 +233,7 @@ def _add_index_commands(sub) -> None:
                                                  "pixel budget)")
     index.add_argument("--prune", action="store_true", help="drop pages of files that no longer exist")
     _index_options(index)
+    _ray_options(index)
     index.set_defaults(func=_cmd_index)
 
     search = sub.add_parser("search", help="the best pages for a question")

@@ -44,8 +44,8 @@ except SystemExit:
 """
 
 
-def loaded_after(code: str) -> list[str]:
-    command = [sys.executable, "-c", PROBE, code, json.dumps(HEAVY)]
+def loaded_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    command = [sys.executable, "-c", PROBE, code, json.dumps(heavy)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])
@@ -62,6 +62,14 @@ def test_colembed_help_loads_nothing_heavy():
 def test_no_module_under_colembed_imports_torch_or_transformers():
     leaked = [n for n in loaded_after(WALK) if n.split(".")[0] in ("torch", "transformers")]
     assert leaked == []
+
+
+def test_the_core_and_the_index_load_no_ray():
+    """Ray (the ray extra) is loaded only by colembed.distributed, and only when a job runs."""
+    assert loaded_after("import colembed, colembed.index", ("ray", "pyarrow")) == []
+    assert loaded_after(HELP, ("ray", "pyarrow")) == []
+    assert loaded_after("import colembed.distributed", ("ray",)) == []
+    assert "ray" in loaded_after("import colembed.distributed.pipeline", ("ray",))
 
 
 def test_the_probe_detects_a_leak():
@@ -83,6 +91,8 @@ OWNERS = {
     "qdrant_client": {"index.server"},
     "pypdfium2": {"index.sources"},
     "tqdm": {"index.index"},
+    "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
+    "pyarrow": {"distributed.targets", "distributed.pipeline"},
 }
 
 

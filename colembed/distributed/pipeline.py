@@ -1,0 +1,168 @@
+"""The Ray Data job: documents -> rendered pages -> embedded by a pool of model actors -> target.
+
+    driver        list the documents; open the target; read the ids it holds; check the model
+    flat_map      (tasks) per document: sha256, ids of its pages, render the missing ones with
+                  `index.sources.Document` (pypdfium2 at the model's pixel budget)
+    map_batches   (ActorPool of `actors`, each one `PageEmbedder` = one loaded model) embed
+                  `batch_size` pages per call, make each page's point (`index.schema.make_point`)
+    write         a Qdrant server: `writers` actors upserting in parallel; an Edge / local-mode
+                  folder: the driver, its one writer; Parquet: tasks writing one part per batch
+    driver        collect the per-page summary; drop older versions of changed files (Qdrant)
+
+The model folder is read by each actor from a path every node can read (shared storage, or the
+same path baked into each node's image): Ray's object store and working_dir are for objects and
+code (a runtime_env package is capped far below a 2B model's gigabytes), and a shared path is what
+clusters already use for weights. Each actor verifies it against its manifest once; the hash
+stamps (`~/.cache/colembed` on each node) make that a stat after a node's first actor.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import ray
+
+from ..index.ingest import AddResult, FileReport, stored_by_path
+from ..index.schema import SCHEMA_VERSION, identity_mismatch
+from ..index.sources import discover, kind_of
+from ..index.store import ModelMismatchError
+from ..manifest import read_manifest
+from .stages import FAILED, PAGE, SKIPPED, PageEmbedder, render_document, summary_rows
+from .targets import ParquetTarget, StoreWriter, write_part
+
+# Render tasks reserve no CPU (an actor reserves its cores for the whole job, so a reserving task
+# could wait behind them forever); their number is capped instead, as the single-process indexer
+# runs one render thread beside its model.
+RENDER_TASKS_PER_ACTOR = 1
+MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many render tasks
+
+
+def model_identity(folder: str | os.PathLike, variant: str) -> dict[str, Any]:
+    """The identity `colembed.Index` stamps on every page (model name, variant, manifest hash,
+    schema, source folder), read from the folder without loading it."""
+    from ..index.index import manifest_sha256
+
+    folder = Path(folder).resolve()
+    return {"model": read_manifest(folder).model.name, "variant": variant,
+            "manifest_sha256": manifest_sha256(folder), "schema": SCHEMA_VERSION,
+            "model_source": str(folder)}
+
+
+def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], AddResult]:
+    """Documents to index (canonical path strings: what ids and payloads are made of) and the
+    report of what was left out. Local paths are walked as `Index.add` walks them; with a pyarrow
+    `filesystem`, each path is a file or a folder listed recursively on it."""
+    if filesystem is None:
+        found = discover(paths)
+        report = AddResult(skipped=[FileReport(str(p), reason=r) for p, r in found.ignored],
+                           failed=[FileReport(str(p), reason=r) for p, r in found.missing])
+        return [str(p) for p in found.documents], report
+    import pyarrow.fs as pafs
+
+    documents, report = [], AddResult()
+    for path in paths:
+        info = filesystem.get_file_info(str(path))
+        if info.type == pafs.FileType.Directory:
+            infos = filesystem.get_file_info(pafs.FileSelector(str(path), recursive=True))
+            documents += sorted(i.path for i in infos if i.is_file and kind_of(Path(i.path)))
+        elif info.type == pafs.FileType.File and kind_of(Path(info.path)):
+            documents.append(info.path)
+        else:
+            report.failed.append(FileReport(str(path), reason="not a PDF, image or folder"))
+    return list(dict.fromkeys(documents)), report
+
+
+def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int = 1,
+        batch_size: int = 4, cpus_per_actor: float = 1, providers: Any = None,
+        variant: str = "fp32", max_image_tokens: int | None = None, dpi: float | None = None,
+        filesystem=None, writers: int = 1, actor_options: dict[str, Any] | None = None,
+        crash_once: tuple[str, int] | None = None) -> AddResult:
+    """Index `paths` into `target` (a `QdrantTarget` or `ParquetTarget`) on the Ray cluster this
+    process is connected to (see `index_with_ray` for starting one). Returns what
+    `colembed.Index.add` returns: files added, skipped and failed with their reasons."""
+    folder = Path(model).expanduser().resolve()
+    identity = model_identity(folder, variant)
+    manifest = read_manifest(folder)
+    config = manifest.preprocess.with_max_image_tokens(max_image_tokens)
+    documents, result = list_documents(paths, filesystem)
+    stored = target.open(manifest.embedding_dim)
+    try:
+        _check_identity(stored, identity, target)
+        pages = documents and _pipeline(
+            documents, stored={pid for pid, _ in stored}, max_pixels=config.max_pixels, dpi=dpi,
+            filesystem=filesystem, batch_size=batch_size, actors=actors,
+            embedder=dict(folder=str(folder), identity=identity, crash_once=crash_once,
+                          load_options=dict(variant=variant, providers=providers,
+                                            max_image_tokens=max_image_tokens,
+                                            threads=max(1, round(cpus_per_actor)))),
+            actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor))
+        rows = _write(pages, target, writers) if documents else []
+        _report(rows, documents, stored, target, result)
+    finally:
+        target.close()
+    return result
+
+
+def _check_identity(stored, identity, target) -> None:
+    if stored:
+        problems = identity_mismatch(stored[0][1], identity)
+        if problems:
+            raise ModelMismatchError(f"{target.location}: the target holds pages of another model or "
+                                     "export (" + "; ".join(problems) + ")")
+
+
+def _pipeline(documents, *, stored, max_pixels, dpi, filesystem, batch_size, actors, embedder,
+              actor_args):
+    blocks = max(1, min(len(documents), MAX_DOCUMENT_BLOCKS))
+    return (ray.data.from_items([{"path": d} for d in documents], override_num_blocks=blocks)
+            .flat_map(render_document, num_cpus=0,
+                      compute=ray.data.TaskPoolStrategy(size=RENDER_TASKS_PER_ACTOR * actors),
+                      fn_kwargs=dict(stored=frozenset(stored), max_pixels=max_pixels, dpi=dpi,
+                                     filesystem=filesystem))
+            .map_batches(PageEmbedder, batch_size=batch_size, batch_format="numpy",
+                         compute=ray.data.ActorPoolStrategy(size=actors),
+                         fn_constructor_kwargs=embedder, **actor_args))
+
+
+def _write(pages, target, writers: int) -> list[dict[str, Any]]:
+    """Write the embedded pages; the per-page summary rows (no vectors) for the report."""
+    if not target.parallel:  # an embedded store: the driver is its one writer
+        rows: list[dict[str, Any]] = []
+        for batch in pages.iter_batches(batch_size=None, batch_format="numpy"):
+            target.write(batch)
+            summary = summary_rows(batch)
+            rows += [dict(zip(summary, values)) for values in zip(*summary.values())]
+        return rows
+    if isinstance(target, ParquetTarget):
+        written = pages.map_batches(write_part, batch_size=None, batch_format="numpy",
+                                    num_cpus=0, fn_kwargs=target.writer_args())
+    else:
+        written = pages.map_batches(StoreWriter, batch_size=None, batch_format="numpy",
+                                    num_cpus=0, compute=ray.data.ActorPoolStrategy(size=writers),
+                                    fn_constructor_kwargs=target.writer_args())
+    return written.take_all()
+
+
+def _report(rows, documents, stored, target, result: AddResult) -> None:
+    """Fill `result` per document from the page rows, as `Index.add` reports; in a Qdrant
+    target, drop the pages of older versions of files now fully written."""
+    by_path: dict[str, list[dict[str, Any]]] = {d: [] for d in documents}
+    for row in rows:
+        by_path.setdefault(row["path"], []).append(row)
+    versions = stored_by_path(stored)
+    for path, page_rows in by_path.items():
+        written = [r for r in page_rows if r["status"] == PAGE]
+        failed = [r for r in page_rows if r["status"] == FAILED]
+        if failed:
+            result.failed.append(FileReport(path, len(written), failed[0]["reason"]))
+        elif any(r["status"] == SKIPPED for r in page_rows):
+            result.skipped.append(FileReport(path, 0, "already indexed"))
+        elif written:
+            sha = written[0]["sha256"]
+            stale = [pid for s, ids in versions.get(path, {}).items() if s != sha
+                     for pid in ids.values()]
+            target.delete(stale)
+            result.added.append(FileReport(path, len(written),
+                                           "replaced an older version" if stale else ""))

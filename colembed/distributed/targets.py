@@ -1,0 +1,198 @@
+"""Where a distributed job writes: a Qdrant collection (the single-machine schema) or Parquet.
+
+Both answer the driver's question "which point ids are already there?" before anything is
+embedded, and both make a retried write harmless:
+
+- `QdrantTarget`: the index's own stores (`colembed.index.store.open_store`: a Qdrant server by
+  url, a Qdrant Edge folder, or qdrant-client's local mode), so the collection, vectors, payload
+  and point ids are exactly those of `colembed.Index`. Upserts are by deterministic id: a page
+  written twice is the same point. A server is written by `writers` actors in parallel; an Edge
+  shard or a local-mode folder is an embedded store with one writer, the driver.
+- `ParquetTarget`: one Parquet file per written batch, named by the hash of its point ids and moved
+  into place only when complete (a retried batch rewrites the same name with the same rows);
+  pages already in the folder are skipped; `read_points` keeps one row per id whatever happens.
+  Columns: path, page, pages, sha256, id, the `page`/`rows`/`cols` multivectors as
+  list<fixed_size_list<float32, dim>>, and the payload as JSON.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.dataset as pads
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from ..index.schema import PagePoint
+from ..index.store import StoreError, open_store
+from .stages import VECTOR_COLUMNS, page_points, summary_rows
+
+PART_PREFIX = "part-"
+PART_SUFFIX = ".parquet"
+PART_NAME_HEX = 32  # hex digits of the ids' sha256 in a part file's name
+
+
+class QdrantTarget:
+    """A collection with `colembed.Index`'s schema: `location` (an Edge folder, or a local-mode
+    folder with `local=True`) or `url` (+ `api_key`) of a Qdrant server."""
+
+    def __init__(self, location: str | None = None, *, url: str | None = None,
+                 api_key: str | None = None, collection: str | None = None,
+                 local: bool = False) -> None:
+        self.options = dict(location=location, url=url, api_key=api_key, collection=collection,
+                            local=local)
+        self.location = f"{url or location} (collection {collection or 'default'})"
+        self.store = None
+
+    @property
+    def parallel(self) -> bool:
+        """Whether workers may write (a server), or only the driver (an embedded store)."""
+        return self.options["url"] is not None
+
+    def open(self, dim: int) -> list[tuple[str, dict[str, Any]]]:
+        """Open (creating the collection if new) on the driver; (id, payload) of stored points."""
+        self.store = open_store(self.options["location"], url=self.options["url"],
+                                api_key=self.options["api_key"], dim=dim,
+                                collection=self.options["collection"], local=self.options["local"])
+        return self.store.payloads()
+
+    def write(self, batch: dict[str, Any]) -> None:
+        """Upsert a batch's points through the driver's store (embedded stores)."""
+        self.store.upsert(page_points(batch, self.store.dim))
+
+    def writer_args(self) -> dict[str, Any]:
+        return dict(self.options, dim=self.store.dim)
+
+    def delete(self, ids: list[str]) -> None:
+        self.store.delete(ids)
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+class StoreWriter:
+    """A worker's connection to a Qdrant server: upserts each batch, returns its summary."""
+
+    def __init__(self, *, dim: int, **options: Any) -> None:
+        self.dim = dim
+        self.store = open_store(options.pop("location"), dim=dim, **options)
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, list]:
+        self.store.upsert(page_points(batch, self.dim))
+        return summary_rows(batch)
+
+
+class ParquetTarget:
+    """A folder of Parquet part files (local, or on `filesystem`, any pyarrow FileSystem)."""
+
+    parallel = True
+
+    def __init__(self, folder: str, *, filesystem: pafs.FileSystem | None = None) -> None:
+        if filesystem is None:
+            filesystem, folder = pafs.FileSystem.from_uri(str(folder)) if "://" in str(folder) \
+                else (pafs.LocalFileSystem(), str(folder))
+        self.folder, self.filesystem, self.dim = str(folder), filesystem, None
+        self.location = f"{self.folder} (Parquet)"
+
+    def open(self, dim: int) -> list[tuple[str, dict[str, Any]]]:
+        """Create the folder if new; (id, payload) of the rows already written."""
+        self.filesystem.create_dir(self.folder, recursive=True)
+        self.dim = dim
+        parts = self.parts()
+        if not parts:
+            return []
+        table = pads.dataset(parts, format="parquet", filesystem=self.filesystem).to_table(
+            columns=["id", "payload"])
+        return [(i, json.loads(p)) for i, p in dict(zip(table["id"].to_pylist(),
+                                                        table["payload"].to_pylist())).items()]
+
+    def parts(self) -> list[str]:
+        """The finished part files (temporary ones start with a dot and are not listed)."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.folder))
+        except FileNotFoundError:
+            return []
+        return sorted(i.path for i in infos if i.is_file and i.base_name.startswith(PART_PREFIX)
+                      and i.base_name.endswith(PART_SUFFIX))
+
+    def writer_args(self) -> dict[str, Any]:
+        return dict(folder=self.folder, filesystem=self.filesystem, dim=self.dim)
+
+    def delete(self, ids: list[str]) -> None:
+        """Parquet parts are immutable: an older version of a changed file stays (its rows carry
+        the old sha256)."""
+
+    def close(self) -> None:
+        pass
+
+
+def part_schema(dim: int) -> pa.Schema:
+    multivector = pa.list_(pa.list_(pa.float32(), dim))
+    return pa.schema([("path", pa.string()), ("page", pa.int32()), ("pages", pa.int32()),
+                      ("sha256", pa.string()), ("id", pa.string()),
+                      *[(col, multivector) for col in VECTOR_COLUMNS.values()],
+                      ("payload", pa.string())])
+
+
+def write_part(batch: dict[str, Any], *, folder: str, filesystem: pafs.FileSystem,
+               dim: int) -> dict[str, list]:
+    """Write a batch's points as one part file, atomically (a hidden temporary name, then a move);
+    the name is the hash of the sorted ids, so a retried batch replaces its own file."""
+    points = page_points(batch, dim)
+    if points:
+        ids = sorted(p.id for p in points)
+        name = PART_PREFIX + hashlib.sha256("\n".join(ids).encode()).hexdigest()[:PART_NAME_HEX]
+        final = f"{folder}/{name}{PART_SUFFIX}"
+        temporary = f"{folder}/.{name}.{uuid.uuid4().hex}.tmp"  # dot: invisible to readers
+        pq.write_table(_table(points, dim), temporary, filesystem=filesystem)
+        filesystem.move(temporary, final)
+    return summary_rows(batch)
+
+
+def _table(points: list[PagePoint], dim: int) -> pa.Table:
+    columns: dict[str, Any] = {
+        "path": [p.payload["path"] for p in points], "page": [p.payload["page"] for p in points],
+        "pages": [p.payload["pages"] for p in points],
+        "sha256": [p.payload["sha256"] for p in points], "id": [p.id for p in points]}
+    for name, col in VECTOR_COLUMNS.items():
+        columns[col] = _multivectors([p.vectors[name] for p in points], dim)
+    columns["payload"] = [json.dumps(p.payload, sort_keys=True) for p in points]
+    return pa.table(columns, schema=part_schema(dim))
+
+
+def _multivectors(arrays: list[np.ndarray], dim: int) -> pa.Array:
+    flat = pa.array(np.concatenate([a.reshape(-1) for a in arrays]), type=pa.float32())
+    rows = pa.FixedSizeListArray.from_arrays(flat, dim)
+    offsets = np.concatenate([[0], np.cumsum([len(a) for a in arrays])]).astype(np.int32)
+    return pa.ListArray.from_arrays(pa.array(offsets), rows)
+
+
+def read_points(folder: str, *, filesystem: pafs.FileSystem | None = None) -> dict[str, PagePoint]:
+    """Every page of a Parquet target, one per point id (float32 vectors, payload dict). Rows of
+    an older version of a changed file remain in the folder: compare `payload["sha256"]`."""
+    target = ParquetTarget(folder, filesystem=filesystem)
+    parts = target.parts()
+    if not parts:
+        raise StoreError(f"{folder}: no Parquet pages here")
+    table = pads.dataset(parts, format="parquet", filesystem=target.filesystem).to_table()
+    columns = {col: _ragged(table[col].combine_chunks()) for col in VECTOR_COLUMNS.values()}
+    points: dict[str, PagePoint] = {}
+    for i, (pid, payload) in enumerate(zip(table["id"].to_pylist(), table["payload"].to_pylist())):
+        vectors = {name: columns[col][i] for name, col in VECTOR_COLUMNS.items()}
+        points.setdefault(pid, PagePoint(pid, vectors, json.loads(payload)))
+    return points
+
+
+def _ragged(column: pa.ListArray) -> list[np.ndarray]:
+    """A list<fixed_size_list<float32, dim>> column as one (rows, dim) float32 array per row."""
+    rows = column.values  # FixedSizeListArray over every row of every page
+    flat = rows.values.to_numpy(zero_copy_only=False).reshape(len(rows), rows.type.list_size)
+    offsets = column.offsets.to_numpy()
+    return [flat[offsets[i]:offsets[i + 1]] for i in range(len(column))]
