@@ -177,7 +177,7 @@ class _Renderer(threading.Thread):
             try:
                 image = doc.render(page)
             except SourceError as e:
-                plan.errors[page] = e.reason
+                plan.errors[page] = e.reason.removeprefix(f"page {page}: ")
                 continue
             plan.size[page] = image.size
             self.events.put(("page", plan, page, image))
