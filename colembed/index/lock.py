@@ -49,7 +49,9 @@ class IndexBusyError(StoreError):
 
     def __init__(self, folder: Path, holder: dict[str, Any]) -> None:
         self.folder, self.holder = folder, holder
-        super().__init__(f"{folder}: the index is open in another process ({describe(holder)}); "
+        who = ("this process: close the other Index on it first" if holder.get("pid") == os.getpid()
+               else describe(holder))
+        super().__init__(f"{folder}: the index is already open ({who}); "
                          "an index folder serves one process at a time (Qdrant Edge locks it): "
                          "wait for that process to finish, or share the index through a Qdrant "
                          "server (--qdrant-url)")
