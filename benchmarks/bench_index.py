@@ -223,16 +223,18 @@ def run_worker(args) -> None:
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
         out = worker_build(args.worker[6:], args.pages, folder)
+    elif args.worker.startswith("ingest:"):
+        out = bench_ingest(args.worker[7:], args.model, folder)
     else:
         out = worker_query(args.worker[6:], args.pages, folder)
     print(json.dumps(out))
 
 
-def _sub(worker: str, pages: int, folder: Path | None = None) -> dict:
-    cmd = [sys.executable, __file__, "--worker", worker, "--pages", str(pages)]
+def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ()) -> dict:
+    cmd = [sys.executable, __file__, "--worker", worker, "--pages", str(pages), *extra]
     if folder:
         cmd += ["--folder", str(folder)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -310,16 +312,14 @@ def _since(start: tuple[float, float]) -> dict:
     return {"cpu_s": time.process_time() - start[0], "wall_s": time.perf_counter() - start[1]}
 
 
-def stage_costs(model, docs: Path, scratch: Path) -> tuple[dict, list]:
-    """Each stage of `Index.add` alone, one after another: hashing, rendering, pooling and
-    upserting into a fresh store (the embedding is timed in the rounds); and the rendered pages."""
-    from colembed.index.schema import make_point
+def source_costs(model, docs: Path) -> tuple[dict, list]:
+    """Hashing and rendering alone (as the render thread does them), and the rendered pages."""
     from colembed.index.sources import Document, file_sha256
-    from colembed.index.store import open_store
 
     paths = sorted(docs.glob("*.pdf"))
     start = _clock()
-    hashes = [file_sha256(p) for p in paths]
+    for path in paths:
+        file_sha256(path)
     costs = {"hash": _since(start)}
     start = _clock()
     images = []
@@ -327,19 +327,26 @@ def stage_costs(model, docs: Path, scratch: Path) -> tuple[dict, list]:
         with Document(path, max_pixels=model.config.max_pixels) as doc:
             images += [image for _, image in doc.iter_pages(range(1, doc.pages + 1))]
     costs["render"] = _since(start)
-    embedded = model.embed_pages(images[:4], batch_size=4)  # vectors of real shape for the store
-    store = open_store(scratch / "stage-store", dim=model.embedding_size)
-    start = _clock()
-    for i in range(len(images)):
-        vectors, layout = embedded[i % len(embedded)]
-        store.upsert([make_point(vectors, layout, {
-            "path": str(paths[0]), "page": i + 1, "pages": len(images), "sha256": hashes[0],
-            "width": 1, "height": 1, "model": "m", "variant": "fp32", "manifest_sha256": "0",
-            "schema": 1})])
-    store.flush()
-    costs["store"] = _since(start)
-    store.close()
     return costs, images
+
+
+def store_cost(embedded: list, folder: Path, dim: int) -> dict:
+    """Pooling and upserting these pages into a fresh store alone, as the writer thread does:
+    one upsert per batch of 4, then a flush."""
+    from colembed.index.schema import make_point
+    from colembed.index.store import open_store
+
+    store = open_store(folder, dim=dim)
+    payload = {"path": "/docs/a.pdf", "pages": len(embedded), "sha256": "0" * 64, "width": 1,
+               "height": 1, "model": "m", "variant": "fp32", "manifest_sha256": "0", "schema": 1}
+    start = _clock()
+    for lo in range(0, len(embedded), 4):
+        store.upsert([make_point(*embedded[i], dict(payload, page=i + 1))
+                      for i in range(lo, min(lo + 4, len(embedded)))])
+    store.flush()
+    cost = _since(start)
+    store.close()
+    return cost
 
 
 def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
@@ -351,17 +358,18 @@ def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
     model = colembed.load(ingest_model(name, given, scratch / name))
     docs = scratch / f"pdfs-{name}"
     _make_pdfs(docs, files, pages)
-    costs, images = stage_costs(model, docs, scratch / name)
+    costs, images = source_costs(model, docs)
     rounds: dict[str, list] = {"embed": [], "index": []}
     for r in range(INGEST_ROUNDS):
         start = _clock()
-        model.embed_pages(images, batch_size=4)
+        embedded = model.embed_pages(images, batch_size=4)
         rounds["embed"].append(_since(start))
         with colembed.Index(scratch / name / f"db-{r}", model=model) as index:  # opened untimed
             start = _clock()
             result = index.add(docs, progress=False)
             rounds["index"].append(_since(start))
         assert result.pages_added == len(images) and result.ok, result
+    costs["store"] = store_cost(embedded, scratch / name / "store-alone", model.embedding_size)
     n = len(images)
     embed = min(rounds["embed"], key=lambda x: x["wall_s"])
     index = min(rounds["index"], key=lambda x: x["wall_s"])
@@ -372,7 +380,8 @@ def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
             "max_pixels": model.config.max_pixels, "ms_per_page": per_page, "rounds": rounds,
             "bound": embed["cpu_s"] / (embed["cpu_s"] + other),
             "embed_only_pages_per_s": n / embed["wall_s"], "index_pages_per_s": n / index["wall_s"],
-            "ratio": embed["wall_s"] / index["wall_s"], "cpu_ratio": embed["cpu_s"] / index["cpu_s"]}
+            "ratio": embed["wall_s"] / index["wall_s"], "cpu_ratio": embed["cpu_s"] / index["cpu_s"],
+            "peak_rss_mib": _peak_rss_mib()}
 
 
 def _load_caveat(results: dict) -> str:
@@ -435,7 +444,7 @@ def ingest_markdown(name: str, i: dict) -> list[str]:
             f"**{100 * i['ratio']:.1f}%** (best of {INGEST_ROUNDS} alternating rounds; the store "
             "is opened and closed outside the timed part). CPU seconds of `embed_pages` / of "
             f"`Index.add` (the ratio once the cores are full, as under load): "
-            f"{100 * i['cpu_ratio']:.1f}%.", ""]
+            f"{100 * i['cpu_ratio']:.1f}%. Peak RSS {i['peak_rss_mib']:.0f} MiB.", ""]
 
 
 def main() -> None:
@@ -460,8 +469,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
-            for name in args.ingest_model or ["tiny", "bench"]:
-                results["ingest"][name] = bench_ingest(name, args.model, scratch)
+            for name in args.ingest_model or ["tiny", "bench"]:  # one process each (peak RSS)
+                extra = ("--model", str(args.model)) if args.model else ()
+                results["ingest"][name] = _sub(f"ingest:{name}", 0, scratch, extra)
                 print("ingest", name, results["ingest"][name], file=sys.stderr, flush=True)
         for pages in sizes:
             results["stores"][str(pages)] = bench_stores(pages, scratch)
