@@ -3,8 +3,8 @@ local mode; and indexing throughput against embedding alone.
 
     .venv/bin/python benchmarks/bench_index.py                 # 1,000 and 10,000 pages (~8 GB peak)
     .venv/bin/python benchmarks/bench_index.py --pages 1000    # one size
-    .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke run (not committed)
-    .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput alone (< 5 min)
+    .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
+    .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
 
 Data: synthetic pages of real shape, grid-structured: a 26-30 x 25-29 image-token grid (~750
 tokens) of dim 128 plus 15 prompt rows shared by every page; each page has a topic vector and 6
@@ -17,8 +17,8 @@ Each store runs in its own subprocess (peak RSS is per process): insert pages/s 
 Store adapter (points with all three vectors, as `Index.add` writes them), disk size, reopen time
 (a fresh process opening the folder), query p50/p90 for 1 query and for a batch of 16 queries.
 colembed numpy: `colembed.top_k` over the same vectors held in memory (float32).
-Indexing throughput (`--no-ingest` skips it, `--ingest-only` runs it alone, `--ingest-model tiny|bench`
-picks the models; default both): `Index.add` over PDFs vs `model.embed_pages` over the same pages
+Indexing throughput (`--no-ingest` skips it, `--ingest-only` runs it alone, `--ingest-model
+tiny|bench` picks the models; default both): `Index.add` over PDFs vs `model.embed_pages` over the same pages
 already rendered (same batch size), best of alternating rounds, the store opened outside the timed
 part; and each stage alone in CPU seconds per page (hash, render, pool + upsert, embed). On a
 machine whose cores the embedding fills, the other stages' CPU cannot hide behind it, so

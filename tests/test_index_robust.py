@@ -107,7 +107,8 @@ def test_moved_and_duplicated_files_reuse_the_stored_vectors(tmp_path, small_mod
     assert payloads == clean_payloads and len(payloads) == 6
     by_path = {(p["path"], p["page"]): pid for pid, p in payloads.items()}
     for n in (1, 2, 3):  # copies hold exactly the vectors of the pages they were copied from
-        moved, copy = by_path[(str(docs / "moved" / "b.pdf"), n)], by_path[(str(docs / "copy.pdf"), n)]
+        moved = by_path[(str(docs / "moved" / "b.pdf"), n)]
+        copy = by_path[(str(docs / "copy.pdf"), n)]
         for name, vectors in points[copy].vectors.items():
             np.testing.assert_array_equal(points[moved].vectors[name], vectors)
             np.testing.assert_allclose(clean_points[moved].vectors[name], vectors, atol=2e-3)

@@ -1,11 +1,12 @@
 """Qdrant Edge (`qdrant-edge-py`, pinned in pyproject): the embedded store, one shard in a folder.
 
 Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (what this folder
-is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead
-log, so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one
-process at a time, readers included, as Edge itself requires: lock.py names the holder).
-Vectors are stored as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the gaps that order
-pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute force is fast).
+is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead log,
+so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one process
+at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
+as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the
+gaps that order pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute
+force is fast).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ import qdrant_edge as qe
 
 from .lock import LOCK_FILE, FolderLock, IndexBusyError
 from .schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VERSION, VECTOR_NAMES, PagePoint
-from .store import (PREFETCH_CANDIDATES, as_point, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
-                    check_mode)
+from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
+                    as_point, check_mode)
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"

@@ -323,8 +323,8 @@ def _embed(pending: list[tuple[_Plan, int, Any]], model, writer: _Writer, batch_
         except InputError as e:
             embedded, bad = getattr(e, "completed", []), e
         if embedded:
-            writer.put(("points", [(plan, page, vectors, layout) for (plan, page, _), (vectors, layout)
-                                   in zip(pending, embedded)]))
+            writer.put(("points", [(plan, page, vectors, layout)
+                                   for (plan, page, _), (vectors, layout) in zip(pending, embedded)]))
         if bad is None:
             return
         plan, page, _ = pending[len(embedded)]
@@ -347,6 +347,8 @@ def _copied(source: PagePoint, plan: _Plan, page: int, identity: dict[str, Any])
 def _failure(plan: _Plan) -> str:
     pages = sorted(plan.errors)
     first = f"page {pages[0]} of {plan.pages}: {plan.errors[pages[0]]}"
-    more = f" (and {len(pages) - 1} more page(s): {', '.join(map(str, pages[1:]))})" if pages[1:] else ""
-    kept = f"; its other {plan.stored + len(plan.have)} page(s) are indexed" if plan.stored + len(plan.have) else ""
+    more = (f" (and {len(pages) - 1} more page(s): {', '.join(map(str, pages[1:]))})"
+            if pages[1:] else "")
+    indexed = plan.stored + len(plan.have)
+    kept = f"; its other {indexed} page(s) are indexed" if indexed else ""
     return first + more + kept

@@ -18,8 +18,8 @@ from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
 from .schema import COLS_VECTOR, DEFAULT_COLLECTION, PAGE_VECTOR, ROWS_VECTOR, VECTOR_NAMES, PagePoint
-from .store import (PREFETCH_CANDIDATES, as_point, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
-                    check_mode)
+from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
+                    as_point, check_mode)
 
 
 @contextlib.contextmanager
