@@ -3,7 +3,8 @@ local mode; and indexing throughput against embedding alone.
 
     .venv/bin/python benchmarks/bench_index.py                 # 1,000 and 10,000 pages (~8 GB peak)
     .venv/bin/python benchmarks/bench_index.py --pages 1000    # one size
-    .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke run (not committed)
+    .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
+    .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
 
 Data: synthetic pages of real shape, grid-structured: a 26-30 x 25-29 image-token grid (~750
 tokens) of dim 128 plus 15 prompt rows shared by every page; each page has a topic vector and 6
@@ -16,10 +17,17 @@ Each store runs in its own subprocess (peak RSS is per process): insert pages/s 
 Store adapter (points with all three vectors, as `Index.add` writes them), disk size, reopen time
 (a fresh process opening the folder), query p50/p90 for 1 query and for a batch of 16 queries.
 colembed numpy: `colembed.top_k` over the same vectors held in memory (float32).
-Indexing throughput (`--no-ingest` skips): the tiny random-weight model, `Index.add` over PDFs vs
-`model.embed_pages` over the same pages already rendered (same batch size).
+Indexing throughput (`--no-ingest` skips it, `--ingest-only` runs it alone, `--ingest-model
+tiny|bench` picks the models; default both): `Index.add` over PDFs vs `model.embed_pages` over the same pages
+already rendered (same batch size), best of alternating rounds, the store opened outside the timed
+part; and each stage alone in CPU seconds per page (hash, render, pool + upsert, embed). On a
+machine whose cores the embedding fills, the other stages' CPU cannot hide behind it, so
+embed CPU / (embed + render + hash + store CPU) bounds the ratio. Two models: the tiny one
+(embedding unrealistically cheap, so the bound is low) and the Qwen2-VL-2B widths at 2 + 2 layers
+that bench_embed.py --quick builds (cached in its --workdir; what users run has these widths and
+16x the depth, so their bound is higher still).
 
-Writes benchmarks/results/index.{md,json} (--quick: index-quick.*).
+Writes benchmarks/results/index.{md,json} (--quick: index-quick.*, --ingest-only: index-ingest.*).
 """
 
 from __future__ import annotations
@@ -215,16 +223,18 @@ def run_worker(args) -> None:
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
         out = worker_build(args.worker[6:], args.pages, folder)
+    elif args.worker.startswith("ingest:"):
+        out = bench_ingest(args.worker[7:], args.model, folder)
     else:
         out = worker_query(args.worker[6:], args.pages, folder)
     print(json.dumps(out))
 
 
-def _sub(worker: str, pages: int, folder: Path | None = None) -> dict:
-    cmd = [sys.executable, __file__, "--worker", worker, "--pages", str(pages)]
+def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ()) -> dict:
+    cmd = [sys.executable, __file__, "--worker", worker, "--pages", str(pages), *extra]
     if folder:
         cmd += ["--folder", str(folder)]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+    done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -263,40 +273,115 @@ def _make_pdfs(folder: Path, files: int, pages: int) -> None:
         images[0].save(folder / f"doc{f}.pdf", save_all=True, append_images=images[1:], resolution=150)
 
 
-def bench_ingest(model_dir: Path | None, scratch: Path, files: int, pages: int) -> dict:
+INGEST_MODELS = {  # name -> (label, files, pages per file)
+    "tiny": ("tiny random-weight model (export/tiny.py \"tiny\"): unrealistically cheap embedding", 6, 4),
+    "bench": ("Qwen2-VL-2B widths at 2 vision + 2 language layers (export/tiny.py \"qwen2-vl-2b\", "
+              "as bench_embed.py --quick builds it): real per-layer cost, 1/16 of the depth", 2, 4),
+}
+INGEST_ROUNDS = 2
+BENCH_WORKDIR = Path(os.environ.get("COLEMBED_BENCH_DIR",  # bench_embed.py's --workdir default
+                                    Path.home() / ".cache" / "colembed-bench"))
+
+
+def ingest_model(name: str, given: Path | None, scratch: Path) -> Path:
+    """The model folder for the ingest check: given, the tiny one (built here), or the 2+2-layer
+    benchmark model (built once into bench_embed.py's --workdir cache, shared with it)."""
+    if given is not None:
+        return given
+    if name == "bench":
+        import types
+
+        from bench_embed import prepare_model
+
+        args = types.SimpleNamespace(vision_depth=2, text_layers=2, variants=["fp32"])
+        BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
+        return prepare_model(args, BENCH_WORKDIR, lambda m: print(m, file=sys.stderr))[1]
+    from colembed_export.exporter import export_model
+    from colembed_export.tiny import build_checkpoint
+
+    checkpoint = build_checkpoint(scratch / "ckpt", "tiny", seed=0)
+    return export_model(checkpoint, scratch / "model", name="colqwen2-tiny-random").folder
+
+
+def _clock() -> tuple[float, float]:
+    return time.process_time(), time.perf_counter()
+
+
+def _since(start: tuple[float, float]) -> dict:
+    """CPU seconds of every thread of this process, and wall seconds, since `start`."""
+    return {"cpu_s": time.process_time() - start[0], "wall_s": time.perf_counter() - start[1]}
+
+
+def source_costs(model, docs: Path) -> tuple[dict, list]:
+    """Hashing and rendering alone (as the render thread does them), and the rendered pages."""
+    from colembed.index.sources import Document, file_sha256
+
+    paths = sorted(docs.glob("*.pdf"))
+    start = _clock()
+    for path in paths:
+        file_sha256(path)
+    costs = {"hash": _since(start)}
+    start = _clock()
+    images = []
+    for path in paths:
+        with Document(path, max_pixels=model.config.max_pixels) as doc:
+            images += [image for _, image in doc.iter_pages(range(1, doc.pages + 1))]
+    costs["render"] = _since(start)
+    return costs, images
+
+
+def store_cost(embedded: list, folder: Path, dim: int) -> dict:
+    """Pooling and upserting these pages into a fresh store alone, as the writer thread does:
+    one upsert per batch of 4, then a flush."""
+    from colembed.index.schema import make_point
+    from colembed.index.store import open_store
+
+    store = open_store(folder, dim=dim)
+    payload = {"path": "/docs/a.pdf", "pages": len(embedded), "sha256": "0" * 64, "width": 1,
+               "height": 1, "model": "m", "variant": "fp32", "manifest_sha256": "0", "schema": 1}
+    start = _clock()
+    for lo in range(0, len(embedded), 4):
+        store.upsert([make_point(*embedded[i], dict(payload, page=i + 1))
+                      for i in range(lo, min(lo + 4, len(embedded)))])
+    store.flush()
+    cost = _since(start)
+    store.close()
+    return cost
+
+
+def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
+    """`Index.add` over PDFs against `model.embed_pages` over the same pages already rendered,
+    in alternating rounds (best of each), with each stage's CPU cost and the bound they set."""
     import colembed
-    from colembed.index.sources import Document
 
-    if model_dir is None:
-        from colembed_export.exporter import export_model
-        from colembed_export.tiny import build_checkpoint
-
-        checkpoint = build_checkpoint(scratch / "ckpt", "tiny", seed=0)
-        model_dir = export_model(checkpoint, scratch / "model", name="colqwen2-tiny-random").folder
-    model = colembed.load(model_dir)
-    docs = scratch / "pdfs"
+    label, files, pages = INGEST_MODELS[name]
+    model = colembed.load(ingest_model(name, given, scratch / name))
+    docs = scratch / f"pdfs-{name}"
     _make_pdfs(docs, files, pages)
-    rounds = {"embed_only_s": [], "index_s": []}
-    for r in range(2):
-        t = time.perf_counter()
-        images = []
-        for path in sorted(docs.glob("*.pdf")):
-            with Document(path, max_pixels=model.config.max_pixels) as doc:
-                images += [image for _, image in doc.iter_pages(range(1, doc.pages + 1))]
-        render = time.perf_counter() - t
-        t = time.perf_counter()
-        model.embed_pages(images, batch_size=4)
-        rounds["embed_only_s"].append(time.perf_counter() - t)
-        t = time.perf_counter()
-        with colembed.Index(scratch / f"ingest-db-{r}", model=model) as index:
+    costs, images = source_costs(model, docs)
+    rounds: dict[str, list] = {"embed": [], "index": []}
+    for r in range(INGEST_ROUNDS):
+        start = _clock()
+        embedded = model.embed_pages(images, batch_size=4)
+        rounds["embed"].append(_since(start))
+        with colembed.Index(scratch / name / f"db-{r}", model=model) as index:  # opened untimed
+            start = _clock()
             result = index.add(docs, progress=False)
-        rounds["index_s"].append(time.perf_counter() - t)
-        assert result.pages_added == files * pages, result
-    embed, index = min(rounds["embed_only_s"]), min(rounds["index_s"])
-    n = files * pages
-    return {"pages": n, "model": "tiny random-weight (colqwen2-tiny-random)",
-            "render_only_s": render, "embed_only_pages_per_s": n / embed,
-            "index_pages_per_s": n / index, "ratio": embed / index, "rounds": rounds}
+            rounds["index"].append(_since(start))
+        assert result.pages_added == len(images) and result.ok, result
+    costs["store"] = store_cost(embedded, scratch / name / "store-alone", model.embedding_size)
+    n = len(images)
+    embed = min(rounds["embed"], key=lambda x: x["wall_s"])
+    index = min(rounds["index"], key=lambda x: x["wall_s"])
+    per_page = {stage: {"cpu_ms": c["cpu_s"] / n * 1000, "wall_ms": c["wall_s"] / n * 1000}
+                for stage, c in {**costs, "embed": embed, "index": index}.items()}
+    other = sum(costs[s]["cpu_s"] for s in ("hash", "render", "store"))
+    return {"model": label, "model_folder": str(given or name), "pages": n,
+            "max_pixels": model.config.max_pixels, "ms_per_page": per_page, "rounds": rounds,
+            "bound": embed["cpu_s"] / (embed["cpu_s"] + other),
+            "embed_only_pages_per_s": n / embed["wall_s"], "index_pages_per_s": n / index["wall_s"],
+            "ratio": embed["wall_s"] / index["wall_s"], "cpu_ratio": embed["cpu_s"] / index["cpu_s"],
+            "peak_rss_mib": _peak_rss_mib()}
 
 
 def _load_caveat(results: dict) -> str:
@@ -309,10 +394,11 @@ def _load_caveat(results: dict) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = ["# Index store benchmark", "", markdown_header(results["machine"]), "",
-             "Synthetic grid-structured pages (see the script's docstring); vectors stored as "
-             "float16 in Qdrant; k = 10. Reopen = a fresh process opening the folder. "
-             "Peak RSS of the querying process.", "",
+    stores = ["Synthetic grid-structured pages (see the script's docstring); vectors stored as "
+              "float16 in Qdrant; k = 10. Reopen = a fresh process opening the folder. "
+              "Peak RSS of the querying process.", ""] if results["stores"] else []
+    title = "Index store benchmark" if results["stores"] else "Indexing throughput benchmark"
+    lines = [f"# {title}", "", markdown_header(results["machine"]), "", *stores,
              f"Load average before / after: {results.get('load_before')} / "
              f"{results.get('load_after')} on {os.cpu_count()} cores" + _load_caveat(results),
              ""]
@@ -336,41 +422,62 @@ def markdown(results: dict) -> str:
                   f"MaxSim over the stored vectors: max abs diff {two['score_max_abs_diff_vs_numpy']:.1e}. "
                   f"The page a query was drawn from ranks first: exact {two['target_at_1']['exact']:.2f}, "
                   f"two-stage {two['target_at_1']['two-stage']:.2f}. Two-stage vs exact, 1 query p50: {by_backend['edge-exact']['q1_p50_ms'] / two['q1_p50_ms']:.1f}x faster.", ""]
-    if results.get("ingest"):
-        i = results["ingest"]
-        lines += ["## Indexing throughput vs embedding alone", "",
-                  f"{i['pages']} PDF pages, {i['model']}: `Index.add` (hash, render, embed, "
-                  f"store) {i['index_pages_per_s']:.2f} pages/s; `model.embed_pages` on the same "
-                  f"pages already rendered {i['embed_only_pages_per_s']:.2f} pages/s: "
-                  f"**{100 * i['ratio']:.0f}%** (rendering alone took {i['render_only_s']:.1f} s, "
-                  "overlapped with embedding by the render thread). Best of 2 rounds.", ""]
+    for name, i in (results.get("ingest") or {}).items():
+        lines += ingest_markdown(name, i)
     return "\n".join(lines)
+
+
+def ingest_markdown(name: str, i: dict) -> list[str]:
+    ms = i["ms_per_page"]
+    rows = [("hash (sha256 of the file)", "hash"), ("render (pypdfium2, render thread)", "render"),
+            ("pool + upsert (writer thread)", "store"), ("embed (`model.embed_pages` alone)", "embed"),
+            ("`Index.add` (all of it, pipelined)", "index")]
+    return [f"## Indexing throughput vs embedding alone: {name}", "",
+            f"{i['pages']} PDF pages (letter, text as images) at {i['max_pixels']:,} pixels, "
+            f"{i['model']}. Each stage alone, per page (CPU = all threads of the process):", "",
+            "| stage | CPU ms/page | wall ms/page |", "|---|---:|---:|",
+            *[f"| {label} | {ms[key]['cpu_ms']:.1f} | {ms[key]['wall_ms']:.1f} |"
+              for label, key in rows],
+            "", f"Bound (embedding CPU / all CPU, reached when embedding fills the cores): "
+            f"**{100 * i['bound']:.1f}%**. Measured: `Index.add` {i['index_pages_per_s']:.3f} "
+            f"pages/s vs `embed_pages` {i['embed_only_pages_per_s']:.3f} pages/s: "
+            f"**{100 * i['ratio']:.1f}%** (best of {INGEST_ROUNDS} alternating rounds; the store "
+            "is opened and closed outside the timed part). CPU seconds of `embed_pages` / of "
+            f"`Index.add` (the ratio once the cores are full, as under load): "
+            f"{100 * i['cpu_ratio']:.1f}%. Peak RSS {i['peak_rss_mib']:.0f} MiB.", ""]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, action="append", help="store sizes (default 1000, 10000)")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--model", help="a model folder for the ingest check (default: build the tiny one)")
-    parser.add_argument("--no-ingest", action="store_true")
+    parser.add_argument("--model", type=Path,
+                        help="a model folder for the ingest check instead of --ingest-model's")
+    parser.add_argument("--no-ingest", action="store_true", help="stores only")
+    parser.add_argument("--ingest-only", action="store_true",
+                        help="indexing throughput only (writes index-ingest.{md,json})")
+    parser.add_argument("--ingest-model", choices=sorted(INGEST_MODELS), action="append",
+                        help="models for the ingest check (default: tiny and bench)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.pages = args.pages[0]
         return run_worker(args)
-    sizes = [200] if args.quick else (args.pages or [1000, 10000])
-    results = {"machine": machine_info(), "load_before": load_average(), "stores": {}}
+    sizes = [] if args.ingest_only else [200] if args.quick else (args.pages or [1000, 10000])
+    results = {"machine": machine_info(), "load_before": load_average(), "stores": {}, "ingest": {}}
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
-            results["ingest"] = bench_ingest(Path(args.model) if args.model else None, scratch,
-                                             files=3 if args.quick else 6, pages=4)
-            print("ingest", results["ingest"], file=sys.stderr, flush=True)
+            for name in args.ingest_model or ["tiny", "bench"]:  # one process each (peak RSS)
+                extra = ("--model", str(args.model)) if args.model else ()
+                results["ingest"][name] = _sub(f"ingest:{name}", 0, scratch, extra)
+                print("ingest", name, results["ingest"][name], file=sys.stderr, flush=True)
         for pages in sizes:
             results["stores"][str(pages)] = bench_stores(pages, scratch)
     results["load_after"] = load_average()
-    write_results(results, "index-quick" if args.quick else "index")
+    write_results(results, "index-ingest" if args.ingest_only else
+                  "index-quick" if args.quick else "index")
 
 
 def write_results(results: dict, name: str) -> None:

@@ -125,8 +125,10 @@ def _cmd_index(args) -> int:
             for report in result.skipped:
                 if report.reason != "already indexed":
                     print(f"skipped: {report.path}: {report.reason}", file=sys.stderr)
-        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s); "
-              f"{len(result.skipped)} skipped, {len(result.failed)} failed"
+        reused = sum(r.reused for r in result.added)
+        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s)"
+              + (f" ({reused} copied from identical content, not embedded)" if reused else "")
+              + f"; {len(result.skipped)} skipped, {len(result.failed)} failed"
               + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
                  if args.prune else "") + f"; the index holds {total} page(s)")
     return 0 if result.ok else 1

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from .index import Hit, Index
 from .ingest import AddResult, FileReport
+from .lock import IndexBusyError
 from .maps import SimilarityMap
 from .store import DEFAULT_SEARCH_MODE, SEARCH_MODES, ModelMismatchError, StoreError
 
-__all__ = ["AddResult", "DEFAULT_SEARCH_MODE", "FileReport", "Hit", "Index", "ModelMismatchError",
+__all__ = ["AddResult", "DEFAULT_SEARCH_MODE", "FileReport", "Hit", "Index", "IndexBusyError",
+           "ModelMismatchError",
            "SEARCH_MODES", "SimilarityMap", "StoreError"]

@@ -1,10 +1,12 @@
 """Qdrant Edge (`qdrant-edge-py`, pinned in pyproject): the embedded store, one shard in a folder.
 
 Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (what this folder
-is: schema version, vector size) and `<db>/shard/` (Edge's own files: segments and a write-ahead
-log, so an update that returned survives a killed process). Vectors are stored as float16 (half
-the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the gaps that order
-pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute force is fast).
+is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead log,
+so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one process
+at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
+as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the
+gaps that order pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute
+force is fast).
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import qdrant_edge as qe
 
+from .lock import LOCK_FILE, FolderLock, IndexBusyError
 from .schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VERSION, VECTOR_NAMES, PagePoint
 from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
-                    check_mode)
+                    as_point, check_mode)
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
@@ -51,33 +54,47 @@ class EdgeStore(Store):
     def __init__(self, folder: Path, *, dim: int | None = None) -> None:
         self.folder = Path(folder)
         self.location = str(self.folder)
+        self.shard = self.lock = None
         meta_path = self.folder / META_FILE
         if meta_path.is_file():
             meta = json.loads(meta_path.read_text())
             if meta.get("schema") != SCHEMA_VERSION:
                 raise StoreError(f"{self.folder}: index schema {meta.get('schema')} is not "
                                  f"this colembed's ({SCHEMA_VERSION})")
-            with _edge_errors("open the shard", self.folder):
-                self.shard = qe.EdgeShard.load(str(self.folder / SHARD_DIR))
             self.dim = int(meta["dim"])
+            self._locked(lambda: qe.EdgeShard.load(str(self.folder / SHARD_DIR)), "open the shard")
             return
-        if self.folder.exists() and (not self.folder.is_dir() or any(self.folder.iterdir())):
+        if self.folder.exists() and (not self.folder.is_dir() or any(
+                f.name != LOCK_FILE for f in self.folder.iterdir())):
             raise StoreError(f"{self.folder}: exists and is not a colembed index; give a new or "
                              "empty folder")
         if dim is None:
             raise StoreError(f"{self.folder}: no index here (give a model to create one)")
         self.folder.mkdir(parents=True, exist_ok=True)
         config = qe.EdgeConfig(vectors={name: _vector_params(dim) for name in VECTOR_NAMES})
-        with _edge_errors("create the shard", self.folder):
-            self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
+        self._locked(lambda: qe.EdgeShard.create(str(self.folder / SHARD_DIR), config),
+                     "create the shard")
         meta_path.write_text(json.dumps({"schema": SCHEMA_VERSION, "dim": dim,
                                          "store": "qdrant-edge"}) + "\n")
         self.dim = dim
 
+    def _locked(self, open_shard, action: str) -> None:
+        """Take the folder's lock, then let Edge open the shard (released again if Edge fails)."""
+        self.lock = FolderLock(self.folder)
+        try:
+            with _edge_errors(action, self.folder):
+                self.shard = open_shard()
+        except StoreError as e:
+            self.lock.release()
+            if "WouldBlock" in str(e):  # Edge's own WAL lock: a holder that took no folder lock
+                raise IndexBusyError(self.folder, {}) from e
+            raise
+
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
-            batch = [qe.Point(id=p.id, vector=p.vectors, payload=p.payload)
-                     for p in points[lo:lo + UPSERT_BATCH]]
+            # Edge takes lists: tolist() is exact and ~25% cheaper than its reading numpy rows
+            batch = [qe.Point(id=p.id, vector={k: v.tolist() for k, v in p.vectors.items()},
+                              payload=p.payload) for p in points[lo:lo + UPSERT_BATCH]]
             with _edge_errors("store pages", self.folder):
                 self.shard.update(qe.UpdateOperation.upsert_points(batch))
 
@@ -123,19 +140,24 @@ class EdgeStore(Store):
                   for name in (ROWS_VECTOR, COLS_VECTOR)]
         return qe.QueryRequest(limit=k, query=exact, prefetches=stages, with_payload=True)
 
-    def page_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        with _edge_errors("read page vectors", self.folder):
-            records = self.shard.retrieve([uuid.UUID(i) for i in ids], with_payload=False,
-                                          with_vector=[PAGE_VECTOR])
-        return {str(r.id): np.asarray(r.vector[PAGE_VECTOR], dtype=np.float32) for r in records}
+    def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
+        with _edge_errors("read pages", self.folder):
+            records = self.shard.retrieve([uuid.UUID(i) for i in ids], with_payload=True,
+                                          with_vector=True)
+        return {str(r.id): as_point(r) for r in records}
 
     def flush(self) -> None:
         with _edge_errors("flush", self.folder):
             self.shard.flush()
 
     def close(self) -> None:
-        if getattr(self, "shard", None) is not None:
-            with _edge_errors("close", self.folder):
-                self.shard.flush()
-                self.shard.close()
-            self.shard = None
+        try:
+            if getattr(self, "shard", None) is not None:
+                with _edge_errors("close", self.folder):
+                    self.shard.flush()
+                    self.shard.close()
+                self.shard = None
+        finally:
+            if getattr(self, "lock", None) is not None:
+                self.lock.release()
+                self.lock = None

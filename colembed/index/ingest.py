@@ -1,15 +1,24 @@
-"""Indexing a list of documents: plan per file, render in one thread, embed, store, report.
+"""Indexing a list of documents: plan per file, render in one thread, embed, write in another.
 
     render thread (pdfium is not thread-safe: the only thread that touches it)
-      file -> sha256 -> plan against what the store holds -> open -> render the pages to do
-      -> queue of events (bounded: rendering stays at most `QUEUE_PAGES` pages ahead)
-    calling thread
-      pages -> model.embed_pages in batches -> points (all three vectors + payload) -> upsert
-      a file whose pages are all stored -> delete its pages from an older version of the file
+      file -> sha256 -> plan against the store's catalog and the files before it in this run
+      -> render the pages no stored point holds -> events (at most `RENDER_AHEAD` pages ahead)
+    embedding thread (the caller)
+      pages -> model.embed_pages in batches -> jobs for the writer
+    writer thread (jobs in order, at most `WRITE_AHEAD` waiting)
+      pooled vectors + upsert; copies of stored points; a file's end: drop its older version's
+      points, report it
 
-Resumable and idempotent: point ids come from (sha256, page, path); a page that is stored is never
+Embedding is the expensive part, so a page is embedded once per content, not per path: a file
+whose content (sha256) is already stored under another path (moved, renamed, copied) gets those
+points copied under its own ids and path; two identical files in one run are embedded once, the
+second copied when the first is done. `prune` later drops the old path's points.
+
+Resumable and idempotent: point ids come from (sha256, page, path); a stored page is never
 embedded again; a point is one upsert with all its vectors, so a killed run leaves whole pages only
-and the next run does the rest.
+and the next run does the rest. A page that fails (rendering or the model) does not stop its
+file: the other pages are stored, the file is reported failed naming each bad page, and a re-run
+tries only those pages again, so it ends with the store an uninterrupted run makes.
 """
 
 from __future__ import annotations
@@ -18,20 +27,26 @@ import queue
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..errors import InputError
-from .schema import make_point
+from .schema import PagePoint, make_point, point_id
 from .sources import Document, SourceError, file_sha256
+from .store import UPSERT_BATCH
 
-QUEUE_PAGES = 8
+RENDER_AHEAD = 8  # pages rendered ahead of the model (at least two batches)
+WRITE_AHEAD = 4  # jobs waiting for the writer
 
 
 @dataclass
 class FileReport:
+    """One file's outcome: `pages` points stored in this run (`reused` of them copied from stored
+    pages of identical content instead of embedded) and why it was skipped or failed."""
+
     path: str
     pages: int = 0
     reason: str = ""
+    reused: int = 0
 
 
 @dataclass
@@ -53,36 +68,63 @@ class AddResult:
 
 
 @dataclass
+class Catalog:
+    """What the store holds: path -> sha256 -> page -> id; sha256 -> page -> id (any path);
+    sha256 -> page count."""
+
+    by_path: dict[str, dict[str, dict[int, str]]] = field(default_factory=dict)
+    by_sha: dict[str, dict[int, str]] = field(default_factory=dict)
+    pages: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, payloads: list[tuple[str, dict[str, Any]]]) -> Catalog:
+        out = cls()
+        for pid, p in payloads:
+            sha, page = p.get("sha256", ""), int(p.get("page", 0))
+            out.by_path.setdefault(p.get("path", ""), {}).setdefault(sha, {})[page] = pid
+            out.by_sha.setdefault(sha, {}).setdefault(page, pid)
+            out.pages[sha] = int(p.get("pages", 0))
+        return out
+
+
+@dataclass
 class _Plan:
-    """One file's work: which pages to render and which older points to drop once it is stored."""
+    """One file's work. `todo`: pages to render and embed; `reuse`: page -> id of a stored point
+    of the same content elsewhere; `follows`: an earlier file of this run with the same content
+    (its points are copied once it is done); `stale`: points of an older version of this file."""
 
     path: Path
     sha256: str
     pages: int
-    todo: list[int]
+    have: set[int]
     stale: list[str]
+    todo: list[int] = field(default_factory=list)
+    reuse: dict[int, str] = field(default_factory=dict)
+    follows: _Plan | None = None
     size: dict[int, tuple[int, int]] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
     stored: int = 0
-    failed: str = ""
+    reused: int = 0
+    reused_from: str = ""
 
-
-def stored_by_path(payloads: list[tuple[str, dict[str, Any]]]) -> dict[str, dict[str, dict[int, str]]]:
-    """path -> sha256 -> page -> point id, from the store's payloads."""
-    out: dict[str, dict[str, dict[int, str]]] = {}
-    for pid, p in payloads:
-        out.setdefault(p.get("path", ""), {}).setdefault(p.get("sha256", ""), {})[int(p.get("page", 0))] = pid
-    return out
+    @property
+    def expected(self) -> int:
+        """Points this run should write for the file."""
+        copies = self.pages - len(self.have) if self.follows else len(self.reuse)
+        return len(self.todo) + copies
 
 
 class _Renderer(threading.Thread):
     """Plans and renders every file in order, posting events to `events`; never raises."""
 
-    def __init__(self, files: list[Path], stored, *, max_pixels: int, dpi: float | None) -> None:
+    def __init__(self, files: list[Path], catalog: Catalog, *, max_pixels: int,
+                 dpi: float | None, ahead: int) -> None:
         super().__init__(name="colembed-render", daemon=True)
-        self.files, self.stored = files, stored
+        self.files, self.catalog = files, catalog
         self.max_pixels, self.dpi = max_pixels, dpi
-        self.events: queue.Queue = queue.Queue(maxsize=QUEUE_PAGES)
+        self.events: queue.Queue = queue.Queue(maxsize=ahead)
         self.stop = threading.Event()
+        self.claimed: dict[str, _Plan] = {}  # sha256 -> the first file of this run with it
 
     def run(self) -> None:
         try:
@@ -96,82 +138,198 @@ class _Renderer(threading.Thread):
     def _one(self, path: Path) -> None:
         try:
             sha = file_sha256(path)
-            versions = self.stored.get(str(path), {})
-            have = versions.get(sha, {})
-            stale = [pid for s, pages in versions.items() if s != sha for pid in pages.values()]
-            with Document(path, max_pixels=self.max_pixels, dpi=self.dpi) as doc:
-                todo = [n for n in range(1, doc.pages + 1) if n not in have]
-                plan = _Plan(path, sha, doc.pages, todo, stale)
+            plan = self._plan(path, sha, None)
+            if plan is not None and not plan.todo:  # nothing to render: no need to open it
+                self.claimed.setdefault(sha, plan)
                 self.events.put(("file", plan))
-                for page, image in doc.iter_pages(todo):
-                    if self.stop.is_set():
-                        return
-                    plan.size[page] = image.size
-                    self.events.put(("page", plan, page, image))
+            else:
+                with Document(path, max_pixels=self.max_pixels, dpi=self.dpi) as doc:
+                    plan = self._plan(path, sha, doc.pages)
+                    self.claimed.setdefault(sha, plan)
+                    self.events.put(("file", plan))
+                    self._render(doc, plan)
         except SourceError as e:
             self.events.put(("failed", path, e.reason))
             return
         self.events.put(("done", plan))
+
+    def _plan(self, path: Path, sha: str, count: int | None) -> _Plan | None:
+        """The file's plan; None when its page count is unknown without opening it."""
+        versions = self.catalog.by_path.get(str(path), {})
+        have = set(versions.get(sha, {}))
+        stale = [pid for s, pages in versions.items() if s != sha for pid in pages.values()]
+        first = self.claimed.get(sha)
+        if first is not None:
+            return _Plan(path, sha, first.pages, have, stale, follows=first)
+        count = count or self.catalog.pages.get(sha)
+        if count is None:
+            return None
+        elsewhere = self.catalog.by_sha.get(sha, {})
+        missing = [n for n in range(1, count + 1) if n not in have]
+        return _Plan(path, sha, count, have, stale,
+                     todo=[n for n in missing if n not in elsewhere],
+                     reuse={n: elsewhere[n] for n in missing if n in elsewhere})
+
+    def _render(self, doc: Document, plan: _Plan) -> None:
+        for page in plan.todo:
+            if self.stop.is_set():
+                return
+            try:
+                image = doc.render(page)
+            except SourceError as e:
+                plan.errors[page] = e.reason.removeprefix(f"page {page}: ")
+                continue
+            plan.size[page] = image.size
+            self.events.put(("page", plan, page, image))
+
+    def iter_events(self) -> Iterator[tuple]:
+        while (event := self.events.get())[0] != "end":
+            yield event
+
+    def finish(self) -> None:
+        self.stop.set()
+        while self.is_alive():  # unblock a renderer waiting on a full queue
+            try:
+                self.events.get(timeout=0.1)
+            except queue.Empty:
+                pass
+
+
+class _Writer(threading.Thread):
+    """Runs store jobs in order off the embedding thread; the first failure is kept in `error`
+    (raised by `put` in the embedding thread) and later jobs are dropped."""
+
+    def __init__(self, store, identity: dict[str, Any], result: AddResult,
+                 on_pages: Callable[[int], None]) -> None:
+        super().__init__(name="colembed-write", daemon=True)
+        self.store, self.identity, self.result, self.on_pages = store, identity, result, on_pages
+        self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
+        self.error: BaseException | None = None
+
+    def put(self, job: tuple) -> None:
+        if self.error is not None:
+            raise self.error
+        self.jobs.put(job)
+
+    def run(self) -> None:
+        while (job := self.jobs.get())[0] != "end":
+            if self.error is None:
+                try:
+                    getattr(self, f"_{job[0]}")(*job[1:])
+                except Exception as e:  # noqa: BLE001 (raised again in the embedding thread)
+                    self.error = e
+
+    def finish(self) -> None:
+        self.jobs.put(("end",))
+        self.join()
+
+    def _points(self, embedded: list[tuple[_Plan, int, Any, Any]]) -> None:
+        self.store.upsert([make_point(vectors, layout, _payload(plan, page, self.identity))
+                           for plan, page, vectors, layout in embedded])
+        for plan, *_ in embedded:
+            plan.stored += 1
+        self.on_pages(len(embedded))
+
+    def _copy(self, plan: _Plan) -> None:
+        """Store `plan`'s pages from stored points of the same content under its ids and path."""
+        if plan.follows is None:
+            sources = plan.reuse
+        else:
+            first = plan.follows
+            sources = {n: point_id(plan.sha256, n, str(first.path))
+                       for n in range(1, plan.pages + 1) if n not in plan.have}
+            plan.errors.update({n: f"{why} (as in {first.path})" for n, why in first.errors.items()
+                                if n in sources})
+        pages = sorted(n for n in sources if n not in plan.errors)
+        for lo in range(0, len(pages), UPSERT_BATCH):
+            chunk = pages[lo:lo + UPSERT_BATCH]
+            found = self.store.points([sources[n] for n in chunk])
+            copies = [_copied(found[sources[n]], plan, n, self.identity)
+                      for n in chunk if sources[n] in found]
+            plan.errors.update({n: "its stored vectors vanished during the run"
+                                for n in chunk if sources[n] not in found})
+            self.store.upsert(copies)
+            if found and not plan.reused_from:
+                plan.reused_from = next(iter(found.values())).payload.get("path", "")
+            plan.stored += len(copies)
+            plan.reused += len(copies)
+            self.on_pages(len(copies))
+
+    def _done(self, plan: _Plan) -> None:
+        """Every page of the file was tried: drop its older version, report it."""
+        self.store.delete(plan.stale)
+        report = FileReport(str(plan.path), plan.stored, reused=plan.reused)
+        if plan.errors:
+            report.reason = _failure(plan)
+            self.result.failed.append(report)
+        elif plan.stored or plan.stale:
+            report.reason = ("replaced an older version" if plan.stale else
+                             f"same content as {plan.reused_from}: its vectors were reused"
+                             if plan.reused == plan.stored else "")
+            self.result.added.append(report)
+        else:
+            self.result.skipped.append(FileReport(str(plan.path), reason="already indexed"))
+
+    def _failed(self, path: Path, reason: str) -> None:
+        self.result.failed.append(FileReport(str(path), reason=reason))
 
 
 def ingest(files: list[Path], store, model, identity: dict[str, Any], *, dpi: float | None,
            batch_size: int, result: AddResult, on_pages: Callable[[int], None],
            on_total: Callable[[int], None]) -> None:
     """Index `files` into `store` with `model`, filling `result` (see the module docstring)."""
-    renderer = _Renderer(files, stored_by_path(store.payloads()),
-                         max_pixels=model.config.max_pixels, dpi=dpi)
+    renderer = _Renderer(files, Catalog.of(store.payloads()), max_pixels=model.config.max_pixels,
+                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size))
+    writer = _Writer(store, identity, result, on_pages)
     renderer.start()
+    writer.start()
     pending: list[tuple[_Plan, int, Any]] = []
-    finished: list[_Plan] = []
+    held: list[tuple] = []  # file events waiting for the pages before them to be embedded
     try:
-        while True:
-            event = renderer.events.get()
+        for event in renderer.iter_events():
             kind = event[0]
-            if kind == "end":
-                break
-            if kind == "failed":
-                result.failed.append(FileReport(str(event[1]), reason=event[2]))
-            elif kind == "file":
-                on_total(len(event[1].todo))
-            elif kind == "page":
+            if kind == "page":
                 pending.append(event[1:])
-            elif kind == "done":
-                finished.append(event[1])
-            if len(pending) >= batch_size or (kind in ("done", "failed") and not pending):
-                _store_batch(pending, store, model, identity, batch_size, on_pages)
+            elif kind == "file":
+                on_total(event[1].expected)
+                if event[1].reuse or event[1].follows:
+                    held.append(("copy", event[1]))
+            else:
+                held.append(event)
+            if len(pending) >= batch_size or (held and not pending):
+                _embed(pending, model, writer, batch_size)
                 pending = []
-                finished = _finish(finished, store, result)
-        _store_batch(pending, store, model, identity, batch_size, on_pages)
-        _finish(finished, store, result)
+                for job in held:
+                    writer.put(job)
+                held = []
+        _embed(pending, model, writer, batch_size)
+        for job in held:
+            writer.put(job)
     finally:
-        renderer.stop.set()
-        while renderer.is_alive():  # unblock a renderer waiting on a full queue
-            try:
-                renderer.events.get(timeout=0.1)
-            except queue.Empty:
-                pass
+        renderer.finish()
+        writer.finish()
         store.flush()
+    if writer.error is not None:
+        raise writer.error
 
 
-def _store_batch(pending, store, model, identity, batch_size, on_pages) -> None:
-    """Embed pending pages and upsert their points; a page the model refuses fails its file."""
+def _embed(pending: list[tuple[_Plan, int, Any]], model, writer: _Writer, batch_size: int) -> None:
+    """Embed pending pages and hand their vectors to the writer; a page the model refuses is
+    recorded in its file's errors and the others go on."""
     while pending:
         try:
             embedded = model.embed_pages([image for _, _, image in pending], batch_size=batch_size)
             bad = None
         except InputError as e:
             embedded, bad = getattr(e, "completed", []), e
-        points = [make_point(vectors, layout, _payload(plan, page, identity))
-                  for (plan, page, _), (vectors, layout) in zip(pending, embedded)]
-        store.upsert(points)
-        for plan, _, _ in pending[:len(embedded)]:
-            plan.stored += 1
-        on_pages(len(embedded))
+        if embedded:
+            writer.put(("points", [(plan, page, vectors, layout)
+                                   for (plan, page, _), (vectors, layout) in zip(pending, embedded)]))
         if bad is None:
             return
         plan, page, _ = pending[len(embedded)]
-        plan.failed = f"page {page}: {bad.reason}"
-        pending = [p for p in pending[len(embedded) + 1:] if p[0] is not plan]
+        plan.errors[page] = bad.reason
+        pending = pending[len(embedded) + 1:]
 
 
 def _payload(plan: _Plan, page: int, identity: dict[str, Any]) -> dict[str, Any]:
@@ -180,19 +338,17 @@ def _payload(plan: _Plan, page: int, identity: dict[str, Any]) -> dict[str, Any]
                 width=width, height=height)
 
 
-def _finish(finished: list[_Plan], store, result: AddResult) -> list[_Plan]:
-    """Report files whose pages are all stored (dropping their older version); keep the rest."""
-    waiting = []
-    for plan in finished:
-        if plan.failed:
-            result.failed.append(FileReport(str(plan.path), plan.stored, plan.failed))
-        elif plan.stored < len(plan.todo):
-            waiting.append(plan)
-        else:
-            store.delete(plan.stale)
-            if plan.todo:
-                result.added.append(FileReport(str(plan.path), len(plan.todo),
-                                               "replaced an older version" if plan.stale else ""))
-            else:
-                result.skipped.append(FileReport(str(plan.path), 0, "already indexed"))
-    return waiting
+def _copied(source: PagePoint, plan: _Plan, page: int, identity: dict[str, Any]) -> PagePoint:
+    """`source` (a stored page of the same content) as page `page` of `plan`'s file."""
+    payload = dict(source.payload, **identity, path=str(plan.path))
+    return PagePoint(point_id(plan.sha256, page, str(plan.path)), source.vectors, payload)
+
+
+def _failure(plan: _Plan) -> str:
+    pages = sorted(plan.errors)
+    first = f"page {pages[0]} of {plan.pages}: {plan.errors[pages[0]]}"
+    more = (f" (and {len(pages) - 1} more page(s): {', '.join(map(str, pages[1:]))})"
+            if pages[1:] else "")
+    indexed = plan.stored + len(plan.have)
+    kept = f"; its other {indexed} page(s) are indexed" if indexed else ""
+    return first + more + kept

@@ -19,7 +19,7 @@ from qdrant_client.http.exceptions import ApiException
 
 from .schema import COLS_VECTOR, DEFAULT_COLLECTION, PAGE_VECTOR, ROWS_VECTOR, VECTOR_NAMES, PagePoint
 from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
-                    check_mode)
+                    as_point, check_mode)
 
 
 @contextlib.contextmanager
@@ -116,11 +116,11 @@ class ServerStore(Store):
         return models.QueryRequest(query=query, using=PAGE_VECTOR, prefetch=stages, limit=k,
                                    with_payload=True)
 
-    def page_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
-        with _client_errors("read page vectors", self.location):
-            records = self.client.retrieve(self.collection, ids=list(ids), with_payload=False,
-                                           with_vectors=[PAGE_VECTOR])
-        return {str(r.id): np.asarray(r.vector[PAGE_VECTOR], dtype=np.float32) for r in records}
+    def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
+        with _client_errors("read pages", self.location):
+            records = self.client.retrieve(self.collection, ids=list(ids), with_payload=True,
+                                           with_vectors=True)
+        return {str(r.id): as_point(r) for r in records}
 
     def close(self) -> None:
         if getattr(self, "client", None) is not None:

@@ -150,11 +150,14 @@ class Document:
                 width, height = pdf_page.get_size()
                 scale = (size[0] / width if size else
                          render_scale(width, height, max_pixels=self.max_pixels, dpi=self.dpi))
-                image = pdf_page.render(scale=scale).to_pil().convert("RGB")
+                # RGB byte order straight from pdfium: no BGR swap, no second copy (same pixels)
+                image = pdf_page.render(scale=scale, rev_byteorder=True).to_pil()
                 pdf_page.close()
+                if image.mode != "RGB":
+                    image = image.convert("RGB")
             else:
                 self._image.seek(page - 1)
-                image = self._image.convert("RGB")
+                image = self._image.convert("RGB")  # a copy: the next seek moves the file's frame
             if size and image.size != tuple(size):
                 image = image.resize(tuple(size), Image.Resampling.BICUBIC)
             return image

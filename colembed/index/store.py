@@ -23,7 +23,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..errors import ColembedError
-from .schema import PagePoint
+from .schema import PAGE_VECTOR, PagePoint
 
 SEARCH_MODES = ("two-stage", "exact")
 DEFAULT_SEARCH_MODE = "two-stage"  # 10,000 pages: ~8x faster than exact, recall@10 ~0.9 (benchmarks/)
@@ -75,14 +75,27 @@ class Store(ABC):
         """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim."""
 
     @abstractmethod
+    def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
+        """The stored points (all vectors as float32, payload) of the ids that are stored: a
+        moved or duplicated file's pages are copied from them instead of embedded again."""
+
     def page_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         """The full `page` multivector (float32) of each id that is stored."""
+        return {pid: point.vectors[PAGE_VECTOR] for pid, point in self.points(ids).items()}
 
     def flush(self) -> None:
         """Make every finished write durable."""
 
     def close(self) -> None:
         """Release the store (flushes)."""
+
+
+def as_point(record: Any) -> PagePoint:
+    """A record retrieved with its vectors and payload (either client's: `.id`, `.vector` by
+    name, `.payload`) as a PagePoint with float32 vectors."""
+    return PagePoint(str(record.id), {name: np.asarray(v, dtype=np.float32)
+                                      for name, v in record.vector.items()},
+                     dict(record.payload or {}))
 
 
 def check_mode(mode: str) -> str:
