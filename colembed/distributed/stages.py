@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -67,8 +68,9 @@ class PageEmbedder:
     """Holds one loaded model (sessions created once, in the constructor) and turns document
     rows into point rows: per document, its sha256, the pages `stored` (point ids) lacks,
     rendered by `sources.Document` as the single-process indexer renders them and embedded
-    `batch_size` at a time; one batch of point rows is yielded per embedded batch. Ray Data runs
-    one per actor of the pool, one call at a time (pdfium is not thread-safe).
+    `batch_size` at a time, the next batch rendered by one thread while the model embeds; one
+    batch of point rows is yielded per embedded batch. Ray Data runs one per actor of the pool,
+    one call at a time (pdfium is not thread-safe: one render at a time per process).
 
     `crash_once`: fault injection for resumability checks, real code on purpose: the first
     embedder anywhere to embed its `crash_once[1]`-th batch creates the marker file
@@ -86,6 +88,7 @@ class PageEmbedder:
         self.identity = dict(identity)
         self.stored, self.batch_size, self.dpi, self.filesystem = stored, batch_size, dpi, filesystem
         self.crash_once, self.batches = crash_once, 0
+        self.renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="colembed-render")
 
     def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, list]]:
         for path in batch["path"]:
@@ -102,18 +105,32 @@ class PageEmbedder:
                             if point_id(sha, n, path) not in self.stored]
                     if not todo:
                         yield _columns([_meta_row(meta, 0, SKIPPED, "already indexed")])
-                    for start in range(0, len(todo), self.batch_size):
-                        out, bad = self._embed(doc, meta, todo[start:start + self.batch_size])
-                        yield _columns(out)
-                        if bad:
-                            return
+                    yield from self._embed_pages(doc, meta, todo)
         except SourceError as e:
             yield _columns([_meta_row(dict(path=path, pages=0, sha256=""), 0, FAILED, e.reason)])
 
-    def _embed(self, doc, meta: dict[str, Any], pages: list[int]) -> tuple[list[dict], bool]:
-        """Point rows of `pages` (rendered here); a page the model rejects ends the document
-        with a "failed" row after the pages before it, as the single-process indexer does."""
-        images = [doc.render(n) for n in pages]
+    def _embed_pages(self, doc, meta: dict[str, Any], todo: list[int]) -> Iterator[dict[str, list]]:
+        """Embed `todo` a batch at a time while the render thread renders the next batch, as the
+        single-process indexer overlaps them (one render in flight: pdfium is not thread-safe;
+        none is left running when this returns, so the document can be closed)."""
+        chunks = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+        ahead = self.renderer.submit(_render, doc, chunks[0]) if chunks else None
+        try:
+            for i, pages in enumerate(chunks):
+                images, ahead = ahead.result(), None
+                if i + 1 < len(chunks):
+                    ahead = self.renderer.submit(_render, doc, chunks[i + 1])
+                out, bad = self._embed(meta, pages, images)
+                yield _columns(out)
+                if bad:
+                    return
+        finally:
+            if ahead is not None:
+                wait([ahead])
+
+    def _embed(self, meta: dict[str, Any], pages: list[int], images: list) -> tuple[list[dict], bool]:
+        """Point rows of `pages`; a page the model rejects ends the document with a "failed" row
+        after the pages before it, as the single-process indexer does."""
         try:
             embedded, bad = self.model.embed_pages(images, batch_size=len(images)), None
         except InputError as e:
@@ -146,6 +163,10 @@ class PageEmbedder:
             return
         os.close(fd)
         os._exit(1)
+
+
+def _render(doc, pages: list[int]) -> list:
+    return [doc.render(n) for n in pages]
 
 
 def _meta_row(meta: dict[str, Any], page: int, status: str, reason: str) -> dict[str, Any]:
