@@ -4,7 +4,7 @@ with the same exported tiny model.
 
 Three Ray jobs in all (each costs ~15 s here, mostly worker and actor start-up):
 - Parquet, 2 actors, with a corrupt PDF among the documents and one actor process made to exit
-  on its second batch (`crash_once`: real code in `PageEmbedder`, not a mock);
+  on its second embedded batch (`crash_once`: real code in `PageEmbedder`, not a mock);
 - a Qdrant Edge folder (the driver as its one writer), 2 actors, the documents read through a
   pyarrow filesystem (the path a bucket takes: each file copied to a temporary file to render);
 - the same Edge folder again through `colembed index --ray`: everything is skipped.
@@ -163,20 +163,20 @@ def test_the_cli_rerun_skips_everything(edge_job, documents, exported_tiny, caps
 
 def test_the_server_writer_stores_what_the_single_process_index_holds(documents, exported_tiny,
                                                                       single, tmp_path):
-    """The stages without Ray (render, embed, a server writer) into qdrant-client's local mode,
-    the stand-in for a Qdrant server: the same ids, payloads and (float16-stored) vectors."""
+    """The stages without Ray (render + embed in the actor, a server writer) into qdrant-client's
+    local mode, the stand-in for a Qdrant server: the same ids, payloads and (float16-stored)
+    vectors."""
     from colembed.distributed.pipeline import model_identity
-    from colembed.distributed.stages import PageEmbedder, render_document
+    from colembed.distributed.stages import PageEmbedder
     from colembed.distributed.targets import StoreWriter
     from colembed.index.store import open_store
 
     folder = exported_tiny.folder
     embedder = PageEmbedder(str(folder), model_identity(folder, "fp32"),
-                            load_options=dict(variant="fp32"))
-    rows = list(render_document({"path": str(documents[0] / "report.pdf")}, stored=frozenset(),
-                                max_pixels=embedder.model.config.max_pixels, dpi=None))
-    batch = {k: np.array([r[k] for r in rows], dtype=object) for k in rows[0]}
-    points = embedder(batch)
+                            load_options=dict(variant="fp32"), batch_size=2)
+    batches = list(embedder({"path": np.array([str(documents[0] / "report.pdf")], dtype=object)}))
+    assert [len(b["id"]) for b in batches] == [2, 1]  # 3 pages, embedded 2 at a time
+    points = {k: sum((b[k] for b in batches), []) for k in batches[0]}
     writer = StoreWriter(location=str(tmp_path / "local"), url=None, api_key=None,
                          collection=None, local=True, dim=embedder.model.embedding_size)
     summary = writer({k: np.array(v, dtype=object) for k, v in points.items()})

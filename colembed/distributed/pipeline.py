@@ -1,13 +1,17 @@
-"""The Ray Data job: documents -> rendered pages -> embedded by a pool of model actors -> target.
+"""The Ray Data job: documents -> a pool of model actors (render + embed) -> target.
 
     driver        list the documents; open the target; read the ids it holds; check the model
-    flat_map      (tasks) per document: sha256, ids of its pages, render the missing ones with
-                  `index.sources.Document` (pypdfium2 at the model's pixel budget)
-    map_batches   (ActorPool of `actors`, each one `PageEmbedder` = one loaded model) embed
-                  `batch_size` pages per call, make each page's point (`index.schema.make_point`)
+    map_batches   (ActorPool of `actors`, each one `PageEmbedder` = one loaded model) per
+                  document: sha256, ids of its pages, render the missing ones with
+                  `index.sources.Document` (pypdfium2 at the model's pixel budget) in the actor's
+                  own process, embed `batch_size` pages per model call, make each page's point
+                  (`index.schema.make_point`); only paths go in and points come out
     write         a Qdrant server: `writers` actors upserting in parallel; an Edge / local-mode
                   folder: the driver, its one writer; Parquet: tasks writing one part per batch
     driver        collect the per-page summary; drop older versions of changed files (Qdrant)
+
+Rendering where the model runs is what keeps Ray's cost per page small: a page's pixels (~1.8 MB
+at 768 tokens) never cross the object store, and each PDF is opened and hashed once.
 
 The model folder is read by each actor from a path every node can read (shared storage, or the
 same path baked into each node's image): Ray's object store and working_dir are for objects and
@@ -29,14 +33,10 @@ from ..index.schema import SCHEMA_VERSION, identity_mismatch
 from ..index.sources import discover, kind_of
 from ..index.store import ModelMismatchError
 from ..manifest import read_manifest
-from .stages import FAILED, PAGE, SKIPPED, PageEmbedder, render_document, summary_rows
+from .stages import FAILED, PAGE, SKIPPED, PageEmbedder, summary_rows
 from .targets import ParquetTarget, StoreWriter, write_part
 
-# Render tasks reserve no CPU (an actor reserves its cores for the whole job, so a reserving task
-# could wait behind them forever); their number is capped instead, as the single-process indexer
-# runs one render thread beside its model.
-RENDER_TASKS_PER_ACTOR = 1
-MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many render tasks
+MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many blocks
 
 
 def model_identity(folder: str | os.PathLike, variant: str) -> dict[str, Any]:
@@ -85,19 +85,18 @@ def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int =
     folder = Path(model).expanduser().resolve()
     identity = model_identity(folder, variant)
     manifest = read_manifest(folder)
-    config = manifest.preprocess.with_max_image_tokens(max_image_tokens)
     documents, result = list_documents(paths, filesystem)
     stored = target.open(manifest.embedding_dim)
     try:
         _check_identity(stored, identity, target)
         pages = documents and _pipeline(
-            documents, stored={pid for pid, _ in stored}, max_pixels=config.max_pixels, dpi=dpi,
-            filesystem=filesystem, batch_size=batch_size, actors=actors,
+            documents, actors=actors, actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor),
             embedder=dict(folder=str(folder), identity=identity, crash_once=crash_once,
+                          stored=frozenset(pid for pid, _ in stored), batch_size=batch_size,
+                          dpi=dpi, filesystem=filesystem,
                           load_options=dict(variant=variant, providers=providers,
                                             max_image_tokens=max_image_tokens,
-                                            threads=max(1, round(cpus_per_actor)))),
-            actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor))
+                                            threads=max(1, round(cpus_per_actor)))))
         rows = _write(pages, target, writers) if documents else []
         _report(rows, documents, stored, target, result)
     finally:
@@ -113,15 +112,11 @@ def _check_identity(stored, identity, target) -> None:
                                      "export (" + "; ".join(problems) + ")")
 
 
-def _pipeline(documents, *, stored, max_pixels, dpi, filesystem, batch_size, actors, embedder,
-              actor_args):
+def _pipeline(documents, *, actors, embedder, actor_args):
+    """One document per actor call: the unit Ray retries, and the one PDF an actor opens."""
     blocks = max(1, min(len(documents), MAX_DOCUMENT_BLOCKS))
     return (ray.data.from_items([{"path": d} for d in documents], override_num_blocks=blocks)
-            .flat_map(render_document, num_cpus=0,
-                      compute=ray.data.TaskPoolStrategy(size=RENDER_TASKS_PER_ACTOR * actors),
-                      fn_kwargs=dict(stored=frozenset(stored), max_pixels=max_pixels, dpi=dpi,
-                                     filesystem=filesystem))
-            .map_batches(PageEmbedder, batch_size=batch_size, batch_format="numpy",
+            .map_batches(PageEmbedder, batch_size=1, batch_format="numpy",
                          compute=ray.data.ActorPoolStrategy(size=actors),
                          fn_constructor_kwargs=embedder, **actor_args))
 
@@ -148,11 +143,12 @@ def _write(pages, target, writers: int) -> list[dict[str, Any]]:
 def _report(rows, documents, stored, target, result: AddResult) -> None:
     """Fill `result` per document from the page rows, as `Index.add` reports; in a Qdrant
     target, drop the pages of older versions of files now fully written."""
-    by_path: dict[str, list[dict[str, Any]]] = {d: [] for d in documents}
-    for row in rows:
-        by_path.setdefault(row["path"], []).append(row)
+    by_path: dict[str, dict[tuple, dict[str, Any]]] = {d: {} for d in documents}
+    for row in rows:  # a retried document's rows may arrive twice: one per page and status
+        by_path.setdefault(row["path"], {})[row["page"], row["status"]] = row
     versions = stored_by_path(stored)
-    for path, page_rows in by_path.items():
+    for path, unique in by_path.items():
+        page_rows = list(unique.values())
         written = [r for r in page_rows if r["status"] == PAGE]
         failed = [r for r in page_rows if r["status"] == FAILED]
         if failed:

@@ -3,14 +3,14 @@
 Ray-free (Ray Data calls these; a test or a debugger can call them alone). Rows between stages:
 
     document row   {"path": str}                                      (the driver's list)
-    page row       path, page, pages, sha256, width, height, pixels (raw RGB bytes), status, reason
-    point row      the page row's keys (pixels dropped) + id, payload (JSON), page/rows/cols
-                   vectors (raw float32 bytes, `dim` wide)
+    point row      path, page, pages, sha256, status, reason, id, payload (JSON),
+                   page/rows/cols vectors (raw float32 bytes, `dim` wide)
 
-`status` is "page" (to embed / embedded), "skipped" (a document whose pages are all in the
-target: one row) or "failed" (a document or page that cannot be indexed: one row naming the reason).
-Pixels travel as raw bytes and vectors as raw float32 bytes, so every stage hands the next exactly
-what the single-process indexer hands its model and its store.
+`status` is "page" (embedded), "skipped" (a document whose pages are all in the target: one row)
+or "failed" (a document or page that cannot be indexed: one row naming the reason). The actor
+that embeds a document also hashes, opens and renders it, once: pixels never leave its process,
+and only document paths go in and points come out. Vectors travel as raw float32 bytes, so the
+writer gets exactly what the single-process indexer hands its store.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -32,33 +33,6 @@ PAGE, SKIPPED, FAILED = "page", "skipped", "failed"
 VECTOR_COLUMNS = {PAGE_VECTOR: "page_vectors", ROWS_VECTOR: "rows_vectors", COLS_VECTOR: "cols_vectors"}
 META_COLUMNS = ("path", "page", "pages", "sha256", "status", "reason")
 COPY_PREFIX = "colembed-doc-"
-
-
-def _row(path: str, *, page: int = 0, pages: int = 0, sha256: str = "", status: str = PAGE,
-         reason: str = "", size: tuple[int, int] = (0, 0), pixels: bytes = b"") -> dict[str, Any]:
-    return {"path": path, "page": page, "pages": pages, "sha256": sha256, "width": size[0],
-            "height": size[1], "pixels": pixels, "status": status, "reason": reason}
-
-
-def render_document(row: dict[str, Any], *, stored: frozenset[str], max_pixels: int,
-                    dpi: float | None, filesystem=None) -> Iterator[dict[str, Any]]:
-    """Page rows of the pages of one document that `stored` (point ids) lacks, rendered by
-    `sources.Document` exactly as the single-process indexer renders them; a document that
-    cannot be read becomes one "failed" row, one with every page stored one "skipped" row."""
-    path = row["path"]
-    try:
-        with _local_copy(path, filesystem) as (local, sha):
-            with Document(local, max_pixels=max_pixels, dpi=dpi) as doc:
-                todo = [n for n in range(1, doc.pages + 1)
-                        if point_id(sha, n, path) not in stored]
-                if not todo:
-                    yield _row(path, pages=doc.pages, sha256=sha, status=SKIPPED,
-                               reason="already indexed")
-                for page, image in doc.iter_pages(todo):
-                    yield _row(path, page=page, pages=doc.pages, sha256=sha, size=image.size,
-                               pixels=image.tobytes())
-    except SourceError as e:
-        yield _row(path, status=FAILED, reason=e.reason)
 
 
 class _local_copy:
@@ -91,59 +65,93 @@ class _local_copy:
 
 
 class PageEmbedder:
-    """Holds one loaded model (sessions created once, in the constructor) and turns a batch of
-    page rows into point rows; Ray Data runs one per actor of the pool.
+    """Holds one loaded model (sessions created once, in the constructor) and turns document
+    rows into point rows: per document, its sha256, the pages `stored` (point ids) lacks,
+    rendered by `sources.Document` as the single-process indexer renders them and embedded
+    `batch_size` at a time, the next batch rendered by one thread while the model embeds; one
+    batch of point rows is yielded per embedded batch. Ray Data runs one per actor of the pool,
+    one call at a time (pdfium is not thread-safe: one render at a time per process).
 
     `crash_once`: fault injection for resumability checks, real code on purpose: the first
-    embedder anywhere to finish its `crash_once[1]`-th batch creates the marker file
-    `crash_once[0]` and exits its process before returning that batch (the marker keeps the
+    embedder anywhere to embed its `crash_once[1]`-th batch creates the marker file
+    `crash_once[0]` and exits its process before yielding that batch (the marker keeps the
     restarted actor and the others alive), as a node lost mid-job would.
     """
 
     def __init__(self, folder: str, identity: dict[str, Any], *, load_options: dict[str, Any],
+                 stored: frozenset[str] = frozenset(), batch_size: int = 4,
+                 dpi: float | None = None, filesystem=None,
                  crash_once: tuple[str, int] | None = None) -> None:
         from ..model import load
 
         self.model = load(folder, **load_options)
         self.identity = dict(identity)
+        self.stored, self.batch_size, self.dpi, self.filesystem = stored, batch_size, dpi, filesystem
         self.crash_once, self.batches = crash_once, 0
+        self.renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="colembed-render")
 
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, list]:
-        rows = [{k: batch[k][i] for k in batch} for i in range(len(batch["path"]))]
-        out = [self._passthrough(r) for r in rows if r["status"] != PAGE]
-        pages = [r for r in rows if r["status"] == PAGE]
-        while pages:
-            images = [_image(r) for r in pages]
-            try:
-                embedded, bad = self.model.embed_pages(images, batch_size=len(images)), None
-            except InputError as e:
-                embedded, bad = getattr(e, "completed", []), e
-            out += [self._point_row(r, v, lay) for r, (v, lay) in zip(pages, embedded)]
-            if bad is None:
-                break
+    def __call__(self, batch: dict[str, np.ndarray]) -> Iterator[dict[str, list]]:
+        for path in batch["path"]:
+            yield from self.document(str(path))
+
+    def document(self, path: str) -> Iterator[dict[str, list]]:
+        """Point rows of one document's missing pages, a batch at a time; a document that cannot
+        be read ends with one "failed" row, one with every page stored is one "skipped" row."""
+        try:
+            with _local_copy(path, self.filesystem) as (local, sha):
+                with Document(local, max_pixels=self.model.config.max_pixels, dpi=self.dpi) as doc:
+                    meta = dict(path=path, pages=doc.pages, sha256=sha)
+                    todo = [n for n in range(1, doc.pages + 1)
+                            if point_id(sha, n, path) not in self.stored]
+                    if not todo:
+                        yield _columns([_meta_row(meta, 0, SKIPPED, "already indexed")])
+                    yield from self._embed_pages(doc, meta, todo)
+        except SourceError as e:
+            yield _columns([_meta_row(dict(path=path, pages=0, sha256=""), 0, FAILED, e.reason)])
+
+    def _embed_pages(self, doc, meta: dict[str, Any], todo: list[int]) -> Iterator[dict[str, list]]:
+        """Embed `todo` a batch at a time while the render thread renders the next batch, as the
+        single-process indexer overlaps them (one render in flight: pdfium is not thread-safe;
+        none is left running when this returns, so the document can be closed)."""
+        chunks = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+        ahead = self.renderer.submit(_render, doc, chunks[0]) if chunks else None
+        try:
+            for i, pages in enumerate(chunks):
+                images, ahead = ahead.result(), None
+                if i + 1 < len(chunks):
+                    ahead = self.renderer.submit(_render, doc, chunks[i + 1])
+                out, bad = self._embed(meta, pages, images)
+                yield _columns(out)
+                if bad:
+                    return
+        finally:
+            if ahead is not None:
+                wait([ahead])
+
+    def _embed(self, meta: dict[str, Any], pages: list[int], images: list) -> tuple[list[dict], bool]:
+        """Point rows of `pages`; a page the model rejects ends the document with a "failed" row
+        after the pages before it, as the single-process indexer does."""
+        try:
+            embedded, bad = self.model.embed_pages(images, batch_size=len(images)), None
+        except InputError as e:
+            embedded, bad = getattr(e, "completed", []), e
+        out = [self._point_row(meta, n, image.size, v, lay)
+               for n, image, (v, lay) in zip(pages, images, embedded)]
+        if bad is not None:
             failed = pages[len(embedded)]
-            out.append(self._passthrough(failed, FAILED, f"page {failed['page']}: {bad.reason}"))
-            pages = pages[len(embedded) + 1:]
+            out.append(_meta_row(meta, failed, FAILED, f"page {failed}: {bad.reason}"))
         self.batches += 1
         self._maybe_crash()
-        return _columns(out)
+        return out, bad is not None
 
-    def _point_row(self, row: dict[str, Any], vectors: np.ndarray, layout) -> dict[str, Any]:
-        payload = dict(self.identity, path=str(row["path"]), page=int(row["page"]),
-                       pages=int(row["pages"]), sha256=str(row["sha256"]),
-                       width=int(row["width"]), height=int(row["height"]))
+    def _point_row(self, meta: dict[str, Any], page: int, size: tuple[int, int],
+                   vectors: np.ndarray, layout) -> dict[str, Any]:
+        payload = dict(self.identity, path=meta["path"], page=page, pages=meta["pages"],
+                       sha256=meta["sha256"], width=size[0], height=size[1])
         point = make_point(vectors, layout, payload)
-        out = self._passthrough(row)
+        out = _meta_row(meta, page, PAGE, "")
         out.update(id=point.id, payload=json.dumps(point.payload, sort_keys=True),
                    **{VECTOR_COLUMNS[n]: point.vectors[n].tobytes() for n in VECTOR_COLUMNS})
-        return out
-
-    @staticmethod
-    def _passthrough(row: dict[str, Any], status: str | None = None, reason: str | None = None):
-        out = {k: _plain(row[k]) for k in META_COLUMNS}
-        if status is not None:
-            out.update(status=status, reason=reason)
-        out.update(id="", payload="", **{c: b"" for c in VECTOR_COLUMNS.values()})
         return out
 
     def _maybe_crash(self) -> None:
@@ -157,10 +165,15 @@ class PageEmbedder:
         os._exit(1)
 
 
-def _image(row: dict[str, Any]):
-    from PIL import Image
+def _render(doc, pages: list[int]) -> list:
+    return [doc.render(n) for n in pages]
 
-    return Image.frombytes("RGB", (int(row["width"]), int(row["height"])), row["pixels"])
+
+def _meta_row(meta: dict[str, Any], page: int, status: str, reason: str) -> dict[str, Any]:
+    """A row without a point (skipped, failed), or the start of a point row."""
+    return dict(path=meta["path"], page=page, pages=meta["pages"], sha256=meta["sha256"],
+                status=status, reason=reason, id="", payload="",
+                **{c: b"" for c in VECTOR_COLUMNS.values()})
 
 
 def _plain(value: Any) -> Any:
