@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 import ray
 
-from ..index.ingest import AddResult, FileReport, stored_by_path
+from ..index.ingest import AddResult, Catalog, FileReport
 from ..index.schema import SCHEMA_VERSION, identity_mismatch
 from ..index.sources import discover, kind_of
 from ..index.store import ModelMismatchError
@@ -146,7 +146,7 @@ def _report(rows, documents, stored, target, result: AddResult) -> None:
     by_path: dict[str, dict[tuple, dict[str, Any]]] = {d: {} for d in documents}
     for row in rows:  # a retried document's rows may arrive twice: one per page and status
         by_path.setdefault(row["path"], {})[row["page"], row["status"]] = row
-    versions = stored_by_path(stored)
+    versions = Catalog.of(stored).by_path
     for path, unique in by_path.items():
         page_rows = list(unique.values())
         written = [r for r in page_rows if r["status"] == PAGE]
