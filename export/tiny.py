@@ -270,7 +270,7 @@ class StressTraits:
         return hidden // 7, (5 * hidden) // 9
 
 
-def _inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+def inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
     import math
 
     lm = model.vlm.model.language_model
@@ -304,7 +304,7 @@ def _inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
             "text_norm_rescale": full / plain}
 
 
-def _norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
+def norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
     """Mean per-token standard deviation of each LayerNorm's input on a probe."""
     seen: dict[int, float] = {}
 
@@ -339,7 +339,7 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
             linear.bias.mul_(scale)
     offset = traits.vision_peak / (2 * len(visual.blocks))
     norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.ln_q]
-    sigmas = _norm_input_std(visual, patches, grid, norms)
+    sigmas = norm_input_std(visual, patches, grid, norms)
     for block in visual.blocks:
         for linear in (block.attn.proj, block.mlp.fc2):
             linear.bias[channels] += offset
@@ -369,7 +369,7 @@ def build_stress_checkpoint(out_dir: str | Path, spec: ArchitectureSpec | str = 
     """`build_checkpoint` plus trained-model activation traits (see `StressTraits`)."""
 
     def edit(model: Any) -> dict[str, Any]:
-        return {**asdict(traits), **_inject_text_traits(model, traits),
+        return {**asdict(traits), **inject_text_traits(model, traits),
                 **_inject_vision_traits(model, traits)}
 
     return build_checkpoint(out_dir, spec, seed=seed, edit=edit)
