@@ -54,13 +54,13 @@ def run(folder: Path, batch: int, tokens: int, threads: int) -> dict:
     model = colembed.load(folder, threads=threads)
     page = letter_page() if not tokens else budget_page(letter_page(), tokens, model.config)
     pages = [prepare_image(page, model.config, index=i) for i in range(PAGES)]
-    cos, sin = model._rotary(pages[0].grid_thw)
+    grid_inputs = model._grid_inputs(pages[0].grid_thw)  # rotary tables (+ window layout)
     vision, contract = model._sessions["vision"], model._contracts["vision"]
 
     def once() -> None:
         for lo in range(0, PAGES, batch):
             pixels = np.stack([p.patches for p in pages[lo:lo + batch]])
-            vision.run(contract.feeds(pixels, cos, sin))
+            vision.run(contract.feeds(pixels, *grid_inputs))
 
     once()
     wall, cpu = [], []

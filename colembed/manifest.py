@@ -1,7 +1,8 @@
 """The manifest: one JSON file that fully describes an exported model folder, read into types.
 
 Written by the exporter (which builds the JSON as a dict and calls `Manifest.from_dict`), read and
-validated by the runtime. It lists every file with its size and sha256, each graph's contract per
+validated by the runtime. It names the model family and its vision attention
+(`colembed.families`), lists every file with its size and sha256, each graph's contract per
 variant, the preprocessing constants (`PreprocessConfig`), the architecture numbers the host needs,
 the export check's figures and the versions used. Nothing the runtime needs is read from anywhere
 else in the folder except the tokenizer itself.
@@ -10,7 +11,8 @@ Every part is a frozen dataclass checked when it is built: a missing key, a wron
 where a count belongs, a graph file the `files` table does not describe, or a name that is not a
 plain relative name fails here, with a ManifestError naming the field (`variants.fp32.text.file`),
 never later as a KeyError or ZeroDivisionError at the first embed, and never with a default filled
-in. `to_dict` gives back the JSON format (`from_dict(m.to_dict()) == m`).
+in (one reading, not a default: a manifest naming no family is a first-release ColQwen2 folder,
+`_family` says why). `to_dict` gives back the JSON format (`from_dict(m.to_dict()) == m`).
 
 Imports only the standard library and colembed's own torch-free modules.
 """
@@ -26,6 +28,7 @@ from typing import Any, Mapping
 
 from .contracts import ORT_TYPES, GraphContract, TensorSpec
 from .errors import ManifestError, ModelFolderError
+from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, get_family
 from .integrity import describe_file, sha256_of, verify_files  # noqa: F401  (re-exported)
 from .preprocess.config import PreprocessConfig
 
@@ -33,8 +36,9 @@ from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _SHA256_HEX = 64
-TOP_LEVEL_KEYS = ("format", "format_version", "model", "embedding_dim", "preprocess",
-                  "architecture", "variants", "scorer", "files", "checks", "versions", "created")
+TOP_LEVEL_KEYS = ("format", "format_version", "model", "family", "vision_attention",
+                  "embedding_dim", "preprocess", "architecture", "variants", "scorer", "files",
+                  "checks", "versions", "created")
 
 
 # ----------------------------------------------------------------------------- field checking
@@ -291,6 +295,8 @@ class Manifest:
     checks: Mapping[str, ExportCheck] = field(default_factory=lambda: _frozen({}))
     versions: Mapping[str, str] = field(default_factory=lambda: _frozen({}))
     created: str = ""
+    family: str = LEGACY_FAMILY.name
+    vision_attention: VisionAttention = VisionAttention(LEGACY_FAMILY.attention_kind)
 
     def __post_init__(self) -> None:
         problems = _inconsistencies(self)
@@ -302,6 +308,8 @@ class Manifest:
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "model": self.model.to_dict(),
+            "family": self.family,
+            "vision_attention": self.vision_attention.to_dict(),
             "embedding_dim": self.embedding_dim,
             "preprocess": self.preprocess.to_dict(),
             "architecture": self.architecture.to_dict(),
@@ -330,8 +338,11 @@ class Manifest:
         for key, value in versions.items():
             _get(versions, key, str, "versions")
         scorer = _get(d, "scorer", dict, "", optional=True)
+        family, attention = _family(d)
         return cls(
             model=ModelInfo.from_dict(_get(d, "model", dict, "")),
+            family=family,
+            vision_attention=attention,
             embedding_dim=_get(d, "embedding_dim", int, "", positive=True),
             preprocess=PreprocessConfig.from_dict(_get(d, "preprocess", dict, "")),
             architecture=Architecture.from_dict(_get(d, "architecture", dict, "")),
@@ -368,6 +379,24 @@ class Manifest:
             raise ModelFolderError(f"variant {variant!r} has no {role!r} graph", path=MANIFEST_NAME)
 
 
+def _family(d: dict) -> tuple[str, VisionAttention]:
+    """The folder's family and vision attention. Both or neither: a manifest without them was
+    written by the first release, whose exporter took Qwen2-VL checkpoints only, so it is a
+    ColQwen2 folder with full attention (`LEGACY_FAMILY`); that is a fact of its format, not a
+    guess. One without the other is refused, as is a pair that contradicts the family."""
+    if "family" not in d and "vision_attention" not in d:
+        return LEGACY_FAMILY.name, VisionAttention(LEGACY_FAMILY.attention_kind)
+    name = _get(d, "family", str, "")
+    if name not in FAMILIES:
+        raise ManifestError(f"family: {name!r:.40} is not one of {sorted(FAMILIES)} (a newer "
+                            "colembed's model? upgrade colembed)")
+    attention = VisionAttention.from_dict(_get(d, "vision_attention", dict, ""))
+    if attention.kind != get_family(name).attention_kind:
+        raise ManifestError(f"vision_attention.kind: {attention.kind!r} contradicts family {name!r}, "
+                            f"whose image graph attends {get_family(name).attention_kind!r}")
+    return name, attention
+
+
 def _variant_name(name: str) -> str:
     if not name or not name.replace("_", "").replace("-", "").isalnum():
         raise ManifestError(f"variants: {name!r:.40} is not a variant name")
@@ -377,6 +406,11 @@ def _variant_name(name: str) -> str:
 def _inconsistencies(m: Manifest) -> list[str]:
     """Every cross-reference of the manifest that does not hold (empty when consistent)."""
     problems = []
+    if m.family not in FAMILIES:
+        problems.append(f"family: {m.family!r} is not one of {sorted(FAMILIES)}")
+    elif m.vision_attention.kind != FAMILIES[m.family].attention_kind:
+        problems.append(f"vision_attention.kind: {m.vision_attention.kind!r} contradicts family "
+                        f"{m.family!r}")
     if TOKENIZER_FILE not in m.files:
         problems.append(f"files: {TOKENIZER_FILE} is not described")
     if m.architecture.embedding_dim != m.embedding_dim:

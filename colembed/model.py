@@ -20,10 +20,11 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from .contracts import GraphContract, colqwen2_contracts
+from .contracts import GraphContract
 from .errors import InputError, InputTypeError, ModelFolderError
 from .integrity import check_graph_files, verify_files
 from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
+from .families import get_family
 from .manifest import Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
@@ -96,7 +97,8 @@ class PageLayout:
 
 
 class ColQwen2Model:
-    """ColQwen2 on onnxruntime. Make one with `colembed.load(...)`.
+    """A ColQwen2-family model (ColQwen2, ColQwen2.5: the manifest's `family`) on onnxruntime.
+    Make one with `colembed.load(...)`.
 
     `embed_queries` / `embed_images` return one float32 (tokens, dim) array per item, padding
     removed, in input order; `iter_*` do the same lazily over any iterable.
@@ -132,7 +134,8 @@ class ColQwen2Model:
                                                   self.manifest.preprocess)
         self.embedding_size = self.manifest.embedding_dim
         self._text_hidden = self.manifest.architecture.text_hidden
-        self._contracts = colqwen2_contracts(
+        self.family = get_family(self.manifest.family)
+        self._contracts = self.family.contracts(
             patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
             text_hidden=self._text_hidden, embedding_dim=self.embedding_size)
         self._provider_request = resolve_providers(providers)
@@ -144,7 +147,7 @@ class ColQwen2Model:
         self._verify = verify
         self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
-        self._rotary_cache: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray]] = {}
+        self._grid_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._scorer = None
 
     def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena) -> Session:
@@ -153,7 +156,7 @@ class ColQwen2Model:
         path = inside(self.folder, entry.file)
         problems = entry.contract.differences(family)
         if problems:
-            raise ModelFolderError("the manifest's contract is not ColQwen2's: "
+            raise ModelFolderError(f"the manifest's contract is not {self.manifest.family}'s: "
                                    + "; ".join(problems), path=path)
         session = Session(str(path), self._provider_request, threads=threads,
                           cpu_mem_arena=cpu_mem_arena)
@@ -178,7 +181,8 @@ class ColQwen2Model:
 
     def __repr__(self) -> str:
         random = ", random_weights=True" if self.manifest.model.random_weights else ""
-        return (f"ColQwen2Model(name={self.name!r}, variant={self.variant!r}, "
+        return (f"ColQwen2Model(name={self.name!r}, family={self.family.name!r}, "
+                f"variant={self.variant!r}, "
                 f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
                 f"providers={self.providers}{random}, folder='{self.folder}')")
 
@@ -282,14 +286,21 @@ class ColQwen2Model:
         ids = [self.text_encoder.page_prompt_ids(p.num_image_tokens) for p in prepared]
         return self._run_text(ids, [(p.grid_thw,) for p in prepared], features)
 
-    def _rotary(self, grid: tuple[int, int, int]) -> tuple[np.ndarray, np.ndarray]:
-        if grid not in self._rotary_cache:
-            if len(self._rotary_cache) > 64:
-                self._rotary_cache.clear()
-            self._rotary_cache[grid] = vision_rotary_tables(
-                grid, merge_size=self.config.merge_size, head_dim=self.config.vision_head_dim,
-                theta=self.config.vision_rope_theta)
-        return self._rotary_cache[grid]
+    def _grid_inputs(self, grid: tuple[int, int, int]) -> tuple[np.ndarray, ...]:
+        """The image graph's per-grid host inputs after the pixels, in contract order: the rotary
+        tables, then what the family's vision attention adds (ColQwen2.5's window layout).
+        Cached per grid: pages of one size share them."""
+        if grid not in self._grid_cache:
+            if len(self._grid_cache) > 64:
+                self._grid_cache.clear()
+            cfg = self.config
+            cos, sin = vision_rotary_tables(grid, merge_size=cfg.merge_size,
+                                            head_dim=cfg.vision_head_dim,
+                                            theta=cfg.vision_rope_theta)
+            extra = self.manifest.vision_attention.grid_inputs(
+                grid, merge_size=cfg.merge_size, patch_size=cfg.patch_size)
+            self._grid_cache[grid] = (cos, sin, *extra)
+        return self._grid_cache[grid]
 
     def _vision_features(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
         """Each image through the image graph on its own; output in input order.
@@ -302,9 +313,9 @@ class ColQwen2Model:
         """
         features = []
         for page in prepared:
-            cos, sin = self._rotary(page.grid_thw)
             (out,) = self._sessions["vision"].run(
-                self._contracts["vision"].feeds(page.patches[None], cos, sin), self._run_options)
+                self._contracts["vision"].feeds(page.patches[None], *self._grid_inputs(page.grid_thw)),
+                self._run_options)
             features.append(out[0])
         return features
 

@@ -1,4 +1,4 @@
-"""Finding and loading a ColQwen2 checkpoint: strictly, in fp32, with no remote code.
+"""Finding and loading a ColQwen2-family checkpoint: strictly, in fp32, with no remote code.
 
 A checkpoint that loads with a missing tensor would export cleanly and produce plausible garbage
 (a freshly initialised layer), so every missing, unexpected or mis-shaped tensor is an error here.
@@ -13,14 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from colembed.errors import ExportError
+from colembed.families import (
+    COLQWEN2,
+    FAMILIES,
+    Family,
+    checkpoint_model_types,
+    family_of_checkpoint,
+)
 from colembed.manifest import describe_file
 
-from .constants import (
-    CHECKPOINT_PATTERNS,
-    REQUIRED_FILES,
-    SUPPORTED_BACKBONE,
-    SUPPORTED_MODEL_TYPE,
-)
+from .constants import CHECKPOINT_PATTERNS, REQUIRED_FILES
 
 
 @dataclass(frozen=True)
@@ -52,8 +54,8 @@ def resolve_checkpoint(source: str | Path, revision: str | None = None) -> Check
     return CheckpointSource(folder=Path(folder), source=str(source), revision=revision)
 
 
-def check_architecture(folder: Path) -> dict:
-    """The checkpoint's config.json, if it is a transformers ColQwen2ForRetrieval checkpoint."""
+def read_config(folder: Path) -> dict:
+    """The checkpoint's config.json as a dict; ExportError when absent or not JSON."""
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ExportError(f"{folder}: no config.json; not a Hugging Face checkpoint folder")
@@ -61,23 +63,30 @@ def check_architecture(folder: Path) -> dict:
         config = json.loads(config_path.read_text())
     except json.JSONDecodeError as e:
         raise ExportError(f"{config_path}: not valid JSON ({e})") from e
-    model_type = config.get("model_type")
-    if model_type != SUPPORTED_MODEL_TYPE:
-        hint = ""
-        if model_type in (None, SUPPORTED_BACKBONE) or "adapter_config" in str(config):
-            hint = (" (colpali-engine checkpoints such as vidore/colqwen2-v1.0 must first be "
-                    "converted; use the transformers-format vidore/colqwen2-v1.0-hf)")
-        raise ExportError(
-            f"{config_path}: model_type {model_type!r} is not {SUPPORTED_MODEL_TYPE!r}; colembed "
-            f"exports transformers ColQwen2ForRetrieval checkpoints{hint}"
-        )
-    backbone = (config.get("vlm_config") or {}).get("model_type")
-    if backbone != SUPPORTED_BACKBONE:
-        raise ExportError(
-            f"{config_path}: vlm_config.model_type {backbone!r} is not {SUPPORTED_BACKBONE!r} "
-            "(ColQwen2.5 and other backbones are not supported yet)"
-        )
+    if not isinstance(config, dict):
+        raise ExportError(f"{config_path}: expected a JSON object")
     return config
+
+
+def check_architecture(folder: Path) -> Family:
+    """The family of a checkpoint whose layout one of `colembed.families` declares (transformers
+    `ColQwen2ForRetrieval` over Qwen2-VL or Qwen2.5-VL, colpali-engine's ColQwen2.5)."""
+    config = read_config(folder)
+    family = family_of_checkpoint(config)
+    if family is not None:
+        return family
+    model_type, nested = checkpoint_model_types(config)
+    accepted = "; ".join(f"{f.name}: " + ", ".join(
+        f"model_type {top!r}" + (f" with vlm_config.model_type {inner!r}" if inner else "")
+        for top, inner in f.checkpoint_layouts) for f in FAMILIES.values())
+    hint = ""
+    if model_type in (None, COLQWEN2.backbone) or "adapter_config" in str(config):
+        hint = (" (colpali-engine ColQwen2 checkpoints such as vidore/colqwen2-v1.0 must first be "
+                "converted; use the transformers-format vidore/colqwen2-v1.0-hf)")
+    raise ExportError(
+        f"{folder / 'config.json'}: model_type {model_type!r}"
+        + (f" with vlm_config.model_type {nested!r}" if nested else "")
+        + f" is no checkpoint layout colembed exports ({accepted}){hint}")
 
 
 def check_required_files(folder: Path) -> None:
@@ -95,8 +104,9 @@ def fingerprint(folder: Path) -> str:
     return digest.hexdigest()
 
 
-def architecture_facts(config) -> dict[str, Any]:
-    """The numbers of a loaded `ColQwen2Config` the runtime needs (the manifest's `architecture`)."""
+def architecture_facts(config, family: Family) -> dict[str, Any]:
+    """The numbers of a loaded `ColQwen2Config` the runtime needs (the manifest's `architecture`);
+    the vision numbers by the family's own config names."""
     text, vision = config.vlm_config.text_config, config.vlm_config.vision_config
     return {
         "text_hidden": text.hidden_size,
@@ -107,16 +117,14 @@ def architecture_facts(config) -> dict[str, Any]:
         "mrope_section": list(text.rope_scaling["mrope_section"]),
         "rope_theta": text.rope_theta,
         "vocab_size": text.vocab_size,
-        "vision_depth": vision.depth,
-        "vision_embed_dim": vision.embed_dim,
-        "vision_heads": vision.num_heads,
-        "vision_mlp_ratio": vision.mlp_ratio,
+        **family.vision_numbers(vision.to_dict()),
         "embedding_dim": config.embedding_dim,
     }
 
 
 def load_strict(folder: Path):
-    """`ColQwen2ForRetrieval` in fp32 eval mode; raises ExportError listing every bad tensor."""
+    """`ColQwen2ForRetrieval` (transformers layout, either family) in fp32 eval mode; raises
+    ExportError listing every bad tensor."""
     import torch
     from transformers import ColQwen2ForRetrieval
 

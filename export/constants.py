@@ -29,9 +29,7 @@ GRAPH_FILES = {"vision": "vision.onnx", "text": "text.onnx"}
 SCORER_FILE = MAXSIM_FILE
 SCORER_OPSET = MAXSIM_OPSET
 
-# The checkpoints colembed exports: transformers ColQwen2ForRetrieval over a Qwen2-VL backbone.
-SUPPORTED_MODEL_TYPE = "colqwen2"
-SUPPORTED_BACKBONE = "qwen2_vl"
+# The checkpoints colembed exports are the layouts `colembed.families` declares per family.
 # What a checkpoint download needs; nothing else is fetched.
 CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
 
@@ -45,5 +43,5 @@ OPTIONAL_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tok
 __all__ = [
     "ARCHITECTURE", "CHECKPOINT_PATTERNS", "DATA_SUFFIX", "EMBEDDING_TOLERANCE",
     "EXTERNAL_DATA_THRESHOLD", "FEATURE_TOLERANCE", "GRAPH_FILES", "OPSET", "OPTIONAL_FILES",
-    "REQUIRED_FILES", "SCORER_FILE", "SCORER_OPSET", "SUPPORTED_BACKBONE", "SUPPORTED_MODEL_TYPE",
+    "REQUIRED_FILES", "SCORER_FILE", "SCORER_OPSET",
 ]

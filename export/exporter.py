@@ -1,4 +1,7 @@
-"""`export_model`: a ColQwen2 checkpoint in, one verified colembed model folder out.
+"""`export_model`: a ColQwen2-family checkpoint in, one verified colembed model folder out.
+
+What differs per family (loader, image graph, what the reference needs) is declared once in
+`families.py` over `colembed.families`; every step below is one code path for all families.
 
 In steps, each a function readable and callable alone (as optimum's export-then-validate):
 resolve -> load -> reference outputs -> export graphs -> scorer -> processor files -> verify ->
@@ -22,7 +25,8 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colembed import safe_fs
-from colembed.contracts import GraphContract, text_contract, vision_contract
+from colembed.contracts import GraphContract
+from colembed.families import VisionAttention
 from colembed.manifest import (
     FORMAT,
     FORMAT_VERSION,
@@ -38,7 +42,6 @@ from .checkpoint import (
     check_architecture,
     check_required_files,
     fingerprint,
-    load_strict,
     resolve_checkpoint,
 )
 from .constants import (
@@ -53,6 +56,7 @@ from .constants import (
     SCORER_OPSET,
 )
 from .destination import check_destination, is_export_folder
+from .families import ExportFamily, export_family
 from .measure import StepMeter
 from .onnx_io import export_graph
 
@@ -74,6 +78,7 @@ class Resolved:
     checkpoint: CheckpointSource
     fingerprint: str
     out: Path
+    family: ExportFamily
 
 
 @dataclass(frozen=True)
@@ -84,40 +89,43 @@ class ModelFacts:
     contracts: dict[str, GraphContract]
     architecture: dict[str, Any]
     embedding_dim: int
+    family: str
+    vision_attention: VisionAttention
 
 
 def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None,
             overwrite: bool) -> Resolved:
     """Find the checkpoint, refuse what cannot be exported or written, before any heavy work."""
     checkpoint = resolve_checkpoint(source, revision)
-    check_architecture(checkpoint.folder)
+    family = export_family(check_architecture(checkpoint.folder).name)
     check_required_files(checkpoint.folder)
     digest = fingerprint(checkpoint.folder)
     out = check_destination(out_dir, checkpoint.folder, digest, overwrite)
-    return Resolved(checkpoint=checkpoint, fingerprint=digest, out=out)
+    return Resolved(checkpoint=checkpoint, fingerprint=digest, out=out, family=family)
 
 
-def load(folder: Path) -> tuple[Any, ModelFacts]:
+def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
     from colembed.preprocess.config import PreprocessConfig
 
-    model = load_strict(folder)
+    model = family.load(folder)
     preprocess = PreprocessConfig.from_checkpoint(folder)
     config = model.config
-    vision = model.vlm.model.visual.config
     text_hidden = config.vlm_config.text_config.hidden_size
-    contracts = {
-        "vision": vision_contract(preprocess.patch_dim, vision.embed_dim // vision.num_heads,
-                                  text_hidden),
-        "text": text_contract(text_hidden, config.embedding_dim),
-    }
+    contracts = family.family.contracts(
+        patch_dim=preprocess.patch_dim, vision_head_dim=preprocess.vision_head_dim,
+        text_hidden=text_hidden, embedding_dim=config.embedding_dim)
+    attention = family.family.vision_attention(config.vlm_config.vision_config.to_dict(),
+                                               folder / "config.json")
     return model, ModelFacts(preprocess=preprocess, contracts=contracts,
-                             architecture=architecture_facts(config),
-                             embedding_dim=config.embedding_dim)
+                             architecture=architecture_facts(config, family.family),
+                             embedding_dim=config.embedding_dim, family=family.family.name,
+                             vision_attention=attention)
 
 
-def export_graphs(folder: Path, facts: ModelFacts, staging: Path, *, opset: int,
-                  external_data: bool | None, meter: StepMeter) -> dict[str, GraphEntry]:
+def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging: Path, *,
+                  opset: int, external_data: bool | None,
+                  meter: StepMeter) -> dict[str, GraphEntry]:
     """The image and text graphs, one at a time, each from a fresh load, written straight to disk.
 
     The weights are memory-mapped from the safetensors file: pages once read stay resident until
@@ -126,13 +134,13 @@ def export_graphs(folder: Path, facts: ModelFacts, staging: Path, *, opset: int,
     """
     import torch
 
-    from .graphs import ONNX_TRANSLATIONS, ImageGraph, TextGraph, example_inputs
+    from .graphs import ONNX_TRANSLATIONS, TextGraph, example_inputs
 
     graphs: dict[str, GraphEntry] = {}
-    for role, wrapper in (("vision", ImageGraph.of_model), ("text", TextGraph)):
+    for role, wrapper in (("vision", family.image_graph), ("text", TextGraph)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
-            model = load_strict(folder)
-            args = example_inputs(model, facts.preprocess)[role]
+            model = family.load(folder)
+            args = example_inputs(model, facts.preprocess, facts.vision_attention)[role]
             info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
                                 staging / GRAPH_FILES[role], opset=opset,
                                 external_data=external_data, translations=ONNX_TRANSLATIONS)
@@ -190,6 +198,8 @@ def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name:
             "checkpoint_sha256": resolved.fingerprint,
             "random_weights": bool(random_weights),
         },
+        "family": facts.family,
+        "vision_attention": facts.vision_attention.to_dict(),
         "embedding_dim": facts.embedding_dim,
         "preprocess": facts.preprocess.to_dict(),
         "architecture": facts.architecture,
@@ -241,7 +251,8 @@ def export_model(
     random_weights: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> ExportReport:
-    """Export a transformers `ColQwen2ForRetrieval` checkpoint to a colembed model folder.
+    """Export a ColQwen2-family checkpoint to a colembed model folder: transformers
+    `ColQwen2ForRetrieval` over Qwen2-VL or Qwen2.5-VL, or colpali-engine's ColQwen2.5 layout.
 
     `source` is a local folder or a Hugging Face repo id (`revision` pins it). With `check` (the
     default) the exported graphs are run with onnxruntime through the colembed runtime on sample
@@ -265,15 +276,15 @@ def export_model(
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
         with meter.step("load the checkpoint and run the torch reference"):
-            model, facts = load(folder)
+            model, facts = load(folder, resolved.family)
             reference = None
             if check:
                 from .verify import reference_outputs
 
-                reference = reference_outputs(model, folder)
+                reference = reference_outputs(resolved.family.prepare_reference(model), folder)
             del model  # each step below loads what it needs: no two steps share resident weights
-        graphs = export_graphs(folder, facts, staging, opset=opset, external_data=external_data,
-                               meter=meter)
+        graphs = export_graphs(folder, resolved.family, facts, staging, opset=opset,
+                               external_data=external_data, meter=meter)
         with meter.step("write the scorer and copy the processor files"):
             scorer = write_scorer(staging)
             copy_processor_files(folder, staging)

@@ -151,18 +151,48 @@ class TextGraph(nn.Module):
         return proj * attention_mask.unsqueeze(-1).to(proj.dtype)
 
 
-def example_inputs(model: nn.Module, preprocess) -> dict[str, tuple]:
-    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic)."""
-    vision = model.vlm.model.visual
-    head_dim = vision.config.embed_dim // vision.config.num_heads
+def example_grid(preprocess, attention) -> tuple[int, int, int]:
+    """The grid traced for the image graph, in patches. Full attention: (2m x 3m), no axis of size
+    1. Windowed: two whole windows and a partial one in a row (e.g. 3 windows of <= 16 slots over
+    40 patches for 4x4-patch windows), so windows, slots, patches and merged tokens all differ and
+    the exporter cannot tie one symbolic size to another."""
+    from colembed.preprocess.windows import merged_window_side
+
     merge = preprocess.merge_size
-    patches = 2 * merge * 3 * merge  # a 2-image batch on a (2m x 3m) grid: no axis of size 1
+    if attention.kind == "full":
+        return (1, 2 * merge, 3 * merge)
+    side = merge * merged_window_side(window_size=attention.window_size, merge_size=merge,
+                                      patch_size=preprocess.patch_size)
+    return (1, side, 2 * side + merge)
+
+
+def example_vision_inputs(preprocess, attention, images: int = 2) -> tuple:
+    """Example image-graph inputs in contract order: pixels and rotary tables (random; only shapes
+    matter) and the family's extra per-grid inputs, made by the host code the runtime runs."""
+    from colembed.contracts import vision_contract
+
+    grid = example_grid(preprocess, attention)
+    patches = grid[0] * grid[1] * grid[2]
+    head_dim = preprocess.vision_head_dim
+    extra = attention.grid_inputs(grid, merge_size=preprocess.merge_size,
+                                  patch_size=preprocess.patch_size)
+    args = (torch.randn(images, patches, preprocess.patch_dim), torch.randn(patches, head_dim),
+            torch.randn(patches, head_dim), *(torch.from_numpy(array) for array in extra))
+    specs = vision_contract(preprocess.patch_dim, head_dim, 1).inputs + attention.extra_inputs
+    sizes = {"merged_tokens": {patches // preprocess.merge_size**2}}
+    for spec, arg in zip(specs, args):
+        for dim, size in zip(spec.dims, arg.shape):
+            if isinstance(dim, str):
+                sizes.setdefault(dim, set()).add(int(size))
+    values = [size for found in sizes.values() for size in found]
+    if len(set(values)) != len(sizes) or len(values) != len(sizes) or 1 in values:
+        raise ValueError(f"example grid {grid} ties symbolic sizes: {sizes}")
+    return args
+
+
+def example_inputs(model: nn.Module, preprocess, attention) -> dict[str, tuple]:
+    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic)."""
     hidden = model.config.vlm_config.text_config.hidden_size
-    vision_args = (
-        torch.randn(2, patches, preprocess.patch_dim),
-        torch.randn(patches, head_dim),
-        torch.randn(patches, head_dim),
-    )
     ids = torch.full((2, 7), preprocess.pad_token_id, dtype=torch.long)
     mask = torch.ones(2, 7, dtype=torch.long)
     mask[1, 5:] = 0
@@ -170,4 +200,4 @@ def example_inputs(model: nn.Module, preprocess) -> dict[str, tuple]:
     index = torch.zeros(2, 7, dtype=torch.long)
     index[0, 2:5] = torch.arange(1, 4)
     text_args = (ids, mask, positions, index, torch.randn(3, hidden))
-    return {"vision": vision_args, "text": text_args}
+    return {"vision": example_vision_inputs(preprocess, attention), "text": text_args}

@@ -25,7 +25,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Fixtures that run the exporter (tens of seconds each on 2 cores). Every test that needs one is
 # marked `slow`: `pytest -m "not slow"` runs the rest in a minute while iterating; the README's
 # command runs everything.
-EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants"})
+EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants",
+                                "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5"})
 
 
 def pytest_collection_modifyitems(items):
@@ -103,6 +104,33 @@ def exported_tiny_default(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint exported exactly as `colembed export` does by default (weights inline in
     the graphs: no `.onnx_data`), the folder a user with a small model gets."""
     return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny-default")
+
+
+@pytest.fixture(scope="session")
+def exported_tiny_2_5(tmp_path_factory):
+    """ColQwen2.5 "tiny-2.5" (windows of 2x2 merged tokens) exported from colpali-engine's
+    published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on."""
+    from qwen2_5_fixtures import checkpoint
+
+    return _export(checkpoint(tmp_path_factory, "tiny-2.5", "colpali"),
+                   tmp_path_factory.mktemp("exported") / "tiny-2.5")
+
+
+@pytest.fixture(scope="session")
+def exported_tiny_2_5_alt(tmp_path_factory):
+    """ColQwen2.5 "tiny-2.5-alt" (windows of 4x4 merged tokens, the 3B's 112 px; 64-dim vectors)
+    exported from transformers' layout (`colqwen2` over `qwen2_5_vl`), with the check on."""
+    from qwen2_5_fixtures import checkpoint
+
+    return _export(checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),
+                   tmp_path_factory.mktemp("exported") / "tiny-2.5-alt")
+
+
+@pytest.fixture(scope="session", params=["tiny-2.5", "tiny-2.5-alt"])
+def exported_2_5(request):
+    """(preset, export report) for each ColQwen2.5 preset, from the two session exports above."""
+    name = {"tiny-2.5": "exported_tiny_2_5", "tiny-2.5-alt": "exported_tiny_2_5_alt"}[request.param]
+    return request.param, request.getfixturevalue(name)
 
 
 @pytest.fixture(scope="session")

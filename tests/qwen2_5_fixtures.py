@@ -7,8 +7,6 @@ builds are cached in this module so that several test modules share one folder p
 from __future__ import annotations
 
 import functools
-import json
-import shutil
 
 import pytest
 
@@ -67,17 +65,3 @@ _PROCESSORS: dict = {}
 _PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json", "tokenizer.json",
                     "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja")
 
-
-def family_config(folder, tmp_path):
-    """PreprocessConfig of a ColQwen2.5 folder. `from_checkpoint` reads the vision width from
-    `vision_config.embed_dim` (Qwen2-VL's name); Qwen2.5-VL calls it `hidden_size` (in Qwen2-VL
-    `hidden_size` is the merger's output), so a copy of the folder gets the Qwen2-VL name."""
-    from colembed.preprocess.config import PreprocessConfig
-
-    copy = tmp_path / "as-qwen2-names"
-    shutil.copytree(folder, copy)
-    config = json.loads((copy / "config.json").read_text())
-    vision = config["vlm_config"]["vision_config"]
-    vision["embed_dim"] = vision["hidden_size"]
-    (copy / "config.json").write_text(json.dumps(config))
-    return PreprocessConfig.from_checkpoint(copy)

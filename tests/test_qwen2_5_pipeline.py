@@ -10,11 +10,12 @@ import pytest
 import torch
 from PIL import Image
 
+from colembed.preprocess.config import PreprocessConfig
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.text import TextEncoder, pad_batch
 from colembed.preprocess.windows import window_layout
-from qwen2_5_fixtures import PRESETS, checkpoint, family_config, reference_processor
+from qwen2_5_fixtures import PRESETS, checkpoint, reference_processor
 
 PAGES = [(300, 200), (60, 90), (300, 200)]  # two of one grid (batched together) and a small one
 QUERIES = ["What is the revenue?", "hi"]
@@ -63,13 +64,13 @@ def reference_rows(model, batch):
 
 
 @pytest.mark.parametrize("preset", PRESETS)
-def test_pages_and_queries_equal_the_reference_per_token(tmp_path_factory, tmp_path, preset):
+def test_pages_and_queries_equal_the_reference_per_token(tmp_path_factory, preset):
     from colembed_export.graphs import TextGraph
     from colembed_export.graphs_qwen2_5 import WindowedImageGraph
     from transformers import ColQwen2ForRetrieval
 
     folder = checkpoint(tmp_path_factory, preset, "transformers")
-    config = family_config(folder, tmp_path)
+    config = PreprocessConfig.from_checkpoint(folder)
     model = ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     model.vlm.model.visual.get_dtype = lambda: torch.float32  # the oracle's shim (reference doc)
     processor = reference_processor(folder)

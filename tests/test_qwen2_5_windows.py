@@ -11,10 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colembed.errors import InputError
+from colembed.preprocess.config import PreprocessConfig
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.windows import packed_window_index, window_layout
-from qwen2_5_fixtures import checkpoint, family_config, load_reference, reference_processor
+from qwen2_5_fixtures import checkpoint, load_reference, reference_processor
 
 PATCH, MERGE = 14, 2
 WINDOW_SIZES = (28, 56, 112, 224)  # 1, 2, 4 and 8 merged tokens a side (112 is Qwen2.5-VL's)
@@ -154,11 +155,11 @@ PAGES = [(56, 56), (30, 900), (900, 30), (123, 457), (1000, 700), (2000, 1500)] 
 
 
 @pytest.mark.parametrize("preset", ["tiny-2.5"])
-def test_pixel_values_and_grids_equal_the_reference_processor(tmp_path_factory, tmp_path, preset):
+def test_pixel_values_and_grids_equal_the_reference_processor(tmp_path_factory, preset):
     from PIL import Image
 
     folder = checkpoint(tmp_path_factory, preset, "transformers")
-    config = family_config(folder, tmp_path)
+    config = PreprocessConfig.from_checkpoint(folder)
     processor = reference_processor(folder).image_processor
     rng = np.random.default_rng(3)
     for h, w in PAGES:
@@ -170,12 +171,12 @@ def test_pixel_values_and_grids_equal_the_reference_processor(tmp_path_factory, 
         assert np.array_equal(mine.patches, expected["pixel_values"]), (h, w)
 
 
-def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory, tmp_path):
+def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory):
     """Images have t = 1, so `second_per_grid_ts` (videos only) never moves a position."""
     from PIL import Image
 
     folder = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
-    config = family_config(folder, tmp_path)
+    config = PreprocessConfig.from_checkpoint(folder)
     processor = reference_processor(folder)
     rng = np.random.default_rng(4)
     sizes = [(300, 200), (60, 90)]

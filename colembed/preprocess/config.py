@@ -13,9 +13,12 @@ Where each value comes from (what the pinned reference, transformers 4.57.1, rea
   augmentation token (`ColQwen2Processor.query_augmentation_token`); the image token string
   (`extra_special_tokens.image_token`, else the processor's default).
 - `tokenizer.json`: the ids of those tokens, looked up by name.
-- `config.json` (`vlm_config` for ColQwen2): `image_token_id` and `vision_start_token_id` (checked
-  against the tokenizer), and `vision_config` for the vision head dim and the patch geometry
-  (checked against the image processor's).
+- `config.json` (`vlm_config` for ColQwen2; a bare Qwen-VL config, as colpali-engine's ColQwen2.5
+  stores it, is read as is): `image_token_id` and `vision_start_token_id` (checked against the
+  tokenizer), and `vision_config` for the vision head dim and the patch geometry (checked against
+  the image processor's). The backbone's model_type picks the family (`colembed.families`), whose
+  declaration says which key is the vision width: Qwen2-VL's `embed_dim`, Qwen2.5-VL's
+  `hidden_size` (Qwen2-VL's `hidden_size` is the merger's output; never one for the other).
 - `preprocessor_config.json`: `min_pixels`/`max_pixels` (or `size.shortest_edge`/`longest_edge`),
   patch/merge/temporal sizes, mean, std, rescale factor.
 
@@ -28,7 +31,8 @@ Deliberate deviations from the reference, both about malformed or unusual folder
 - No pixel bounds at all: the reference falls back to Qwen2-VL's defaults (up to 1280 image tokens,
   not ColQwen2's trained 768); colembed refuses the folder instead of guessing.
 
-Imports only the standard library, PIL (for the resampling enum) and colembed's errors.
+Imports only the standard library, PIL (for the resampling enum) and colembed's errors (its families
+lazily, in `from_checkpoint`).
 """
 
 from __future__ import annotations
@@ -170,8 +174,12 @@ class PreprocessConfig:
     @classmethod
     def from_checkpoint(cls, folder: str | Path) -> PreprocessConfig:
         """Read a Hugging Face ColQwen2 folder (config.json, preprocessor_config.json, tokenizer files)."""
+        from ..families import family_of_backbone
+
         folder = Path(folder)
-        model_config = _vlm_config(_read_json(folder / "config.json"))
+        raw_config = _read_json(folder / "config.json")
+        family = family_of_backbone(raw_config, folder / "config.json")
+        model_config = _vlm_config(raw_config)
         image_config = _read_json(folder / "preprocessor_config.json")
         processor_config = _read_json(folder / "processor_config.json", required=False)
         tokenizer_config = _read_json(folder / "tokenizer_config.json", required=False)
@@ -201,7 +209,7 @@ class PreprocessConfig:
             image_mean=tuple(float(v) for v in image_config.get("image_mean", defaults["image_mean"])),
             image_std=tuple(float(v) for v in image_config.get("image_std", defaults["image_std"])),
             rescale_factor=float(image_config.get("rescale_factor", defaults["rescale_factor"])),
-            vision_head_dim=_vision_head_dim(vision_config, folder),
+            vision_head_dim=family.vision_head_dim(vision_config, folder / "config.json"),
             vision_rope_theta=VISION_ROPE_THETA,
             **_patch_geometry(image_config, vision_config, folder),
         )
@@ -243,7 +251,7 @@ def _read_json(path: Path, *, required: bool = True) -> dict[str, Any]:
 
 
 def _vlm_config(config: dict[str, Any]) -> dict[str, Any]:
-    """ColQwen2 nests the Qwen2-VL config under `vlm_config`; a bare Qwen2-VL config is accepted."""
+    """ColQwen2 nests the Qwen-VL config under `vlm_config`; a bare Qwen-VL config is accepted."""
     nested = config.get("vlm_config")
     return nested if isinstance(nested, dict) else config
 
@@ -336,15 +344,6 @@ def _patch_geometry(image_config: dict, vision_config: dict, folder: Path) -> di
             )
         out[key] = int(value)
     return out
-
-
-def _vision_head_dim(vision_config: dict, folder: Path) -> int:
-    embed_dim, heads = vision_config.get("embed_dim"), vision_config.get("num_heads")
-    if not embed_dim or not heads:
-        raise ModelFolderError(
-            "config.json vision_config lacks embed_dim/num_heads", path=folder / "config.json"
-        )
-    return int(embed_dim) // int(heads)
 
 
 def _check_supported_pipeline(image_config: dict, path: Path) -> None:

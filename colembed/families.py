@@ -1,0 +1,230 @@
+"""The model families colembed serves, declared as data: what differs between ColQwen2 and ColQwen2.5.
+
+Both families share everything on the host and in the text graph (prompts, tokens, pixels,
+positions, rotary tables, feature placement, scorer; docs/reference-colqwen2_5.md). They differ in
+how a checkpoint names its vision numbers, in the image graph's attention and in the extra per-grid
+inputs that attention needs. Each difference is one field of a frozen `Family`, read by
+`PreprocessConfig.from_checkpoint` (which width to read), by the manifest (the folder names its
+family and its `VisionAttention`), by the runtime (which contract to check, which host inputs to
+make per grid) and by the exporter (`colembed_export.families` adds the torch side).
+
+| declared            | colqwen2                        | colqwen2.5                                  |
+|---------------------|---------------------------------|---------------------------------------------|
+| backbone model_type | qwen2_vl                        | qwen2_5_vl                                  |
+| checkpoint layouts  | colqwen2/qwen2_vl               | colqwen2/qwen2_5_vl, bare qwen2_5_vl (colpali) |
+| vision config names | embed_dim, hidden_size, mlp_ratio | hidden_size, out_hidden_size, intermediate_size |
+| vision attention    | full                            | windowed (`window_size` px from the config) |
+| extra grid inputs   | none                            | `window_layout(grid, ...).graph_inputs()`   |
+
+Torch-free: the standard library, numpy (through `preprocess.windows`) and colembed's own modules.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .contracts import GraphContract, TensorSpec, text_contract, vision_contract
+from .errors import ColembedError, ManifestError, ModelFolderError
+from .preprocess.windows import WINDOW_INPUTS, window_layout, windowed_vision_contract
+
+FULL = "full"
+WINDOWED = "windowed"
+
+# Per attention kind: the image graph's contract and the inputs it takes beyond Qwen2-VL's.
+_VISION_CONTRACTS: dict[str, Callable[[int, int, int], GraphContract]] = {
+    FULL: vision_contract,
+    WINDOWED: windowed_vision_contract,
+}
+_EXTRA_INPUTS: dict[str, tuple[TensorSpec, ...]] = {FULL: (), WINDOWED: WINDOW_INPUTS}
+
+
+class UnknownFamilyError(ColembedError, ValueError):
+    """A family name or checkpoint backbone colembed does not declare."""
+
+
+@dataclass(frozen=True)
+class VisionAttention:
+    """How the image graph attends: `full` (within an image) or `windowed` (within windows of
+    `window_size` pixels a side, except the full-attention blocks baked into the graph)."""
+
+    kind: str
+    window_size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _VISION_CONTRACTS:
+            raise ValueError(f"kind {self.kind!r} is not one of {sorted(_VISION_CONTRACTS)}")
+        if self.kind == WINDOWED and not (type(self.window_size) is int and self.window_size > 0):
+            raise ValueError(f"windowed attention needs a positive int window_size, got "
+                             f"{self.window_size!r}")
+        if self.kind == FULL and self.window_size is not None:
+            raise ValueError("full attention has no window_size")
+
+    @property
+    def extra_inputs(self) -> tuple[TensorSpec, ...]:
+        """The image graph's inputs beyond pixels and rotary tables, in contract order."""
+        return _EXTRA_INPUTS[self.kind]
+
+    def grid_inputs(self, grid: tuple[int, int, int], *, merge_size: int,
+                    patch_size: int) -> tuple[np.ndarray, ...]:
+        """The extra inputs for one image grid (same-grid images share them), in contract order."""
+        if self.kind == FULL:
+            return ()
+        layout = window_layout(grid, merge_size=merge_size, patch_size=patch_size,
+                               window_size=self.window_size)  # type: ignore[arg-type]
+        made = layout.graph_inputs()
+        return tuple(made[spec.name] for spec in self.extra_inputs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind} if self.kind == FULL else \
+            {"kind": self.kind, "window_size": self.window_size}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "vision_attention") -> VisionAttention:
+        """Strict: an object with a known `kind`, `window_size` exactly when windowed."""
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        unknown = sorted(set(d) - {"kind", "window_size"})
+        if unknown:
+            raise ManifestError(f"{where}: unknown keys {unknown}")
+        if not isinstance(d.get("kind"), str):
+            raise ManifestError(f"{where}.kind: expected one of {sorted(_VISION_CONTRACTS)}, "
+                                f"got {d.get('kind')!r:.40}")
+        try:
+            return cls(kind=d["kind"], window_size=d.get("window_size"))
+        except ValueError as e:
+            raise ManifestError(f"{where}: {e}") from None
+
+
+@dataclass(frozen=True)
+class VisionConfigNames:
+    """What a family's `vision_config` calls its numbers (Qwen2-VL's `hidden_size` is the merger's
+    output, Qwen2.5-VL's the tower's width: never read one for the other)."""
+
+    width: str
+    merger_out: str
+    mlp: str
+    mlp_is_ratio: bool  # Qwen2-VL stores a ratio of the width, Qwen2.5-VL the gated MLP's width
+    heads: str = "num_heads"
+    depth: str = "depth"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: everything colembed's torch-free half declares about it."""
+
+    name: str
+    backbone: str  # the Qwen-VL config's model_type
+    checkpoint_layouts: tuple[tuple[str, str | None], ...]  # (config model_type, vlm_config's)
+    vision_names: VisionConfigNames
+    attention_kind: str
+
+    def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
+        value = vision_config.get(key)
+        if type(value) is not int or value < 1:
+            raise ModelFolderError(f"vision_config.{key} must be a positive int for a {self.name} "
+                                   f"checkpoint, got {value!r:.40}", path=source)
+        return value
+
+    def vision_head_dim(self, vision_config: Mapping[str, Any], source: str = "config.json") -> int:
+        width = self._vision_value(vision_config, self.vision_names.width, source)
+        heads = self._vision_value(vision_config, self.vision_names.heads, source)
+        if width % heads:
+            raise ModelFolderError(f"vision_config.{self.vision_names.width} {width} does not "
+                                   f"divide by {heads} heads", path=source)
+        return width // heads
+
+    def vision_numbers(self, vision_config: Mapping[str, Any],
+                       source: str = "config.json") -> dict[str, Any]:
+        """The manifest's vision architecture numbers (`vision_*`), by this family's names."""
+        names = self.vision_names
+        width = self._vision_value(vision_config, names.width, source)
+        mlp = vision_config.get(names.mlp)
+        if names.mlp_is_ratio:
+            if isinstance(mlp, bool) or not isinstance(mlp, (int, float)) or not mlp > 0:
+                raise ModelFolderError(f"vision_config.{names.mlp} must be a positive number, got "
+                                       f"{mlp!r:.40}", path=source)
+            ratio = float(mlp)
+        else:
+            ratio = self._vision_value(vision_config, names.mlp, source) / width
+        return {"vision_depth": self._vision_value(vision_config, names.depth, source),
+                "vision_embed_dim": width,
+                "vision_heads": self._vision_value(vision_config, names.heads, source),
+                "vision_mlp_ratio": ratio}
+
+    def vision_attention(self, vision_config: Mapping[str, Any],
+                         source: str = "config.json") -> VisionAttention:
+        """The attention this family's tower runs, from the checkpoint's vision config."""
+        if self.attention_kind == FULL:
+            return VisionAttention(FULL)
+        return VisionAttention(WINDOWED, self._vision_value(vision_config, "window_size", source))
+
+    def contracts(self, *, patch_dim: int, vision_head_dim: int, text_hidden: int,
+                  embedding_dim: int) -> dict[str, GraphContract]:
+        """The family's two graphs by role: the exporter writes these, the runtime checks a
+        folder's manifest against them."""
+        return {
+            "vision": _VISION_CONTRACTS[self.attention_kind](patch_dim, vision_head_dim, text_hidden),
+            "text": text_contract(text_hidden, embedding_dim),
+        }
+
+
+COLQWEN2 = Family(
+    name="colqwen2",
+    backbone="qwen2_vl",
+    checkpoint_layouts=(("colqwen2", "qwen2_vl"),),
+    vision_names=VisionConfigNames(width="embed_dim", merger_out="hidden_size", mlp="mlp_ratio",
+                                   mlp_is_ratio=True),
+    attention_kind=FULL,
+)
+COLQWEN2_5 = Family(
+    name="colqwen2.5",
+    backbone="qwen2_5_vl",
+    # transformers' retrieval layout, and colpali-engine's published one (a bare qwen2_5_vl config)
+    checkpoint_layouts=(("colqwen2", "qwen2_5_vl"), ("qwen2_5_vl", None)),
+    vision_names=VisionConfigNames(width="hidden_size", merger_out="out_hidden_size",
+                                   mlp="intermediate_size", mlp_is_ratio=False),
+    attention_kind=WINDOWED,
+)
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5)}
+# What a manifest that names no family holds: every folder the first release (format 1 without
+# `family`) wrote, since its exporter refused every backbone but Qwen2-VL.
+LEGACY_FAMILY = COLQWEN2
+
+
+def get_family(name: str) -> Family:
+    """The family called `name`; UnknownFamilyError listing the known ones."""
+    if name not in FAMILIES:
+        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
+
+def checkpoint_model_types(config: Mapping[str, Any]) -> tuple[Any, Any]:
+    """(config model_type, vlm_config model_type or None) of a checkpoint's config.json."""
+    nested = config.get("vlm_config")
+    return config.get("model_type"), nested.get("model_type") if isinstance(nested, dict) else None
+
+
+def family_of_backbone(config: Mapping[str, Any], source: str = "config.json") -> Family:
+    """The family of a checkpoint (or bare Qwen-VL) config, by its backbone's model_type: the
+    nested `vlm_config` when there is one, else the config itself. Never guessed."""
+    top, nested = checkpoint_model_types(config)
+    backbone = nested if nested is not None else top
+    for family in FAMILIES.values():
+        if family.backbone == backbone:
+            return family
+    raise ModelFolderError(f"backbone model_type {backbone!r} is none of colembed's families "
+                           f"({ {f.backbone: f.name for f in FAMILIES.values()} })", path=source)
+
+
+def family_of_checkpoint(config: Mapping[str, Any]) -> Family | None:
+    """The family whose declared checkpoint layouts include this config's, or None."""
+    layout = checkpoint_model_types(config)
+    return next((f for f in FAMILIES.values() if layout in f.checkpoint_layouts), None)
+
+
+__all__ = ["COLQWEN2", "COLQWEN2_5", "FAMILIES", "FULL", "Family", "LEGACY_FAMILY",
+           "UnknownFamilyError", "VisionAttention", "VisionConfigNames", "WINDOWED",
+           "checkpoint_model_types", "family_of_backbone", "family_of_checkpoint", "get_family"]
