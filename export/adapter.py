@@ -17,8 +17,10 @@ modules: every LoRA tensor must land on a module, or the load is refused.
 from __future__ import annotations
 
 import json
+import shutil
 import warnings
 from pathlib import Path
+from typing import Any, Callable
 
 from colembed.errors import ModelFolderError
 
@@ -157,5 +159,56 @@ def merge_adapter(folder: str | Path, *, base: str | Path | None = None):
         return wrapped.merge_and_unload(safe_merge=True).eval()
 
 
+def adapter_source(source: str | Path, revision: str | None = None) -> Path | None:
+    """The folder of `source` (local, or a Hub repo id downloaded) when it is an adapter."""
+    from .checkpoint import resolve_checkpoint
+
+    folder = resolve_checkpoint(source, revision).folder
+    return folder if is_adapter(folder) else None
+
+
+def merge_to_folder(adapter: Path, out: Path, *, base: str | Path | None = None) -> Path:
+    """The adapter merged into its base, written at `out` in transformers' layout, with the
+    processor and tokenizer files of the adapter folder (the published adapter ships them), else
+    of the base: a checkpoint the exporter reads like any other."""
+    from .constants import OPTIONAL_FILES, REQUIRED_FILES
+
+    base_folder = adapter_base(adapter, base)
+    model = merge_adapter(adapter, base=base_folder)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")
+    del model
+    for name in REQUIRED_FILES + OPTIONAL_FILES:
+        found = next((f / name for f in (adapter, base_folder) if (f / name).is_file()), None)
+        if name != "config.json" and found is not None:
+            shutil.copyfile(found, out / name)
+    return out
+
+
+def export_adapter(export: Callable[..., Any], source: str | Path, out_dir: str | Path, *,
+                   base: str | Path | None, revision: str | None, **options: Any) -> Any:
+    """`export(checkpoint, out_dir, **options)` (the exporter's `export_model`) on the adapter
+    merged into its base. The merged checkpoint lives in a marked work folder beside the
+    destination and is removed afterwards, whatever happens; the manifest names the adapter."""
+    from colembed import safe_fs
+
+    options.pop("source_label", None)
+    adapter = adapter_source(source, revision)
+    if adapter is None:
+        raise ModelFolderError("a base model was given, but this is not an adapter (no "
+                               f"{ADAPTER_CONFIG})", path=source)
+    out = Path(out_dir)
+    work = safe_fs.make_work_folder(out.parent / f".{out.name}.merged-adapter",
+                                    "colembed export: a LoRA adapter merged into its base")
+    try:
+        merged = merge_to_folder(adapter, work / "checkpoint", base=base)
+        label = f"{source} (LoRA adapter{f' @ {revision}' if revision else ''}) merged into " \
+                f"{base or adapter_config(adapter).get('base_model_name_or_path')}"
+        return export(merged, out_dir, source_label=label, **options)
+    finally:
+        safe_fs.remove_tree(work, owner=safe_fs.is_work_folder)
+
+
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_TO_TRANSFORMERS", "ADAPTER_WEIGHTS", "adapter_base",
-           "adapter_config", "adapter_weights", "is_adapter", "merge_adapter"]
+           "adapter_config", "adapter_source", "adapter_weights", "export_adapter", "is_adapter",
+           "merge_adapter", "merge_to_folder"]

@@ -36,9 +36,11 @@ from .tiny import (
     StressTraits,
     build_config,
     inject_text_traits,
-    norm_input_std,
+    offset_residual,
     perturb_vectors,
     save_processor,
+    scale_features,
+    vision_probe,
 )
 
 TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
@@ -185,7 +187,7 @@ def build_checkpoint_2_5(
     model = build_model(spec, seed=seed)
     with torch.no_grad():
         edited = edit(model) if edit is not None else None
-    model.save_pretrained(out, safe_serialization=True)
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")  # bounds RSS at 3B
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     (out / TINY_INFO).write_text(
         json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec),
@@ -217,15 +219,9 @@ class Qwen2_5StressTraits(StressTraits):
 def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[str, Any]:
     import math
 
-    import torch
-
     visual = model.vlm.model.visual
     dim = visual.config.hidden_size
-    channels = list(traits.massive_channels(dim))
-    others = [c for c in range(dim) if c not in channels]
-    grid = torch.tensor([[1, 8, 8]])
-    patches = torch.randn(64, visual.patch_embed.proj.weight[0].numel(),
-                          generator=torch.Generator().manual_seed(5))
+    channels, others, grid, patches = vision_probe(visual, dim, traits, side=8)
     scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
     visual.patch_embed.proj.weight.mul_(scale)  # RMSNorm is scale-invariant: same function
     for block in visual.blocks:
@@ -239,23 +235,14 @@ def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[s
             linear.bias[c] = root
         column = block.mlp.down_proj.weight[:, c]
         column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
-    offset = traits.vision_peak / (2 * len(visual.blocks))
-    norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.ln_q]
-    sigmas = norm_input_std(visual, patches, grid, norms)
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.down_proj):
-            linear.bias[channels] += offset
+    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak,
+                                      lambda block: (block.attn.proj, block.mlp.down_proj))
     # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo it,
     # the offset channels get a small weight (as trained norms do for their massive channels).
-    for i, (norm, sigma) in enumerate(zip(norms, sigmas)):
-        seen = i * offset
-        if seen:
-            norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
-            norm.weight[channels] = traits.small_norm_weight
-    last = visual.merger.mlp[2]
-    factor = traits.feature_peak / float(visual(patches, grid_thw=grid).abs().max())
-    last.weight.mul_(factor)
-    last.bias.mul_(factor)
+    for norm, sigma, seen in seen_by:
+        norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
+        norm.weight[channels] = traits.small_norm_weight
+    factor = scale_features(visual, patches, grid, traits.feature_peak)
     return {"vision_offset_channels": channels, "vision_scale": scale,
             "vision_offset_per_sublayer": offset, "feature_scale": factor,
             "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features)}

@@ -164,3 +164,26 @@ def test_adapters_that_cannot_be_merged_are_refused(adapter, tmp_path):
         load_colqwen2_5(folder)
     with pytest.raises(ModelFolderError, match="not an adapter"):
         load_colqwen2_5(adapter[0], base=adapter[0])
+
+
+@pytest.mark.slow  # one export of tiny-2.5
+def test_export_merges_the_adapter_and_names_it(adapter, tmp_path):
+    """`colembed export ADAPTER --base BASE`: the folder serves peft's merged model (queries,
+    per token within the export check's 1e-4), names the adapter, and leaves no merged copy."""
+    import numpy as np
+
+    import colembed
+    from colembed_export.exporter import export_model
+
+    base, folder, want, _, inputs = adapter
+    out = tmp_path / "exported"
+    report = export_model(folder, out, base=base, random_weights=True)
+    assert report.check["fp32"]["max_abs_diff"] <= 1e-4
+    assert report.manifest.family == "colqwen2.5"
+    assert str(folder) in report.manifest.model.source and "LoRA adapter" in report.manifest.model.source
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # the merged copy is gone
+    got = colembed.load(out).embed_queries(list(QUERIES[:3]))
+    mask = inputs[0]["attention_mask"].bool()
+    expected = [want[0][int(mask[:i].sum()):int(mask[:i + 1].sum())].numpy() for i in range(3)]
+    for g, w in zip(got, expected):
+        assert g.shape == w.shape and np.abs(g - w).max() <= 1e-4

@@ -125,3 +125,54 @@ def test_gate_refuses_inf_and_nan_explicitly():
     for name in ("int8", "int4", "fp16"):
         assert any("1 of 6 token embeddings hold inf or NaN" in m for m in GATES[name].misses(figures))
     assert cosine_figures(want, want, want, want)["non_finite_tokens"] == 0
+
+
+@pytest.fixture(scope="module")
+def variants_2_5(tmp_path_factory):
+    """tiny-2.5 (colpali layout) exported with every variant, gated as ColQwen2's are."""
+    from colembed_export.exporter import export_model
+    from qwen2_5_fixtures import checkpoint
+
+    return export_model(checkpoint(tmp_path_factory, "tiny-2.5", "colpali"),
+                        tmp_path_factory.mktemp("variants-2.5") / "tiny-2.5",
+                        variants=("int8", "int4", "fp16"), random_weights=True)
+
+
+@pytest.mark.slow  # one export with three variants
+def test_colqwen2_5_variants_meet_colqwen2s_gates(variants_2_5):
+    import colembed
+    from colembed_export.recipes import GATES
+
+    manifest = variants_2_5.manifest
+    assert manifest.family == "colqwen2.5"
+    assert {"int8", "int4", "fp16"} <= set(manifest.variants)
+    for name in ("int8", "int4", "fp16"):
+        figures = variants_2_5.check[name]
+        assert GATES[name].misses(figures) == [] and figures["non_finite_tokens"] == 0
+    assert variants_2_5.check["fp16"]["fp16_kept_fp32"] == {"vision": [], "text": []}  # tame weights
+    pages = _pages()
+    fp32 = colembed.load(variants_2_5.folder).embed_images(pages)
+    for name in ("int8", "fp16"):
+        got = colembed.load(variants_2_5.folder, variant=name).embed_images(pages)
+        assert min(cosines(g, w).mean() for g, w in zip(got, fp32)) > GATES[name].mean_cosine
+
+
+def _pages():
+    from fixtures_images import rgb
+
+    return [rgb(300, 420, seed=5), rgb(60, 90, seed=6)]  # several windows; smaller than one
+
+
+@pytest.mark.slow  # one export of the stress checkpoint with the fp16 variant
+def test_fp16_variant_of_the_stress_checkpoint_is_finite_and_gated(stress_2_5, tmp_path):
+    """End to end: the exporter's fp16 recipe keeps the overflowing down-projections fp32, records
+    them, and the variant passes the fp16 gate (peak and finiteness included)."""
+    from colembed_export.exporter import export_model
+    from colembed_export.recipes import GATES
+
+    report = export_model(stress_2_5, tmp_path / "stress-2.5", variants=("fp16",), random_weights=True)
+    figures = report.check["fp16"]
+    blocks = len(load_reference(stress_2_5).vlm.model.visual.blocks)
+    assert figures["fp16_kept_fp32"]["vision"] == [f"visual.blocks.{i}.mlp.down_proj" for i in range(blocks)]
+    assert max(figures["fp16_gemm_peak"].values()) < FP16_MAX / 4
+    assert figures["non_finite_tokens"] == 0 and GATES["fp16"].misses(figures) == []
