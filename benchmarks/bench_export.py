@@ -101,6 +101,10 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         lines.append(f"| {s['step']} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
                      f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | {s['rss_after_gb']:.2f} |")
     lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start)."]
+    load = (info.get("load_average_at_start") or [0.0])[0]
+    if load > info["physical_cores"] / 2:
+        lines += [f"Shared machine: load average {load:.1f} at the start on {info['physical_cores']} "
+                  "cores; other jobs' work stretches the times (peak RSS is this process's own)."]
     return "\n".join(lines) + "\n"
 
 
