@@ -1,4 +1,4 @@
-"""The model families colembed serves, declared as data: what differs between ColQwen2 and ColQwen2.5.
+"""The model families colembed serves, declared as data: what differs between ColQwen2 and 2.5.
 
 Both families share everything on the host and in the text graph (prompts, tokens, pixels,
 positions, rotary tables, feature placement, scorer; docs/reference-colqwen2_5.md). They differ in
@@ -8,37 +8,43 @@ inputs that attention needs. Each difference is one field of a frozen `Family`, 
 family and its `VisionAttention`), by the runtime (which contract to check, which host inputs to
 make per grid) and by the exporter (`colembed_export.families` adds the torch side).
 
-| declared            | colqwen2                        | colqwen2.5                                  |
-|---------------------|---------------------------------|---------------------------------------------|
-| backbone model_type | qwen2_vl                        | qwen2_5_vl                                  |
-| checkpoint layouts  | colqwen2/qwen2_vl               | colqwen2/qwen2_5_vl, bare qwen2_5_vl (colpali) |
-| vision config names | embed_dim, hidden_size, mlp_ratio | hidden_size, out_hidden_size, intermediate_size |
-| vision attention    | full                            | windowed (`window_size` px from the config) |
-| extra grid inputs   | none                            | `window_layout(grid, ...).graph_inputs()`   |
+| declared            | colqwen2                  | colqwen2.5                                   |
+|---------------------|---------------------------|----------------------------------------------|
+| backbone model_type | qwen2_vl                  | qwen2_5_vl                                   |
+| checkpoint layouts  | colqwen2/qwen2_vl         | colqwen2/qwen2_5_vl; qwen2_5_vl (colpali)    |
+| vision width        | embed_dim                 | hidden_size                                  |
+| merger output, MLP  | hidden_size, mlp_ratio    | out_hidden_size, intermediate_size           |
+| vision attention    | full                      | windowed (`window_size` px, from the config) |
+| extra grid inputs   | none                      | `window_layout(grid, ...).graph_inputs()`    |
 
-Torch-free: the standard library, numpy (through `preprocess.windows`) and colembed's own modules.
+Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
+family names); numpy through `preprocess.windows` only when window inputs are made.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .contracts import GraphContract, TensorSpec, text_contract, vision_contract
 from .errors import ColembedError, ManifestError, ModelFolderError
-from .preprocess.windows import WINDOW_INPUTS, window_layout, windowed_vision_contract
+
+if TYPE_CHECKING:
+    import numpy as np
 
 FULL = "full"
 WINDOWED = "windowed"
+ATTENTION_KINDS = (FULL, WINDOWED)
 
-# Per attention kind: the image graph's contract and the inputs it takes beyond Qwen2-VL's.
-_VISION_CONTRACTS: dict[str, Callable[[int, int, int], GraphContract]] = {
-    FULL: vision_contract,
-    WINDOWED: windowed_vision_contract,
-}
-_EXTRA_INPUTS: dict[str, tuple[TensorSpec, ...]] = {FULL: (), WINDOWED: WINDOW_INPUTS}
+
+def _extra_inputs(kind: str) -> tuple[TensorSpec, ...]:
+    """The image graph's inputs beyond Qwen2-VL's (pixels, rotary tables), per attention kind.
+    (Imported here, not at the top: the registry reads family names without numpy.)"""
+    if kind == FULL:
+        return ()
+    from .preprocess.windows import WINDOW_INPUTS
+
+    return WINDOW_INPUTS
 
 
 class UnknownFamilyError(ColembedError, ValueError):
@@ -54,8 +60,8 @@ class VisionAttention:
     window_size: int | None = None
 
     def __post_init__(self) -> None:
-        if self.kind not in _VISION_CONTRACTS:
-            raise ValueError(f"kind {self.kind!r} is not one of {sorted(_VISION_CONTRACTS)}")
+        if self.kind not in ATTENTION_KINDS:
+            raise ValueError(f"kind {self.kind!r} is not one of {list(ATTENTION_KINDS)}")
         if self.kind == WINDOWED and not (type(self.window_size) is int and self.window_size > 0):
             raise ValueError(f"windowed attention needs a positive int window_size, got "
                              f"{self.window_size!r}")
@@ -65,13 +71,15 @@ class VisionAttention:
     @property
     def extra_inputs(self) -> tuple[TensorSpec, ...]:
         """The image graph's inputs beyond pixels and rotary tables, in contract order."""
-        return _EXTRA_INPUTS[self.kind]
+        return _extra_inputs(self.kind)
 
     def grid_inputs(self, grid: tuple[int, int, int], *, merge_size: int,
                     patch_size: int) -> tuple[np.ndarray, ...]:
         """The extra inputs for one image grid (same-grid images share them), in contract order."""
         if self.kind == FULL:
             return ()
+        from .preprocess.windows import window_layout
+
         layout = window_layout(grid, merge_size=merge_size, patch_size=patch_size,
                                window_size=self.window_size)  # type: ignore[arg-type]
         made = layout.graph_inputs()
@@ -90,7 +98,7 @@ class VisionAttention:
         if unknown:
             raise ManifestError(f"{where}: unknown keys {unknown}")
         if not isinstance(d.get("kind"), str):
-            raise ManifestError(f"{where}.kind: expected one of {sorted(_VISION_CONTRACTS)}, "
+            raise ManifestError(f"{where}.kind: expected one of {list(ATTENTION_KINDS)}, "
                                 f"got {d.get('kind')!r:.40}")
         try:
             return cls(kind=d["kind"], window_size=d.get("window_size"))
@@ -116,6 +124,7 @@ class Family:
     """One model family: everything colembed's torch-free half declares about it."""
 
     name: str
+    display_name: str  # in messages
     backbone: str  # the Qwen-VL config's model_type
     checkpoint_layouts: tuple[tuple[str, str | None], ...]  # (config model_type, vlm_config's)
     vision_names: VisionConfigNames
@@ -154,6 +163,10 @@ class Family:
                 "vision_heads": self._vision_value(vision_config, names.heads, source),
                 "vision_mlp_ratio": ratio}
 
+    def merger_width(self, vision_config: Mapping[str, Any], source: str = "config.json") -> int:
+        """The width of the tower's merged features (must be the language model's hidden size)."""
+        return self._vision_value(vision_config, self.vision_names.merger_out, source)
+
     def vision_attention(self, vision_config: Mapping[str, Any],
                          source: str = "config.json") -> VisionAttention:
         """The attention this family's tower runs, from the checkpoint's vision config."""
@@ -165,14 +178,15 @@ class Family:
                   embedding_dim: int) -> dict[str, GraphContract]:
         """The family's two graphs by role: the exporter writes these, the runtime checks a
         folder's manifest against them."""
-        return {
-            "vision": _VISION_CONTRACTS[self.attention_kind](patch_dim, vision_head_dim, text_hidden),
-            "text": text_contract(text_hidden, embedding_dim),
-        }
+        base = vision_contract(patch_dim, vision_head_dim, text_hidden)
+        vision = GraphContract(role=base.role, outputs=base.outputs,
+                               inputs=base.inputs + _extra_inputs(self.attention_kind))
+        return {"vision": vision, "text": text_contract(text_hidden, embedding_dim)}
 
 
 COLQWEN2 = Family(
     name="colqwen2",
+    display_name="ColQwen2",
     backbone="qwen2_vl",
     checkpoint_layouts=(("colqwen2", "qwen2_vl"),),
     vision_names=VisionConfigNames(width="embed_dim", merger_out="hidden_size", mlp="mlp_ratio",
@@ -181,6 +195,7 @@ COLQWEN2 = Family(
 )
 COLQWEN2_5 = Family(
     name="colqwen2.5",
+    display_name="ColQwen2.5",
     backbone="qwen2_5_vl",
     # transformers' retrieval layout, and colpali-engine's published one (a bare qwen2_5_vl config)
     checkpoint_layouts=(("colqwen2", "qwen2_5_vl"), ("qwen2_5_vl", None)),
@@ -197,7 +212,8 @@ LEGACY_FAMILY = COLQWEN2
 def get_family(name: str) -> Family:
     """The family called `name`; UnknownFamilyError listing the known ones."""
     if name not in FAMILIES:
-        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves {sorted(FAMILIES)}")
+        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves "
+                                 f"{sorted(FAMILIES)}")
     return FAMILIES[name]
 
 

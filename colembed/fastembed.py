@@ -1,7 +1,10 @@
-"""ColQwen2 as a FastEmbed 0.9.x late-interaction multimodal model, in one import line:
+"""ColQwen2 and ColQwen2.5 as FastEmbed 0.9.x late-interaction multimodal models, in one line:
 
     from colembed.fastembed import LateInteractionMultimodalEmbedding
-    model = LateInteractionMultimodalEmbedding("colqwen2")
+    model = LateInteractionMultimodalEmbedding("colqwen2")      # or "colqwen2.5"
+
+One class (`ColQwen2`) serves every name in models.json: the folder's manifest says its family and
+the runtime follows it; a folder of another family is refused under a name (`registry`).
 
 `LateInteractionMultimodalEmbedding` here is FastEmbed's own class (the same object), re-exported
 after this module has registered ColQwen2 with it. Why an import at all: FastEmbed 0.9 has no

@@ -392,8 +392,9 @@ def _family(d: dict) -> tuple[str, VisionAttention]:
                             "colembed's model? upgrade colembed)")
     attention = VisionAttention.from_dict(_get(d, "vision_attention", dict, ""))
     if attention.kind != get_family(name).attention_kind:
-        raise ManifestError(f"vision_attention.kind: {attention.kind!r} contradicts family {name!r}, "
-                            f"whose image graph attends {get_family(name).attention_kind!r}")
+        raise ManifestError(f"vision_attention.kind: {attention.kind!r} contradicts family "
+                            f"{name!r}, whose image graph attends "
+                            f"{get_family(name).attention_kind!r}")
     return name, attention
 
 

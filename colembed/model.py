@@ -156,7 +156,7 @@ class ColQwen2Model:
         path = inside(self.folder, entry.file)
         problems = entry.contract.differences(family)
         if problems:
-            raise ModelFolderError(f"the manifest's contract is not {self.manifest.family}'s: "
+            raise ModelFolderError(f"the manifest's contract is not {self.family.display_name}'s: "
                                    + "; ".join(problems), path=path)
         session = Session(str(path), self._provider_request, threads=threads,
                           cpu_mem_arena=cpu_mem_arena)
@@ -313,9 +313,9 @@ class ColQwen2Model:
         """
         features = []
         for page in prepared:
-            (out,) = self._sessions["vision"].run(
-                self._contracts["vision"].feeds(page.patches[None], *self._grid_inputs(page.grid_thw)),
-                self._run_options)
+            feeds = self._contracts["vision"].feeds(page.patches[None],
+                                                    *self._grid_inputs(page.grid_thw))
+            (out,) = self._sessions["vision"].run(feeds, self._run_options)
             features.append(out[0])
         return features
 

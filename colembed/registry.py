@@ -1,9 +1,11 @@
 """The models colembed knows by name (`models.json`), and where each one's exported folder is.
 
 `colembed/models.json` (package data, the one copy) describes each named model: FastEmbed's fields
-(model, dim, description, license, size_in_GB) plus where it comes from (`checkpoint`, the
-transformers checkpoint `colembed export` reads; `export_repo`, a Hugging Face repo holding a
-published colembed export, or null while there is none). It names no files: which files a folder
+(model, dim, description, license, size_in_GB) plus its `family` (`colembed.families`: a folder of
+another family is refused) and where it comes from (`checkpoint`, what `colembed export` reads; for
+a PEFT adapter such as `vidore/colqwen2.5-v0.2`, `base_checkpoint` records the base its
+`adapter_config.json` names; `export_repo`, a Hugging Face repo holding a published colembed
+export, or null while there is none). It names no files: which files a folder
 needs comes from the folder's own manifest (`layout.required_files`), so an export with inline
 weights (no `.onnx_data`), or one holding only some variants, is complete when it holds what its
 manifest lists for the variant asked for.
@@ -43,6 +45,7 @@ from typing import Any
 
 from .contracts import ARCHITECTURE
 from .errors import ColembedError, ModelFolderError
+from .families import FAMILIES
 from .layout import MANIFEST_NAME, required_files
 from .safe_fs import inside
 
@@ -68,12 +71,14 @@ class ModelEntry:
     """One model of `models.json`."""
 
     model: str
+    family: str
     dim: int
     description: str
     license: str
     size_in_GB: float
     checkpoint: str
     checkpoint_revision: str | None = None
+    base_checkpoint: str | None = None
     export_repo: str | None = None
     export_revision: str | None = None
 
@@ -92,14 +97,20 @@ class ModelEntry:
         if not _NAME.fullmatch(name) or ".." in name:
             raise ColembedError(f"{source}: model name {name!r} is not a plain name (letters, "
                                 "digits, . _ -, at most one /)")
+        family = get("family", str)
+        if family not in FAMILIES:
+            raise ColembedError(f"{source}: model {name!r} has family {family!r}, not one of "
+                                f"{sorted(FAMILIES)}")
         return cls(
             model=name,
+            family=family,
             dim=get("dim", int),
             description=get("description", str),
             license=get("license", str),
             size_in_GB=float(get("size_in_GB", (int, float))),
             checkpoint=get("checkpoint", str),
             checkpoint_revision=get("checkpoint_revision", str, optional=True),
+            base_checkpoint=get("base_checkpoint", str, optional=True),
             export_repo=get("export_repo", str, optional=True),
             export_revision=get("export_revision", str, optional=True),
         )
@@ -233,10 +244,12 @@ def check_model_folder(entry: ModelEntry, folder: Path, variant: str = "fp32") -
                                path=folder)
     manifest = read_manifest(folder)
     architecture = manifest.model.architecture
-    if architecture != ARCHITECTURE or manifest.embedding_dim != entry.dim:
+    if (architecture, manifest.family, manifest.embedding_dim) != (ARCHITECTURE, entry.family,
+                                                                   entry.dim):
         raise ModelFolderError(
-            f"this folder holds a {architecture} with {manifest.embedding_dim}-dim vectors, not "
-            f"{entry.model} ({ARCHITECTURE}, {entry.dim}-dim)", path=folder)
+            f"this folder holds a {manifest.family} {architecture} with "
+            f"{manifest.embedding_dim}-dim vectors, not {entry.model} ({entry.family} "
+            f"{ARCHITECTURE}, {entry.dim}-dim)", path=folder)
     return folder
 
 

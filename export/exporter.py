@@ -26,6 +26,7 @@ from typing import Any, Callable, Sequence
 
 from colembed import safe_fs
 from colembed.contracts import GraphContract
+from colembed.errors import ExportError
 from colembed.families import VisionAttention
 from colembed.manifest import (
     FORMAT,
@@ -112,11 +113,16 @@ def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     preprocess = PreprocessConfig.from_checkpoint(folder)
     config = model.config
     text_hidden = config.vlm_config.text_config.hidden_size
+    vision_config = config.vlm_config.vision_config.to_dict()
+    merged = family.family.merger_width(vision_config, folder / "config.json")
+    if merged != text_hidden:
+        raise ExportError(f"{folder / 'config.json'}: the vision merger gives {merged}-wide "
+                          f"features ({family.family.vision_names.merger_out}), the language "
+                          f"model is {text_hidden} wide")
     contracts = family.family.contracts(
         patch_dim=preprocess.patch_dim, vision_head_dim=preprocess.vision_head_dim,
         text_hidden=text_hidden, embedding_dim=config.embedding_dim)
-    attention = family.family.vision_attention(config.vlm_config.vision_config.to_dict(),
-                                               folder / "config.json")
+    attention = family.family.vision_attention(vision_config, folder / "config.json")
     return model, ModelFacts(preprocess=preprocess, contracts=contracts,
                              architecture=architecture_facts(config, family.family),
                              embedding_dim=config.embedding_dim, family=family.family.name,

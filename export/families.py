@@ -6,10 +6,11 @@ becomes the image graph, and what the unpatched reference needs to run its own p
 Everything else (the text graph, the scorer, the processor files, the check, the manifest) is one
 code path for every family.
 
-| family     | loader                                              | image graph          | reference   |
-|------------|-----------------------------------------------------|----------------------|-------------|
-| colqwen2   | `checkpoint.load_strict` (transformers layout only) | `ImageGraph`         | as loaded   |
-| colqwen2.5 | `load_strict` (transformers layout) or `checkpoint_qwen2_5.load_colqwen2_5` (colpali layout) | `WindowedImageGraph` | `get_dtype` shim |
+| family     | loader                                        | image graph        | reference |
+|------------|-----------------------------------------------|--------------------|-----------|
+| colqwen2   | `checkpoint.load_strict` (transformers only)  | `ImageGraph`       | as loaded |
+| colqwen2.5 | `load_strict` (transformers layout),          | `WindowedImageGraph` | + `get_dtype` |
+|            | `checkpoint_qwen2_5.load_colqwen2_5` (colpali) |                    | shim      |
 
 Example inputs for tracing come from `graphs.example_inputs`, which sizes the vision grid from the
 folder's vision attention (several windows, every symbolic size distinct).
@@ -34,7 +35,7 @@ class ExportFamily:
     family: Family
     load: Callable[[Path], Any]  # folder -> strict fp32 ColQwen2ForRetrieval in eval mode
     image_graph: Callable[[Any], Any]  # retrieval model -> the torch module of the image graph
-    prepare_reference: Callable[[Any], Any]  # retrieval model -> the same model, runnable as reference
+    prepare_reference: Callable[[Any], Any]  # retrieval model -> itself, runnable as reference
 
 
 def _image_graph(model: Any):

@@ -156,10 +156,11 @@ def example_grid(preprocess, attention) -> tuple[int, int, int]:
     1. Windowed: two whole windows and a partial one in a row (e.g. 3 windows of <= 16 slots over
     40 patches for 4x4-patch windows), so windows, slots, patches and merged tokens all differ and
     the exporter cannot tie one symbolic size to another."""
+    from colembed.families import FULL
     from colembed.preprocess.windows import merged_window_side
 
     merge = preprocess.merge_size
-    if attention.kind == "full":
+    if attention.kind == FULL:
         return (1, 2 * merge, 3 * merge)
     side = merge * merged_window_side(window_size=attention.window_size, merge_size=merge,
                                       patch_size=preprocess.patch_size)

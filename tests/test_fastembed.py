@@ -500,3 +500,68 @@ def test_muvera_first_pass_keeps_the_exact_best_page(fe_model):
 
     assert max(ranks(fdes)) <= 1, ranks(fdes)
     assert max(ranks(fdes[np.roll(np.arange(8), 3)])) > 1
+
+
+# ---------------------------------------------------------------------- the second family's name
+MODEL_2_5 = "colqwen2.5"
+
+
+def test_both_families_are_registered_once_with_their_descriptions():
+    raw = {m["model"]: m for m in json.loads(registry.models_json_path().read_text())["models"]}
+    described = [d for d in LateInteractionMultimodalEmbedding.list_supported_models()
+                 if d["model"] in (MODEL, MODEL_2_5)]
+    assert sorted(d["model"] for d in described) == [MODEL, MODEL_2_5]
+    for description in described:
+        listed = raw[description["model"]]
+        for key in ("dim", "description", "license", "size_in_GB"):
+            assert description[key] == listed[key], (description["model"], key)
+        assert description["sources"]["hf"] == listed["checkpoint"]
+    assert registry.get_model(MODEL_2_5).family == "colqwen2.5"
+    assert registry.get_model(MODEL_2_5).base_checkpoint == "vidore/colqwen2.5-base"
+
+
+def test_colqwen2_5_by_name_equals_colembed_load_and_the_reference(exported_tiny_2_5, tmp_path,
+                                                                    monkeypatch, tmp_path_factory):
+    """Found in the cache by name like "colqwen2"; FastEmbed's vectors are colembed's bit for bit
+    and the reference's (transformers over Qwen2.5-VL, get_dtype shim) within the tolerance."""
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    from colembed_export.families import export_family
+    from qwen2_5_fixtures import checkpoint, reference_processor
+
+    _link(exported_tiny_2_5.folder, tmp_path, registry.get_model(MODEL_2_5))
+    monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    model = LateInteractionMultimodalEmbedding("ColQwen2.5")
+    assert model.embedding_size == 128 and model.model.model.family.name == "colqwen2.5"
+    own = colembed.load(exported_tiny_2_5.folder)
+    source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
+    reference = export_family("colqwen2.5").prepare_reference(
+        ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval())
+    processor = reference_processor(source)
+    pages = list(model.embed_image(PAGES, batch_size=2))
+    queries = list(model.embed_text(QUERIES))
+    for got, want in zip(pages, own.embed_images(PAGES, batch_size=2)):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(queries, own.embed_queries(QUERIES)):
+        np.testing.assert_array_equal(got, want)
+    for page, got in zip(PAGES, pages):
+        want = reference_rows(reference, processor.process_images([page]))
+        assert got.shape == want.shape and np.max(np.abs(got - want)) <= PARITY_TOLERANCE
+    for query, got in zip(QUERIES, queries):
+        want = reference_rows(reference, processor.process_queries([query]))
+        assert got.shape == want.shape and np.max(np.abs(got - want)) <= PARITY_TOLERANCE
+
+
+def test_a_folder_of_the_other_family_is_refused_by_name(exported_tiny_default, exported_tiny_2_5):
+    with pytest.raises(ModelFolderError, match=r"holds a colqwen2 .*not colqwen2\.5"):
+        LateInteractionMultimodalEmbedding(MODEL_2_5,
+                                           specific_model_path=exported_tiny_default.folder)
+    with pytest.raises(ModelFolderError, match=r"holds a colqwen2\.5 .*not colqwen2 "):
+        LateInteractionMultimodalEmbedding(MODEL, specific_model_path=exported_tiny_2_5.folder)
+
+
+def test_nothing_found_for_colqwen2_5_names_the_adapter_to_export(tmp_path):
+    with pytest.raises(ModelFolderError, match="colembed export vidore/colqwen2.5-v0.2"):
+        LateInteractionMultimodalEmbedding(MODEL_2_5, cache_dir=str(tmp_path))

@@ -1,4 +1,6 @@
-"""FastEmbed's own checks, run against "colqwen2" on the tiny exported fixture, offline.
+"""FastEmbed's own checks, run against "colqwen2" and "colqwen2.5" on the tiny exported fixtures
+(the canonical-value, token-count and description checks take both names; the rest "colqwen2"),
+offline.
 
 The first half mirrors FastEmbed 0.9.x `tests/test_late_interaction_multimodal.py` test by test
 (batch, single, query, get_embedding_size, embedding_size with lazy_load, token_count): the model
@@ -27,6 +29,7 @@ from colembed.fastembed import LateInteractionMultimodalEmbedding
 from colembed.registry import get_model
 
 MODEL = "colqwen2"
+MODEL_2_5 = "colqwen2.5"  # the second family: the same checks, on the tiny-2.5 export
 TOKENS, DIMS = 7, 7  # abridged like FastEmbed's canonical arrays
 queries = ["hello world", "flag embedding"]
 
@@ -45,11 +48,13 @@ def images(image_path):
 
 
 @pytest.fixture(scope="module", autouse=True)
-def fastembed_cache(exported_tiny, tmp_path_factory):
-    """A FastEmbed cache holding the tiny export where colembed looks for "colqwen2"."""
+def fastembed_cache(exported_tiny, exported_tiny_2_5, tmp_path_factory):
+    """A FastEmbed cache holding the tiny exports where colembed looks for "colqwen2" and
+    "colqwen2.5"."""
     cache = tmp_path_factory.mktemp("fastembed-cache")
-    (cache / get_model(MODEL).cache_folder_name).symlink_to(exported_tiny.folder,
-                                                            target_is_directory=True)
+    for name, export in ((MODEL, exported_tiny), (MODEL_2_5, exported_tiny_2_5)):
+        (cache / get_model(name).cache_folder_name).symlink_to(export.folder,
+                                                               target_is_directory=True)
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTEMBED_CACHE_PATH", str(cache))
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -57,16 +62,30 @@ def fastembed_cache(exported_tiny, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def canonical(reference_model, reference_processor, image_path):
-    """{"image": {model: values}, "query": {model: values}} from the reference model, rounded to
-    4 decimals like FastEmbed's literals."""
-    page = reference_rows(reference_model,
-                           reference_processor.process_images([Image.open(image_path)]))
-    query = reference_rows(reference_model, reference_processor.process_queries(queries[:1]))
-    return {
-        "image": {MODEL: np.round(page[:TOKENS, :DIMS], 4)},
-        "query": {MODEL: np.round(query[:TOKENS, :DIMS], 4)},
+def canonical(reference_model, reference_processor, image_path, tmp_path_factory):
+    """{"image": {model: values}, "query": {model: values}} from each family's reference model
+    (ColQwen2.5's: transformers over Qwen2.5-VL with the get_dtype shim), rounded to 4 decimals
+    like FastEmbed's literals."""
+    import torch
+    from transformers import ColQwen2ForRetrieval
+
+    from colembed_export.families import export_family
+    from qwen2_5_fixtures import checkpoint, reference_processor as processor_2_5
+
+    source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
+    references = {
+        MODEL: (reference_model, reference_processor),
+        MODEL_2_5: (export_family("colqwen2.5").prepare_reference(
+            ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval()),
+            processor_2_5(source)),
     }
+    out: dict[str, dict[str, np.ndarray]] = {"image": {}, "query": {}}
+    for name, (model, processor) in references.items():
+        page = reference_rows(model, processor.process_images([Image.open(image_path)]))
+        query = reference_rows(model, processor.process_queries(queries[:1]))
+        out["image"][name] = np.round(page[:TOKENS, :DIMS], 4)
+        out["query"][name] = np.round(query[:TOKENS, :DIMS], 4)
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -115,6 +134,8 @@ def test_single_embedding_query(model_cache, canonical):
 def test_get_embedding_size():
     assert LateInteractionMultimodalEmbedding.get_embedding_size("colqwen2") == 128
     assert LateInteractionMultimodalEmbedding.get_embedding_size("ColQwen2") == 128
+    assert LateInteractionMultimodalEmbedding.get_embedding_size("colqwen2.5") == 128
+    assert LateInteractionMultimodalEmbedding.get_embedding_size("ColQwen2.5") == 128
 
 
 def test_embedding_size():
@@ -122,8 +143,9 @@ def test_embedding_size():
     assert model.embedding_size == 128
 
 
-def test_token_count(model_cache):
-    with model_cache(MODEL) as model:
+@pytest.mark.parametrize("name", [MODEL, MODEL_2_5])
+def test_token_count(model_cache, name):
+    with model_cache(name) as model:
         documents = ["short doc", "it is a long document to check attention mask for paddings"]
         short = model.token_count(documents[0])
         long = model.token_count(documents[1])
@@ -137,10 +159,11 @@ def test_token_count(model_cache):
 def test_list_supported_models_fields():
     """test_common.test_text_list_supported_models, for our entry (FastEmbed checks only [0])."""
     described = {d["model"]: d for d in LateInteractionMultimodalEmbedding.list_supported_models()}
-    description = described[MODEL]
-    for key in ("model", "dim", "license", "size_in_GB", "model_file", "sources"):
-        assert key in description and description[key], key
-    assert "hf" in description["sources"] or "url" in description["sources"]
+    for name in (MODEL, MODEL_2_5):
+        description = described[name]
+        for key in ("model", "dim", "license", "size_in_GB", "model_file", "sources"):
+            assert key in description and description[key], (name, key)
+        assert "hf" in description["sources"] or "url" in description["sources"]
 
 
 def test_lazy_load(images):

@@ -50,6 +50,14 @@ def pages():
     return [noise_page(w, h, seed=seed) for seed, (w, h) in enumerate(PAGE_SIZES, start=11)]
 
 
+def assert_alone_and_batched(embed, items, expected, preset):
+    """Every item's vectors within the parity tolerance, one item per run and all in one batch."""
+    for batch_size in (1, len(items)):
+        for i, (mine, want) in enumerate(zip(embed(items, batch_size=batch_size), expected)):
+            assert mine.shape == want.shape, (preset, batch_size, i)
+            assert np.abs(mine - want).max() <= PARITY_TOLERANCE, (preset, batch_size, i)
+
+
 def test_the_folder_names_its_family_and_window_size(exported_2_5, tmp_path_factory):
     import json
 
@@ -80,21 +88,13 @@ def test_pages_equal_the_reference_alone_and_in_batches(served, pages):
         assert any(h // config.merge_size < side and w // config.merge_size < side
                    for _, h, w in grids), grids
     expected = [reference_rows(reference, processor.process_images([page])) for page in pages]
-    for batch_size in (1, len(pages)):
-        got = model.embed_images(pages, batch_size=batch_size)
-        for i, (mine, want) in enumerate(zip(got, expected)):
-            assert mine.shape == want.shape, (preset, batch_size, i)
-            assert np.abs(mine - want).max() <= PARITY_TOLERANCE, (preset, batch_size, i)
+    assert_alone_and_batched(model.embed_images, pages, expected, preset)
 
 
 def test_queries_equal_the_reference_alone_and_in_batches(served):
     preset, model, reference, processor = served
     expected = [reference_rows(reference, processor.process_queries([q])) for q in QUERIES]
-    for batch_size in (1, len(QUERIES)):
-        got = model.embed_queries(QUERIES, batch_size=batch_size)
-        for i, (mine, want) in enumerate(zip(got, expected)):
-            assert mine.shape == want.shape, (preset, batch_size, i)
-            assert np.abs(mine - want).max() <= PARITY_TOLERANCE, (preset, batch_size, i)
+    assert_alone_and_batched(model.embed_queries, QUERIES, expected, preset)
 
 
 ALONE = textwrap.dedent("""

@@ -1,0 +1,169 @@
+"""The family declarations (`colembed.families`): what each family reads from a checkpoint, the
+contracts it declares, the manifest's `family` / `vision_attention` (strict, with the first
+release's folders read as ColQwen2), and the runtime refusing a folder that claims the wrong one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import colembed
+from colembed.contracts import colqwen2_contracts
+from colembed.errors import ManifestError, ModelFolderError
+from colembed.families import (
+    COLQWEN2,
+    COLQWEN2_5,
+    FAMILIES,
+    UnknownFamilyError,
+    VisionAttention,
+    family_of_backbone,
+    family_of_checkpoint,
+    get_family,
+)
+from colembed.layout import MANIFEST_NAME
+from colembed.manifest import Manifest
+from colembed.preprocess.config import PreprocessConfig
+from colembed.preprocess.windows import window_layout, windowed_vision_contract
+from qwen2_5_fixtures import checkpoint
+
+
+def _edit_config(folder, tmp_path, edit):
+    copy = shutil.copytree(folder, tmp_path / "edited")
+    config = json.loads((copy / "config.json").read_text())
+    edit(config)
+    (copy / "config.json").write_text(json.dumps(config))
+    return copy
+
+
+# ------------------------------------------------------------------------ reading a checkpoint
+@pytest.mark.parametrize("layout", ["transformers", "colpali"])
+@pytest.mark.parametrize("preset", ["tiny-2.5", "tiny-2.5-alt"])
+def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, preset, layout):
+    folder = checkpoint(tmp_path_factory, preset, layout)
+    config = json.loads((folder / "config.json").read_text())
+    vision = config.get("vlm_config", config)["vision_config"]
+    assert family_of_backbone(config) is COLQWEN2_5 and family_of_checkpoint(config) is COLQWEN2_5
+    assert PreprocessConfig.from_checkpoint(folder).vision_head_dim == \
+        vision["hidden_size"] // vision["num_heads"]
+    text = config.get("vlm_config", config)["text_config"]
+    assert COLQWEN2_5.merger_width(vision) == vision["out_hidden_size"] == text["hidden_size"]
+
+
+def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
+    """Qwen2-VL's `hidden_size` is its merger's output: without `embed_dim` the folder is refused,
+    never read through the other family's name."""
+    def drop_embed_dim(config):
+        del config["vlm_config"]["vision_config"]["embed_dim"]
+
+    vision = json.loads((tiny_checkpoint / "config.json").read_text())["vlm_config"]["vision_config"]
+    assert COLQWEN2.merger_width(vision) == vision["hidden_size"] != vision["embed_dim"]
+    folder = _edit_config(tiny_checkpoint, tmp_path, drop_embed_dim)
+    with pytest.raises(ModelFolderError, match=r"vision_config\.embed_dim .*colqwen2 checkpoint"):
+        PreprocessConfig.from_checkpoint(folder)
+
+
+def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
+    def qwen3(config):
+        config["vlm_config"]["model_type"] = "qwen3_vl"
+
+    with pytest.raises(ModelFolderError, match="qwen3_vl"):
+        PreprocessConfig.from_checkpoint(_edit_config(tiny_checkpoint, tmp_path, qwen3))
+
+
+def test_checkpoint_layouts_are_declared_per_family():
+    assert family_of_checkpoint({"model_type": "colqwen2",
+                                 "vlm_config": {"model_type": "qwen2_vl"}}) is COLQWEN2
+    assert family_of_checkpoint({"model_type": "qwen2_5_vl"}) is COLQWEN2_5
+    # a bare Qwen2-VL config is colpali-engine's unconverted ColQwen2: not an export layout
+    assert family_of_checkpoint({"model_type": "qwen2_vl"}) is None
+    assert family_of_backbone({"model_type": "qwen2_vl"}) is COLQWEN2
+    with pytest.raises(UnknownFamilyError, match="colqwen3"):
+        get_family("colqwen3")
+
+
+# ---------------------------------------------------------------------------------- contracts
+def test_contracts_differ_only_in_the_image_graphs_window_inputs():
+    numbers = dict(patch_dim=1176, vision_head_dim=80, text_hidden=2048, embedding_dim=128)
+    assert COLQWEN2.contracts(**numbers) == colqwen2_contracts(**numbers)
+    windowed = COLQWEN2_5.contracts(**numbers)
+    assert windowed["text"] == colqwen2_contracts(**numbers)["text"]
+    assert windowed["vision"] == windowed_vision_contract(1176, 80, 2048)
+
+
+def test_window_inputs_per_grid_are_the_window_layouts():
+    attention = VisionAttention("windowed", 112)
+    made = attention.grid_inputs((1, 22, 30), merge_size=2, patch_size=14)
+    expected = window_layout((1, 22, 30), merge_size=2, patch_size=14,
+                             window_size=112).graph_inputs()
+    assert [spec.name for spec in attention.extra_inputs] == list(expected)
+    for got, want in zip(made, expected.values()):
+        np.testing.assert_array_equal(got, want)
+    assert VisionAttention("full").grid_inputs((1, 22, 30), merge_size=2, patch_size=14) == ()
+
+
+# ------------------------------------------------------------------------------------ manifest
+BAD_ATTENTION = [  # (vision_attention, the message naming the field)
+    ({"kind": "sliding", "window_size": 112}, r"vision_attention: kind 'sliding' is not one of"),
+    ({"kind": "windowed"}, r"vision_attention: windowed attention needs a positive int window"),
+    ({"kind": "windowed", "window_size": 0}, r"vision_attention: windowed attention needs"),
+    ({"kind": "windowed", "window_size": 112.0}, r"vision_attention: windowed attention needs"),
+    ({"kind": "windowed", "window_size": 112, "shift": 1}, r"vision_attention: unknown keys"),
+    ({"kind": "full"}, r"vision_attention\.kind: 'full' contradicts family 'colqwen2\.5'"),
+    ({"window_size": 112}, r"vision_attention\.kind: expected one of"),
+    ("windowed", r"vision_attention: expected dict"),
+]
+
+
+@pytest.fixture(scope="module")
+def manifest_2_5(exported_tiny_2_5):
+    return json.loads((exported_tiny_2_5.folder / MANIFEST_NAME).read_text())
+
+
+def test_a_colqwen2_5_manifest_round_trips(manifest_2_5):
+    manifest = Manifest.from_dict(manifest_2_5)
+    assert manifest.to_dict() == manifest_2_5
+    assert manifest.family == "colqwen2.5" and manifest.vision_attention.window_size == 56
+
+
+@pytest.mark.parametrize("attention, message", BAD_ATTENTION, ids=[m for _, m in BAD_ATTENTION])
+def test_bad_vision_attention_is_refused_naming_the_field(manifest_2_5, attention, message):
+    with pytest.raises(ManifestError, match=message):
+        Manifest.from_dict({**manifest_2_5, "vision_attention": attention})
+
+
+def test_unknown_or_half_declared_family_is_refused(manifest_2_5):
+    with pytest.raises(ManifestError, match=r"family: 'colqwen3' is not one of"):
+        Manifest.from_dict({**manifest_2_5, "family": "colqwen3"})
+    with pytest.raises(ManifestError, match=r"family: expected str"):
+        Manifest.from_dict({**manifest_2_5, "family": 2.5})
+    without = {k: v for k, v in manifest_2_5.items() if k != "vision_attention"}
+    with pytest.raises(ManifestError, match=r"vision_attention: missing"):
+        Manifest.from_dict(without)
+    without = {k: v for k, v in manifest_2_5.items() if k != "family"}
+    with pytest.raises(ManifestError, match=r"family: missing"):
+        Manifest.from_dict(without)
+    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5"]
+
+
+def test_a_first_release_folder_loads_as_colqwen2(copy_model_folder):
+    """Folders exported before families existed name none; they hold ColQwen2 (that exporter took
+    Qwen2-VL checkpoints only), load as before, and say so."""
+    folder = copy_model_folder("legacy")
+    data = json.loads((folder / MANIFEST_NAME).read_text())
+    assert data.pop("family") == "colqwen2" and data.pop("vision_attention") == {"kind": "full"}
+    (folder / MANIFEST_NAME).write_text(json.dumps(data))
+    model = colembed.load(folder)
+    assert model.family is COLQWEN2 and model.manifest.vision_attention == VisionAttention("full")
+    assert model.embed_queries(["hi"])[0].shape[1] == 128
+
+
+def test_a_folder_claiming_the_other_family_is_refused(exported_tiny_2_5, tmp_path):
+    folder = shutil.copytree(exported_tiny_2_5.folder, tmp_path / "claims-colqwen2")
+    data = json.loads((folder / MANIFEST_NAME).read_text())
+    data.update(family="colqwen2", vision_attention={"kind": "full"})
+    (folder / MANIFEST_NAME).write_text(json.dumps(data))
+    with pytest.raises(ModelFolderError, match=r"not ColQwen2's: inputs \[.*'window_rows'"):
+        colembed.load(folder)
