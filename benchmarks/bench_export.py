@@ -2,18 +2,23 @@
 
     nice .venv/bin/python benchmarks/bench_export.py                      # Qwen2-VL-2B size (8.8 GB)
     .venv/bin/python benchmarks/bench_export.py --vision-depth 4 --text-layers 4   # reduced depth
+    nice .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --clean   # Qwen2.5-VL-3B
 
-The checkpoint is built by `colembed_export.tiny.build_checkpoint` (the `qwen2-vl-2b` preset: real
-widths, heads and vocabulary; depths overridable) in a separate process, inside a work folder this
-script creates (`--workdir`, marked by colembed.safe_fs); a later run with the same --workdir
-reuses it. `--clean` deletes the work folder at the end (only a folder this script made).
+The checkpoint is built by the family's random-weight builder (`--family colqwen2`:
+`colembed_export.tiny.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
+`colembed_export.tiny_qwen2_5.build_checkpoint_2_5`, preset `qwen2.5-vl-3b`: real widths, heads
+and vocabulary; depths overridable, full-attention blocks kept inside a reduced depth) in a
+separate process, inside a work folder this script creates (`--workdir`, marked by
+colembed.safe_fs); a later run with the same --workdir reuses it. `--clean` deletes the work
+folder at the end (only a folder this script made).
 
 The export runs with the check on (the torch reference, then onnxruntime on the exported graphs),
 as a user's `colembed export` does. Per step: wall time and the step's own peak RSS (the kernel's
 high-water mark is reset at each step start, colembed_export.measure). The figure that matters is
 the overall peak against the fp32 weights' size: the target is <= 1.5x.
 
-Writes benchmarks/results/export.{md,json} (the latest run only).
+Writes benchmarks/results/export.{md,json} (ColQwen2) or export-colqwen2_5.{md,json} (the latest
+run of each family only).
 """
 
 from __future__ import annotations
@@ -32,22 +37,28 @@ from machine import machine_info, markdown_header  # noqa: E402
 
 RESULTS = HERE / "results"
 TARGET_PEAK_RATIO = 1.5
+# family -> (default preset, default vision depth, default text layers, results file, widths)
+FAMILIES = {
+    "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
+    "colqwen2.5": ("qwen2.5-vl-3b", 32, 36, "export-colqwen2_5", "Qwen2.5-VL-3B"),
+}
 BUILD = """
 import sys
-from dataclasses import replace
-from colembed_export.tiny import PRESETS, build_checkpoint
-spec = replace(PRESETS[sys.argv[1]], vision_depth=int(sys.argv[2]), text_layers=int(sys.argv[3]))
-build_checkpoint(sys.argv[4], spec, seed=0)
+from pathlib import Path
+from benchmark_specs import build, reduced_spec
+family, preset, depth, layers, out = sys.argv[1:6]
+build(family, Path(out), reduced_spec(family, preset, int(depth), int(layers)))
 """
 
 
-def checkpoint_in(workdir: Path, preset: str, vision_depth: int, text_layers: int) -> Path:
+def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
+                  text_layers: int) -> Path:
     """The checkpoint folder in `workdir`, built (in a child process) unless already there."""
     folder = workdir / f"{preset}-v{vision_depth}-t{text_layers}"
     if not (folder / "config.json").is_file():
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-c", BUILD, preset, str(vision_depth), str(text_layers),
-                        str(folder)], check=True)
+        subprocess.run([sys.executable, "-c", BUILD, family, preset, str(vision_depth),
+                        str(text_layers), str(folder)], check=True, cwd=HERE)
         print(f"built {folder} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return folder
 
@@ -64,17 +75,17 @@ def run(checkpoint: Path, out: Path) -> dict:
     return {"weights_gb": round(weights / 1e9, 3), "seconds": round(seconds, 1),
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
             "steps": report.steps, "check": report.check.get("fp32", {}),
-            "architecture": report.manifest.architecture}
+            "architecture": report.manifest.architecture.to_dict()}
 
 
-def markdown(info: dict, result: dict) -> str:
+def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
     arch = result["architecture"]
     lines = [
         "# Export benchmark: time and peak RSS per step",
         "",
         markdown_header(info),
         "",
-        f"Checkpoint: random weights, Qwen2-VL-2B widths, {arch['vision_depth']} vision blocks + "
+        f"Checkpoint: random weights, {widths} widths, {arch['vision_depth']} vision blocks + "
         f"{arch['text_layers']} text layers, {result['weights_gb']:.2f} GB of fp32 weights. "
         "Export with the check on (defaults of `colembed export`).",
         "",
@@ -90,30 +101,39 @@ def markdown(info: dict, result: dict) -> str:
         lines.append(f"| {s['step']} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
                      f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | {s['rss_after_gb']:.2f} |")
     lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start)."]
+    load = (info.get("load_average_at_start") or [0.0])[0]
+    if load > info["physical_cores"] / 2:
+        lines += [f"Shared machine: load average {load:.1f} at the start on {info['physical_cores']} "
+                  "cores; other jobs' work stretches the times (peak RSS is this process's own)."]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--preset", default="qwen2-vl-2b")
-    parser.add_argument("--vision-depth", type=int, default=32)
-    parser.add_argument("--text-layers", type=int, default=28)
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="colqwen2")
+    parser.add_argument("--preset", help="architecture preset (default: the family's full size)")
+    parser.add_argument("--vision-depth", type=int, help="default: the preset's")
+    parser.add_argument("--text-layers", type=int, help="default: the preset's")
     parser.add_argument("--workdir", default="/tmp/colembed-bench-export")
     parser.add_argument("--clean", action="store_true", help="delete the work folder at the end")
-    parser.add_argument("--results", default=str(RESULTS / "export"),
-                        help="results path without extension (default benchmarks/results/export)")
+    parser.add_argument("--results", help="results path without extension (default "
+                        "benchmarks/results/export for colqwen2, export-colqwen2_5 for colqwen2.5)")
     args = parser.parse_args()
 
     from colembed import safe_fs
 
+    preset, depth, layers, results, widths = FAMILIES[args.family]
+    results = args.results or str(RESULTS / results)
     info = machine_info()
     workdir = safe_fs.make_work_folder(args.workdir, "bench_export")
-    checkpoint = checkpoint_in(workdir, args.preset, args.vision_depth, args.text_layers)
+    checkpoint = checkpoint_in(workdir, args.family, args.preset or preset,
+                               args.vision_depth or depth, args.text_layers or layers)
     result = run(checkpoint, workdir / "model")
-    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
-    Path(args.results + ".md").write_text(markdown(info, result))
-    print(markdown(info, result))
+    result["family"] = args.family
+    Path(results).parent.mkdir(parents=True, exist_ok=True)
+    Path(results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
+    Path(results + ".md").write_text(markdown(info, result, widths))
+    print(markdown(info, result, widths))
     if args.clean:
         safe_fs.remove_tree(workdir, owner=safe_fs.is_work_folder)
     return 0

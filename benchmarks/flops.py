@@ -1,4 +1,4 @@
-"""FLOPs of ColQwen2 work, counted from the architecture and the shapes (2 FLOPs per multiply-add).
+"""FLOPs of ColQwen2 and ColQwen2.5 work, counted from the architecture and the shapes (2 FLOPs per multiply-add).
 
 Only matrix products are counted (linear layers and the two attention products); norms, rotary,
 activations and softmax are O(width) per token and below 1% of the total at these widths. The
@@ -32,6 +32,11 @@ class Shapes:
     embedding_dim: int
     patch_dim: int  # values per vision patch (PreprocessConfig.patch_dim)
     merge: int  # patches per image token (PreprocessConfig.merge_size ** 2)
+    # ColQwen2.5 (Qwen2.5-VL tower): gated MLP (three matrices), and all blocks but `full_blocks`
+    # attend within windows of `window_patches` patches. Defaults: Qwen2-VL's tower.
+    gated_mlp: bool = False
+    window_patches: int | None = None
+    full_blocks: int = 0
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "Shapes":
@@ -40,10 +45,14 @@ class Shapes:
 
         a = manifest["architecture"]
         config = PreprocessConfig.from_dict(manifest["preprocess"])
+        attention = manifest.get("vision_attention") or {}
+        windowed = attention.get("kind") == "windowed"
+        side = attention.get("window_size", 0) // config.patch_size if windowed else 0
         return cls(int(a["vision_depth"]), int(a["vision_embed_dim"]), float(a["vision_mlp_ratio"]),
                    int(a["text_layers"]), int(a["text_hidden"]), int(a["text_heads"]),
                    int(a["text_kv_heads"]), int(a["text_intermediate"]), int(a["embedding_dim"]),
-                   config.patch_dim, config.merge_size**2)
+                   config.patch_dim, config.merge_size**2, gated_mlp=windowed,
+                   window_patches=side * side if windowed else None)
 
     @classmethod
     def from_spec(cls, spec: Any, config: Any) -> "Shapes":
@@ -56,13 +65,16 @@ class Shapes:
 def vision_flops(s: Shapes, patches: int) -> float:
     """One image of `patches` patches through the vision tower (attention within the image)."""
     d, p = s.vision_embed_dim, patches
-    mlp = int(d * s.vision_mlp_ratio)
+    mlp = round(d * s.vision_mlp_ratio)
     embed = 2 * p * s.patch_dim * d
-    linear = 2 * p * (3 * d * d + d * d + 2 * d * mlp)
+    linear = 2 * p * (3 * d * d + d * d + (3 if s.gated_mlp else 2) * d * mlp)
     attention = 2 * 2 * p * p * d  # q.k and p.v over all heads
+    windowed = s.vision_depth - s.full_blocks if s.window_patches else 0
+    within = 2 * 2 * p * min(p, s.window_patches or p) * d  # at most a window's keys per patch
     merged = p // s.merge
     merger = 2 * merged * (s.merge * d) * (s.merge * d) + 2 * merged * (s.merge * d) * s.text_hidden
-    return float(embed + s.vision_depth * (linear + attention) + merger)
+    return float(embed + s.vision_depth * linear + (s.vision_depth - windowed) * attention
+                 + windowed * within + merger)
 
 
 def text_flops(s: Shapes, tokens: int) -> float:

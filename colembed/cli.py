@@ -49,7 +49,7 @@ def _cmd_export(args) -> int:
         check=not args.no_check, overwrite=args.overwrite, random_weights=args.random_weights,
         external_data={"auto": None, "always": True, "never": False}[args.external_data],
         variants=tuple(v for v in (args.variant or "").split(",") if v),
-        progress=_progress,
+        progress=_progress, base=args.base,
     )
     check = report.check.get("fp32")
     if check:
@@ -273,6 +273,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(transformers format, e.g. vidore/colqwen2-v1.0-hf)")
     export.add_argument("--out", required=True, help="destination model folder")
     export.add_argument("--revision", help="hub revision (branch, tag or commit)")
+    export.add_argument("--base", help="base checkpoint folder of a PEFT LoRA adapter SOURCE "
+                                       "(default: the adapter's base_model_name_or_path)")
     export.add_argument("--name", help="model name recorded in the manifest (default: folder name)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
     export.add_argument("--tolerance", type=float,

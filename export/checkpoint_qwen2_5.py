@@ -8,7 +8,9 @@ config, keys `model.*`, `visual.*`, `custom_text_proj.*`) and transformers' retr
 exporter's graphs wrap and the tests use as oracle, with every embedding weight accounted for.
 
 The key renaming is data (`COLPALI_TO_TRANSFORMERS`), the same mapping transformers'
-`convert_colqwen2_weights_to_hf.py` applies. Adapters (PEFT) are not merged here.
+`convert_colqwen2_weights_to_hf.py` applies. A PEFT LoRA adapter folder (the published
+`vidore/colqwen2.5-v0.2` is one) loads its base in either layout and merges into it
+(`adapter.py`).
 """
 
 from __future__ import annotations
@@ -48,12 +50,20 @@ def checkpoint_layout(folder: str | Path) -> str:
     )
 
 
-def load_colqwen2_5(folder: str | Path):
-    """A `ColQwen2ForRetrieval` (fp32, eval) from a ColQwen2.5 folder in either layout."""
+def load_colqwen2_5(folder: str | Path, *, base: str | Path | None = None):
+    """A `ColQwen2ForRetrieval` (fp32, eval) from a ColQwen2.5 folder in either layout, or from a
+    LoRA adapter folder merged into its base (`base`, else the adapter's own base path)."""
     import torch
     from transformers import ColQwen2ForRetrieval
 
+    from .adapter import is_adapter, merge_adapter
+
     folder = Path(folder)
+    if is_adapter(folder):
+        return merge_adapter(folder, base=base)
+    if base is not None:
+        raise ModelFolderError("a base model was given, but this folder is not an adapter "
+                               "(no adapter_config.json)", path=folder)
     if checkpoint_layout(folder) == "transformers":
         return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     return _load_colpali_layout(folder)

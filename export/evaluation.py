@@ -43,7 +43,9 @@ def cosine_figures(got_pages, want_pages, got_queries, want_queries) -> dict[str
     pages = token_cosines(got_pages, want_pages)
     queries = token_cosines(got_queries, want_queries)
     both = np.concatenate([pages, queries])
+    broken = sum(int((~np.isfinite(a).all(axis=1)).sum()) for a in [*got_pages, *got_queries])
     return {
+        "non_finite_tokens": broken,
         "mean_cosine": float(both.mean()),
         "min_cosine": float(both.min()),
         "pages_mean_cosine": float(pages.mean()),
@@ -102,8 +104,11 @@ def embed_ranking_set(model: Any, pages: Sequence[Any], queries: Sequence[Any]) 
     return maxsim(model.embed_images(queries, batch_size=batch), model.embed_images(pages, batch_size=batch))
 
 
-def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
-    """Load fp32 and each variant from `folder`; returns ({variant: figures}, gate misses)."""
+def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
+                      measured: dict[str, dict[str, Any]] | None = None
+                      ) -> tuple[dict[str, Any], list[str]]:
+    """Load fp32 and each variant from `folder`; returns ({variant: figures}, gate misses).
+    `measured` adds what each variant's recipes measured while writing it (gated too)."""
     import colembed
 
     from .verify import SAMPLE_QUERIES, sample_pages
@@ -128,7 +133,8 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any]) 
         figures["ranking"] = top1_agreement(embed_ranking_set(model, rank_pages, rank_queries),
                                             fp32_scores, clear)
         del model
-        figures.update({"gate": gates[name].to_dict(), "pages": len(pages), "queries": len(queries)})
+        figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
+                        "pages": len(pages), "queries": len(queries)})
         results[name] = figures
         failures += [f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min "
                      f"{figures['min_cosine']:.5f} over {figures['tokens']} tokens)"

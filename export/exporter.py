@@ -20,7 +20,7 @@ import datetime as _dt
 import logging
 import os
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -256,6 +256,8 @@ def export_model(
     variants: Sequence[str] = (),
     random_weights: bool = False,
     progress: Callable[[str], None] | None = None,
+    base: str | os.PathLike | None = None,
+    source_label: str | None = None,
 ) -> ExportReport:
     """Export a ColQwen2-family checkpoint to a colembed model folder: transformers
     `ColQwen2ForRetrieval` over Qwen2-VL or Qwen2.5-VL, or colpali-engine's ColQwen2.5 layout.
@@ -268,16 +270,25 @@ def export_model(
     comparison with its figure. `variants` (e.g. ("int8", "int4", "fp16")) are derived from the
     checked fp32 graphs, each gated against fp32. `overwrite` lets an export of another model be
     replaced; nothing but a colembed export is ever replaced. `random_weights` is recorded in the
-    manifest (test and benchmark checkpoints say so; it is never guessed).
+    manifest (test and benchmark checkpoints say so; it is never guessed). A PEFT LoRA adapter
+    folder (vidore/colqwen2.5-v0.2's form) is merged into its base first (`base`, else the
+    adapter's own base path; adapter.py); `source_label` is what the manifest names as the source.
     """
+    options = dict(locals())  # the call's arguments, handed on when an adapter is merged first
     say = progress or log.info
     meter = StepMeter(say)
     if variants:
         from .variants import parse_variants
 
         variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
+    from .adapter import adapter_source, export_adapter
+
+    if base is not None or adapter_source(source, revision) is not None:
+        return export_adapter(export_model, **options)
     with meter.step("resolve the checkpoint and the destination"):
         resolved = resolve(source, out_dir, revision=revision, overwrite=overwrite)
+    if source_label is not None:
+        resolved = replace(resolved, checkpoint=replace(resolved.checkpoint, source=source_label))
     folder = resolved.checkpoint.folder
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:

@@ -5,6 +5,8 @@
   same activation) and one Cast out; constant Gathers (the token-embedding table) read an fp16
   table and Cast out. Everything else stays fp32, so no value goes fp32 -> fp16 -> fp32 between
   two fp32 ops (`round_trip_casts` counts those; onnxruntime does not remove them).
+- `fp16_gemm_peaks`: the largest value entering or leaving each GEMM the fp16 recipe would
+  convert, measured on the fp32 graph; the recipe keeps those near fp16's range in fp32.
 - `smooth_activation_outliers`: SmoothQuant's export-time smoothing for the int8 recipe.
 - `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
   `Reshape(allowzero)` cleaner (onnx_io.clear_reshape_allowzero), before saving.
@@ -14,8 +16,9 @@ This module imports onnx_ir and numpy; onnxruntime only for calibration.
 from __future__ import annotations
 
 import ast
+import contextlib
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -26,6 +29,7 @@ from .onnx_io import clear_reshape_allowzero
 ONNX_DOMAINS = ("", "ai.onnx")
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"
 SMOOTHING_BOUNDS = (1e-4, 1e4)  # never scale a channel by more than this either way
+WEIGHT_SLOTS = {"MatMul": 1, "Gemm": 1, "Gather": 0}  # op -> input holding the constant weight
 
 
 def finish(model: Any) -> int:
@@ -47,6 +51,12 @@ def scopes(node: Any) -> list[str]:
     except (ValueError, SyntaxError):
         return []
     return [str(v) for v in value] if isinstance(value, list) else []
+
+
+def module_path(node: Any) -> str:
+    """The torch module a node came from (its innermost scope but the op's own), else its name."""
+    found = scopes(node)
+    return (found[-2] or found[-1]) if len(found) > 1 else node.name
 
 
 def _const_float(value: Any) -> np.ndarray | None:
@@ -89,24 +99,39 @@ def _swap_in(graph: Any, old: Any, new_nodes: Sequence[Any]) -> None:
     graph.remove(old, safe=True)
 
 
-def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = ()) -> int:
-    """The fp16 recipe (module docstring). Returns how many nodes now run on fp16 weights."""
+def fp16_candidates(model: Any, keep_scopes: Iterable[str] = ()) -> list[tuple[Any, int]]:
+    """(node, weight slot) of every node the fp16 recipe would run on fp16 weights: MatMul / Gemm
+    / Gather with a constant fp32 weight, outside `keep_scopes` (module-path fragments)."""
+    keep = tuple(keep_scopes)
+    found = []
+    for node in model.graph:
+        weight_slot = WEIGHT_SLOTS.get(node.op_type)
+        if weight_slot is None or node.domain not in ONNX_DOMAINS:
+            continue
+        if _const_float(node.inputs[weight_slot]) is None:
+            continue
+        if not any(k in s for s in scopes(node) for k in keep):
+            found.append((node, weight_slot))
+    return found
+
+
+def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
+                         keep_nodes: Iterable[str] = ()) -> int:
+    """The fp16 recipe (module docstring). Returns how many nodes now run on fp16 weights.
+    `keep_nodes` (node names) stay fp32 as well, e.g. those `fp16_overflow_risks` found."""
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
     graph, f16, f32 = model.graph, ir.DataType.FLOAT16, ir.DataType.FLOAT
-    keep = tuple(keep_scopes)
+    kept = set(keep_nodes)
     half_weights: dict[int, Any] = {}
     half_inputs: dict[int, Any] = {}
     converted = 0
-    for node in list(graph):
-        weight_slot = {"MatMul": 1, "Gemm": 1, "Gather": 0}.get(node.op_type)
-        if weight_slot is None or node.domain not in ONNX_DOMAINS:
+    for node, weight_slot in fp16_candidates(model, keep_scopes):
+        if node.name in kept:
             continue
         weight = node.inputs[weight_slot]
         array = _const_float(weight)
-        if array is None or any(k in s for s in scopes(node) for k in keep):
-            continue
         if id(weight) not in half_weights:
             half_weights[id(weight)] = _initializer(graph, f"{weight.name}_fp16",
                                                     array.astype(np.float16))
@@ -180,29 +205,72 @@ def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
     return groups
 
 
-def channel_maxima(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Per-channel max |value| of the named intermediate tensors of the graph at `src`, by
-    onnxruntime on `feeds` (the extra outputs go to a temporary graph beside `src`)."""
+@contextlib.contextmanager
+def _probe(src: Path, outputs: Callable[[Any], list[str]]) -> Iterator[tuple[Any, list[str]]]:
+    """An onnxruntime session (no graph optimisation) on a copy of the graph at `src` whose outputs
+    are what `outputs(proto graph)` adds and names; the copy sits beside `src` (same external
+    data) and is removed on exit."""
     import onnx
     import onnxruntime as ort
 
     proto = onnx.load(str(src), load_external_data=False)
     del proto.graph.output[:]
+    names = outputs(proto.graph)
     proto.graph.output.extend(onnx.helper.make_empty_tensor_value_info(n) for n in names)
     probe = src.with_name(f".{src.stem}.calibration.onnx")
     onnx.save(proto, str(probe))
     try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
-        maxima: dict[str, np.ndarray] = {}
+        yield ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"]), names
+    finally:
+        probe.unlink(missing_ok=True)
+
+
+def channel_maxima(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Per-channel max |value| of the named intermediate tensors of the graph at `src`, by
+    onnxruntime on `feeds`."""
+    maxima: dict[str, np.ndarray] = {}
+    with _probe(src, lambda graph: list(names)) as (session, _):
         for feed in feeds:
             for name, out in zip(names, session.run(list(names), feed)):
                 peak = np.abs(out.reshape(-1, out.shape[-1])).max(axis=0)
                 maxima[name] = peak if name not in maxima else np.maximum(maxima[name], peak)
-        return maxima
-    finally:
-        probe.unlink(missing_ok=True)
+    return maxima
+
+
+def peak_magnitudes(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, float]:
+    """max |value| of each named intermediate tensor of the graph at `src` over `feeds`. The probe
+    reduces each tensor to a scalar inside the graph, so memory stays that of one plain run."""
+    import onnx
+
+    def scalar_peaks(graph: Any) -> list[str]:
+        outs = []
+        for i, name in enumerate(names):
+            graph.node.extend([onnx.helper.make_node("Abs", [name], [f"peak_abs_{i}"]),
+                               onnx.helper.make_node("ReduceMax", [f"peak_abs_{i}"], [f"peak_{i}"],
+                                                     keepdims=0)])
+            outs.append(f"peak_{i}")
+        return outs
+
+    peaks = dict.fromkeys(names, 0.0)
+    with _probe(src, scalar_peaks) as (session, outs):
+        for feed in feeds:
+            for name, value in zip(names, session.run(outs, feed)):
+                value = float(value)  # a NaN counts as unbounded
+                peaks[name] = max(peaks[name], value) if np.isfinite(value) else float("inf")
+    return peaks
+
+
+def fp16_gemm_peaks(model: Any, src: Path, calibration: Sequence[dict[str, Any]], *,
+                    keep_scopes: Iterable[str]) -> dict[str, float]:
+    """{node name: max |input| or |output|} of the GEMMs the fp16 recipe would convert, on the
+    `calibration` feeds of the fp32 graph at `src` (the same graph as `model`). Only these values
+    pass through fp16: everything between the islands stays fp32."""
+    gemms = [node for node, _ in fp16_candidates(model, keep_scopes) if node.op_type != "Gather"]
+    tensors = sorted({v.name for n in gemms for v in (n.inputs[0], n.outputs[0])})
+    peaks = peak_magnitudes(src, tensors, calibration)
+    return {n.name: max(peaks[n.inputs[0].name], peaks[n.outputs[0].name]) for n in gemms}
 
 
 def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict[str, Any]],

@@ -270,7 +270,7 @@ class StressTraits:
         return hidden // 7, (5 * hidden) // 9
 
 
-def _inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+def inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
     import math
 
     lm = model.vlm.model.language_model
@@ -304,7 +304,7 @@ def _inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
             "text_norm_rescale": full / plain}
 
 
-def _norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
+def norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
     """Mean per-token standard deviation of each LayerNorm's input on a probe."""
     seen: dict[int, float] = {}
 
@@ -318,18 +318,48 @@ def _norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> l
     return [seen[id(n)] for n in norms]
 
 
+def vision_probe(visual: Any, dim: int, traits: StressTraits, side: int) -> tuple[list[int], list[int], Any, Any]:
+    """(offset channels, the other channels, probe grid, probe patches) for a vision tower of
+    width `dim`: the random `side` x `side`-patch page the stress edits measure on."""
+    import torch
+
+    channels = list(traits.massive_channels(dim))
+    grid = torch.tensor([[1, side, side]])
+    patches = torch.randn(side * side, visual.patch_embed.proj.weight[0].numel(),
+                          generator=torch.Generator().manual_seed(5))
+    return channels, [c for c in range(dim) if c not in channels], grid, patches
+
+
+def scale_features(visual: Any, patches: Any, grid: Any, peak: float) -> float:
+    """Scale the merger's last linear so the image features peak at `peak`; returns the factor."""
+    last = visual.merger.mlp[2]
+    factor = peak / float(visual(patches, grid_thw=grid).abs().max())
+    last.weight.mul_(factor)
+    last.bias.mul_(factor)
+    return factor
+
+
+def offset_residual(visual: Any, patches: Any, grid: Any, channels: list[int], peak: float,
+                    writers: Callable[[Any], Sequence[Any]]) -> tuple[float, list[tuple[Any, float, float]]]:
+    """Offset `channels` of the vision residual stream through the biases of each block's
+    `writers(block)`, reaching `peak` after the last block. Returns (offset per sublayer,
+    [(norm, its input std before the offsets, the offset it sees)]) for each norm after the first,
+    which the caller compensates."""
+    offset = peak / (2 * len(visual.blocks))
+    norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.ln_q]
+    sigmas = norm_input_std(visual, patches, grid, norms)
+    for block in visual.blocks:
+        for linear in writers(block):
+            linear.bias[channels] += offset
+    return offset, [(n, s, i * offset) for i, (n, s) in enumerate(zip(norms, sigmas)) if i]
+
+
 def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
     import math
 
-    import torch
-
     visual = model.vlm.model.visual
     dim = visual.config.embed_dim
-    channels = list(traits.massive_channels(dim))
-    others = [c for c in range(dim) if c not in channels]
-    grid = torch.tensor([[1, 4, 4]])
-    patches = torch.randn(16, visual.patch_embed.proj.weight[0].numel(),
-                          generator=torch.Generator().manual_seed(5))
+    channels, others, grid, patches = vision_probe(visual, dim, traits, side=4)
     typical = visual.patch_embed(patches).abs().median()
     scale = float(traits.vision_typical / typical)  # LayerNorm is scale-invariant: same function
     visual.patch_embed.proj.weight.mul_(scale)
@@ -337,29 +367,18 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
         for linear in (block.attn.proj, block.mlp.fc2):
             linear.weight.mul_(scale)
             linear.bias.mul_(scale)
-    offset = traits.vision_peak / (2 * len(visual.blocks))
-    norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.ln_q]
-    sigmas = _norm_input_std(visual, patches, grid, norms)
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.fc2):
-            linear.bias[channels] += offset
+    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak,
+                                      lambda block: (block.attn.proj, block.mlp.fc2))
     # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by 2*O/dim and
     # its std grows; weight and bias of the other channels undo both, the offset channels get a
     # small weight, as a trained model's norms do for their massive channels.
-    for i, (norm, sigma) in enumerate(zip(norms, sigmas)):
-        seen = i * offset
-        if seen == 0:
-            continue
+    for norm, sigma, seen in seen_by:
         full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
         weight = norm.weight[others].clone()
         norm.bias[others] += weight * (2 * seen / dim) / sigma
         norm.weight[others] = weight * full / sigma
         norm.weight[channels] = traits.small_norm_weight
-    features = visual(patches, grid_thw=grid)
-    last = visual.merger.mlp[2]
-    factor = traits.feature_peak / float(features.abs().max())
-    last.weight.mul_(factor)
-    last.bias.mul_(factor)
+    factor = scale_features(visual, patches, grid, traits.feature_peak)
     return {"vision_offset_channels": channels, "vision_scale": scale,
             "vision_offset_per_sublayer": offset, "feature_scale": factor}
 
@@ -369,7 +388,7 @@ def build_stress_checkpoint(out_dir: str | Path, spec: ArchitectureSpec | str = 
     """`build_checkpoint` plus trained-model activation traits (see `StressTraits`)."""
 
     def edit(model: Any) -> dict[str, Any]:
-        return {**asdict(traits), **_inject_text_traits(model, traits),
+        return {**asdict(traits), **inject_text_traits(model, traits),
                 **_inject_vision_traits(model, traits)}
 
     return build_checkpoint(out_dir, spec, seed=seed, edit=edit)

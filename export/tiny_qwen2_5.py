@@ -27,13 +27,20 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .checkpoint_qwen2_5 import COLPALI_TO_TRANSFORMERS
+from typing import Any, Callable
+
 from .tiny import (
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,
+    StressTraits,
     build_config,
+    inject_text_traits,
+    offset_residual,
     perturb_vectors,
     save_processor,
+    scale_features,
+    vision_probe,
 )
 
 TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
@@ -163,24 +170,94 @@ def build_checkpoint_2_5(
     seed: int = 0,
     min_pixels: int = TRAINING_MIN_PIXELS,
     max_pixels: int = TRAINING_MAX_PIXELS,
+    edit: Callable[[Any], dict[str, Any]] | None = None,
 ) -> Path:
     """Write a random-weight ColQwen2.5 checkpoint folder in the transformers layout; return it.
 
     Deterministic for a given spec and seed. The folder also holds the real Qwen tokenizer files
     (byte-identical) and a Qwen2-VL image processor config with ColQwen's training pixel bounds.
-    `to_colpali_layout` rewrites it in the published layout.
+    `to_colpali_layout` rewrites it in the published layout. `edit(model)` changes the weights
+    before saving (the stress traits); what it returns is recorded in colembed_tiny.json.
     """
+    import torch
+
     spec = _spec(spec)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     model = build_model(spec, seed=seed)
-    model.save_pretrained(out, safe_serialization=True)
+    with torch.no_grad():
+        edited = edit(model) if edit is not None else None
+    model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")  # bounds RSS at 3B
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     (out / TINY_INFO).write_text(
-        json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec)},
-                   indent=2) + "\n"
+        json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec),
+                    **({"stress": edited} if edited is not None else {})}, indent=2) + "\n"
     )
     return out
+
+
+# ------------------------------------------------------------------------------ stress checkpoint
+@dataclass(frozen=True)
+class Qwen2_5StressTraits(StressTraits):
+    """`StressTraits` (text traits as for ColQwen2) plus what Qwen2.5-VL's gated vision MLP adds.
+
+    The vision tower here has RMSNorms and gated SiLU MLPs. Its residual stream runs at
+    `vision_typical` per element with two channels offset up to `vision_peak` (above fp16's
+    65504), each RMSNorm compensating; in every block one MLP intermediate channel carries
+    `silu(gate) * up` = `mlp_peak` (above 65504): the down-projection's input, the overflow point
+    of fp16 Qwen2.5-VL vision towers (shared/seeds), with the down-projection's column scaled so
+    its output stays at the residual's size, as trained weights do. Image features reach
+    `feature_peak`. Limits as `StressTraits`: constant across tokens, magnitudes set on a probe.
+    """
+
+    mlp_peak: float = 200_000.0
+
+    def mlp_channel(self, intermediate: int) -> int:
+        return intermediate // 3
+
+
+def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[str, Any]:
+    import math
+
+    visual = model.vlm.model.visual
+    dim = visual.config.hidden_size
+    channels, others, grid, patches = vision_probe(visual, dim, traits, side=8)
+    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
+    visual.patch_embed.proj.weight.mul_(scale)  # RMSNorm is scale-invariant: same function
+    for block in visual.blocks:
+        for linear in (block.attn.proj, block.mlp.down_proj):
+            linear.weight.mul_(scale)
+            linear.bias.mul_(scale)
+        c = traits.mlp_channel(block.mlp.gate_proj.out_features)
+        root = math.sqrt(traits.mlp_peak)  # silu(root) * root ~ mlp_peak on every token
+        for linear in (block.mlp.gate_proj, block.mlp.up_proj):
+            linear.weight[c].zero_()
+            linear.bias[c] = root
+        column = block.mlp.down_proj.weight[:, c]
+        column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
+    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak,
+                                      lambda block: (block.attn.proj, block.mlp.down_proj))
+    # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo it,
+    # the offset channels get a small weight (as trained norms do for their massive channels).
+    for norm, sigma, seen in seen_by:
+        norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
+        norm.weight[channels] = traits.small_norm_weight
+    factor = scale_features(visual, patches, grid, traits.feature_peak)
+    return {"vision_offset_channels": channels, "vision_scale": scale,
+            "vision_offset_per_sublayer": offset, "feature_scale": factor,
+            "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features)}
+
+
+def build_stress_checkpoint_2_5(out_dir: str | Path, spec: Qwen2_5Spec | str = "tiny-2.5", *,
+                                seed: int = 0,
+                                traits: Qwen2_5StressTraits = Qwen2_5StressTraits()) -> Path:
+    """`build_checkpoint_2_5` plus trained-model activation traits (`Qwen2_5StressTraits`)."""
+
+    def edit(model: Any) -> dict[str, Any]:
+        return {**asdict(traits), **inject_text_traits(model, traits),
+                **_inject_vision_traits_2_5(model, traits)}
+
+    return build_checkpoint_2_5(out_dir, spec, seed=seed, edit=edit)
 
 
 def colpali_state_dict(state_dict: dict) -> dict:
@@ -231,6 +308,8 @@ def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:
 __all__ = [
     "PRESETS_2_5",
     "Qwen2_5Spec",
+    "Qwen2_5StressTraits",
+    "build_stress_checkpoint_2_5",
     "build_checkpoint_2_5",
     "build_model",
     "build_vlm_config",

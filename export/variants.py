@@ -24,7 +24,16 @@ from colembed.errors import ExportError
 from colembed.manifest import GraphEntry
 
 from .onnx_io import EXTERNAL_DATA_THRESHOLD
-from .recipes import GATES, VARIANTS, Gate, VariantSpec, make_graph, parse_variants, quiet_quantisers
+from .recipes import (
+    CALIBRATED_RECIPES,
+    GATES,
+    VARIANTS,
+    Gate,
+    VariantSpec,
+    make_graph,
+    parse_variants,
+    quiet_quantisers,
+)
 
 log = logging.getLogger("colembed_export")
 
@@ -57,34 +66,41 @@ def save_graph(model: Any, folder: Path, file: str, external: bool) -> tuple[str
 
 
 def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
-                  say: Callable[[str], None]) -> dict[str, dict[str, GraphEntry]]:
-    """Each variant's graph files (shared where two variants use the same recipe for a role)."""
+                  say: Callable[[str], None]
+                  ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
+    """Each variant's graph files (shared where two variants use the same recipe for a role), and
+    per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
     from .evaluation import calibration_feeds
     from .graph_edits import finish
 
     entries: dict[str, dict[str, GraphEntry]] = {}
-    written: dict[tuple[str, str], GraphEntry] = {}
+    measured: dict[str, dict[str, Any]] = {}
+    written: dict[tuple[str, str], tuple[GraphEntry, dict[str, Any]]] = {}
     calibration = None
     with tempfile.TemporaryDirectory(prefix=".variants-", dir=staging.parent) as tmp:
         for name in names:
-            entries[name] = {}
+            entries[name], measured[name] = {}, {}
             for role, fp32 in graphs.items():
                 recipe = VARIANTS[name].recipes[role]
                 if (role, recipe) not in written:
-                    if recipe == "int8" and calibration is None:
+                    if recipe in CALIBRATED_RECIPES and calibration is None:
                         calibration = calibration_feeds(staging)
                     say(f"writing the {role} graph of the {name} variant ({recipe})")
-                    model = make_graph(recipe, staging / fp32.file, Path(tmp),
-                                       calibration[role] if recipe == "int8" else None)
+                    model, figures = make_graph(recipe, staging / fp32.file, Path(tmp),
+                                                calibration[role] if recipe in CALIBRATED_RECIPES
+                                                else None)
                     cleared = finish(model)
                     file, data_file = save_graph(model, staging, f"{role}.{recipe}.onnx",
                                                  external=fp32.data_file is not None)
                     del model
                     log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
-                    written[(role, recipe)] = GraphEntry(file=file, data_file=data_file,
-                                                         opset=fp32.opset, contract=fp32.contract)
-                entries[name][role] = written[(role, recipe)]
-    return entries
+                    written[(role, recipe)] = (GraphEntry(file=file, data_file=data_file,
+                                                          opset=fp32.opset, contract=fp32.contract),
+                                               figures)
+                entries[name][role], figures = written[(role, recipe)]
+                for key, value in figures.items():
+                    measured[name].setdefault(key, {})[role] = value
+    return entries, measured
 
 
 def write_variants(
@@ -108,9 +124,11 @@ def write_variants(
         return {}
     staging = Path(staging)
     quiet_quantisers()
-    write_manifest(_write_graphs(staging, graphs, names, say))
+    entries, measured = _write_graphs(staging, graphs, names, say)
+    write_manifest(entries)
     say("checking the variants against fp32")
-    results, failures = evaluate_variants(staging, names, {n: VARIANTS[n].gate for n in names})
+    results, failures = evaluate_variants(staging, names, {n: VARIANTS[n].gate for n in names},
+                                          measured)
     for name, figures in results.items():
         figures["recipes"] = dict(VARIANTS[name].recipes)
         say(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
