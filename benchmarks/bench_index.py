@@ -293,7 +293,7 @@ def ingest_model(name: str, given: Path | None, scratch: Path) -> Path:
 
         from bench_embed import prepare_model
 
-        args = types.SimpleNamespace(vision_depth=2, text_layers=2, variants=["fp32"])
+        args = types.SimpleNamespace(family="colqwen2", vision_depth=2, text_layers=2, variants=["fp32"])
         BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
         return prepare_model(args, BENCH_WORKDIR, lambda m: print(m, file=sys.stderr))[1]
     from colembed_export.exporter import export_model
