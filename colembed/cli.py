@@ -78,6 +78,8 @@ def _cmd_info(args) -> int:
     manifest = read_manifest(Path(args.folder))
     summary = {
         "model": manifest.model.to_dict(),
+        "family": manifest.family,
+        "vision_attention": manifest.vision_attention.to_dict(),
         "embedding_dim": manifest.embedding_dim,
         "variants": {v: {r: g.file for r, g in gs.items()} for v, gs in manifest.variants.items()},
         "scorer": manifest.scorer.file if manifest.scorer else None,
@@ -268,9 +270,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="colembed", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    export = sub.add_parser("export", help="export a ColQwen2 checkpoint to a colembed model folder")
-    export.add_argument("source", help="checkpoint folder or Hugging Face repo id "
-                                       "(transformers format, e.g. vidore/colqwen2-v1.0-hf)")
+    export = sub.add_parser("export", help="export a ColQwen2 or ColQwen2.5 checkpoint (or LoRA adapter) to a colembed model folder")
+    export.add_argument("source", help="checkpoint folder or Hugging Face repo id: transformers "
+                                       "format (e.g. vidore/colqwen2-v1.0-hf), colpali-engine's "
+                                       "ColQwen2.5 layout, or a LoRA adapter over one")
     export.add_argument("--out", required=True, help="destination model folder")
     export.add_argument("--revision", help="hub revision (branch, tag or commit)")
     export.add_argument("--base", help="base checkpoint folder of a PEFT LoRA adapter SOURCE "

@@ -112,6 +112,7 @@ def test_cli_export_and_info(tiny_checkpoint, tmp_path):
     info = subprocess.run([sys.executable, "-m", "colembed.cli", "info", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert info.returncode == 0 and '"embedding_dim": 128' in info.stdout
+    assert '"family": "colqwen2"' in info.stdout and '"kind": "full"' in info.stdout
     again = subprocess.run(
         [sys.executable, "-m", "colembed.cli", "info", str(tmp_path)], capture_output=True,
         text=True, timeout=120)
