@@ -16,7 +16,7 @@ import pytest
 import colembed
 from colembed.index import Index, edge, server, store as store_module
 from colembed.index.schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, VECTOR_NAMES,
-                                   make_point, mean_vector)
+                                   PagePoint, make_point, mean_vector)
 from colembed.index.store import OldIndexWarning, open_store, two_stage_plan
 from colembed.model import PageLayout
 from index_docs import page
@@ -51,6 +51,18 @@ def test_mean_vector_is_the_mean_of_the_image_rows():
     vectors, layout = _page(0)
     np.testing.assert_allclose(mean_vector(vectors, layout), vectors[2:14].mean(0), rtol=1e-6)
     assert set(_points(1)[0].vectors) == set(VECTOR_NAMES)
+
+
+@pytest.mark.parametrize("kind", STORES)
+def test_a_point_without_its_mean_gets_it_from_its_page_vectors(kind, tmp_path):
+    point = _points(1)[0]
+    carried = PagePoint(point.id, {n: v for n, v in point.vectors.items() if n != MEAN_VECTOR},
+                        point.payload)  # as colembed.distributed's Parquet columns carry it
+    store = open_store(tmp_path / "db", dim=DIM, local=kind == "client-local")
+    store.upsert([carried])
+    stored = store.points([point.id])[point.id].vectors[MEAN_VECTOR]
+    np.testing.assert_allclose(stored, point.vectors[MEAN_VECTOR], atol=1e-3)  # float16
+    store.close()
 
 
 def test_the_plan_nests_rows_and_cols_in_the_mean_pool_and_honours_k(small_plan):

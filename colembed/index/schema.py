@@ -77,6 +77,13 @@ def mean_vector(vectors: np.ndarray, layout) -> np.ndarray:
     return vectors[layout.image_rows].mean(axis=0).astype(np.float32)
 
 
+def mean_from_payload(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
+    """`mean_vector` of a page known by its `page` vectors and payload (grid, image_start): for
+    points carried without it (colembed.distributed's Parquet columns)."""
+    (rows, cols), start = payload["grid"], payload["image_start"]
+    return page[start:start + rows * cols].mean(axis=0).astype(np.float32)
+
+
 def schema_of(names) -> int | None:
     """The schema version whose vectors are exactly `names` (None: not a colembed index)."""
     return next((v for v, ours in SCHEMA_VECTORS.items() if set(names) == set(ours)), None)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import ColembedError
 from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
-                     SCHEMA_VERSION, PagePoint)
+                     SCHEMA_VERSION, PagePoint, mean_from_payload)
 
 SEARCH_MODES = ("two-stage", "exact")
 DEFAULT_SEARCH_MODE = "two-stage"  # 10,000 pages: ~25x faster than exact (benchmarks/)
@@ -109,8 +109,13 @@ class Store(ABC):
         return two_stage_plan(self.plan_schema or self.schema, k)
 
     def stored_vectors(self, point: PagePoint) -> dict[str, np.ndarray]:
-        """The point's vectors this collection holds (an old index has no `mean`)."""
-        return {n: point.vectors[n] for n in SCHEMA_VECTORS[self.schema]}
+        """The point's vectors this collection holds (an old index has no `mean`; a point carried
+        without it gets it from its `page` vectors)."""
+        names, vectors = SCHEMA_VECTORS[self.schema], point.vectors
+        if MEAN_VECTOR in names and MEAN_VECTOR not in vectors:
+            vectors = dict(vectors, **{MEAN_VECTOR: mean_from_payload(vectors[PAGE_VECTOR],
+                                                                      point.payload)})
+        return {n: vectors[n] for n in names}
 
     @abstractmethod
     def upsert(self, points: Sequence[PagePoint]) -> None:
