@@ -21,7 +21,8 @@ import numpy as np
 import qdrant_edge as qe
 
 from .lock import LOCK_FILE, FolderLock, IndexBusyError
-from .schema import MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES, PagePoint
+from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
+                     PagePoint)
 from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoreError, StoredHit, as_point,
                     check_mode, stage_query)
 
