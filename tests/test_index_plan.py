@@ -1,6 +1,6 @@
 """Two-stage search's plan (store.py): the `mean` stage, the nested rows / cols stages, the exact
 rerank, on both stores; and an index written by schema 1 (no `mean`), made by this code through the
-schema-1 constants, which must still open, grow and search.
+schema-1 constants, which must still open, grow and search, and (Edge) upgrade in place.
 
 The plan's limits are shrunk here (monkeypatch) so a 40-page store exercises the filtering a
 10,000-page one does; the scores are checked against numpy MaxSim over the stored (float16) vectors.
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import colembed
-from colembed.index import Index, edge, server, store as store_module
+from colembed.index import Index, edge, server, store as store_module, upgrade_index
 from colembed.index.schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, VECTOR_NAMES,
-                                   PagePoint, make_point, mean_vector)
+                                   PagePoint, make_point, mean_from_payload, mean_vector)
 from colembed.index.store import OldIndexWarning, open_store, two_stage_plan
 from colembed.model import PageLayout
 from index_docs import page
@@ -94,8 +94,8 @@ def test_two_stage_scores_are_exact_and_find_the_planted_page(kind, tmp_path, sm
 
 
 @pytest.mark.parametrize("kind", STORES)
-def test_a_schema_1_index_opens_grows_and_searches_with_the_old_plan(kind, tmp_path, monkeypatch,
-                                                                     exported_tiny):
+def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monkeypatch,
+                                                             exported_tiny):
     model = colembed.load(exported_tiny.folder, max_image_tokens=64)
     for module in (edge, server):  # what colembed 0.1.0 wrote: no `mean` vector, schema 1
         monkeypatch.setattr(module, "SCHEMA_VERSION", 1)
@@ -117,3 +117,19 @@ def test_a_schema_1_index_opens_grows_and_searches_with_the_old_plan(kind, tmp_p
             exact = index.search("second", k=2, mode="exact")
         assert sorted((h.file, h.score) for h in hits) == sorted((h.file, h.score) for h in exact)
         assert {h.payload["schema"] for h in hits} == {1}
+        before = {h.id: h.score for h in exact}
+    if local:
+        return
+    assert upgrade_index(tmp_path / "db") == 2  # Edge: rewritten in place from stored vectors
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "first.png", "second.png"]
+    with Index(tmp_path / "db", model=model) as index:
+        assert index.store.schema == 2 and len(index) == 2
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            hits = index.search("second", k=2)
+        assert {h.id: h.score for h in hits} == before
+        assert {h.payload["schema"] for h in hits} == {2}
+        point = index.store.points([hits[0].id])[hits[0].id]
+        np.testing.assert_allclose(point.vectors[MEAN_VECTOR], mean_from_payload(
+            point.vectors[PAGE_VECTOR], point.payload), atol=1e-3)
+    assert upgrade_index(tmp_path / "db") == 0

@@ -20,6 +20,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 import qdrant_edge as qe
 
+from ..safe_fs import STAGING_MARKER, commit_folder, discard_staging, staging_folder
 from .lock import LOCK_FILE, FolderLock, IndexBusyError
 from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint)
@@ -59,6 +60,8 @@ def _prefetch(query: np.ndarray, stage: Stage) -> qe.Prefetch:
 class EdgeStore(Store):
     """An index folder holding one Qdrant Edge shard."""
 
+    upgrade_hint = "colembed.index.upgrade_index(folder) rewrites it from its stored vectors"
+
     def __init__(self, folder: Path, *, dim: int | None = None) -> None:
         self.folder = Path(folder)
         self.location = str(self.folder)
@@ -73,7 +76,7 @@ class EdgeStore(Store):
             self._locked(lambda: qe.EdgeShard.load(str(self.folder / SHARD_DIR)), "open the shard")
             return
         if self.folder.exists() and (not self.folder.is_dir() or any(
-                f.name != LOCK_FILE for f in self.folder.iterdir())):
+                f.name not in (LOCK_FILE, STAGING_MARKER) for f in self.folder.iterdir())):
             raise StoreError(f"{self.folder}: exists and is not a colembed index; give a new or "
                              "empty folder")
         if dim is None:
@@ -168,3 +171,46 @@ class EdgeStore(Store):
             if getattr(self, "lock", None) is not None:
                 self.lock.release()
                 self.lock = None
+
+
+def _is_index_folder(path: Path) -> bool:
+    return (path / META_FILE).is_file() and (path / SHARD_DIR).is_dir()
+
+
+def upgrade_index(folder: Path) -> int:
+    """Rewrite an older-schema index folder at this schema from its stored vectors (no page is
+    embedded again; the `mean` vector comes from each page's vectors and payload): a new shard is
+    filled in a staging folder beside it, then replaces it. Returns the pages copied (0: already
+    current). Edge cannot add a vector to an existing shard, hence the copy (~as long as storing the
+    pages: ~2.5 min at 10,000 pages)."""
+    folder = Path(folder)
+    old = EdgeStore(folder)
+    try:
+        if old.schema == SCHEMA_VERSION:
+            return 0
+        staging = staging_folder(folder, "colembed index upgrade")
+        try:
+            new = EdgeStore(staging, dim=old.dim)
+            try:
+                copied = _copy_points(old, new)
+            finally:
+                new.close()
+        except BaseException:
+            discard_staging(staging)
+            raise
+    finally:
+        old.close()
+    commit_folder(staging, folder, replaceable=_is_index_folder)
+    return copied
+
+
+def _copy_points(old: EdgeStore, new: EdgeStore) -> int:
+    ids = [pid for pid, _ in old.payloads()]
+    for lo in range(0, len(ids), SCROLL_PAGE):
+        points = old.points(ids[lo:lo + SCROLL_PAGE]).values()
+        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=SCHEMA_VERSION))
+                    for p in points])
+    new.flush()
+    if new.count() != len(ids):
+        raise StoreError(f"{old.folder}: upgrade copied {new.count()} of {len(ids)} pages")
+    return len(ids)

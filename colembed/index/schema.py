@@ -13,7 +13,8 @@ length, so dot = cosine) and one plain vector:
   the cheapest stage, the outermost filter of two-stage search (store.py).
 
 Schema 1 (colembed 0.1.0) had no `mean`: such an index still opens, adds pages without it and
-searches with the schema-1 plan (`SCHEMA_VECTORS`, store.py).
+searches with the schema-1 plan (`SCHEMA_VECTORS`, store.py); `store.upgrade_index` rewrites an
+Edge folder at schema 2 from its stored vectors.
 
 Payload (one dict per page, `PAYLOAD_FIELDS`): path, 1-based page, page count, file sha256, the
 rendered size, the image-token grid, model name, variant, manifest hash and schema version. An index

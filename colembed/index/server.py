@@ -49,6 +49,8 @@ def _prefetch(query: np.ndarray, stage: Stage) -> models.Prefetch:
 class ServerStore(Store):
     """One collection on a Qdrant server (`url`, `api_key`) or in a local-mode folder (`path`)."""
 
+    upgrade_hint = "index the files into a new collection for the faster one"
+
     def __init__(self, *, url: str | None = None, api_key: str | None = None,
                  path: Path | None = None, dim: int | None = None,
                  collection: str | None = None) -> None:

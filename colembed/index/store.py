@@ -95,6 +95,7 @@ class Store(ABC):
     """A collection of page points (`schema.PagePoint`); every method may raise StoreError."""
 
     location: str
+    upgrade_hint: str  # how an older-schema index gets this schema's plan
     schema: int  # the schema version of the stored collection (`schema.SCHEMA_VECTORS`)
     plan_schema: int | None = None  # run another schema's plan (benchmarks); None: `schema`'s
 
@@ -103,9 +104,8 @@ class Store(ABC):
         if self.schema < SCHEMA_VERSION and not getattr(self, "_told", False):
             self._told = True
             warnings.warn(f"{self.location}: this index has schema {self.schema} (no `mean` "
-                          "vector), so two-stage search uses the older, slower plan. Index the "
-                          "files into a new folder to get the faster one.", OldIndexWarning,
-                          stacklevel=3)
+                          "vector), so two-stage search uses the older, slower plan; "
+                          f"{self.upgrade_hint}.", OldIndexWarning, stacklevel=3)
         return two_stage_plan(self.plan_schema or self.schema, k)
 
     def stored_vectors(self, point: PagePoint) -> dict[str, np.ndarray]:
@@ -188,3 +188,11 @@ def open_store(location: str | os.PathLike | None = None, *, url: str | None = N
     from .edge import EdgeStore
 
     return EdgeStore(Path(location), dim=dim)
+
+
+def upgrade_index(location: str | os.PathLike) -> int:
+    """Rewrite an older-schema Qdrant Edge index folder at this schema from its stored vectors,
+    in place (`edge.upgrade_index`); returns the pages copied, 0 when it is already current."""
+    from .edge import upgrade_index as upgrade_edge
+
+    return upgrade_edge(Path(location))
