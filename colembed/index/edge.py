@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -181,8 +182,8 @@ def upgrade_index(folder: Path) -> int:
     """Rewrite an older-schema index folder at this schema from its stored vectors (no page is
     embedded again; the `mean` vector comes from each page's vectors and payload): a new shard is
     filled in a staging folder beside it, then replaces it. Returns the pages copied (0: already
-    current). Edge cannot add a vector to an existing shard, hence the copy (~as long as storing the
-    pages: ~2.5 min at 10,000 pages)."""
+    current). Edge cannot add a vector to an existing shard, hence the copy: 58 pages/s measured at
+    1,000 synthetic pages on 2 loaded cores (storing them took 81 pages/s), ~3 min at 10,000."""
     folder = Path(folder)
     old = EdgeStore(folder)
     try:
@@ -195,13 +196,27 @@ def upgrade_index(folder: Path) -> int:
                 copied = _copy_points(old, new)
             finally:
                 new.close()
+            _swap(old, staging)
         except BaseException:
-            discard_staging(staging)
+            discard_staging(staging)  # nothing to do once the swap has moved it
             raise
     finally:
         old.close()
-    commit_folder(staging, folder, replaceable=_is_index_folder)
     return copied
+
+
+def _swap(old: EdgeStore, staging: Path) -> None:
+    """Close the old shard and put the new folder in its place. The folder lock is held across the
+    rename so no process opens the old shard meanwhile (on Windows, where a locked open file blocks
+    renaming its folder, it is released just before)."""
+    with _edge_errors("close the shard", old.folder):
+        old.shard.flush()
+        old.shard.close()
+    old.shard = None
+    if sys.platform == "win32":
+        old.lock.release()
+        old.lock = None
+    commit_folder(staging, old.folder, replaceable=_is_index_folder)
 
 
 def _copy_points(old: EdgeStore, new: EdgeStore) -> int:
