@@ -31,14 +31,15 @@ from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_
                      SCHEMA_VERSION, PagePoint, mean_from_payload)
 
 SEARCH_MODES = ("two-stage", "exact")
-DEFAULT_SEARCH_MODE = "two-stage"  # 10,000 pages: ~25x faster than exact (benchmarks/)
-# The schema-2 plan, chosen at 10,000 synthetic pages (bench_index.py's data, plans timed side by
-# side in one process): the mean stage alone costs ~2% of the old rows + cols scan, the exact rerank
-# ~0.3 ms a page, so the rerank is held at <= 200 pages like the schema-1 plan. Mean 150 + rows/cols
-# 25 + 25 within the mean's best 1,000 gave recall@10 vs exact 0.89 at ~1/5 of the schema-1 plan's
-# time; mean alone (200) 0.91, mean 100 + 50 + 50 0.87, schema-1 plan 0.38. The synthetic pages
-# favour the mean (a page-wide topic in every token); the rows/cols stages stay as the hedge for
-# trained models, whose matches can be local to a region of the page.
+DEFAULT_SEARCH_MODE = "two-stage"  # 10,000 pages: ~40x faster than exact (benchmarks/)
+# The schema-2 plan, chosen at 10,000 synthetic pages (bench_index.py's data; plans interleaved in
+# one process, load 2-4 on 2 cores): the mean scan costs a few ms (mean 50 + their rerank: 16 ms),
+# the exact rerank ~0.3 ms a page, so the rerank is held at <= 200 pages like the schema-1 plan's.
+# Mean 150 + rows / cols 25 + 25 within the mean's best 1,000: p50 101 ms, recall@10 vs exact 0.89;
+# schema-1 plan 418 ms, 0.38; mean alone (200) 69 ms, 0.91; mean 100 + 50 + 50: 85 ms, 0.87; a
+# pool of 2,000: 152 ms, 0.89. The synthetic pages favour the mean (a page-wide topic in every
+# token); the rows / cols stages stay as the hedge for trained models, whose matches can be local
+# to a region of the page.
 MEAN_CANDIDATES = 150  # pages the mean vector sends straight to the rerank
 MEAN_POOL = 1000  # pages the mean vector keeps for the rows / cols MaxSim stages
 POOLED_CANDIDATES = 25  # per rows / cols stage within MEAN_POOL
