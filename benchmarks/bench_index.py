@@ -1,5 +1,6 @@
-"""Page stores side by side: Qdrant Edge (exact, two-stage), colembed's numpy scorer, qdrant-client
-local mode; and indexing throughput against embedding alone.
+"""Page stores side by side: Qdrant Edge (exact, two-stage, and the schema-1 two-stage plan on the
+same store), colembed's numpy scorer, qdrant-client local mode; and indexing throughput against
+embedding alone.
 
     .venv/bin/python benchmarks/bench_index.py                 # 1,000 and 10,000 pages (~8 GB peak)
     .venv/bin/python benchmarks/bench_index.py --pages 1000    # one size
@@ -16,6 +17,9 @@ structure, not a trained model: two-stage recall@10 here is a floor, not the tra
 Each store runs in its own subprocess (peak RSS is per process): insert pages/s through colembed's
 Store adapter (points with all three vectors, as `Index.add` writes them), disk size, reopen time
 (a fresh process opening the folder), query p50/p90 for 1 query and for a batch of 16 queries.
+edge-previous: the same store searched with the schema-1 two-stage plan (rows + cols MaxSim over
+every page, `Store.plan_schema = 1`: what colembed 0.1.0 ran), so the new plan's gain is a ratio
+within one run; recall@10 against exact is reported for both plans.
 colembed numpy: `colembed.top_k` over the same vectors held in memory (float32).
 Indexing throughput (`--no-ingest` skips it, `--ingest-only` runs it alone, `--ingest-model
 tiny|bench` picks the models; default both): `Index.add` over PDFs vs `model.embed_pages` over the same pages
@@ -58,7 +62,8 @@ LARGE_ROUNDS = (3, 1)  # large stores and the slow qdrant-client local mode
 RECALL_QUERIES = 16
 NUMPY_MAX_PAGES = 1000  # 10,000 pages = 3.9 GB of float32 and ~10x the 1,000-page query time
 K = 10
-BACKENDS = ("edge-two-stage", "edge-exact", "numpy", "client-local")
+BACKENDS = ("edge-two-stage", "edge-previous", "edge-exact", "numpy", "client-local")
+EDGE_BACKENDS = ("edge-two-stage", "edge-previous", "edge-exact")  # one store, three plans
 CLIENT_LOCAL_MAX_PAGES = 1000
 
 
@@ -174,6 +179,8 @@ def worker_query(backend: str, pages: int, folder: Path) -> dict:
     store = open_store(folder, local=backend == "client-local")
     reopen = time.perf_counter() - t
     mode = "exact" if backend in ("edge-exact", "client-local") else "two-stage"
+    if backend == "edge-previous":
+        store.plan_schema = 1
     queries = synthetic_queries(pages, 64)
     timings = _timed_queries(lambda qs: store.search(qs, K, mode), queries, pages,
                              slow=backend == "client-local")
@@ -185,10 +192,14 @@ def worker_query(backend: str, pages: int, folder: Path) -> dict:
 
 
 def _quality(store, queries, pages: int) -> dict:
-    """Two-stage recall@10 against exact; how often the page a query was drawn from ranks first;
-    Edge's exact scores against numpy MaxSim over the vectors it stores (float16)."""
+    """Two-stage recall@10 against exact, for this plan and the schema-1 one; how often the page a
+    query was drawn from ranks first; Edge's exact scores against numpy MaxSim over the vectors it
+    stores (float16)."""
     exact = store.search(queries, K, "exact")
     fast = store.search(queries, K, "two-stage")
+    store.plan_schema = 1
+    previous = store.search(queries, K, "two-stage")
+    store.plan_schema = None
     targets = query_targets(pages, len(queries))
     first = lambda rows: float(np.mean([int(r[0].payload["serial"]) == int(t)  # noqa: E731
                                          for r, t in zip(rows, targets)]))
@@ -197,8 +208,11 @@ def _quality(store, queries, pages: int) -> dict:
         stored = store.page_vectors([h.id for h in hits[:3]])
         for h in hits[:3]:
             worst = max(worst, abs(float((q @ stored[h.id].T).max(axis=1).sum()) - h.score))
-    recall = np.mean([len({h.id for h in a} & {h.id for h in b}) / K for a, b in zip(exact, fast)])
-    return {"recall_at_10": float(recall), "target_at_1": {"exact": first(exact), "two-stage": first(fast)},
+    recall = lambda rows: float(np.mean([len({h.id for h in a} & {h.id for h in b}) / K  # noqa: E731
+                                         for a, b in zip(exact, rows)]))
+    return {"recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
+            "target_at_1": {"exact": first(exact), "two-stage": first(fast),
+                            "previous": first(previous)},
             "score_max_abs_diff_vs_numpy": worst}
 
 
@@ -242,7 +256,7 @@ def bench_stores(pages: int, scratch: Path) -> dict:
     results = {}
     edge = scratch / f"edge-{pages}"
     build = _sub("build:edge", pages, edge)
-    for backend in ("edge-two-stage", "edge-exact"):
+    for backend in EDGE_BACKENDS:
         results[backend] = {**build, **_sub(f"query:{backend}", pages, edge)}
         print(backend, pages, results[backend], file=sys.stderr, flush=True)
     shutil.rmtree(edge)
@@ -416,15 +430,30 @@ def markdown(results: dict) -> str:
             lines.append(f"| {name} | {insert} | {disk} | {reopen} | {r['q1_p50_ms']:.0f} / "
                          f"{r['q1_p90_ms']:.0f} | {r['q16_p50_ms']:.0f} / {r['q16_p90_ms']:.0f} "
                          f"| {r['peak_rss_mib']:.0f} |")
-        two = by_backend["edge-two-stage"]
-        lines += ["", f"Two-stage recall@10 against exact: {two['recall_at_10']:.3f} (synthetic "
-                  "vectors: a floor, not a trained model's figure). Edge exact scores vs numpy "
-                  f"MaxSim over the stored vectors: max abs diff {two['score_max_abs_diff_vs_numpy']:.1e}. "
-                  f"The page a query was drawn from ranks first: exact {two['target_at_1']['exact']:.2f}, "
-                  f"two-stage {two['target_at_1']['two-stage']:.2f}. Two-stage vs exact, 1 query p50: {by_backend['edge-exact']['q1_p50_ms'] / two['q1_p50_ms']:.1f}x faster.", ""]
+        lines += ["", *quality_markdown(by_backend), ""]
     for name, i in (results.get("ingest") or {}).items():
         lines += ingest_markdown(name, i)
     return "\n".join(lines)
+
+
+def quality_markdown(by_backend: dict) -> list[str]:
+    """Recall and speed of the two-stage plans against exact, as same-run ratios."""
+    two, exact = by_backend["edge-two-stage"], by_backend["edge-exact"]
+    previous, first = by_backend.get("edge-previous"), two["target_at_1"]
+    lines = [f"Two-stage recall@10 against exact: {two['recall_at_10']:.3f} (schema-1 plan, "
+             f"edge-previous: {two.get('previous_recall_at_10', float('nan')):.3f}; synthetic "
+             "vectors: a floor, not a trained model's figure). Edge exact scores vs numpy MaxSim "
+             f"over the stored vectors: max abs diff {two['score_max_abs_diff_vs_numpy']:.1e}. "
+             f"The page a query was drawn from ranks first: exact {first['exact']:.2f}, two-stage "
+             f"{first['two-stage']:.2f}, previous plan {first.get('previous', float('nan')):.2f}.",
+             "", f"1 query p50: two-stage {exact['q1_p50_ms'] / two['q1_p50_ms']:.1f}x faster "
+             "than exact"]
+    if previous:
+        ratio = previous["q1_p50_ms"] / two["q1_p50_ms"]
+        lines[-1] += (f", {ratio:.1f}x faster than" if ratio >= 1 else f", {1 / ratio:.1f}x slower than")
+        lines[-1] += " the schema-1 plan on the same store in the same run"
+    lines[-1] += "."
+    return lines
 
 
 def ingest_markdown(name: str, i: dict) -> list[str]:

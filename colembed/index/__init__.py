@@ -12,8 +12,9 @@ from .index import Hit, Index
 from .ingest import AddResult, FileReport
 from .lock import IndexBusyError
 from .maps import SimilarityMap
-from .store import DEFAULT_SEARCH_MODE, SEARCH_MODES, ModelMismatchError, StoreError
+from .store import (DEFAULT_SEARCH_MODE, SEARCH_MODES, ModelMismatchError, OldIndexWarning,
+                    StoreError, upgrade_index)
 
 __all__ = ["AddResult", "DEFAULT_SEARCH_MODE", "FileReport", "Hit", "Index", "IndexBusyError",
-           "ModelMismatchError",
-           "SEARCH_MODES", "SimilarityMap", "StoreError"]
+           "ModelMismatchError", "OldIndexWarning",
+           "SEARCH_MODES", "SimilarityMap", "StoreError", "upgrade_index"]

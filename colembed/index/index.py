@@ -24,7 +24,7 @@ import numpy as np
 from ..layout import MANIFEST_NAME
 from .ingest import AddResult, FileReport, ingest
 from .maps import SimilarityMap, explain, overlay
-from .schema import SCHEMA_VERSION, identity_mismatch
+from .schema import identity_mismatch
 from .sources import Document, SourceError, discover
 from .store import DEFAULT_SEARCH_MODE, ModelMismatchError, StoreError, check_mode, open_store
 
@@ -86,7 +86,7 @@ class Index:
     def identity(self) -> dict[str, Any]:
         m = self.model
         return {"model": m.name, "variant": m.variant, "manifest_sha256": manifest_sha256(m.folder),
-                "schema": SCHEMA_VERSION, "model_source": str(Path(m.folder).resolve())}
+                "schema": self.store.schema, "model_source": str(Path(m.folder).resolve())}
 
     def _check_identity(self) -> None:
         stored = self.store.any_payload()

@@ -1,13 +1,20 @@
 """The one collection schema every store writes: vector names, payload fields, point ids, pooling.
 
-A page is one point with three multivectors (all MaxSim over dot products; ColQwen2 vectors are
-unit length, so dot = cosine):
+A page is one point with three multivectors (MaxSim over dot products; ColQwen2 vectors are unit
+length, so dot = cosine) and one plain vector:
 
 - `page`: every output row of the page (~750 x 128). The exact score; no HNSW graph (it is only
   ever a full scan or a rerank target).
 - `rows` / `cols`: the image-token grid mean-pooled along each row / each column, plus the page's
   non-image rows (prompt tokens) unchanged: Qdrant's ColPali recipe, ~40 vectors instead of ~750,
   for a cheap first stage.
+- `mean` (schema 2): the mean of the page's image-token rows, one 128-d vector scored by dot with
+  the sum of the query's tokens (= the page's average token similarity summed over query tokens):
+  the cheapest stage, the outermost filter of two-stage search (store.py).
+
+Schema 1 (colembed 0.1.0) had no `mean`: such an index still opens, adds pages without it and
+searches with the schema-1 plan (`SCHEMA_VECTORS`, store.py); `store.upgrade_index` rewrites an
+Edge folder at schema 2 from its stored vectors.
 
 Payload (one dict per page, `PAYLOAD_FIELDS`): path, 1-based page, page count, file sha256, the
 rendered size, the image-token grid, model name, variant, manifest hash and schema version. An index
@@ -23,11 +30,14 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PAGE_VECTOR = "page"
 ROWS_VECTOR = "rows"
 COLS_VECTOR = "cols"
-VECTOR_NAMES = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)
+MEAN_VECTOR = "mean"
+MULTI_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)  # MaxSim; MEAN_VECTOR is a plain vector
+SCHEMA_VECTORS = {1: MULTI_VECTORS, 2: (*MULTI_VECTORS, MEAN_VECTOR)}  # version -> vector names
+VECTOR_NAMES = SCHEMA_VECTORS[SCHEMA_VERSION]
 DEFAULT_COLLECTION = "colembed"
 
 # Point ids: uuid5 in a fixed namespace of "sha256/page/path", so re-running over the same files
@@ -46,7 +56,7 @@ def point_id(sha256: str, page: int, path: str) -> str:
 
 @dataclass(frozen=True)
 class PagePoint:
-    """One page ready for a store: its id, its three multivectors (float32) and payload."""
+    """One page ready for a store: its id, its vectors by name (float32) and payload."""
 
     id: str
     vectors: dict[str, np.ndarray]
@@ -63,6 +73,23 @@ def pooled_vectors(vectors: np.ndarray, layout) -> tuple[np.ndarray, np.ndarray]
     return rows.astype(np.float32), cols.astype(np.float32)
 
 
+def mean_vector(vectors: np.ndarray, layout) -> np.ndarray:
+    """The mean of the page's image-token rows (the prompt rows are alike on every page)."""
+    return vectors[layout.image_rows].mean(axis=0).astype(np.float32)
+
+
+def mean_from_payload(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
+    """`mean_vector` of a page known by its `page` vectors and payload (grid, image_start): for
+    points carried without it (colembed.distributed's Parquet columns)."""
+    (rows, cols), start = payload["grid"], payload["image_start"]
+    return page[start:start + rows * cols].mean(axis=0).astype(np.float32)
+
+
+def schema_of(names) -> int | None:
+    """The schema version whose vectors are exactly `names` (None: not a colembed index)."""
+    return next((v for v, ours in SCHEMA_VECTORS.items() if set(names) == set(ours)), None)
+
+
 def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoint:
     """The point of one embedded page; `payload` must hold every field but the grid's."""
     payload = dict(payload, grid=[layout.grid_rows, layout.grid_cols],
@@ -72,7 +99,8 @@ def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoin
         raise ValueError(f"page payload lacks {missing}")
     rows, cols = pooled_vectors(vectors, layout)
     return PagePoint(point_id(payload["sha256"], payload["page"], payload["path"]),
-                     {PAGE_VECTOR: vectors, ROWS_VECTOR: rows, COLS_VECTOR: cols}, payload)
+                     {PAGE_VECTOR: vectors, ROWS_VECTOR: rows, COLS_VECTOR: cols,
+                      MEAN_VECTOR: mean_vector(vectors, layout)}, payload)
 
 
 def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:

@@ -1,8 +1,9 @@
 """A Qdrant server through qdrant-client (or qdrant-client's pure-Python local mode in a folder).
 
 Everything qdrant-client-specific lives here. The collection has the schema of `schema.py`, the
-same as the embedded Edge shard, so an index can move from a laptop to a cluster: three named
-MaxSim multivectors (dot, float16, no HNSW graph) and the same payload and point ids.
+same as the embedded Edge shard, so an index can move from a laptop to a cluster: the same named
+vectors (MaxSim multivectors and the plain `mean`; dot, float16, no HNSW graph), payload, point ids
+and two-stage plan (store.py). A collection's schema version is read from its vector names.
 Local mode (`path=`) is qdrant-client's own reference implementation: exact but ~8x slower than
 Edge and memory hungry (benchmarks/); colembed uses it only to test this adapter.
 """
@@ -17,9 +18,10 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
-from .schema import COLS_VECTOR, DEFAULT_COLLECTION, PAGE_VECTOR, ROWS_VECTOR, VECTOR_NAMES, PagePoint
-from .store import (PREFETCH_CANDIDATES, SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit,
-                    as_point, check_mode)
+from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VERSION, VECTOR_NAMES,
+                     PagePoint, schema_of)
+from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoreError, StoredHit, as_point,
+                    check_mode, stage_query)
 
 
 @contextlib.contextmanager
@@ -30,15 +32,24 @@ def _client_errors(action: str, where: str) -> Iterator[None]:
         raise StoreError(f"{where}: Qdrant failed to {action}: {e}") from e
 
 
-def _vector_params(dim: int) -> models.VectorParams:
-    return models.VectorParams(
-        size=dim, distance=models.Distance.DOT, datatype=models.Datatype.FLOAT16,
-        multivector_config=models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM),
-        hnsw_config=models.HnswConfigDiff(m=0))
+def _vector_params(dim: int, name: str) -> models.VectorParams:
+    multi = (None if name == MEAN_VECTOR
+             else models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM))
+    return models.VectorParams(size=dim, distance=models.Distance.DOT, multivector_config=multi,
+                               datatype=models.Datatype.FLOAT16,
+                               hnsw_config=models.HnswConfigDiff(m=0))
+
+
+def _prefetch(query: np.ndarray, stage: Stage) -> models.Prefetch:
+    return models.Prefetch(query=stage_query(query, stage.using).tolist(), using=stage.using,
+                           limit=stage.limit,
+                           prefetch=_prefetch(query, stage.within) if stage.within else None)
 
 
 class ServerStore(Store):
     """One collection on a Qdrant server (`url`, `api_key`) or in a local-mode folder (`path`)."""
+
+    upgrade_hint = "index the files into a new collection for the faster one"
 
     def __init__(self, *, url: str | None = None, api_key: str | None = None,
                  path: Path | None = None, dim: int | None = None,
@@ -52,22 +63,24 @@ class ServerStore(Store):
         if exists:
             with _client_errors("read the collection", self.location):
                 params = self.client.get_collection(self.collection).config.params.vectors
-            if not isinstance(params, dict) or set(params) != set(VECTOR_NAMES):
+            schema = schema_of(params) if isinstance(params, dict) else None
+            if schema is None:
                 raise StoreError(f"{self.location}: collection is not a colembed index "
                                  f"(vectors {sorted(params) if isinstance(params, dict) else params})")
-            self.dim = int(params[PAGE_VECTOR].size)
+            self.dim, self.schema = int(params[PAGE_VECTOR].size), schema
             return
         if dim is None:
             raise StoreError(f"{self.location}: no index here (give a model to create one)")
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
-                self.collection, vectors_config={n: _vector_params(dim) for n in VECTOR_NAMES})
-        self.dim = dim
+                self.collection, vectors_config={n: _vector_params(dim, n) for n in VECTOR_NAMES})
+        self.dim, self.schema = dim, SCHEMA_VERSION
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
             batch = [models.PointStruct(id=p.id, payload=p.payload,
-                                        vector={n: v.tolist() for n, v in p.vectors.items()})
+                                        vector={n: v.tolist()
+                                                for n, v in self.stored_vectors(p).items()})
                      for p in points[lo:lo + UPSERT_BATCH]]
             with _client_errors("store pages", self.location):
                 self.client.upsert(self.collection, points=batch, wait=True)
@@ -100,21 +113,16 @@ class ServerStore(Store):
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
         check_mode(mode)
-        requests = [self._request(np.asarray(q, dtype=np.float32).tolist(), k, mode)
-                    for q in queries]
+        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode) for q in queries]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
                 for r in responses]
 
-    @staticmethod
-    def _request(query: list, k: int, mode: str) -> models.QueryRequest:
-        if mode == "exact":
-            return models.QueryRequest(query=query, using=PAGE_VECTOR, limit=k, with_payload=True)
-        stages = [models.Prefetch(query=query, using=name, limit=max(k, PREFETCH_CANDIDATES))
-                  for name in (ROWS_VECTOR, COLS_VECTOR)]
-        return models.QueryRequest(query=query, using=PAGE_VECTOR, prefetch=stages, limit=k,
-                                   with_payload=True)
+    def _request(self, query: np.ndarray, k: int, mode: str) -> models.QueryRequest:
+        stages = None if mode == "exact" else [_prefetch(query, s) for s in self.plan(k)]
+        return models.QueryRequest(query=query.tolist(), using=PAGE_VECTOR, prefetch=stages,
+                                   limit=k, with_payload=True)
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _client_errors("read pages", self.location):
