@@ -199,6 +199,27 @@ def _cmd_search(args) -> int:
     return 0
 
 
+def _cmd_upgrade(args) -> int:
+    """`colembed upgrade --db DIR`: rewrite an index folder of an older schema at this one."""
+    try:
+        from tqdm.auto import tqdm
+
+        from .index import upgrade_index
+    except ImportError as e:
+        raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
+    show = sys.stderr.isatty() and not args.quiet
+    with tqdm(unit="page", desc=f"upgrading {args.db}", disable=not show, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        def progress(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        copied = upgrade_index(args.db, progress)
+    print(f"{args.db}: " + (f"rewrote {copied} page(s) at the current schema (nothing embedded "
+                            "again)" if copied else "already at the current schema"))
+    return 0
+
+
 def _write_maps(index, results, folder: Path) -> dict:
     """One overlay PNG per hit; never replaces an existing file (a free name is chosen)."""
     written = {}
@@ -248,6 +269,13 @@ def _add_index_commands(sub) -> None:
     search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
     _index_options(search)
     search.set_defaults(func=_cmd_search)
+
+    upgrade = sub.add_parser("upgrade", help="rewrite an index folder written by an older colembed "
+                                             "at the current schema (faster search; no page is "
+                                             "embedded again)")
+    upgrade.add_argument("--db", required=True, help="the index folder (Qdrant Edge)")
+    upgrade.add_argument("--quiet", action="store_true", help="no progress bar")
+    upgrade.set_defaults(func=_cmd_upgrade)
 
 
 def _cmd_doctor(args) -> int:

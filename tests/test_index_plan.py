@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import colembed
+from colembed.cli import main
 from colembed.index import Index, edge, server, store as store_module, upgrade_index
 from colembed.index.schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, VECTOR_NAMES,
                                    PagePoint, make_point, mean_from_payload, mean_vector)
@@ -94,7 +95,7 @@ def test_two_stage_scores_are_exact_and_find_the_planted_page(kind, tmp_path, sm
 
 
 @pytest.mark.parametrize("kind", STORES)
-def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monkeypatch,
+def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monkeypatch, capsys,
                                                              exported_tiny):
     model = colembed.load(exported_tiny.folder, max_image_tokens=64)
     for module in (edge, server):  # what colembed 0.1.0 wrote: no `mean` vector, schema 1
@@ -110,7 +111,8 @@ def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monk
     with Index(tmp_path / "db", model=model, local=local) as index:
         assert index.store.schema == 1
         assert index.add(tmp_path / "second.png").ok and len(index) == 2
-        with pytest.warns(OldIndexWarning, match="schema 1"):
+        hint = "new collection" if local else "colembed upgrade --db"
+        with pytest.warns(OldIndexWarning, match=f"schema 1.*{hint}"):
             hits = index.search("second", k=2)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # told once
@@ -120,7 +122,9 @@ def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monk
         before = {h.id: h.score for h in exact}
     if local:
         return
-    assert upgrade_index(tmp_path / "db") == 2  # Edge: rewritten in place from stored vectors
+    capsys.readouterr()
+    assert main(["upgrade", "--db", str(tmp_path / "db")]) == 0  # Edge: rewritten in place
+    assert "rewrote 2 page(s)" in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db", "first.png", "second.png"]
     with Index(tmp_path / "db", model=model) as index:
         assert index.store.schema == 2 and len(index) == 2

@@ -22,7 +22,7 @@ import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -191,9 +191,11 @@ def open_store(location: str | os.PathLike | None = None, *, url: str | None = N
     return EdgeStore(Path(location), dim=dim)
 
 
-def upgrade_index(location: str | os.PathLike) -> int:
+def upgrade_index(location: str | os.PathLike,
+                  progress: Callable[[int, int], None] | None = None) -> int:
     """Rewrite an older-schema Qdrant Edge index folder at this schema from its stored vectors,
-    in place (`edge.upgrade_index`); returns the pages copied, 0 when it is already current."""
+    in place (`edge.upgrade_index`); returns the pages copied, 0 when it is already current.
+    `progress(pages_copied, total)` is called as it goes."""
     from .edge import upgrade_index as upgrade_edge
 
-    return upgrade_edge(Path(location))
+    return upgrade_edge(Path(location), progress)
