@@ -560,7 +560,7 @@ def time_split(r: dict[str, Any], peaks: dict[str, Any]) -> dict[str, Any] | Non
     prof = r.get("profile")
     if not prof:
         return None
-    kernels = [k for k in prof["kernels"].values()]
+    kernels = list(prof["kernels"].values())
     graphs = sum(k["run_s"] for k in kernels)
     by_op: dict[str, float] = {}
     for k in kernels:
