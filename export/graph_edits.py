@@ -8,6 +8,8 @@
 - `fp16_gemm_peaks`: the largest value entering or leaving each GEMM the fp16 recipe would
   convert, measured on the fp32 graph; the recipe keeps those near fp16's range in fp32.
 - `smooth_activation_outliers`: SmoothQuant's export-time smoothing for the int8 recipe.
+- `fusable_rms_norms`: RMSNorm written as onnxruntime's CPU optimiser fuses it (one
+  SimplifiedLayerNormalization kernel instead of seven); the exporter applies it to every graph.
 - `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
   `Reshape(allowzero)` cleaner (onnx_io.clear_reshape_allowzero), before saving.
 This module imports onnx_ir and numpy; onnxruntime only for calibration.
