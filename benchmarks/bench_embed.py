@@ -21,7 +21,9 @@ What it does, in one run:
    embedding; then the variant's embeddings of a synthetic retrieval set (100 pages, 20 queries)
    for the accuracy figures against colembed fp32;
 4. inspects onnxruntime's transformer optimiser on the fp32 graphs (which fusions fire, op counts
-   before/after, graph time before/after);
+   before/after, graph time before/after); with `--profile`, where one letter page's time goes per
+   colembed runtime (onnxruntime's profiler) and the int8 bound: the page's x torch if every
+   quantised GEMM ran at the int8 peak;
 5. writes `benchmarks/results/embed.json` and `embed.md` (`embed-colqwen2_5.*` for ColQwen2.5;
    machine, versions, command, date), with the targets fp32 >= torch per page, int8 >= 2.5x.
 
@@ -244,6 +246,8 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     times = timed_runs(lambda: model.embed_queries(queries, batch_size=16), job["batch_repeats"])
     result["batch16_s"] = {"median": statistics.median(times), "min": min(times)}
     result["peak_rss_embed_mib"] = rss_mib()["peak"]
+    if job.get("profile") and job["runtime"] == "colembed":
+        result["profile"] = page_profile(model, page, job["threads"])
 
     if job.get("embeddings_out"):
         from retrieval import synthetic_retrieval_set
@@ -256,6 +260,69 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
                     **{f"rp{i}": p for i, p in enumerate(retrieval_pages)},
                     **{f"rq{i}": q for i, q in enumerate(retrieval_queries)}})
     return result
+
+
+# Op types of the quantised weight-GEMMs (the quantisation of their input included): everything
+# else in a variant's graphs (attention, softmax, norms, rotary, activations, layout) is fp32.
+QUANTISED_GEMM_OPS = frozenset({"DynamicQuantizeMatMul", "MatMulIntegerToFloat",
+                                "DynamicQuantizeLinear", "MatMulInteger", "MatMulNBits"})
+
+
+def page_profile(model, page, threads: int) -> dict[str, Any]:
+    """Where one page's time goes: host work (preprocessing, Python) and, per graph, onnxruntime's
+    kernel time by op type (its profiler, on the feeds the runtime made for `page`)."""
+    import tempfile
+
+    from colembed.sessions import Session
+
+    feeds: dict[str, dict[str, Any]] = {}
+    graph_s: dict[str, float] = {}
+    sessions = model._sessions  # the benchmark looks inside the runtime; users never need to
+
+    def spy(role, run):
+        def timed(inputs, run_options=None):
+            start = time.perf_counter()
+            try:
+                return run(inputs, run_options)
+            finally:
+                graph_s[role] = graph_s.get(role, 0.0) + time.perf_counter() - start
+                feeds.setdefault(role, dict(inputs))
+        return timed
+
+    for role, session in sessions.items():
+        session.run = spy(role, session.run)
+    try:
+        page_s = _timed(lambda: model.embed_images([page]))
+    finally:
+        for session in sessions.values():
+            del session.run  # back to the class's method
+    out: dict[str, Any] = {"page_s": page_s, "host_s": page_s - sum(graph_s.values()),
+                           "graph_s": graph_s, "kernels": {},
+                           # the peaks beside the profiled runs: on a shared machine the bound
+                           # then compares kernel times and peaks taken under the same load
+                           "peaks": gemm_peaks(threads, repeats=3)}
+    with tempfile.TemporaryDirectory(prefix="colembed-profile-") as tmp:
+        for role in feeds:
+            path = model.folder / model.manifest.graph(model.variant, role).file
+            session = Session(path, threads=threads, profile_prefix=str(Path(tmp) / role))
+            session.run(feeds[role])  # warm-up, excluded below
+            session.run(feeds[role])
+            out["kernels"][role] = _last_run_kernels(Path(session.session.end_profiling()))
+            del session
+    return out
+
+
+def _last_run_kernels(profile: Path) -> dict[str, Any]:
+    """{"run_s": the last run's wall time, "by_op": {op type: kernel seconds}} from a profile."""
+    events = json.loads(profile.read_text())
+    run = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"][-1]
+    by_op: dict[str, float] = {}
+    for e in events:
+        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+                and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]):
+            op = e["args"]["op_name"]
+            by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1e6
+    return {"run_s": run["dur"] / 1e6, "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}
 
 
 def _subprocess(job: dict[str, Any], timeout: float) -> dict[str, Any]:
@@ -480,6 +547,45 @@ def derive(rows: dict[str, dict], shapes: Shapes, peaks: dict, folder: Path,
                 / r["query_latency_s"]["median"],
                 "batch16": r["queries_per_s_batch16"] / torch_row["queries_per_s_batch16"],
             }
+        split = time_split(r, peaks)
+        if split:
+            r["time_split"] = split
+
+
+def time_split(r: dict[str, Any], peaks: dict[str, Any]) -> dict[str, Any] | None:
+    """Where a profiled page's time went, and the int8 bound: the page's x torch if every
+    quantised GEMM ran at the measured int8 peak and everything else took what it took (the fp32
+    kernels, the runtime between kernels, host preprocessing). A target above the bound cannot be
+    met by faster GEMMs; only the rest can move it."""
+    prof = r.get("profile")
+    if not prof:
+        return None
+    kernels = list(prof["kernels"].values())
+    graphs = sum(k["run_s"] for k in kernels)
+    by_op: dict[str, float] = {}
+    for k in kernels:
+        for op, seconds in k["by_op"].items():
+            by_op[op] = by_op.get(op, 0.0) + seconds
+    quantised = sum(v for op, v in by_op.items() if op in QUANTISED_GEMM_OPS)
+    fp32_ops = {op: v for op, v in by_op.items() if op not in QUANTISED_GEMM_OPS}
+    page = prof["host_s"] + graphs
+    split = {"page_s": page, "host_s": prof["host_s"], "graphs_s": graphs,
+             "quantised_gemm_s": quantised, "fp32_kernels_s": sum(fp32_ops.values()),
+             "between_kernels_s": graphs - sum(by_op.values()),
+             "fp32_by_op": dict(sorted(fp32_ops.items(), key=lambda kv: -kv[1]))}
+    if quantised:
+        near = prof.get("peaks", peaks)
+        int8_peak, fp32_peak = near["int8_gops"] * 1e9, near["fp32_gflops"] * 1e9
+        gemm_ops, attention = r["page_flops"]["weight_gemms"], r["page_flops"]["attention"]
+        split["quantised_gemm_fraction_int8_peak"] = gemm_ops / quantised / int8_peak
+        split["bound_page_fraction"] = (page - quantised + gemm_ops / int8_peak) / page
+        # no cost but the matrix products, each at its peak: what no kernel work can beat
+        split["light_page_fraction"] = (gemm_ops / int8_peak + attention / fp32_peak) / page
+        pages = r.get("speedup_vs_torch", {}).get("pages")
+        if pages:
+            split["bound_x_torch"] = pages / split["bound_page_fraction"]
+            split["light_x_torch"] = pages / split["light_page_fraction"]
+    return split
 
 
 def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
@@ -573,6 +679,7 @@ def markdown(results: dict[str, Any]) -> str:
                          f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
                          f"| {ok} |")
     lines += target_markdown(rows)
+    lines += split_markdown(rows)
     lines += gate_markdown(results.get("gates", {}))
     opt = results.get("optimiser")
     if opt and "error" not in opt:
@@ -602,6 +709,31 @@ def target_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
             lines.append(f"{name} {ratio:.2f}x torch per page (target >= {target}x: "
                          f"{'met' if ratio >= target else 'MISSED'})")
     return ["", "Targets: " + "; ".join(lines)] if lines else []
+
+
+def split_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """The `--profile` table: one profiled letter page per variant, and the int8 bound."""
+    split = {name: r["time_split"] for name, r in rows.items() if r.get("time_split")}
+    if not split:
+        return []
+    lines = ["", "Where a letter page's time goes (`--profile`: onnxruntime's profiler on the page's "
+             "own feeds, one run after a warm-up; seconds)", "",
+             "| runtime | page | host (preprocessing, Python) | quantised GEMMs (% of int8 peak) | "
+             "fp32 kernels: largest op types | between kernels | bound x torch | "
+             "light x torch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, t in split.items():
+        top = ", ".join(f"{op} {v:.2f}" for op, v in list(t["fp32_by_op"].items())[:6])
+        gemms = (f"{t['quantised_gemm_s']:.2f} ({100 * t['quantised_gemm_fraction_int8_peak']:.0f}%)"
+                 if t["quantised_gemm_s"] else "-")
+        lines.append(f"| {name} | {t['page_s']:.2f} | {t['host_s']:.2f} | {gemms} | "
+                     f"{t['fp32_kernels_s']:.2f}: {top} | {t['between_kernels_s']:.2f} | "
+                     f"{fmt(t.get('bound_x_torch'))} | {fmt(t.get('light_x_torch'))} |")
+    lines += ["", "bound x torch: the page's x torch if every quantised GEMM ran at the int8 peak "
+              "(measured beside the profile) and everything else took what it took here; light x "
+              "torch: if the page cost nothing but its weight GEMMs at the int8 peak and its "
+              "attention products at the fp32 peak."]
+    return lines
 
 
 def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
@@ -649,6 +781,9 @@ def main(argv: list[str] | None = None) -> int:
                              "at the same widths and depth and report its gate figures")
     parser.add_argument("--int8-baseline", action="store_true",
                         help="also time the plain int8 recipe (no outlier smoothing) in this run")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile one letter page per colembed runtime: time by op type, "
+                             "and the int8 bound (quantised GEMMs at the int8 peak)")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
     parser.add_argument("--workdir", type=Path, default=Path(os.environ.get(
         "COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench")))
@@ -708,7 +843,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, dict[str, Any]] = {}
     for name, job in jobs.items():
         progress(f"running {name}")
-        job.update(repeats, threads=threads)
+        job.update(repeats, threads=threads, profile=args.profile)
         stale = job.get("embeddings_out")
         if stale and Path(stale).exists():
             Path(stale).unlink()

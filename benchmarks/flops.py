@@ -68,13 +68,18 @@ def vision_flops(s: Shapes, patches: int) -> float:
     mlp = round(d * s.vision_mlp_ratio)
     embed = 2 * p * s.patch_dim * d
     linear = 2 * p * (3 * d * d + d * d + (3 if s.gated_mlp else 2) * d * mlp)
+    merged = p // s.merge
+    merger = 2 * merged * (s.merge * d) * (s.merge * d) + 2 * merged * (s.merge * d) * s.text_hidden
+    return float(embed + s.vision_depth * linear + merger) + vision_attention_flops(s, patches)
+
+
+def vision_attention_flops(s: Shapes, patches: int) -> float:
+    """The attention products (q.k, p.v: activation x activation, no weights) of `vision_flops`."""
+    d, p = s.vision_embed_dim, patches
     attention = 2 * 2 * p * p * d  # q.k and p.v over all heads
     windowed = s.vision_depth - s.full_blocks if s.window_patches else 0
     within = 2 * 2 * p * min(p, s.window_patches or p) * d  # at most a window's keys per patch
-    merged = p // s.merge
-    merger = 2 * merged * (s.merge * d) * (s.merge * d) + 2 * merged * (s.merge * d) * s.text_hidden
-    return float(embed + s.vision_depth * linear + (s.vision_depth - windowed) * attention
-                 + windowed * within + merger)
+    return float((s.vision_depth - windowed) * attention + windowed * within)
 
 
 def text_flops(s: Shapes, tokens: int) -> float:
@@ -85,14 +90,21 @@ def text_flops(s: Shapes, tokens: int) -> float:
     h, t = s.text_hidden, tokens
     kv = s.text_kv_heads * (h // s.text_heads)
     linear = 2 * t * (2 * h * h + 2 * h * kv + 3 * h * s.text_intermediate)
-    attention = 2 * 2 * t * t * h
-    return float(s.text_layers * (linear + attention) + 2 * t * h * s.embedding_dim)
+    return float(s.text_layers * linear + 2 * t * h * s.embedding_dim) + text_attention_flops(s, tokens)
+
+
+def text_attention_flops(s: Shapes, tokens: int) -> float:
+    """The attention products of `text_flops` (full tokens x tokens, as eager kernels compute)."""
+    return float(s.text_layers * 2 * 2 * tokens * tokens * s.text_hidden)
 
 
 def page_flops(s: Shapes, image_tokens: int, sequence_tokens: int) -> dict[str, float]:
     vision = vision_flops(s, image_tokens * s.merge)
     text = text_flops(s, sequence_tokens)
-    return {"vision": vision, "text": text, "total": vision + text}
+    attention = (vision_attention_flops(s, image_tokens * s.merge)
+                 + text_attention_flops(s, sequence_tokens))
+    return {"vision": vision, "text": text, "total": vision + text,
+            "attention": attention, "weight_gemms": vision + text - attention}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@
 - `fp16_gemm_peaks`: the largest value entering or leaving each GEMM the fp16 recipe would
   convert, measured on the fp32 graph; the recipe keeps those near fp16's range in fp32.
 - `smooth_activation_outliers`: SmoothQuant's export-time smoothing for the int8 recipe.
+- `fusable_rms_norms`: RMSNorm written as onnxruntime's CPU optimiser fuses it (one
+  SimplifiedLayerNormalization kernel instead of seven); the exporter applies it to every graph.
 - `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
   `Reshape(allowzero)` cleaner (onnx_io.clear_reshape_allowzero), before saving.
 This module imports onnx_ir and numpy; onnxruntime only for calibration.
@@ -173,6 +175,48 @@ def round_trip_casts(model: Any) -> list[str]:
                 and producer.inputs[0].dtype in (ir.DataType.FLOAT, None)):
             found.append(node.name)
     return found
+
+
+# ------------------------------------------------------------------------------- RMSNorm
+def fusable_rms_norms(model: Any) -> int:
+    """Rewrite RMSNorm's `x * Reciprocal(Sqrt(mean(x^2) + eps))` (torch's rsqrt at opset 18) as
+    `x / Sqrt(...)`, the form onnxruntime's CPU optimiser fuses into one
+    SimplifiedLayerNormalization kernel (it leaves the Reciprocal form as seven ops). The same
+    function up to one rounding; plain ONNX ops, so every provider still runs the file. Returns
+    how many norms were rewritten."""
+    import onnx_ir as ir
+
+    rewritten = 0
+    for node in list(model.graph):
+        if node.op_type != "Reciprocal" or node.domain not in ONNX_DOMAINS:
+            continue
+        sqrt = node.inputs[0].producer()
+        users = node.outputs[0].uses()
+        if sqrt is None or sqrt.op_type != "Sqrt" or len(users) != 1:
+            continue
+        mul, slot = users[0]
+        x = mul.inputs[1 - slot] if mul.op_type == "Mul" else None
+        if x is None or _rms_input(sqrt) is not x:
+            continue
+        div = ir.node("Div", [x, sqrt.outputs[0]], name=f"{mul.name}_div")
+        div.outputs[0].name = f"{mul.name}_div_out"
+        _swap_in(model.graph, mul, [div])
+        model.graph.remove(node, safe=True)
+        rewritten += 1
+    return rewritten
+
+
+def _rms_input(sqrt: Any) -> Any:
+    """x when `sqrt` computes Sqrt(ReduceMean(Pow(x, 2)) + eps), else None."""
+    add = sqrt.inputs[0].producer()
+    if add is None or add.op_type != "Add":
+        return None
+    mean = next((v.producer() for v in add.inputs if v.producer() is not None
+                 and v.producer().op_type == "ReduceMean"), None)
+    power = mean.inputs[0].producer() if mean is not None else None
+    if power is None or power.op_type != "Pow" or _const_float(power.inputs[1]) is None:
+        return None
+    return power.inputs[0] if float(_const_float(power.inputs[1])) == 2.0 else None
 
 
 # ------------------------------------------------------------------------------- smoothing

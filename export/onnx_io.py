@@ -136,6 +136,9 @@ def export_graph(
     program = _dynamo_export(module, example_inputs, contract, opset, translations)
     model = program.model
     cleared = clear_reshape_allowzero(model)
+    from .graph_edits import fusable_rms_norms  # here: graph_edits imports this module
+
+    norms = fusable_rms_norms(model)
     for stale in (path, path.with_name(path.name + DATA_SUFFIX)):
         if stale.exists():
             stale.unlink()
@@ -146,7 +149,7 @@ def export_graph(
         onnx.checker.check_model(os.fspath(path), full_check=False)
     except onnx.checker.ValidationError as e:
         raise ExportError(f"{path.name}: onnx.checker rejected the exported graph: {e}") from e
-    log.info("wrote %s (%s), cleared %d Reshape allowzero", path.name,
-             "external data" if data_name else "inline", cleared)
+    log.info("wrote %s (%s), cleared %d Reshape allowzero, %d RMSNorms in fusable form", path.name,
+             "external data" if data_name else "inline", cleared, norms)
     return {"file": path.name, "data_file": data_name, "opset": opset,
             "reshape_allowzero_cleared": cleared}

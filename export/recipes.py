@@ -19,7 +19,14 @@ see benchmarks/README.md):
   scale then leaves the other channels a few levels. SmoothQuant (Xiao et al. 2023) moves that
   range into the weights at export: per input channel k, s_k = max|X_k|^a / max|W_k|^(1-a);
   X/s is folded into the producing norm's weight, W*s into the MatMul's rows. The function is
-  unchanged in fp32, the graph and its speed too (graph_edits.smooth_activation_outliers).
+  unchanged in fp32, the graph and its speed too (graph_edits.smooth_activation_outliers): only
+  constants change, and the smoothed and plain int8 graphs of both families are op for op the
+  same after onnxruntime's own optimisation (tests/test_int8_smoothing.py), so no
+  DynamicQuantizeMatMul fusion is lost. Every MatMul with a constant weight is quantised: in both
+  families' int8 graphs only attention's activation x activation products (and the rotary
+  frequencies) stay fp32. Per-channel weight scales cost nothing over per-tensor here
+  (DynamicQuantizeMatMul on the 11 GEMM shapes of a ColQwen2.5 page, AVX2 without VNNI,
+  interleaved: within run-to-run noise both ways) and follow each output channel's range.
   Chosen by measurement on the stress checkpoint at Qwen2-VL-2B widths (2+2 layers; per-token
   cosine to fp32, mean / min): plain 0.99626 / 0.99225; smoothed (alpha 0.5) 0.99654 / 0.99345;
   the one text MatMul whose input outlier ratio exceeded 8 left fp32 0.99635 / 0.99339 (slower).

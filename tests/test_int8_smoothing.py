@@ -1,0 +1,90 @@
+"""The int8 recipe's outlier smoothing costs no speed: it changes constants, never the graph.
+
+SmoothQuant's scales are folded into the producing norm's weight and the consuming MatMuls' rows
+(graph_edits.smooth_activation_outliers). These checks hold that on both families' session
+exports: the smoothed and the plain int8 graphs run the same ops in the same order after
+onnxruntime's own optimisation (every quantised MatMul still fuses into DynamicQuantizeMatMul /
+MatMulIntegerToFloat), and the smoothed fp32 function is the exported one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+FAMILIES = ["exported_tiny", "exported_tiny_2_5"]
+
+
+def _graph(folder, role: str) -> str:
+    return json.loads((folder / "colembed_manifest.json").read_text())["variants"]["fp32"][role]["file"]
+
+
+def _optimised_ops(path, tmp_path) -> list[tuple[str, str, int]]:
+    """(op, domain, inputs) of each node as onnxruntime's CPU session optimises the graph."""
+    import onnx
+
+    from colembed.sessions import Session
+
+    out = tmp_path / f"{path.stem}.optimised.onnx"
+    Session(path, threads=1, save_optimized=out)
+    return [(n.op_type, n.domain, len(n.input)) for n in onnx.load(str(out), load_external_data=False).graph.node]
+
+
+@pytest.fixture(scope="module")
+def calibrations(request):
+    """{fixture: (folder, the exporter's calibration feeds per role)}, built once per family."""
+    from colembed_export.evaluation import calibration_feeds
+
+    found = {}
+    for name in FAMILIES:
+        folder = request.getfixturevalue(name).folder
+        found[name] = (folder, calibration_feeds(folder))
+    return found
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("role", ["vision", "text"])
+def test_smoothed_int8_runs_the_plain_recipes_ops(calibrations, family, role, tmp_path):
+    from colembed_export.graph_edits import finish
+    from colembed_export.recipes import quantize_int8
+    from colembed_export.variants import save_graph
+
+    folder, calibration = calibrations[family]
+    src = folder / _graph(folder, role)
+    ops, weights = {}, {}
+    for label, feeds in (("smoothed", calibration[role]), ("plain", None)):
+        work = tmp_path / label
+        work.mkdir()
+        model = quantize_int8(src, work, calibration=feeds)
+        finish(model)
+        weights[label] = {name: v.const_value.numpy().copy() for name, v in model.graph.initializers.items()
+                          if v.const_value is not None and name.endswith("_quantized")}
+        save_graph(model, work, f"{role}.int8.onnx", external=False)
+        ops[label] = _optimised_ops(work / f"{role}.int8.onnx", work)
+    assert ops["smoothed"] == ops["plain"]
+    fused = {op for op, _, _ in ops["plain"]}
+    assert {"DynamicQuantizeMatMul"} <= fused and "MatMulInteger" not in fused
+    assert weights["smoothed"].keys() == weights["plain"].keys()
+    assert any(not np.array_equal(weights["smoothed"][k], weights["plain"][k]) for k in weights["plain"])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_smoothing_keeps_the_fp32_function(calibrations, family, tmp_path):
+    """Smoothed fp32 text graph (before quantisation) = the exported one within float rounding."""
+    import onnx_ir as ir
+
+    from colembed.sessions import Session
+    from colembed_export.graph_edits import smooth_activation_outliers
+
+    folder, calibration = calibrations[family]
+    src = folder / _graph(folder, "text")
+    model = ir.load(src)
+    assert smooth_activation_outliers(model, src, calibration["text"], alpha=0.5) > 0
+    smoothed = tmp_path / "text.smoothed.onnx"
+    ir.save(model, smoothed, external_data=smoothed.name + "_data")
+    feeds = calibration["text"][0]
+    want, = Session(src, threads=1).run(feeds)
+    got, = Session(smoothed, threads=1).run(feeds)
+    assert np.abs(got - want).max() < 1e-4
