@@ -1,7 +1,7 @@
 """Variants (int8, int4, fp16): written by the exporter on request, gated against fp32, loadable by name.
 
-One export of the tiny fixture with all three variants (external data on, so the `_data` naming
-is covered too) and one of the stress checkpoint (trained-model activation traits, export/tiny.py)
+One export of the tiny fixture with all three variants (conftest's `exported_variants`, shared with
+test_directml.py) and one of the stress checkpoint (trained-model activation traits, export/tiny.py)
 serve the module.
 """
 
@@ -19,14 +19,6 @@ from colembed_export import recipes as R
 from colembed_export import variants as V
 
 ALL = ("int8", "int4", "fp16")
-
-
-@pytest.fixture(scope="module")
-def exported_variants(tiny_checkpoint, tmp_path_factory):
-    from colembed_export.exporter import export_model
-
-    return export_model(tiny_checkpoint, tmp_path_factory.mktemp("variants") / "tiny",
-                        external_data=True, variants=list(ALL))
 
 
 @pytest.fixture(scope="module")
