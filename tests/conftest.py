@@ -38,13 +38,15 @@ EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "expor
                                 "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5",
                                 "exported_alt_from_hub", "cli_export"})
 
-# Files with exports of their own or first users of a shared one, longest first, so that the two
-# workers start on different exports and no long file is handed out last (xdist's loadfile order
-# is collection order with `--no-loadscope-reorder`). Every other file follows in its usual order.
-HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_export_check.py",
-               "test_qwen2_5_variants.py", "test_exporter_refusals.py", "test_qwen2_5_peft.py",
-               "test_demo.py", "test_export_parity.py", "test_distributed.py", "test_fastembed.py",
-               "test_directml.py", "test_runtime_inputs.py")
+# Files with exports of their own or first users of a shared one, in the order xdist hands them out
+# (loadfile, `--no-loadscope-reorder`; a worker gets the next file when its own is almost done):
+# the two workers start on different checkpoints and exports (tiny with variants; the ColQwen2.5
+# pair), so neither waits for the other's build, and no long file is handed out last. Every other
+# file follows in its usual order.
+HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_variants_stress.py",
+               "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
+               "test_qwen2_5_peft.py", "test_export_parity.py", "test_demo.py", "test_fastembed.py",
+               "test_distributed.py", "test_runtime_inputs.py", "test_directml.py")
 
 
 def pytest_collection_modifyitems(items):
