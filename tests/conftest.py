@@ -2,11 +2,20 @@
 reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run;
 and the suite's one parity tolerance, one reference-rows helper and one page generator (tests
 import them: `from conftest import PARITY_TOLERANCE, reference_rows, noise_page`).
+
+The README's command runs the suite on two pytest-xdist workers, a whole file per worker
+(`--dist loadfile`). Checkpoints and exports are built once per run for all workers
+(`build_once`: the first worker to need one builds it under a file lock, the other waits for it),
+and the files with the heaviest fixtures are handed out first (`HEAVY_FIRST`).
 """
 
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,13 +35,58 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # marked `slow`: `pytest -m "not slow"` runs the rest in a minute while iterating; the README's
 # command runs everything.
 EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants",
-                                "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5"})
+                                "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5",
+                                "exported_alt_from_hub", "cli_export"})
+
+# Files with exports of their own or first users of a shared one, in the order xdist hands them out
+# (loadfile, `--no-loadscope-reorder`; a worker gets the next file when its own is almost done):
+# the two workers start on different checkpoints and exports (tiny with variants; the ColQwen2.5
+# pair), so neither waits for the other's build, and no long file is handed out last. Every other
+# file follows in its usual order.
+HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_variants_stress.py",
+               "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
+               "test_qwen2_5_peft.py", "test_export_parity.py", "test_demo.py", "test_fastembed.py",
+               "test_distributed.py", "test_runtime_inputs.py", "test_directml.py")
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
+
+
+def build_once(tmp_path_factory, name: str, build) -> Path:
+    """The folder `build(folder)` fills, built once per test run and shared by all xdist workers.
+
+    The first worker that needs `name` builds it while holding a file lock in the run's shared
+    temporary folder; a worker that needs it meanwhile waits for it. Without xdist this is a plain
+    build in the run's temporary folder.
+    """
+    from filelock import FileLock
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
+    root.mkdir(exist_ok=True)
+    folder, done = root / name, root / f"{name}.done"
+    with FileLock(str(root / f"{name}.lock")):
+        if not done.exists():
+            if folder.exists():
+                pytest.fail(f"building {name} failed in another worker (see its error)")
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
+def export_report(folder: Path):
+    """An ExportReport read back from a finished export folder (what every worker sees)."""
+    from colembed.manifest import read_manifest
+    from colembed_export.exporter import ExportReport
+
+    manifest = read_manifest(folder)
+    return ExportReport(folder=folder, manifest=manifest, check=dict(manifest.checks))
 
 
 def reference_rows(model, batch) -> np.ndarray:
@@ -55,7 +109,8 @@ def tiny_checkpoint(tmp_path_factory):
     """Folder of the default tiny checkpoint ("tiny" preset, seed 0) with the real Qwen tokenizer."""
     from colembed_export.tiny import build_checkpoint
 
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny", "tiny", seed=0)
+    return build_once(tmp_path_factory, "ckpt-tiny",
+                      lambda folder: build_checkpoint(folder / "tiny", "tiny", seed=0)) / "tiny"
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +118,9 @@ def tiny_alt_checkpoint(tmp_path_factory):
     """A second architecture (other heads, mrope sections, depths, 64-dim output)."""
     from colembed_export.tiny import build_checkpoint
 
-    return build_checkpoint(tmp_path_factory.mktemp("ckpt") / "tiny-alt", "tiny-alt", seed=1)
+    folder = build_once(tmp_path_factory, "ckpt-tiny-alt",
+                        lambda folder: build_checkpoint(folder / "tiny-alt", "tiny-alt", seed=1))
+    return folder / "tiny-alt"
 
 
 @pytest.fixture(scope="session")
@@ -88,6 +145,11 @@ def _export(checkpoint, out, **kwargs):
     return export_model(checkpoint, out, random_weights=True, **kwargs)
 
 
+def _shared_export(tmp_path_factory, key: str, checkpoint, name: str, **kwargs):
+    folder = build_once(tmp_path_factory, key, lambda f: _export(checkpoint, f / name, **kwargs))
+    return export_report(folder / name)
+
+
 @pytest.fixture(scope="session")
 def exported_tiny(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint exported (with the check on) to a colembed model folder.
@@ -95,15 +157,78 @@ def exported_tiny(tiny_checkpoint, tmp_path_factory):
     Written with external data so that tests can tamper with a `.onnx_data` file. Tests that
     modify a folder must copy it first (`copy_model_folder`).
     """
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny",
-                   external_data=True)
+    return _shared_export(tmp_path_factory, "exported-tiny", tiny_checkpoint, "tiny",
+                          external_data=True)
 
 
 @pytest.fixture(scope="session")
-def exported_tiny_default(tiny_checkpoint, tmp_path_factory):
+def cli_export(tiny_checkpoint, tmp_path_factory):
+    """`colembed export CHECKPOINT --out DIR --random-weights` run as a user runs it (a process of
+    its own, the check on, the default weight layout): (folder, exit code, stdout, stderr)."""
+    def build(folder):
+        run = subprocess.run([sys.executable, "-m", "colembed.cli", "export", str(tiny_checkpoint),
+                              "--out", str(folder / "tiny-default"), "--random-weights"],
+                             capture_output=True, text=True, timeout=1200)
+        (folder / "run.txt").write_text(f"{run.returncode}\n{run.stdout}\0{run.stderr}")
+
+    folder = build_once(tmp_path_factory, "cli-export", build)
+    code, _, streams = (folder / "run.txt").read_text().partition("\n")
+    stdout, _, stderr = streams.partition("\0")
+    return folder / "tiny-default", int(code), stdout, stderr
+
+
+@pytest.fixture(scope="session")
+def exported_tiny_default(cli_export):
     """The tiny checkpoint exported exactly as `colembed export` does by default (weights inline in
-    the graphs: no `.onnx_data`), the folder a user with a small model gets."""
-    return _export(tiny_checkpoint, tmp_path_factory.mktemp("exported") / "tiny-default")
+    the graphs: no `.onnx_data`), the folder a user with a small model gets: the CLI's export."""
+    folder, code, _, stderr = cli_export
+    if code != 0:
+        pytest.fail(f"colembed export failed ({code}): {stderr}")
+    return export_report(folder)
+
+
+@pytest.fixture(scope="session")
+def exported_variants(tiny_checkpoint, tmp_path_factory):
+    """The tiny checkpoint with every variant (int8, int4, fp16), external data on (so the `_data`
+    naming of variants is covered too), the check on."""
+    return _shared_export(tmp_path_factory, "exported-variants", tiny_checkpoint, "tiny",
+                          external_data=True, variants=["int8", "int4", "fp16"])
+
+
+# The one export of tiny-alt: named as a hub repo (huggingface_hub.snapshot_download, the boundary
+# call, answers with the local folder), written over a copy of the tiny export (another model) with
+# overwrite, the check on at half the default tolerance. Serves the second-architecture parity
+# tests, the hub-source, overwrite and tolerance-plumbing tests.
+ALT_HUB_REPO, ALT_HUB_REVISION, ALT_TOLERANCE = "someone/colqwen2-test", "abc123", 5e-5
+
+
+@pytest.fixture(scope="session")
+def exported_alt_from_hub(exported_tiny, tiny_alt_checkpoint, tmp_path_factory):
+    """(report, snapshot_download's arguments, the parent folder's listing after the export)."""
+    import json
+
+    def build(folder):
+        import huggingface_hub
+
+        calls = {}
+
+        def snapshot_download(repo_id, revision=None, allow_patterns=None, **_):
+            calls.update(repo_id=repo_id, revision=revision, patterns=allow_patterns)
+            return str(tiny_alt_checkpoint)
+
+        out = shutil.copytree(exported_tiny.folder, folder / "existing")
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
+            from colembed_export.exporter import export_model
+
+            export_model(ALT_HUB_REPO, out, revision=ALT_HUB_REVISION, overwrite=True,
+                         tolerance=ALT_TOLERANCE)
+        listing = sorted(p.name for p in folder.iterdir())
+        (folder.parent / f"{folder.name}.json").write_text(json.dumps([calls, listing]))
+
+    folder = build_once(tmp_path_factory, "exported-alt", build)
+    calls, listing = json.loads((folder.parent / f"{folder.name}.json").read_text())
+    return export_report(folder / "existing"), calls, listing
 
 
 @pytest.fixture(scope="session")
@@ -112,8 +237,8 @@ def exported_tiny_2_5(tmp_path_factory):
     published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on."""
     from qwen2_5_fixtures import checkpoint
 
-    return _export(checkpoint(tmp_path_factory, "tiny-2.5", "colpali"),
-                   tmp_path_factory.mktemp("exported") / "tiny-2.5")
+    return _shared_export(tmp_path_factory, "exported-tiny-2.5",
+                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5")
 
 
 @pytest.fixture(scope="session")
@@ -122,8 +247,9 @@ def exported_tiny_2_5_alt(tmp_path_factory):
     exported from transformers' layout (`colqwen2` over `qwen2_5_vl`), with the check on."""
     from qwen2_5_fixtures import checkpoint
 
-    return _export(checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),
-                   tmp_path_factory.mktemp("exported") / "tiny-2.5-alt")
+    return _shared_export(tmp_path_factory, "exported-tiny-2.5-alt",
+                          checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),
+                          "tiny-2.5-alt")
 
 
 @pytest.fixture(scope="session", params=["tiny-2.5", "tiny-2.5-alt"])
@@ -143,8 +269,6 @@ def tiny_model(exported_tiny):
 @pytest.fixture
 def copy_model_folder(exported_tiny, tmp_path):
     """A private copy of the exported tiny folder, safe to tamper with."""
-    import shutil
-
     def make(name: str = "copy"):
         return shutil.copytree(exported_tiny.folder, tmp_path / name)
 

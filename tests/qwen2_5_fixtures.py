@@ -1,7 +1,8 @@
 """Tiny ColQwen2.5 checkpoints for the tests/test_qwen2_5_*.py files, each built once per run.
 
-Import the fixtures into a test module (`from qwen2_5_fixtures import qwen2_5_checkpoint`); the
-builds are cached in this module so that several test modules share one folder per checkpoint.
+Import the fixtures into a test module (`from qwen2_5_fixtures import qwen2_5_checkpoint`); each
+checkpoint is built once per run (`conftest.build_once`), so all test modules and xdist workers
+share one folder per checkpoint.
 """
 
 from __future__ import annotations
@@ -12,21 +13,24 @@ import pytest
 
 PRESETS = ("tiny-2.5", "tiny-2.5-alt")
 SEEDS = {"tiny-2.5": 0, "tiny-2.5-alt": 1}
-_BUILT: dict[tuple[str, str], object] = {}
 
 
 def checkpoint(tmp_path_factory, preset: str, layout: str):
-    """Folder of `preset` in `layout`, built on first use."""
+    """Folder of `preset` in `layout`, built on first use (once per run for all xdist workers)."""
     from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
+    from conftest import build_once
 
-    key = (preset, layout)
-    if key not in _BUILT:
-        folder = tmp_path_factory.mktemp("qwen2_5") / f"{preset}-{layout}"
-        if layout == "colpali":  # same weights, converted by file (no second model build)
-            _BUILT[key] = to_colpali_layout(checkpoint(tmp_path_factory, preset, "transformers"), folder)
+    name = f"{preset}-{layout}"
+    # colpali: the same weights, converted by file (no second model build)
+    source = checkpoint(tmp_path_factory, preset, "transformers") if layout == "colpali" else None
+
+    def build(folder):
+        if source is not None:
+            to_colpali_layout(source, folder / name)
         else:
-            _BUILT[key] = build_checkpoint_2_5(folder, preset, seed=SEEDS[preset])
-    return _BUILT[key]
+            build_checkpoint_2_5(folder / name, preset, seed=SEEDS[preset])
+
+    return build_once(tmp_path_factory, f"qwen2_5-{name}", build) / name
 
 
 @pytest.fixture(scope="session", params=PRESETS)

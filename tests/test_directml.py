@@ -15,11 +15,9 @@ ALL = ("fp32", "int8", "int4", "fp16")
 
 
 @pytest.fixture(scope="module")
-def folder(tiny_checkpoint, tmp_path_factory):
-    from colembed_export.exporter import export_model
-
-    return export_model(tiny_checkpoint, tmp_path_factory.mktemp("dml") / "tiny", check=False,
-                        variants=[v for v in ALL if v != "fp32"]).folder
+def folder(exported_variants):
+    """The session's export with every variant (conftest), shared with test_variants.py."""
+    return exported_variants.folder
 
 
 def _graph_files(folder, variant):

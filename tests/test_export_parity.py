@@ -105,16 +105,13 @@ def test_lazy_iteration_over_a_generator(tiny_model):
     assert len(rest) == 4 and first.shape[1] == tiny_model.embedding_size
 
 
-@pytest.mark.slow  # runs the exporter
-def test_second_architecture_exports_and_matches(tiny_alt_checkpoint, tmp_path):
-    """Nothing is hard-wired to the default fixture: other heads, sections, depths, dim 64."""
+def test_second_architecture_exports_and_matches(exported_alt_from_hub, tiny_alt_checkpoint):
+    """Nothing is hard-wired to the default fixture: other heads, sections, depths, dim 64
+    (conftest's one tiny-alt export)."""
     import torch
     from transformers import ColQwen2ForRetrieval, ColQwen2Processor
 
-    from colembed_export.exporter import export_model
-
-    report = export_model(tiny_alt_checkpoint, tmp_path / "alt")
-    model = colembed.load(report.folder)
+    model = colembed.load(exported_alt_from_hub[0].folder)
     assert model.embedding_size == 64
     reference = ColQwen2ForRetrieval.from_pretrained(tiny_alt_checkpoint, dtype=torch.float32).eval()
     processor = ColQwen2Processor.from_pretrained(tiny_alt_checkpoint, use_fast=False)

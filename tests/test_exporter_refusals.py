@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from conftest import PARITY_TOLERANCE
 
 from colembed.errors import ExportError
 from colembed_export.destination import is_export_folder
@@ -126,16 +127,14 @@ def test_is_export_folder(copy_model_folder, tmp_path):
     assert not is_export_folder(tmp_path / "empty")
 
 
-@pytest.mark.slow
-def test_overwrite_replaces_an_export_of_another_model(copy_model_folder, tiny_alt_checkpoint,
-                                                       tmp_path):
-    out = copy_model_folder("existing")
-    report = export_model(tiny_alt_checkpoint, out, check=False, overwrite=True)
-    assert report.folder == out and report.manifest.embedding_dim == 64
+def test_overwrite_replaces_an_export_of_another_model(exported_alt_from_hub):
+    """conftest's tiny-alt export went, with overwrite, over a copy of the tiny export."""
+    report, _, listing = exported_alt_from_hub
+    assert report.folder.name == "existing" and report.manifest.embedding_dim == 64
     # Never guessed from the fixture's colembed_tiny.json: only an explicit random_weights=True.
     assert report.manifest.model.random_weights is False
-    assert is_export_folder(out)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]  # no staging, no old copy
+    assert is_export_folder(report.folder)
+    assert listing == ["existing"]  # no staging, no old copy
 
 
 def test_cli_refuses_overwrite_of_a_user_folder(tiny_checkpoint, tmp_path, capsys):
@@ -155,23 +154,16 @@ def test_unknown_source_is_refused(tmp_path):
         export_model(tmp_path / "does-not-exist", tmp_path / "out")
 
 
-@pytest.mark.slow  # runs the exporter
-def test_hub_source_goes_through_snapshot_download(tiny_checkpoint, tmp_path, monkeypatch):
-    """A repo id is fetched with huggingface-hub; the boundary call is replaced by a local folder."""
-    calls = {}
+def test_hub_source_goes_through_snapshot_download(exported_alt_from_hub):
+    """A repo id is fetched with huggingface-hub; conftest's tiny-alt export named one, and the
+    boundary call (`snapshot_download`) answered with the local checkpoint folder."""
+    from conftest import ALT_HUB_REPO, ALT_HUB_REVISION
 
-    def fake_snapshot_download(repo_id, revision=None, allow_patterns=None, **_):
-        calls.update(repo_id=repo_id, revision=revision, patterns=allow_patterns)
-        return str(tiny_checkpoint)
-
-    import huggingface_hub
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    report = export_model("someone/colqwen2-test", tmp_path / "out", revision="abc123", check=False)
-    assert calls["repo_id"] == "someone/colqwen2-test" and calls["revision"] == "abc123"
+    report, calls, _ = exported_alt_from_hub
+    assert calls["repo_id"] == ALT_HUB_REPO and calls["revision"] == ALT_HUB_REVISION
     assert "*.safetensors" in calls["patterns"]
-    assert report.manifest.model.source == "someone/colqwen2-test"
-    assert report.manifest.model.revision == "abc123"
+    assert report.manifest.model.source == ALT_HUB_REPO
+    assert report.manifest.model.revision == ALT_HUB_REVISION
 
 
 def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
@@ -180,15 +172,30 @@ def test_offline_hub_failure_is_clear(tmp_path, monkeypatch):
         export_model("vidore/colqwen2-v1.0-hf", tmp_path / "out", check=False)
 
 
-@pytest.mark.slow  # runs the exporter
-def test_failed_check_writes_nothing_and_says_where(tiny_checkpoint, tmp_path):
-    """A tolerance no float graph can meet: the check must fail, name the comparisons, write nothing."""
+def test_failed_check_says_where(exported_tiny, tiny_checkpoint):
+    """A tolerance no float graph can meet: the check fails and names every comparison. Run on the
+    session's export; that `export_model` then writes nothing and leaves no staging is
+    test_export_check.py's wrong-graph test (an export whose check fails)."""
+    from colembed_export.checkpoint import load_strict
+    from colembed_export.constants import FEATURE_TOLERANCE
+    from colembed_export.verify import compare_with_reference, reference_outputs
+
+    reference = reference_outputs(load_strict(tiny_checkpoint), tiny_checkpoint)
     with pytest.raises(ExportError) as caught:
-        export_model(tiny_checkpoint, tmp_path / "out", tolerance=1e-12)
+        compare_with_reference(exported_tiny.folder, reference, tolerance=1e-12,
+                               feature_tolerance=FEATURE_TOLERANCE)
     message = str(caught.value)
     assert "nothing was written" in message and "query" in message and "image features" in message
-    assert not (tmp_path / "out").exists()
-    assert not any(p.name.startswith(".out.staging") for p in tmp_path.iterdir())
+    assert "FAIL" in message
+
+
+def test_export_hands_its_tolerance_to_the_check(exported_alt_from_hub):
+    """conftest's tiny-alt export asked for half the default tolerance: the check ran with it."""
+    from conftest import ALT_TOLERANCE
+
+    check = exported_alt_from_hub[0].manifest.checks["fp32"]
+    assert check["tolerance"] == ALT_TOLERANCE != PARITY_TOLERANCE
+    assert check["max_abs_diff"] <= ALT_TOLERANCE
 
 
 def test_exported_graphs_have_no_reshape_allowzero(exported_tiny):

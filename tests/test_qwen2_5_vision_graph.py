@@ -83,28 +83,21 @@ def test_windowed_graph_holds_with_trained_like_activations(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    """tiny-2.5's image graph on onnxruntime (exported once for this module)."""
+def exported(exported_tiny_2_5, tmp_path_factory):
+    """tiny-2.5's image graph on onnxruntime: the session's export of it (conftest), traced by the
+    exporter on 3 windows of <= 16 slots over 40 patches, from the same weights."""
     import onnxruntime as ort
-
-    from colembed_export.graphs import ONNX_TRANSLATIONS
-    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
-    from colembed_export.onnx_io import export_graph
 
     visual = visual_of(tmp_path_factory, "tiny-2.5")
     config = visual.config
     contract = windowed_vision_contract(3 * 2 * 14 * 14, config.hidden_size // config.num_heads,
                                         config.out_hidden_size)
-    example = graph_inputs(visual, (1, 4, 10), images=2)  # 3 windows of <= 16 slots, 40 patches
-    path = tmp_path_factory.mktemp("onnx") / "vision.onnx"
-    export_graph(WindowedImageGraph(visual).eval(), tuple(torch.from_numpy(v) for v in example.values()),
-                 contract, path, translations=ONNX_TRANSLATIONS)
+    path = exported_tiny_2_5.folder / exported_tiny_2_5.manifest.graph("fp32", "vision").file
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert contract.mismatches(session) == []
     return visual, session
 
 
-@pytest.mark.slow  # one dynamo export: ~13 s of CPU on its own
 @pytest.mark.parametrize("grid", GRIDS, ids=str)
 def test_onnx_graph_equals_the_reference_tower(exported, grid):
     visual, session = exported

@@ -101,14 +101,12 @@ def test_empty_inputs_give_empty_lists(tiny_model):
     assert tiny_model.embed_images([]) == []
 
 
-@pytest.mark.slow  # runs the exporter
-def test_cli_export_and_info(tiny_checkpoint, tmp_path):
-    out = tmp_path / "cli-model"
-    run = subprocess.run(
-        [sys.executable, "-m", "colembed.cli", "export", str(tiny_checkpoint), "--out", str(out),
-         "--no-check"], capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stderr
-    assert "model folder" in run.stdout and (out / "colembed_manifest.json").is_file()
+def test_cli_export_and_info(cli_export, tmp_path):
+    """`colembed export` in a process of its own (conftest's `cli_export`, the folder the
+    default-layout tests use), then `colembed info` on it and on a folder that is no model."""
+    out, code, stdout, stderr = cli_export
+    assert code == 0, stderr
+    assert "model folder" in stdout and (out / "colembed_manifest.json").is_file()
     info = subprocess.run([sys.executable, "-m", "colembed.cli", "info", str(out)],
                           capture_output=True, text=True, timeout=120)
     assert info.returncode == 0 and '"embedding_dim": 128' in info.stdout

@@ -1,8 +1,7 @@
 """Variants (int8, int4, fp16): written by the exporter on request, gated against fp32, loadable by name.
 
-One export of the tiny fixture with all three variants (external data on, so the `_data` naming
-is covered too) and one of the stress checkpoint (trained-model activation traits, export/tiny.py)
-serve the module.
+One export of the tiny fixture with all three variants (conftest's `exported_variants`, shared with
+test_directml.py) serves the module; the stress checkpoint's are in test_variants_stress.py.
 """
 
 from __future__ import annotations
@@ -19,24 +18,6 @@ from colembed_export import recipes as R
 from colembed_export import variants as V
 
 ALL = ("int8", "int4", "fp16")
-
-
-@pytest.fixture(scope="module")
-def exported_variants(tiny_checkpoint, tmp_path_factory):
-    from colembed_export.exporter import export_model
-
-    return export_model(tiny_checkpoint, tmp_path_factory.mktemp("variants") / "tiny",
-                        external_data=True, variants=list(ALL))
-
-
-@pytest.fixture(scope="module")
-def stress_variants(tmp_path_factory):
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import build_stress_checkpoint
-
-    checkpoint = build_stress_checkpoint(tmp_path_factory.mktemp("ckpt") / "stress", "tiny")
-    return export_model(checkpoint, tmp_path_factory.mktemp("variants") / "stress",
-                        variants=list(ALL))
 
 
 def _load_proto(folder: Path, file: str):
@@ -253,64 +234,3 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
         export_model(tiny_checkpoint, out, check=False, variants=["int8"])
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
-
-
-# ----------------------------------------------------------------------------- stress checkpoint
-@pytest.mark.slow
-def test_stress_checkpoint_carries_trained_model_traits(stress_variants):
-    """Massive residual channels (100-1000x) on every token from layer 0 on, compensated by the
-    norms; a vision residual stream beyond fp16's range; image features in the hundreds."""
-    from colembed_export.tiny import activation_report
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
-
-    source = stress_variants.manifest.model.source
-    report = activation_report(source, sample_pages(), list(SAMPLE_QUERIES))
-    for rows in report["text"].values():
-        embeddings, *layers, final = rows
-        assert embeddings["ratio"] < 100
-        for row in layers:
-            assert 100 <= row["ratio"] <= 1000 and row["peak"] > 256, row  # Pow(x, 2) > 65504
-        assert final["ratio"] < 20  # the final norm's weights compensate
-    assert report["text"]["queries"][1]["tokens_over_100x"] == 1.0
-    assert max(block["peak"] for block in report["vision"]) > 65504
-    assert 100 < report["features_peak"] < 1000
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", ALL)
-def test_gates_met_on_the_stress_checkpoint(stress_variants, name):
-    figures = stress_variants.manifest.checks[name]
-    assert figures["finite"]
-    assert not V.GATES[name].misses(figures), figures
-
-
-@pytest.mark.slow
-def test_fp16_without_fp32_islands_fails_on_the_stress_checkpoint(stress_variants, tmp_path):
-    """The stress is real: onnxruntime's plain fp16 conversion (its default op block list only)
-    overflows or loses the embeddings; the fp16 variant passed its gate on the same folder."""
-    import shutil
-
-    import colembed
-    import onnx_ir as ir
-    from colembed.manifest import MANIFEST_NAME, describe_file
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    folder = shutil.copytree(stress_variants.folder, tmp_path / "plain")
-    for role in ("vision", "text"):
-        plain = convert_float_to_float16(str(folder / f"{role}.onnx"), keep_io_types=True)
-        del plain.graph.value_info[:]
-        model = ir.from_proto(plain)
-        G.finish(model)
-        V.save_graph(model, folder, f"{role}.fp16.onnx", external=False)
-    manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    for role in ("vision", "text"):
-        manifest["files"][f"{role}.fp16.onnx"] = describe_file(folder / f"{role}.fp16.onnx")
-    (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
-
-    pages, queries = sample_pages(), list(SAMPLE_QUERIES)
-    want = colembed.load(folder, verify=False)
-    got = colembed.load(folder, variant="fp16", verify=False)
-    figures = E.cosine_figures(got.embed_images(pages), want.embed_images(pages),
-                               got.embed_queries(queries), want.embed_queries(queries))
-    assert V.GATES["fp16"].misses(figures), figures
