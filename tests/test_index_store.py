@@ -119,7 +119,7 @@ def test_edge_refuses_a_folder_that_is_not_an_index(tmp_path):
 
 def test_both_stores_declare_the_same_schema(tmp_path):
     """Edge's shard config and the client's collection config: same names, size, distance, MaxSim,
-    float16, no HNSW graph."""
+    float16, no HNSW graph, page vectors on disk."""
     edge = open_store(tmp_path / "edge", dim=DIM)
     local = open_store(tmp_path / "local", dim=DIM, local=True)
     params = local.client.get_collection(local.collection).config.params.vectors
@@ -127,6 +127,7 @@ def test_both_stores_declare_the_same_schema(tmp_path):
     for name in VECTOR_NAMES:
         assert params[name].size == DIM and params[name].distance.name == "DOT"
         assert params[name].datatype.name == "FLOAT16" and params[name].hnsw_config.m == 0
+        assert bool(params[name].on_disk) == (name == "page")  # the rerank target stays on disk
         multi = params[name].multivector_config
         assert (multi.comparator.name if multi else None) == (None if name == "mean" else "MAX_SIM")
     vectors = json.loads((tmp_path / "edge" / "shard" / "edge_config.json").read_text())["vectors"]
@@ -135,6 +136,7 @@ def test_both_stores_declare_the_same_schema(tmp_path):
         assert (v["size"], v["distance"].lower(), v["datatype"], v["hnsw_config"]["m"]) == (DIM, "dot", "float16", 0)
         comparator = (v.get("multivector_config") or {}).get("comparator")
         assert comparator == (None if name == "mean" else "max_sim")
+        assert bool(v.get("on_disk")) == (name == "page")
     edge.close()
     local.close()
     assert issubclass(ModelMismatchError, StoreError)

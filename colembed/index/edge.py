@@ -6,7 +6,11 @@ so an update that returned survives a killed process) and `<db>/colembed_index.l
 at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
 as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the
 gaps that order pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute
-force is fast).
+force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped (`on_disk`):
+Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made every reopen
+read all of them again (10,000 pages: 2.2 GB, 2.3-2.6 s here) although a two-stage search reads
+at most 200 pages' worth; mapped, the open reads the small vectors only and a search faults in the
+pages it reranks (benchmarks/README.md). Folders created before keep their in-RAM storage.
 """
 
 from __future__ import annotations
@@ -49,7 +53,8 @@ def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
              else qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))
     return qe.EdgeVectorParams(
         size=dim, distance=qe.Distance.Dot, multivector_config=multi,
-        datatype=qe.VectorStorageDatatype.Float16, hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH))
+        datatype=qe.VectorStorageDatatype.Float16, hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH),
+        on_disk=name == PAGE_VECTOR)
 
 
 def _prefetch(query: np.ndarray, stage: Stage) -> qe.Prefetch:

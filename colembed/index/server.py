@@ -37,7 +37,8 @@ def _vector_params(dim: int, name: str) -> models.VectorParams:
              else models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM))
     return models.VectorParams(size=dim, distance=models.Distance.DOT, multivector_config=multi,
                                datatype=models.Datatype.FLOAT16,
-                               hnsw_config=models.HnswConfigDiff(m=0))
+                               hnsw_config=models.HnswConfigDiff(m=0),
+                               on_disk=name == PAGE_VECTOR)  # as on Edge (edge.py says why)
 
 
 def _prefetch(query: np.ndarray, stage: Stage) -> models.Prefetch:
