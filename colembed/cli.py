@@ -202,19 +202,10 @@ def _cmd_search(args) -> int:
 def _cmd_upgrade(args) -> int:
     """`colembed upgrade --db DIR`: rewrite an index folder of an older schema at this one."""
     try:
-        from tqdm.auto import tqdm
-
-        from .index import upgrade_index
+        from .index.index import upgrade_with_progress
     except ImportError as e:
         raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
-    show = sys.stderr.isatty() and not args.quiet
-    with tqdm(unit="page", desc=f"upgrading {args.db}", disable=not show, file=sys.stderr,
-              dynamic_ncols=True) as bar:
-        def progress(done: int, total: int) -> None:
-            bar.total = total
-            bar.update(done - bar.n)
-
-        copied = upgrade_index(args.db, progress)
+    copied = upgrade_with_progress(args.db, progress=False if args.quiet else None)
     print(f"{args.db}: " + (f"rewrote {copied} page(s) at the current schema (nothing embedded "
                             "again)" if copied else "already at the current schema"))
     return 0

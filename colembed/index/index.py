@@ -26,7 +26,8 @@ from .ingest import AddResult, FileReport, ingest
 from .maps import SimilarityMap, explain, overlay
 from .schema import identity_mismatch
 from .sources import Document, SourceError, discover
-from .store import DEFAULT_SEARCH_MODE, ModelMismatchError, StoreError, check_mode, open_store
+from .store import (DEFAULT_SEARCH_MODE, ModelMismatchError, StoreError, check_mode, open_store,
+                    upgrade_index)
 
 
 
@@ -213,6 +214,21 @@ class Index:
 
 def _under(path: Path, target: Path) -> bool:
     return path == target or target in path.parents
+
+
+def upgrade_with_progress(location, progress: bool | None = None) -> int:
+    """`store.upgrade_index` with a tqdm bar (pages copied, rate, ETA) on stderr, shown when
+    stderr is a terminal unless told: the CLI's `colembed upgrade` (tqdm is imported here only)."""
+    from tqdm.auto import tqdm
+
+    show = sys.stderr.isatty() if progress is None else progress
+    with tqdm(unit="page", desc=f"upgrading {location}", disable=not show, file=sys.stderr,
+              dynamic_ncols=True) as bar:
+        def step(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+
+        return upgrade_index(location, step)
 
 
 def _progress_bar(progress: bool | None, files: int):
