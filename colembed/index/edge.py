@@ -188,8 +188,9 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
     """Rewrite an older-schema index folder at this schema from its stored vectors (no page is
     embedded again; the `mean` vector comes from each page's vectors and payload): a new shard is
     filled in a staging folder beside it, then replaces it. Returns the pages copied (0: already
-    current); `progress(pages_copied, total)` after each batch. Edge cannot add a vector to an existing shard, hence the copy: 58 pages/s measured at
-    1,000 synthetic pages on 2 loaded cores (storing them took 81 pages/s), ~3 min at 10,000."""
+    current); `progress(pages_copied, total)` after each batch. Edge cannot add a vector to an
+    existing shard, hence the copy: 58 pages/s measured at 1,000 synthetic pages on 2 loaded cores
+    (storing them took 81 pages/s), ~3 min at 10,000."""
     folder = Path(folder)
     old = EdgeStore(folder)
     try:

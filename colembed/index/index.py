@@ -110,7 +110,7 @@ class Index:
         result = AddResult(
             skipped=[FileReport(str(p), reason=r) for p, r in found.ignored],
             failed=[FileReport(str(p), reason=r) for p, r in found.missing])
-        bar = _progress_bar(progress, len(found.documents))
+        bar = _progress_bar(progress, f"indexing {len(found.documents)} file(s)")
         already = len(result.skipped) + len(result.failed)
 
         def on_pages(n: int) -> None:
@@ -217,13 +217,9 @@ def _under(path: Path, target: Path) -> bool:
 
 
 def upgrade_with_progress(location, progress: bool | None = None) -> int:
-    """`store.upgrade_index` with a tqdm bar (pages copied, rate, ETA) on stderr, shown when
-    stderr is a terminal unless told: the CLI's `colembed upgrade` (tqdm is imported here only)."""
-    from tqdm.auto import tqdm
-
-    show = sys.stderr.isatty() if progress is None else progress
-    with tqdm(unit="page", desc=f"upgrading {location}", disable=not show, file=sys.stderr,
-              dynamic_ncols=True) as bar:
+    """`store.upgrade_index` with the progress bar of `Index.add` (pages copied, rate, ETA): the
+    CLI's `colembed upgrade` (tqdm is imported in this module only)."""
+    with _progress_bar(progress, f"upgrading {location}") as bar:
         def step(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
@@ -231,13 +227,13 @@ def upgrade_with_progress(location, progress: bool | None = None) -> int:
         return upgrade_index(location, step)
 
 
-def _progress_bar(progress: bool | None, files: int):
+def _progress_bar(progress: bool | None, desc: str):
     """tqdm on stderr (pages, pages/s, ETA); shown when stderr is a terminal unless told."""
     from tqdm.auto import tqdm
 
     show = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=0, unit="page", desc=f"indexing {files} file(s)", disable=not show,
-                file=sys.stderr, dynamic_ncols=True)
+    return tqdm(total=0, unit="page", desc=desc, disable=not show, file=sys.stderr,
+                dynamic_ncols=True)
 
 
 def _grow(bar, pages: int) -> None:
