@@ -49,7 +49,8 @@ from ..layout import TOKENIZER_FILE
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:
-#   ColQwen2Processor.__init__: query_prefix, visual_prompt_prefix, image_token.
+#   ColQwen2Processor.__init__: query_prefix (the family's `default_query_prefix`: "" for
+#   ColQwen3, colpali-engine's ColQwen3Processor), visual_prompt_prefix, image_token.
 #   ColQwen2Processor.__call__: `self.query_augmentation_token * 10`.
 #   Qwen2VLImageProcessor.__init__: patch/merge/temporal sizes, rescale factor, OPENAI_CLIP mean/std.
 #   VisionRotaryEmbedding.__init__: theta (the vision tower never reads it from the config).
@@ -194,7 +195,8 @@ class PreprocessConfig:
         min_pixels, max_pixels = _pixel_bounds(image_config, preprocessor_path)
         defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
         values = dict(
-            query_prefix=_value_or(processor_config.get("query_prefix"), UPSTREAM_QUERY_PREFIX),
+            query_prefix=_value_or(processor_config.get("query_prefix"),
+                                   family.default_query_prefix),
             query_augmentation_token=pad_token,
             query_augmentation_count=QUERY_AUGMENTATION_COUNT,
             page_prompt=_value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT),
