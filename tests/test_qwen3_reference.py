@@ -104,3 +104,24 @@ def test_the_exported_folder_gives_the_references_embeddings(qwen3_preset, tmp_p
     bad = {k: v for k, v in figures.items() if not v <= TOLERANCE}
     assert not bad, bad
     assert max(figures.values()) > 0  # a real comparison, not two copies of one array
+
+
+def test_colqwen3_and_colqwen2_in_one_process_equal_each_alone(exported_tiny, tmp_path_factory):
+    """Two families loaded side by side share no state: each gives what it gives alone, and a
+    folder of one family is refused under the other's contracts."""
+    import colembed
+    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+
+    pages = reference_pages()[:2]
+    qwen3 = colembed.load(exported(tmp_path_factory, "tiny-3"))
+    alone_pages, alone_queries = qwen3.embed_images(pages), qwen3.embed_queries(list(QUERIES))
+    qwen2 = colembed.load(exported_tiny)
+    qwen2_pages = qwen2.embed_images(pages)
+    for got, want in zip(qwen3.embed_images(pages), alone_pages):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(qwen3.embed_queries(list(QUERIES)), alone_queries):
+        np.testing.assert_array_equal(got, want)
+    for got, want in zip(qwen2.embed_images(pages), qwen2_pages):
+        np.testing.assert_array_equal(got, want)
+    assert qwen2.family.name == "colqwen2" and qwen2_pages[0].shape[1] == 128
+    assert alone_pages[0].shape[1] == 320
