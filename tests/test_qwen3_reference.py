@@ -107,8 +107,7 @@ def test_the_exported_folder_gives_the_references_embeddings(qwen3_preset, tmp_p
 
 
 def test_colqwen3_and_colqwen2_in_one_process_equal_each_alone(exported_tiny, tmp_path_factory):
-    """Two families loaded side by side share no state: each gives what it gives alone, and a
-    folder of one family is refused under the other's contracts."""
+    """Two families loaded side by side share no state: each gives what it gives alone."""
     import colembed
     from colembed_export.reference_qwen3 import QUERIES, reference_pages
 
