@@ -1,6 +1,7 @@
 """The models colembed knows by name (`models.json`), and where each one's exported folder is.
 
-`colembed/models.json` (package data, the one copy) describes each named model: FastEmbed's fields
+`models.json` (the one copy sits at the repository's top level; the wheel ships it as
+`colembed/models.json`, copied there by setup.py's build step) describes each named model: FastEmbed's fields
 (model, dim, description, license, size_in_GB) plus its `family` (`colembed.families`: a folder of
 another family is refused) and where it comes from (`checkpoint`, what `colembed export` reads; for
 a PEFT adapter such as `vidore/colqwen2.5-v0.2`, `base_checkpoint` records the base its
@@ -125,8 +126,13 @@ class ModelEntry:
 
 
 def models_json_path() -> Path:
-    """The package's `models.json` (one copy, shipped as package data)."""
-    return Path(__file__).with_name(MODELS_JSON)
+    """The `models.json` this colembed reads: the wheel's `colembed/models.json`, and in a source
+    checkout (an editable install, which has no build step) the top-level file it is built from.
+
+    The source tree never holds `colembed/models.json` (tests/test_packaging.py), so the two
+    places are one file seen from an installed wheel and from a checkout."""
+    packaged = Path(__file__).with_name(MODELS_JSON)
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[1] / MODELS_JSON
 
 
 @functools.lru_cache(maxsize=8)
