@@ -72,7 +72,8 @@ except ImportError as e:
 from . import registry
 from .errors import InputError
 from .layout import MANIFEST_NAME, TOKENIZER_FILE, variant_files
-from .manifest import read_manifest, verify_files
+from .integrity import verify_files
+from .manifest import read_manifest
 from .safe_fs import inside
 from .sessions import CUDA, available_providers
 

@@ -29,7 +29,6 @@ from typing import Any, Mapping
 from .contracts import ORT_TYPES, GraphContract, TensorSpec
 from .errors import ManifestError, ModelFolderError
 from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, get_family
-from .integrity import describe_file, sha256_of, verify_files  # noqa: F401  (re-exported)
 from .preprocess.config import PreprocessConfig
 
 from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
@@ -475,4 +474,4 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 __all__ = ["Architecture", "ExportCheck", "FileEntry", "GraphEntry", "MANIFEST_NAME", "Manifest",
-           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest", "verify_files"]
+           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest"]

@@ -28,14 +28,8 @@ from colembed import safe_fs
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 from colembed.families import VisionAttention
-from colembed.manifest import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    GraphEntry,
-    Manifest,
-    describe_file,
-)
+from colembed.integrity import describe_file
+from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest
 
 from .checkpoint import (
     CheckpointSource,

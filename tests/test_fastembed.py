@@ -35,7 +35,7 @@ from colembed import registry
 from colembed.errors import ImageError, ModelFolderError
 from colembed.fastembed import ColQwen2, LateInteractionMultimodalEmbedding, register
 from colembed.layout import MANIFEST_NAME
-from colembed.manifest import describe_file
+from colembed.integrity import describe_file
 from fastembed.postprocess import Muvera
 
 MODEL = "colqwen2"

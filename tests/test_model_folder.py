@@ -10,7 +10,8 @@ import pytest
 
 import colembed
 from colembed.errors import ManifestError, ModelFolderError, ProviderError
-from colembed.manifest import MANIFEST_NAME, describe_file
+from colembed.integrity import describe_file
+from colembed.manifest import MANIFEST_NAME
 
 
 def _rewrite_manifest(folder, edit):
@@ -119,12 +120,12 @@ def test_unknown_name_lists_known_models(tmp_path):
 
 
 def test_unchanged_files_are_not_hashed_twice(copy_model_folder, monkeypatch):
-    import colembed.integrity as manifest_module
+    import colembed.integrity as integrity
 
     folder = copy_model_folder()
     hashed = []
-    real = manifest_module.sha256_of
-    monkeypatch.setattr(manifest_module, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    real = integrity.sha256_of
+    monkeypatch.setattr(integrity, "sha256_of", lambda p: hashed.append(p.name) or real(p))
     colembed.load(folder)
     assert "text.onnx_data" in hashed
     hashed.clear()
