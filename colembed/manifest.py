@@ -31,7 +31,7 @@ from .errors import ManifestError, ModelFolderError
 from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, get_family
 from .preprocess.config import PreprocessConfig
 
-from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
+from .layout import BASE_VARIANT, GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _SHA256_HEX = 64
@@ -369,7 +369,7 @@ class Manifest:
             raise ModelFolderError(
                 f"variant {variant!r} is not in this folder; it has {sorted(self.variants)}"
                 + (" (write it with `colembed export ... --variant " + variant + "`)"
-                   if variant != "fp32" else ""),
+                   if variant != BASE_VARIANT else ""),
                 path=MANIFEST_NAME,
             )
         try:

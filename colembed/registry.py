@@ -47,7 +47,7 @@ from typing import Any
 from .contracts import ARCHITECTURE
 from .errors import ColembedError, ModelFolderError
 from .families import FAMILIES
-from .layout import MANIFEST_NAME, required_files
+from .layout import BASE_VARIANT, MANIFEST_NAME, required_files
 from .safe_fs import inside
 
 MODELS_JSON = "models.json"
@@ -181,7 +181,7 @@ def is_offline(local_files_only: bool = False) -> bool:
     return bool(local_files_only) or os.environ.get(OFFLINE_ENV, "").strip().lower() in _TRUE
 
 
-def missing_files(folder: Path, variant: str = "fp32") -> list[str]:
+def missing_files(folder: Path, variant: str = BASE_VARIANT) -> list[str]:
     """What `folder` lacks to serve `variant`, by its own manifest ([manifest name] without one)."""
     from .manifest import read_manifest
 
@@ -236,7 +236,7 @@ def _private_group(gid: int, uid: int) -> bool:
             and set(group.gr_mem) <= {user.pw_name})
 
 
-def check_model_folder(entry: ModelEntry, folder: Path, variant: str = "fp32") -> Path:
+def check_model_folder(entry: ModelEntry, folder: Path, variant: str = BASE_VARIANT) -> Path:
     """`folder` holds every file its manifest lists for `variant` and describes the same model."""
     from .manifest import read_manifest
 
@@ -274,7 +274,7 @@ def resolve_model_folder(
     specific_model_path: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
-    variant: str = "fp32",
+    variant: str = BASE_VARIANT,
 ) -> Path:
     """The exported folder of `model`; see the module docstring for the order."""
     entry = model if isinstance(model, ModelEntry) else get_model(model)

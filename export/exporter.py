@@ -29,6 +29,7 @@ from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 from colembed.families import VisionAttention
 from colembed.integrity import describe_file
+from colembed.layout import BASE_VARIANT
 from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest
 
 from .checkpoint import (
@@ -305,7 +306,7 @@ def export_model(
         def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
             extra.update(with_variants or {})
             d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
-                              variants={"fp32": graphs, **extra}, scorer=scorer, checks=checks)
+                              variants={BASE_VARIANT: graphs, **extra}, scorer=scorer, checks=checks)
             manifest = Manifest.from_dict(d)
             manifest.write(staging)
             return manifest
@@ -313,7 +314,7 @@ def export_model(
         write_manifest()
         if reference is not None:
             with meter.step("check the graphs against the torch model"):
-                checks["fp32"] = verify(staging, reference, tolerance=tolerance,
+                checks[BASE_VARIANT] = verify(staging, reference, tolerance=tolerance,
                                         feature_tolerance=feature_tolerance)
         if variants:
             with meter.step("write and check the variants"):

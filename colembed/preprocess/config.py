@@ -122,6 +122,11 @@ class PreprocessConfig:
         return self.resize_factor**2
 
     @property
+    def max_image_tokens(self) -> int:
+        """Most image tokens a page gets under `max_pixels` (768 for ColQwen2's trained budget)."""
+        return self.max_pixels // self.pixels_per_image_token
+
+    @property
     def min_image_tokens(self) -> int:
         """Fewest image tokens a `max_pixels` budget may allow without dropping below `min_pixels`."""
         return -(-self.min_pixels // self.pixels_per_image_token)
