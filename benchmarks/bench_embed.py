@@ -202,10 +202,10 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     base = rss_mib()
     start = time.perf_counter()
     if job["runtime"] == "torch":
-        from colembed.preprocess.config import PreprocessConfig
+        from colembed_export.preprocess_config import read_preprocess_config
 
         model = TorchRuntime(job["checkpoint"], job["threads"], job.get("family", "colqwen2"))
-        config = PreprocessConfig.from_checkpoint(Path(job["checkpoint"]))
+        config = read_preprocess_config(Path(job["checkpoint"]))
     else:
         import colembed
 

@@ -55,6 +55,7 @@ from .destination import check_destination, is_export_folder
 from .families import ExportFamily, export_family
 from .measure import StepMeter
 from .onnx_io import export_graph
+from .preprocess_config import read_preprocess_config
 
 log = logging.getLogger("colembed_export")
 
@@ -102,10 +103,8 @@ def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: 
 
 def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
-    from colembed.preprocess.config import PreprocessConfig
-
     model = family.load(folder)
-    preprocess = PreprocessConfig.from_checkpoint(folder)
+    preprocess = read_preprocess_config(folder)
     config = model.config
     text_hidden = config.vlm_config.text_config.hidden_size
     vision_config = config.vlm_config.vision_config.to_dict()

@@ -278,9 +278,9 @@ def copy_model_folder(exported_tiny, tmp_path):
 @pytest.fixture(scope="session")
 def config(tiny_checkpoint):
     """colembed's PreprocessConfig read from the tiny checkpoint folder."""
-    from colembed.preprocess.config import PreprocessConfig
+    from colembed_export.preprocess_config import read_preprocess_config
 
-    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
+    return read_preprocess_config(tiny_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -289,3 +289,29 @@ def encoder(tiny_checkpoint, config):
     from colembed.preprocess.text import TextEncoder
 
     return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)
+
+
+@pytest.fixture
+def onnxruntime_calls(monkeypatch):
+    """What colembed asks of onnxruntime, recorded at onnxruntime's own API and passed through to
+    the real sessions: `sessions`, one (graph file name, SessionOptions, providers) per
+    InferenceSession made; `runs`, one {input name: shape} per run. Tests check what reaches
+    onnxruntime (the options a user set, which graphs a call runs) without reading colembed's
+    private attributes."""
+    import onnxruntime as ort
+
+    calls = {"sessions": [], "runs": []}
+    real_init, real_run = ort.InferenceSession.__init__, ort.InferenceSession.run
+
+    def init(self, path_or_bytes, sess_options=None, providers=None, *args, **kwargs):
+        name = os.path.basename(path_or_bytes) if isinstance(path_or_bytes, (str, Path)) else None
+        calls["sessions"].append((name, sess_options, providers))
+        real_init(self, path_or_bytes, sess_options, providers, *args, **kwargs)
+
+    def run(self, output_names, input_feed, run_options=None):
+        calls["runs"].append({k: np.shape(v) for k, v in input_feed.items()})
+        return real_run(self, output_names, input_feed, run_options)
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", init)
+    monkeypatch.setattr(ort.InferenceSession, "run", run)
+    return calls
