@@ -18,6 +18,7 @@ from .errors import (
     ManifestError,
     ModelFolderError,
     ProviderError,
+    QueryTruncatedWarning,
     ScoringError,
 )
 
@@ -62,6 +63,7 @@ __all__ = [
     "ManifestError",
     "ModelFolderError",
     "ProviderError",
+    "QueryTruncatedWarning",
     "ScoringError",
     "__version__",
 ]
