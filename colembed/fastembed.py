@@ -1,7 +1,8 @@
 """ColQwen2 and ColQwen2.5 as FastEmbed 0.9.x late-interaction multimodal models, in one line:
 
     from colembed.fastembed import LateInteractionMultimodalEmbedding
-    model = LateInteractionMultimodalEmbedding("colqwen2")      # or "colqwen2.5"
+    model = LateInteractionMultimodalEmbedding("colqwen2")      # or "colqwen2.5", or another
+                                                                # name of models.json
 
 One class (`ColQwen2`) serves every name in models.json: the folder's manifest says its family and
 the runtime follows it; a folder of another family is refused under a name (`registry`).
