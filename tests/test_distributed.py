@@ -80,7 +80,7 @@ def edge_job(documents, exported_tiny, tmp_path_factory):
 
 
 def _edge_contents(db):
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(db)
     try:
@@ -169,7 +169,7 @@ def test_the_server_writer_stores_what_the_single_process_index_holds(documents,
     from colembed.distributed.pipeline import model_identity
     from colembed.distributed.stages import PageEmbedder
     from colembed.distributed.targets import StoreWriter
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     folder = exported_tiny.folder
     embedder = PageEmbedder(str(folder), model_identity(folder, "fp32"),

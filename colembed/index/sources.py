@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import pypdfium2 as pdfium
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ColembedError
+from .errors import SourceError
 
 PDF_SUFFIXES = frozenset({".pdf"})
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif"})
@@ -32,14 +32,6 @@ HASH_CHUNK = 1 << 20
 # SyntaxError on some damaged files; pdfium raises PdfiumError, a RuntimeError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, KeyError, TypeError, IndexError,
                  RuntimeError, UnidentifiedImageError, Image.DecompressionBombError)
-
-
-class SourceError(ColembedError, ValueError):
-    """A file cannot be indexed; `path` and `reason` say which and why."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        self.path, self.reason = path, reason
-        super().__init__(f"{path}: {reason}")
 
 
 @dataclass(frozen=True)
