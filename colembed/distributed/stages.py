@@ -28,7 +28,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..index.records import ModelIdentity, embed_keeping_going, page_failure, page_payload
+from ..index.records import (ModelIdentity, default_source, embed_keeping_going, page_failure,
+                              page_payload)
 from ..index.schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, PagePoint, make_point, point_id
 from ..index.sources import HASH_CHUNK, Document, SourceError, file_sha256
 
@@ -82,13 +83,14 @@ class PageEmbedder:
     """
 
     def __init__(self, folder: str, identity: dict[str, Any], *, load_options: dict[str, Any],
-                 source: str, stored: frozenset[str] = frozenset(), batch_size: int = 4,
+                 source: str | None = None, stored: frozenset[str] = frozenset(),
+                 batch_size: int = 4,
                  dpi: float | None = None, filesystem=None,
                  crash_once: tuple[str, int] | None = None) -> None:
         from ..model import load
 
         self.model = load(folder, **load_options)
-        self.identity, self.source = ModelIdentity(**identity), source
+        self.identity, self.source = ModelIdentity(**identity), source or default_source()
         self.stored, self.batch_size, self.dpi, self.filesystem = stored, batch_size, dpi, filesystem
         self.crash_once, self.batches = crash_once, 0
         self.renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="colembed-render")

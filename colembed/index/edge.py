@@ -55,8 +55,9 @@ FLUSH_FRACTION = 0.08
 FLUSH_MIN_PAGES = 64
 FLUSH_MAX_PAGES = 1000
 FLUSH_SECONDS = 60.0
-# Free disk kept in hand before a write: Edge's log and segments grow by ~3.5x the vectors a batch
-# carries until the next flush; below this the run stops with DiskFullError instead of letting
+# Free disk kept in hand before a write: Edge's log and segments grow by ~1.7x the float32 bytes a
+# batch carries (log ~1.2x, float16 segments 0.5x) until the next flush: twice that plus this margin
+# must be free, or the run stops with DiskFullError instead of letting
 # Edge meet ENOSPC inside a write.
 DISK_MARGIN_BYTES = 8 << 20
 
@@ -251,7 +252,7 @@ class EdgeStore(Store):
     def _check_space(self, points: Sequence[PagePoint]) -> None:
         """Stop before Edge would meet a full disk: the batch's log bytes and the margin must be
         free (after a flush, which returns the log's space, if need be)."""
-        needed = DISK_MARGIN_BYTES + 4 * sum(v.nbytes for p in points for v in p.vectors.values())
+        needed = DISK_MARGIN_BYTES + 2 * sum(v.nbytes for p in points for v in p.vectors.values())
         free = _free(self.folder)
         if free >= needed:
             return

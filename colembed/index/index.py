@@ -72,7 +72,7 @@ class Index:
             self.store = open_store(location, dim=self.model.embedding_size, **where)
         try:
             self._stored = options_of(self.store.any_payload())
-            if self._model is not None:
+            if self._model_arg is not None:  # a model given: refused now, not at the first add
                 self._check(self.model_identity())
         except BaseException:
             self.store.close()  # a refused index is not left locked

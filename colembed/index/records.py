@@ -193,19 +193,23 @@ def embed_keeping_going(model: Any, images: list, batch_size: int,
     or anything else went wrong, in which case the pages are tried again one at a time to find
     the bad one. The pages after a bad one are embedded all the same."""
     errors: dict[int, str] = {}
-    start = 0
+    start, one_by_one = 0, False
     while start < len(images):
+        window = images[start:start + 1] if one_by_one else images[start:]
         try:
-            done, bad = model.embed_pages(images[start:], batch_size=batch_size), None
+            done, bad = model.embed_pages(window, batch_size=batch_size), None
         except Exception as e:  # noqa: BLE001 (any failure is a page's, reported by name)
             done, bad = list(getattr(e, "completed", None) or []), e
         if done:
             on_embedded(start, done)
         if bad is None:
-            return errors
+            start += len(done)
+            if not one_by_one:
+                return errors
+            continue
         start += len(done)
-        if not isinstance(bad, InputError) and batch_size > 1 and len(images) - start > 1:
-            batch_size = 1  # which page of the batch failed is unknown: one at a time from here
+        if not isinstance(bad, InputError) and not one_by_one and len(images) - start > 1:
+            one_by_one = True  # which page of the batch failed is unknown: one at a time
             continue
         errors[start] = page_failure(0, bad)
         start += 1
