@@ -83,14 +83,19 @@ def reference(tmp_path_factory, preset: str) -> dict[str, np.ndarray]:
         return {k: data[k] for k in data.files}
 
 
+VARIANTS = {"tiny-3": ("int8", "int4", "fp16"), "tiny-3-alt": ()}
+
+
 def exported(tmp_path_factory, preset: str) -> Path:
-    """`preset` exported with the check on (fp32)."""
+    """`preset` exported with the check on; tiny-3 also with its int8, int4 and fp16 variants
+    (each gated against fp32 by the exporter)."""
     from colembed_export.exporter import export_model
     from conftest import build_once
 
     folder = checkpoint(tmp_path_factory, preset)
     return build_once(tmp_path_factory, f"qwen3-export-{preset}",
-                      lambda out: export_model(folder, out / "model", random_weights=True)) / "model"
+                      lambda out: export_model(folder, out / "model", random_weights=True,
+                                               variants=VARIANTS[preset])) / "model"
 
 
 @pytest.fixture(scope="session", params=PRESETS)

@@ -19,10 +19,10 @@ TOLERANCE = 1e-4
 
 
 def _preprocessing(folder):
-    from colembed.preprocess.config import PreprocessConfig
     from colembed.preprocess.text import TextEncoder
+    from colembed_export.preprocess_config import read_preprocess_config
 
-    config = PreprocessConfig.from_checkpoint(folder)
+    config = read_preprocess_config(folder)
     return config, TextEncoder.from_file(folder / "tokenizer.json", config)
 
 
@@ -124,3 +124,25 @@ def test_colqwen3_and_colqwen2_in_one_process_equal_each_alone(exported_tiny, tm
         np.testing.assert_array_equal(got, want)
     assert qwen2.family.name == "colqwen2" and qwen2_pages[0].shape[1] == 128
     assert alone_pages[0].shape[1] == 320
+
+
+def test_variants_pass_their_gates_and_run(tmp_path_factory):
+    """int8, int4 and fp16 of tiny-3: written only because each passed its gate against fp32
+    (the manifest keeps the figures); each loads and embeds pages and queries near fp32."""
+    import colembed
+    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+
+    folder = exported(tmp_path_factory, "tiny-3")
+    fp32 = colembed.load(folder)
+    assert set(fp32.manifest.variants) == {"fp32", "int8", "int4", "fp16"}
+    pages, queries = reference_pages()[:2], list(QUERIES)
+    want = fp32.embed_images(pages) + fp32.embed_queries(queries)
+    for name in ("int8", "int4", "fp16"):
+        check = fp32.manifest.checks[name]
+        assert check["mean_cosine"] >= check["gate"]["mean_cosine"], (name, check.figures)
+        model = colembed.load(folder, variant=name)
+        got = model.embed_images(pages) + model.embed_queries(queries)
+        for g, w in zip(got, want):
+            assert g.shape == w.shape and np.isfinite(g).all()
+            cosine = np.sum(g * w, axis=1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
+            assert cosine.mean() > 0.95, (name, cosine.mean())
