@@ -24,7 +24,7 @@ from colembed.cli import _parse, main
 from colembed.index import (Index, IndexBusyError, IndexNotFoundError, ModelMismatchError,
                             StoreError)
 from colembed.index.records import ModelIdentity
-from index_docs import good_folder, write_pdf
+from index_docs import write_pdf
 
 TOKENS = 64
 
@@ -330,7 +330,9 @@ def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
 def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(tmp_path, exported_tiny,
                                                                     monkeypatch, capsys):
     docs = tmp_path / "docs"
-    good_folder(docs)
+    docs.mkdir()
+    write_pdf(docs / "a.pdf", ["a 1", "a 2", "a 3"])
+    write_pdf(docs / "b.pdf", ["b 1", "b 2"])
     model_type = type(colembed.load(exported_tiny.folder, max_image_tokens=TOKENS))
     real, calls = model_type.embed_pages, []
 
