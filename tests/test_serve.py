@@ -170,6 +170,8 @@ def test_search_matches_the_in_process_index(served):
         assert h["file"].startswith("docs/") and not os.path.isabs(h["file"])
         assert h["payload"]["path"] == h["file"] and "model_source" not in h["payload"]
         assert h["image_url"] == f"/v1/pages/{h['id']}/image" and "map" not in h
+    timing = client.post("/v1/search", json={"query": "x"}, headers=AUTH).headers["server-timing"]
+    assert timing.startswith("search;dur=") and ", queue;dur=" in timing
     several = client.post("/v1/search", json={"queries": ["one", "two"], "k": 2, "mode": "exact"},
                           headers=AUTH).json()
     assert [r["query"] for r in several["results"]] == ["one", "two"]

@@ -20,6 +20,7 @@ import hmac
 import io
 import logging
 import threading
+import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -44,6 +45,7 @@ from .pool import Busy, WorkerPool
 from .roots import PathMissing, PathRefused, Roots
 
 log = logging.getLogger("colembed.serve")
+lifecycle = logging.getLogger("uvicorn.error")  # printed with uvicorn's own start/stop lines
 
 API_KEY_HEADER = "X-API-Key"
 RENDER_WAIT_S = 30.0  # a page-image request waits this long for pdfium, then 503
@@ -255,7 +257,10 @@ def check_texts(texts: list[str], limits: Limits, *, batch: int, option: str) ->
                        "--max-query-chars")
 
 
-def create_app(index, settings: Settings | None = None) -> FastAPI:
+def create_app(index, settings: Settings | None = None, *, close_index: bool = False) -> FastAPI:
+    """The app over an open `Index`. `close_index`: the app's shutdown closes the index too (the
+    server's process ends right after: uvicorn re-raises SIGTERM/SIGINT once it has shut down,
+    so code after `uvicorn.Server.run` never runs)."""
     settings = settings or Settings()
     limits = settings.limits
     service = Service(index, settings)
@@ -263,7 +268,10 @@ def create_app(index, settings: Settings | None = None) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        service.close()  # jobs stop at a file boundary; running calls finish
+        service.close()  # queued jobs cancelled, the running one stops at a file boundary
+        if close_index:
+            index.close()  # flushed; the folder's lock released
+            lifecycle.info("colembed serve: jobs stopped, index closed")
 
     app = FastAPI(title="colembed", version=__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
@@ -419,11 +427,22 @@ def create_app(index, settings: Settings | None = None) -> FastAPI:
         check_texts(texts, limits, batch=limits.max_queries, option="--max-queries")
         if body.k > limits.max_k:
             raise over(422, "k", body.k, limits.max_k, "--max-k")
-        found = await service.pool.run(
-            lambda: index.search(texts, k=body.k, mode=body.mode, explain=body.explain))
+        def work():
+            start = time.perf_counter()
+            found = index.search(texts, k=body.k, mode=body.mode, explain=body.explain)
+            return found, time.perf_counter() - start
+
+        asked = time.perf_counter()
+        found, took = await service.pool.run(work)
+        waited = time.perf_counter() - asked - took
         results = [{"query": q, "hits": [service.hit_json(h, body.explain) for h in hits]}
                    for q, hits in zip(texts, found)]
-        return {**service.identity(), "mode": body.mode, "k": body.k, "results": results}
+        # Server-Timing: the Index.search call itself and the wait for a worker, so a client
+        # can tell the HTTP layer's cost from the search's (benchmarks/bench_serve.py does)
+        return JSONResponse(
+            {**service.identity(), "mode": body.mode, "k": body.k, "results": results},
+            headers={"Server-Timing": f"search;dur={took * 1000:.3f}, "
+                                      f"queue;dur={max(waited, 0.0) * 1000:.3f}"})
 
     # ---------------------------------------------------------------------------------- pages
     def stored_hit(page_id: str):

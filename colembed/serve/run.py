@@ -8,7 +8,6 @@ of those folders: it is refused without an API key unless `--insecure` says so o
 from __future__ import annotations
 
 import ipaddress
-import logging
 
 from ..errors import ColembedError
 
@@ -37,19 +36,19 @@ def check_exposure(host: str, api_key: str | None, insecure: bool) -> None:
 
 def serve(index, settings, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", insecure: bool = False, on_ready=None) -> None:
-    """Run until SIGINT/SIGTERM; then jobs stop at a file boundary and the index is closed by
-    the caller (the index stays consistent: a page is stored whole or not at all)."""
+    """Run until SIGINT/SIGTERM; then open requests get `GRACEFUL_SHUTDOWN_S` to finish, index
+    jobs stop at a file boundary and the index is closed (a page is stored whole or not at all,
+    so even a SIGKILL leaves a consistent index that the next job completes)."""
     import uvicorn
 
     from .app import create_app
 
     check_exposure(host, settings.api_key, insecure)
-    app = create_app(index, settings)
+    app = create_app(index, settings, close_index=True)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
                             limit_concurrency=MAX_CONNECTIONS, server_header=False)
     server = uvicorn.Server(config)
     if on_ready is not None:
         on_ready(server)
-    logging.getLogger("colembed.serve").info("colembed serve on http://%s:%d/", host, port)
     server.run()
