@@ -19,7 +19,7 @@ import pytest
 from PIL import Image
 
 import colembed
-from index_docs import good_folder, page, write_pdf
+from index_docs import bad_folder, good_folder, page, write_pdf
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -286,6 +286,36 @@ def test_an_index_job_again_skips_every_stored_page(served):
     assert {s["reason"] for s in done["skipped"]} == {"already indexed"}
     listed = client.get("/v1/jobs", headers=AUTH).json()["jobs"]
     assert job["id"] in {j["id"] for j in listed}
+
+
+def test_a_job_reports_bad_files_while_searches_run(tmp_path, small_model):
+    """Bad files fail with their reasons and the rest is indexed; searches and page lookups
+    served while the job writes; the index folder inside the root is not walked."""
+    root = tmp_path / "root"
+    expected_bad = bad_folder(root / "bad")
+    good_folder(root / "good")
+    index = Index(root / "db", model=small_model)
+    settings = Settings(roots=Roots(parse_roots([f"r={root}"])))
+    with TestClient(create_app(index, settings)) as client:
+        job_id = client.post("/v1/index", json={"paths": ["."]}).json()["id"]
+        searched = 0
+        while client.get(f"/v1/jobs/{job_id}").json()["state"] in ("queued", "running"):
+            r = client.post("/v1/search", json={"query": "report", "k": 3})
+            assert r.status_code == 200, r.text
+            for hit in r.json()["results"][0]["hits"]:
+                assert client.get(f"/v1/pages/{hit['id']}/image", params={"width": 50}
+                                  ).status_code == 200
+            searched += 1
+        job = client.get(f"/v1/jobs/{job_id}").json()
+    assert searched >= 1 and job["state"] == "done"
+    assert job["pages_added"] == sum(DOCS.values()) == len(index)
+    failed = {f["file"]: f["reason"] for f in job["failed"]}
+    skipped = {s["file"]: s["reason"] for s in job["skipped"]}
+    for name, word in expected_bad.items():
+        reason = failed.get(f"r/bad/{name}") or skipped.get(f"r/bad/{name}")
+        assert reason and word in reason, (name, reason)
+    assert not any(f.startswith("r/db/") for f in {**failed, **skipped})  # its own folder
+    index.close()
 
 
 # ----------------------------------------------------------------------------- access rules

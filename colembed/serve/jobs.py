@@ -110,7 +110,7 @@ class JobRunner:
         try:
             files: list[Path] = []
             for root, target in job.targets:
-                found, left = self.roots.files(root, target)
+                found, left = self.roots.files(root, target, exclude=self._own_folders())
                 files.extend(found)
                 job.skipped.extend({"file": self.roots.display(p), "reason": r} for p, r in left)
             files = list(dict.fromkeys(files))
@@ -129,6 +129,10 @@ class JobRunner:
             traceback.print_exc()
         finally:
             job.current, job.finished = None, time.time()
+
+    def _own_folders(self) -> tuple[Path, ...]:
+        location = Path(str(self.index.store.location))
+        return (location,) if location.is_dir() else ()  # a server's url is no folder
 
     def _add_one(self, job: Job, path: Path) -> None:
         pdf = path.suffix.lower() == ".pdf"

@@ -94,8 +94,11 @@ class Roots:
             raise PathMissing(f"{path!r}: no such file or folder in root {root.name!r}")
         return root, target
 
-    def files(self, root: Root, target: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
-        """Documents under `target` (resolved, inside `root`) and what was left out, with why."""
+    def files(self, root: Root, target: Path, exclude: tuple[Path, ...] = ()
+              ) -> tuple[list[Path], list[tuple[Path, str]]]:
+        """Documents under `target` (resolved, inside `root`) and what was left out, with why;
+        folders in `exclude` (the index's own, when it sits inside a root) are not walked."""
+        excluded = {Path(p).resolve() for p in exclude}
         if target.is_file():
             if kind_of(target) is None:
                 return [], [(target, "not a PDF or image")]
@@ -108,7 +111,7 @@ class Roots:
                 if (here / d).is_symlink():
                     left.append((here / d, "symlinked folder (not followed)"))
             dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                             and not (here / d).is_symlink())
+                             and not (here / d).is_symlink() and here / d not in excluded)
             for name in sorted(names):
                 if name.startswith("."):
                     continue
