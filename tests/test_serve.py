@@ -518,6 +518,55 @@ def test_serve_refuses_a_public_host_without_a_key(tmp_path, capsys, monkeypatch
         check_exposure("::", None, insecure=False)
 
 
+def test_colembed_serve_runs_and_shuts_down_gracefully(tmp_path, exported_tiny, small_model):
+    """The command as users run it: a process of its own, the key from the environment; SIGTERM
+    stops it after closing the index (its lock is free for the next process)."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    import httpx
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    page("one").save(docs / "one.png")
+    with Index(tmp_path / "db", model=small_model) as index:
+        index.add([docs], progress=False)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    log = tmp_path / "server.log"
+    env = dict(os.environ, COLEMBED_API_KEY=KEY)
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "colembed.cli", "serve", "--db",
+                                 str(tmp_path / "db"), "--port", str(port), "--max-k", "7",
+                                 "--allow-root", str(docs)], stdout=out, stderr=subprocess.STDOUT,
+                                env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        info = httpx.get(url + "/v1/info", headers=AUTH).json()
+        assert info["pages"] == 1 and info["limits"]["max_k"] == 7 and info["roots"] == ["docs"]
+        assert httpx.get(url + "/v1/info").status_code == 401
+        hit = httpx.post(url + "/v1/search", json={"query": "one"}, headers=AUTH).json()[
+            "results"][0]["hits"][0]
+        assert hit["file"] == "docs/one.png"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "index closed" in log.read_text(), log.read_text()
+    Index(tmp_path / "db", model=small_model).close()  # the folder's lock was released
+
+
 def test_roots_parse_and_display(tmp_path):
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
