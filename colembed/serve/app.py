@@ -205,7 +205,8 @@ class Service:
         """The page (or its overlay for `query`) as PNG; pdfium is taken under `render_lock`."""
         pdf = hit.file.lower().endswith(".pdf")
         if pdf and not self.render_lock.acquire(timeout=RENDER_WAIT_S):
-            raise Busy(1, self.settings.retry_after)
+            raise Busy(1, self.settings.retry_after, "an index job is rendering a PDF (pdfium "
+                       f"serves one thread at a time); retry after {self.settings.retry_after} s")
         try:
             image = self.index.page_image(hit)
         finally:

@@ -20,10 +20,10 @@ T = TypeVar("T")
 class Busy(Exception):
     """Every worker is busy and the queue is full."""
 
-    def __init__(self, limit: int, retry_after: int) -> None:
+    def __init__(self, limit: int, retry_after: int, message: str | None = None) -> None:
         self.limit, self.retry_after = limit, retry_after
-        super().__init__(f"server busy: {limit} requests running or queued (--workers + "
-                         f"--queue); retry after {retry_after} s")
+        super().__init__(message or f"server busy: {limit} requests running or queued "
+                                    f"(--workers + --queue); retry after {retry_after} s")
 
 
 class WorkerPool:
