@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from .errors import ColembedError
+from .layout import BASE_VARIANT
 
 EXPORT_EXTRA_HINT = ("this command needs the export extra (torch, transformers, onnx): "
                      "pip install 'colembed[export]'  (on these machines: pip install torch==2.13.0 "
@@ -52,13 +53,13 @@ def _cmd_export(args) -> int:
         variants=tuple(v for v in (args.variant or "").split(",") if v),
         progress=_progress, base=args.base,
     )
-    check = report.check.get("fp32")
+    check = report.check.get(BASE_VARIANT)
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
               f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
               f"their scale, over {check['pages']} pages and {check['queries']} queries")
     for name, figures in report.check.items():
-        if name != "fp32":
+        if name != BASE_VARIANT:
             print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "
                   f"min {figures['min_cosine']:.5f}")
     print(f"model folder: {report.folder}")
@@ -237,7 +238,8 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--collection", help="collection name on the server (default colembed)")
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="model folder or name (default: the one the index was built with)")
-    model.add_argument("--variant", default="fp32", help="graph variant (default fp32)")
+    model.add_argument("--variant", default=BASE_VARIANT,
+                       help=f"graph variant (default {BASE_VARIANT})")
     model.add_argument("--max-image-tokens", type=int, help="image tokens per page (default: the model's)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")

@@ -29,10 +29,9 @@ from typing import Any, Mapping
 from .contracts import ORT_TYPES, GraphContract, TensorSpec
 from .errors import ManifestError, ModelFolderError
 from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, get_family
-from .integrity import describe_file, sha256_of, verify_files  # noqa: F401  (re-exported)
 from .preprocess.config import PreprocessConfig
 
-from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
+from .layout import BASE_VARIANT, GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _SHA256_HEX = 64
@@ -370,7 +369,7 @@ class Manifest:
             raise ModelFolderError(
                 f"variant {variant!r} is not in this folder; it has {sorted(self.variants)}"
                 + (" (write it with `colembed export ... --variant " + variant + "`)"
-                   if variant != "fp32" else ""),
+                   if variant != BASE_VARIANT else ""),
                 path=MANIFEST_NAME,
             )
         try:
@@ -475,4 +474,4 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 __all__ = ["Architecture", "ExportCheck", "FileEntry", "GraphEntry", "MANIFEST_NAME", "Manifest",
-           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest", "verify_files"]
+           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest"]

@@ -21,9 +21,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .contracts import GraphContract
-from .errors import InputError, InputTypeError, ModelFolderError
+from .errors import GraphOutputError, InputError, InputTypeError, ModelFolderError
 from .integrity import check_graph_files, verify_files
-from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
+from .layout import BASE_VARIANT, GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .families import get_family
 from .manifest import Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
@@ -108,7 +108,7 @@ class ColQwen2Model:
         self,
         folder: str | Path,
         *,
-        variant: str = "fp32",
+        variant: str = BASE_VARIANT,
         providers: Any = None,
         threads: int | None = None,
         max_image_tokens: int | None = None,
@@ -173,7 +173,7 @@ class ColQwen2Model:
 
     @property
     def max_image_tokens(self) -> int:
-        return self.config.max_pixels // (self.config.patch_size * self.config.merge_size) ** 2
+        return self.config.max_image_tokens
 
     @property
     def name(self) -> str:
@@ -358,8 +358,10 @@ class ColQwen2Model:
             for row, row_features in enumerate(features):
                 slots = np.flatnonzero((input_ids[row] == cfg.image_token_id) & (mask[row] == 1))
                 if len(slots) != len(row_features):
-                    raise RuntimeError(f"page prompt has {len(slots)} image tokens for "
-                                       f"{len(row_features)} feature rows")
+                    raise GraphOutputError(
+                        f"the image graph returned {len(row_features)} feature rows for a page "
+                        f"whose prompt has {len(slots)} image tokens: this folder's graphs and "
+                        "manifest disagree (re-export it)", path=self.folder)
                 index[row, slots] = np.arange(offset + 1, offset + 1 + len(slots))
                 offset += len(slots)
             table = np.concatenate(features).astype(np.float32, copy=False)
@@ -467,4 +469,4 @@ def default_variant(folder: str | Path, providers: Any) -> str:
     first = first if isinstance(first, str) else first[0]
     if first == DIRECTML and "fp16" in read_manifest(Path(folder)).variants:
         return "fp16"
-    return "fp32"
+    return BASE_VARIANT

@@ -28,14 +28,9 @@ from colembed import safe_fs
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 from colembed.families import VisionAttention
-from colembed.manifest import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    GraphEntry,
-    Manifest,
-    describe_file,
-)
+from colembed.integrity import describe_file
+from colembed.layout import BASE_VARIANT
+from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest
 
 from .checkpoint import (
     CheckpointSource,
@@ -60,6 +55,7 @@ from .destination import check_destination, is_export_folder
 from .families import ExportFamily, export_family
 from .measure import StepMeter
 from .onnx_io import export_graph
+from .preprocess_config import read_preprocess_config
 
 log = logging.getLogger("colembed_export")
 
@@ -107,10 +103,8 @@ def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: 
 
 def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
-    from colembed.preprocess.config import PreprocessConfig
-
     model = family.load(folder)
-    preprocess = PreprocessConfig.from_checkpoint(folder)
+    preprocess = read_preprocess_config(folder)
     config = model.config
     text_hidden = config.vlm_config.text_config.hidden_size
     vision_config = config.vlm_config.vision_config.to_dict()
@@ -311,7 +305,7 @@ def export_model(
         def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
             extra.update(with_variants or {})
             d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
-                              variants={"fp32": graphs, **extra}, scorer=scorer, checks=checks)
+                              variants={BASE_VARIANT: graphs, **extra}, scorer=scorer, checks=checks)
             manifest = Manifest.from_dict(d)
             manifest.write(staging)
             return manifest
@@ -319,7 +313,7 @@ def export_model(
         write_manifest()
         if reference is not None:
             with meter.step("check the graphs against the torch model"):
-                checks["fp32"] = verify(staging, reference, tolerance=tolerance,
+                checks[BASE_VARIANT] = verify(staging, reference, tolerance=tolerance,
                                         feature_tolerance=feature_tolerance)
         if variants:
             with meter.step("write and check the variants"):

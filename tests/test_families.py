@@ -25,7 +25,7 @@ from colembed.families import (
 )
 from colembed.layout import MANIFEST_NAME
 from colembed.manifest import Manifest
-from colembed.preprocess.config import PreprocessConfig
+from colembed_export.preprocess_config import read_preprocess_config
 from colembed.preprocess.windows import window_layout, windowed_vision_contract
 from qwen2_5_fixtures import checkpoint
 
@@ -46,7 +46,7 @@ def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, pre
     config = json.loads((folder / "config.json").read_text())
     vision = config.get("vlm_config", config)["vision_config"]
     assert family_of_backbone(config) is COLQWEN2_5 and family_of_checkpoint(config) is COLQWEN2_5
-    assert PreprocessConfig.from_checkpoint(folder).vision_head_dim == \
+    assert read_preprocess_config(folder).vision_head_dim == \
         vision["hidden_size"] // vision["num_heads"]
     text = config.get("vlm_config", config)["text_config"]
     assert COLQWEN2_5.merger_width(vision) == vision["out_hidden_size"] == text["hidden_size"]
@@ -62,7 +62,7 @@ def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
     assert COLQWEN2.merger_width(vision) == vision["hidden_size"] != vision["embed_dim"]
     folder = _edit_config(tiny_checkpoint, tmp_path, drop_embed_dim)
     with pytest.raises(ModelFolderError, match=r"vision_config\.embed_dim .*colqwen2 checkpoint"):
-        PreprocessConfig.from_checkpoint(folder)
+        read_preprocess_config(folder)
 
 
 def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
@@ -70,7 +70,7 @@ def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
         config["vlm_config"]["model_type"] = "qwen3_vl"
 
     with pytest.raises(ModelFolderError, match="qwen3_vl"):
-        PreprocessConfig.from_checkpoint(_edit_config(tiny_checkpoint, tmp_path, qwen3))
+        read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path, qwen3))
 
 
 def test_checkpoint_layouts_are_declared_per_family():

@@ -4,13 +4,13 @@ Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (
 is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead log,
 so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one process
 at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
-as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the
-gaps that order pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute
-force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped (`on_disk`):
-Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made every reopen
-read all of them again (10,000 pages: 2.2 GB, 2.3-2.6 s here) although a two-stage search reads
-at most 200 pages' worth; mapped, the open reads the small vectors only and a search faults in the
-pages it reranks (benchmarks/README.md). Folders created before keep their in-RAM storage.
+as float16 (half the disk and page cache, scores moved far below the gaps that order pages:
+docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim is exact and
+Edge's brute force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped
+(`on_disk`): Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made
+every reopen read all of them again although a two-stage search reads at most 200 pages' worth;
+mapped, the open reads the small vectors only and a search faults in the pages it reranks
+(measured: benchmarks/results/index-10k.md). Folders created before keep their in-RAM storage.
 """
 
 from __future__ import annotations
