@@ -176,9 +176,16 @@ def _cmd_index_ray(args) -> int:
                             dpi=args.dpi, source=args.source,
                             progress=not (args.quiet or args.json))
     total = None
-    if not args.parquet:
-        with _open_index(args, create=False) as index:
-            total = len(index)
+    if not args.parquet:  # the pages the collection holds now (the store alone: no model)
+        from .index import open_store
+
+        store = open_store(args.db, url=args.qdrant_url, collection=args.collection,
+                           api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+                           create=False)
+        try:
+            total = store.count()
+        finally:
+            store.close()
     _print_added(result, total, args, where=" on Ray")
     return EXIT_OK if result.ok else EXIT_FAILED
 
