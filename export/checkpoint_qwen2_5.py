@@ -99,18 +99,17 @@ def _load_colpali_layout(folder: Path):
     unexpected = [k for k in where if k not in params]
     misfit = []
     if not missing and not unexpected:
-        by_file: dict[Path, list[tuple[str, str]]] = {}
-        for name, (file, key) in where.items():
-            by_file.setdefault(file, []).append((name, key))
         with torch.no_grad():
-            for file, names in by_file.items():
+            for name, (file, key) in where.items():
+                # one tensor per opening: the file's pages leave the process when it is closed
+                # (a shard kept open stays mapped, a second copy of the weights in RSS)
                 with safe_open(str(file), "pt") as f:
-                    for name, key in names:
-                        tensor = f.get_tensor(key)
-                        if tuple(tensor.shape) != tuple(params[name].shape):
-                            misfit.append(f"{key} {tuple(tensor.shape)}")
-                        else:
-                            params[name].copy_(tensor)
+                    tensor = f.get_tensor(key)
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    misfit.append(f"{key} {tuple(tensor.shape)}")
+                else:
+                    params[name].copy_(tensor)
+                del tensor
     if missing or unexpected or misfit:
         raise ModelFolderError(f"weights do not fit the config: missing {missing[:5]}, unexpected "
                                f"{unexpected[:5]}, wrong shapes {misfit[:5]}", path=folder)
