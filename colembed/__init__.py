@@ -12,6 +12,7 @@ from __future__ import annotations
 from .errors import (
     ColembedError,
     ExportError,
+    GraphOutputError,
     ImageError,
     InputError,
     InputTypeError,
@@ -57,6 +58,7 @@ __all__ = [
     "top_k",
     "ColembedError",
     "ExportError",
+    "GraphOutputError",
     "ImageError",
     "InputError",
     "InputTypeError",

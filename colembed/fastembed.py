@@ -72,8 +72,9 @@ except ImportError as e:
 
 from . import registry
 from .errors import InputError
-from .layout import MANIFEST_NAME, TOKENIZER_FILE, variant_files
-from .manifest import read_manifest, verify_files
+from .layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE, variant_files
+from .integrity import verify_files
+from .manifest import read_manifest
 from .safe_fs import inside
 from .sessions import CUDA, available_providers
 
@@ -141,7 +142,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         device_id: int | None = None,
         specific_model_path: str | None = None,
         enable_cpu_mem_arena: bool = True,
-        variant: str = "fp32",
+        variant: str = BASE_VARIANT,
         max_image_tokens: int | None = None,
         verify: bool = True,
         **kwargs: Any,
