@@ -507,8 +507,10 @@ def test_serve_refuses_a_public_host_without_a_key(tmp_path, capsys, monkeypatch
     from colembed.serve.run import check_exposure, is_loopback
 
     monkeypatch.delenv("COLEMBED_API_KEY", raising=False)
-    assert main(["serve", "--db", str(tmp_path / "db"), "--host", "0.0.0.0"]) == 2
+    assert main(["serve", "--db", str(tmp_path / "db"), "--host", "0.0.0.0"]) == 2  # usage
     assert "--insecure" in capsys.readouterr().err
+    assert main(["serve", "--db", str(tmp_path / "db"), "--allow-root", str(tmp_path / "no")]) == 2
+    assert "not a folder" in capsys.readouterr().err
     assert not (tmp_path / "db").exists()  # refused before the index was opened
     for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
         assert is_loopback(host)
