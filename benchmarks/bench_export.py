@@ -43,6 +43,7 @@ TARGET_PEAK_RATIO = 1.5
 FAMILIES = {
     "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
     "colqwen2.5": ("qwen2.5-vl-3b", 32, 36, "export-colqwen2_5", "Qwen2.5-VL-3B"),
+    "colqwen3": ("qwen3-vl-4b", 24, 36, "export-colqwen3", "Qwen3-VL-4B"),
 }
 # presets whose widths are another model's than the family's default (the label in the table)
 PRESET_WIDTHS = {"qwen2.5-vl-7b": "Qwen2.5-VL-7B"}

@@ -88,6 +88,7 @@ class ModelFacts:
     embedding_dim: int
     family: str
     vision_attention: VisionAttention
+    vision_extras: Any = None  # colembed.families.VisionExtras (ColQwen3) or None
 
 
 def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None,
@@ -113,14 +114,15 @@ def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
         raise ExportError(f"{folder / 'config.json'}: the vision merger gives {merged}-wide "
                           f"features ({family.family.vision_names.merger_out}), the language "
                           f"model is {text_hidden} wide")
+    extras = family.family.extras(vision_config, folder / "config.json")
     contracts = family.family.contracts(
         patch_dim=preprocess.patch_dim, vision_head_dim=preprocess.vision_head_dim,
-        text_hidden=text_hidden, embedding_dim=config.embedding_dim)
+        text_hidden=text_hidden, embedding_dim=config.embedding_dim, extras=extras)
     attention = family.family.vision_attention(vision_config, folder / "config.json")
     return model, ModelFacts(preprocess=preprocess, contracts=contracts,
                              architecture=architecture_facts(config, family.family),
                              embedding_dim=config.embedding_dim, family=family.family.name,
-                             vision_attention=attention)
+                             vision_attention=attention, vision_extras=extras)
 
 
 def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging: Path, *,
@@ -134,13 +136,14 @@ def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging
     """
     import torch
 
-    from .graphs import ONNX_TRANSLATIONS, TextGraph, example_inputs
+    from .graphs import ONNX_TRANSLATIONS, example_inputs
 
     graphs: dict[str, GraphEntry] = {}
-    for role, wrapper in (("vision", family.image_graph), ("text", TextGraph)):
+    for role, wrapper in (("vision", family.image_graph), ("text", family.text_graph_of)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
             model = family.load(folder)
-            args = example_inputs(model, facts.preprocess, facts.vision_attention)[role]
+            args = example_inputs(model, facts.preprocess, facts.vision_attention,
+                                  facts.vision_extras)[role]
             info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
                                 staging / GRAPH_FILES[role], opset=opset,
                                 external_data=external_data, translations=ONNX_TRANSLATIONS)
@@ -200,6 +203,7 @@ def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name:
         },
         "family": facts.family,
         "vision_attention": facts.vision_attention.to_dict(),
+        **({"vision_extras": facts.vision_extras.to_dict()} if facts.vision_extras else {}),
         "embedding_dim": facts.embedding_dim,
         "preprocess": facts.preprocess.to_dict(),
         "architecture": facts.architecture,
@@ -290,9 +294,8 @@ def export_model(
             model, facts = load(folder, resolved.family)
             reference = None
             if check:
-                from .verify import reference_outputs
-
-                reference = reference_outputs(resolved.family.prepare_reference(model), folder)
+                reference = resolved.family.run_reference(
+                    resolved.family.prepare_reference(model), folder)
             del model  # each step below loads what it needs: no two steps share resident weights
         graphs = export_graphs(folder, resolved.family, facts, staging, opset=opset,
                                external_data=external_data, meter=meter)

@@ -46,12 +46,13 @@ from colembed.preprocess.config import UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, Prepro
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:
-#   ColQwen2Processor.__init__: query_prefix, visual_prompt_prefix, image_token.
+#   ColQwen2Processor.__init__: query_prefix (declared per family, `Family.default_query_prefix`:
+#   "Query: ", "" for ColQwen3 as colpali-engine's ColQwen3Processor), visual_prompt_prefix,
+#   image_token.
 #   ColQwen2Processor.__call__: `self.query_augmentation_token * 10`.
 #   Qwen2VLImageProcessor.__init__: patch/merge/temporal sizes, rescale factor, OPENAI_CLIP mean/std
 #     (UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, kept by the runtime beside the type).
 #   VisionRotaryEmbedding.__init__: theta (the vision tower never reads it from the config).
-UPSTREAM_QUERY_PREFIX = "Query: "
 UPSTREAM_PAGE_PROMPT = (
     "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|>"
     "<|endoftext|>"
@@ -86,7 +87,7 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     min_pixels, max_pixels = _pixel_bounds(image_config, preprocessor_path)
     defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
     values = dict(
-        query_prefix=_value_or(processor_config.get("query_prefix"), UPSTREAM_QUERY_PREFIX),
+        query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
         query_augmentation_token=pad_token,
         query_augmentation_count=QUERY_AUGMENTATION_COUNT,
         page_prompt=_value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT),

@@ -215,6 +215,22 @@ class Index:
             out.append(Hit(h.file, h.page, h.score, h.payload, h.id, explain(query, page, layout)))
         return out
 
+    def page(self, page_id: str) -> Hit | None:
+        """The stored page with this point id as a Hit (score 0.0, no map), or None: how a
+        caller that kept only an id (colembed serve's page URLs) gets back to `page_image`."""
+        point = self.store.points([page_id]).get(page_id)
+        if point is None:
+            return None
+        p = point.payload
+        return Hit(p.get("path", ""), int(p.get("page", 0)), 0.0, p, point.id)
+
+    def explain_page(self, query: str | np.ndarray, hit: Hit) -> Hit:
+        """`hit` with its SimilarityMap for `query` (text, or its (tokens, dim) vectors) and that
+        query's MaxSim score for the page: the map of a page found earlier, without a search."""
+        vectors = self.model.embed_queries([query])[0] if isinstance(query, str) else query
+        [explained] = self._explain(vectors, [hit])
+        return Hit(hit.file, hit.page, explained.map.score, hit.payload, hit.id, explained.map)
+
     def page_image(self, hit: Hit):
         """The hit's page, rendered again at its indexed size (SourceError if the file changed)."""
         from .sources import file_sha256
