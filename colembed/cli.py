@@ -6,6 +6,7 @@
     colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
     colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
     colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
+    colembed serve --db DIR              HTTP API and search page (needs the serve extra)
 """
 
 from __future__ import annotations
@@ -175,9 +176,16 @@ def _cmd_index_ray(args) -> int:
                             dpi=args.dpi, source=args.source,
                             progress=not (args.quiet or args.json))
     total = None
-    if not args.parquet:
-        with _open_index(args, create=False) as index:
-            total = len(index)
+    if not args.parquet:  # the pages the collection holds now (the store alone: no model)
+        from .index import open_store
+
+        store = open_store(args.db, url=args.qdrant_url, collection=args.collection,
+                           api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+                           create=False)
+        try:
+            total = store.count()
+        finally:
+            store.close()
     _print_added(result, total, args, where=" on Ray")
     return EXIT_OK if result.ok else EXIT_FAILED
 
@@ -312,6 +320,47 @@ def _add_index_commands(sub) -> None:
     upgrade.set_defaults(func=_cmd_upgrade)
 
 
+SERVE_EXTRA_HINT = ("this command needs the serve extra (fastapi, uvicorn, python-multipart) and "
+                    "the index extra: pip install 'colembed[serve]'")
+
+
+def _cmd_serve(args) -> int:
+    """`colembed serve`: one process holding the model and the index (docs/serve.md)."""
+    try:
+        import uvicorn  # noqa: F401
+
+        from .serve.app import Settings
+        from .serve.limits import Limits
+        from .serve.roots import Roots, parse_roots
+        from .serve.run import API_KEY_ENV, check_exposure, serve
+    except ImportError as e:
+        raise SystemExit(f"colembed: {SERVE_EXTRA_HINT}\n  ({e})") from None
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:  # a command line that cannot be served: usage errors, before loading anything
+        check_exposure(args.host, api_key, args.insecure)
+        roots = Roots(parse_roots(args.allow_root or []))
+    except ColembedError as e:
+        raise UsageError(str(e)) from None
+    limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
+    settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
+                        roots=roots, limits=limits,
+                        workers=args.workers, queue=args.queue,
+                        max_queued_jobs=args.max_queued_jobs)
+    with _open_index(args, create=True) as index:  # an empty index is filled by jobs
+        serve(index, settings, host=args.host, port=args.port, insecure=args.insecure,
+              log_level="warning" if args.quiet else "info")
+    return 0
+
+
+def _add_serve_command(sub) -> None:
+    from .serve.options import add_serve_options
+
+    serve = sub.add_parser("serve", help="HTTP API (/v1) and a search page (/) over one index")
+    add_serve_options(serve)
+    _index_options(serve)
+    serve.set_defaults(func=_cmd_serve)
+
+
 def _cmd_doctor(args) -> int:
     from .doctor import run_doctor
 
@@ -382,6 +431,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto (DirectML when available), cpu, directml, ... (default auto)")
     doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, else fp32)")
     doctor.set_defaults(func=_cmd_doctor)
+    _add_serve_command(sub)
     return parser
 
 

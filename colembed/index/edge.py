@@ -55,11 +55,16 @@ FLUSH_FRACTION = 0.08
 FLUSH_MIN_PAGES = 64
 FLUSH_MAX_PAGES = 1000
 FLUSH_SECONDS = 60.0
-# Free disk kept in hand before a write: Edge's log and segments grow by ~1.7x the float32 bytes a
-# batch carries (log ~1.2x, float16 segments 0.5x) until the next flush: twice that plus this margin
-# must be free, or the run stops with DiskFullError instead of letting
-# Edge meet ENOSPC inside a write.
-DISK_MARGIN_BYTES = 8 << 20
+# Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
+# while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
+# batch carries until the next flush (log ~1.2x, float16 segments 0.5x), and opening a shard
+# allocates its in-RAM vector storages' chunk files in full (32 MiB each: rows and cols vectors and
+# offsets, mean; measured on a tmpfs, where a shard written sparse took 164 MB more on its next
+# open, and an open without that space died of SIGBUS). Twice the batch's bytes plus the margin
+# must be free.
+EDGE_CHUNK_BYTES = 32 << 20
+IN_RAM_CHUNK_FILES = 5
+DISK_MARGIN_BYTES = IN_RAM_CHUNK_FILES * EDGE_CHUNK_BYTES + (16 << 20)
 
 
 @contextlib.contextmanager

@@ -62,6 +62,8 @@ class Index:
         self._model = model if hasattr(model, "embed_pages") else None
         self._requested = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
         self.source = source or default_source()
+        self.store = None  # the model, if loaded before the store is open, has nothing to check
+        self._stored: dict[str, Any] = {}  # what the index was built with (records.options_of)
         where = dict(url=url, api_key=api_key, collection=collection, local=local)
         try:
             self.store = open_store(location, create=False, **where)
@@ -84,7 +86,7 @@ class Index:
         """The model, loaded on first use: `model=` if given, else the folder the index records,
         with the variant and image budget it was built with unless told otherwise."""
         if self._model is None:
-            stored = getattr(self, "_stored", {})
+            stored = self._stored
             source = self._model_arg or stored.get("model_source")
             if source is None:
                 raise StoreError(f"{self.store.location}: the index is empty and no model "
@@ -96,7 +98,7 @@ class Index:
             import colembed
 
             model = colembed.load(source, **options)
-            if hasattr(self, "store"):
+            if self.store is not None:
                 self._check(ModelIdentity.of_model(model, schema=self.store.schema,
                                                    dpi=stored.get("dpi")))
             self._model = model
@@ -212,6 +214,22 @@ class Index:
                                 token_px=self.model.config.resize_factor)
             out.append(Hit(h.file, h.page, h.score, h.payload, h.id, explain(query, page, layout)))
         return out
+
+    def page(self, page_id: str) -> Hit | None:
+        """The stored page with this point id as a Hit (score 0.0, no map), or None: how a
+        caller that kept only an id (colembed serve's page URLs) gets back to `page_image`."""
+        point = self.store.points([page_id]).get(page_id)
+        if point is None:
+            return None
+        p = point.payload
+        return Hit(p.get("path", ""), int(p.get("page", 0)), 0.0, p, point.id)
+
+    def explain_page(self, query: str | np.ndarray, hit: Hit) -> Hit:
+        """`hit` with its SimilarityMap for `query` (text, or its (tokens, dim) vectors) and that
+        query's MaxSim score for the page: the map of a page found earlier, without a search."""
+        vectors = self.model.embed_queries([query])[0] if isinstance(query, str) else query
+        [explained] = self._explain(vectors, [hit])
+        return Hit(hit.file, hit.page, explained.map.score, hit.payload, hit.id, explained.map)
 
     def page_image(self, hit: Hit):
         """The hit's page, rendered again at its indexed size (SourceError if the file changed)."""
