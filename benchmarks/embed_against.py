@@ -31,7 +31,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -128,38 +127,42 @@ def ref_export(path: Path, ckpt: Path, out: Path, progress) -> Path:
 
 # ------------------------------------------------------------------------------- the driver
 def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
-    """Time this checkout against `args.against`, write results/embed-against.{json,md}; 0 when
-    no column is slower than the margin."""
+    """Time this checkout against each of `args.against` (comma-separated refs), all interleaved
+    in one run; write results/embed-against.{json,md}; 0 when no column is slower than the margin
+    against any of them."""
     info = machine_info()
-    path, label = checkout(args.against, work)
     ours = "this checkout"
-    env_other = {"PYTHONPATH": str(path)}
-    env_ours = {"PYTHONPATH": str(REPO) + os.pathsep + str(HERE)}
-    env_other["PYTHONPATH"] += os.pathsep + str(HERE)
+    sides: dict[str, tuple[dict[str, str], Path]] = {
+        ours: ({"PYTHONPATH": str(REPO) + os.pathsep + str(HERE)}, folder)}
     argv = [sys.executable, str(HERE / "embed_against.py"), "--serve"]
-    graphs = args.graphs
-    other_folder = folder
-    if graphs in ("same", "auto"):
-        with Worker("probe", argv, env=env_other) as probe:
-            try:
-                probe.call("load", runtime="colembed", variant="fp32", folder=str(folder),
-                           threads=args.threads)
-                graphs = "same"
-            except RuntimeError as e:
-                if graphs == "same":
-                    raise
-                progress(f"the other version cannot load this export ({str(e)[:200]}): own graphs")
-                graphs = "own"
-    if graphs == "own":
-        other_folder = ref_export(path, ckpt, work / f"model-{Path(str(label)).name}-"
-                                  f"{ckpt.name.removeprefix('ckpt-')}", progress)
-    sides = {ours: (env_ours, folder), label: (env_other, other_folder)}
+    graphs: dict[str, str] = {}
+    for ref in args.against.split(","):
+        path, label = checkout(ref, work)
+        env = {"PYTHONPATH": str(path) + os.pathsep + str(HERE)}
+        mode, other_folder = args.graphs, folder
+        if mode in ("same", "auto"):
+            with Worker("probe", argv, env=env) as probe:
+                try:
+                    probe.call("load", runtime="colembed", variant="int8", folder=str(folder),
+                               threads=args.threads)
+                    mode = "same"
+                except RuntimeError as e:
+                    if mode == "same":
+                        raise
+                    progress(f"{label} cannot load this export ({str(e)[:200]}): own graphs")
+                    mode = "own"
+        if mode == "own":
+            other_folder = ref_export(path, ckpt, work / f"model-{label}-"
+                                      f"{ckpt.name.removeprefix('ckpt-')}", progress)
+        graphs[label] = mode
+        sides[label] = (env, other_folder)
+    others = [side for side in sides if side != ours]
     rounds = args.rounds
     times: dict[str, dict[str, list[float]]] = {side: {c: [] for c in COLUMNS}
                                                for side in [*sides, "torch"]}
     loads: dict[str, Any] = {}
     load_start = load_average()
-    torch_worker = None if args.no_torch else Worker("torch", argv, env=env_ours)
+    torch_worker = None if args.no_torch else Worker("torch", argv, env=sides[ours][0])
     try:
         if torch_worker:
             loads["torch"] = torch_worker.call("load", runtime="torch", checkpoint=str(ckpt),
@@ -184,20 +187,23 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
                     for c in columns:
                         for side, w in order:
                             times[side][c].append(w.call("time", item=COLUMNS[c][1])["s"])
-                    progress(f"{variant} round {r + 1}/{rounds}: " + ", ".join(
-                        f"{c} {times[ours][c][-1]:.3f}/{times[label][c][-1]:.3f} s"
-                        for c in columns))
+                    progress(f"{variant} round {r + 1}/{rounds}: " + "; ".join(
+                        f"{c} " + "/".join(f"{times[side][c][-1]:.3f}" for side in sides)
+                        for c in columns) + f" s ({', '.join(sides)})")
             finally:
                 for w in workers.values():
                     w.close()
     finally:
         if torch_worker:
             torch_worker.close()
-    results = summarise(times, ours, label, args.margin)
-    results.update(machine=info, against=args.against, other=label, graphs=graphs,
-                   rounds=rounds, loads=loads, load_average_start=load_start,
-                   load_average_end=load_average(), model=str(ckpt.name),
-                   other_folder=str(other_folder), threads=args.threads)
+    results = {"against": args.against, "others": others, "graphs": graphs, "rounds": rounds,
+               "margin": args.margin, "loads": loads, "load_average_start": load_start,
+               "load_average_end": load_average(), "model": str(ckpt.name),
+               "folders": {side: str(f) for side, (_, f) in sides.items()},
+               "threads": args.threads, "machine": info, "times": times,
+               "versus": {other: summarise(times, ours, other, args.margin) for other in others}}
+    results["verdict"] = ("fail" if any(v["verdict"] == "fail" for v in results["versus"].values())
+                          else "pass")
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "embed-against.json").write_text(json.dumps(results, indent=1) + "\n")
     table = markdown(results)
@@ -207,6 +213,8 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
 
 
 def summarise(times, ours: str, other: str, margin: float) -> dict[str, Any]:
+    """Per column: both sides' seconds, the per-round ratio other / ours (> 1: ours faster) and
+    each side's x torch, with their spreads; the verdict against `other`."""
     ratios = {}
     for c in COLUMNS:
         a, b = times[ours][c], times[other][c]
@@ -219,36 +227,45 @@ def summarise(times, ours: str, other: str, margin: float) -> dict[str, Any]:
             entry["torch_s"] = spread(t)
         ratios[c] = entry
     slower = [c for c, e in ratios.items() if e["other_over_ours"]["median"] < 1 - margin]
-    return {"columns": ratios, "margin": margin, "slower_columns": slower,
-            "verdict": "fail" if slower else "pass", "times": times}
+    return {"columns": ratios, "slower_columns": slower, "verdict": "fail" if slower else "pass"}
 
 
 def markdown(results: dict[str, Any]) -> str:
-    cols = results["columns"]
-    ours, other = "this checkout", results["other"]
-    lines = [f"# colembed against {results['against']} ({other}), interleaved in one run", "",
+    ours = "this checkout"
+    lines = [f"# colembed against {results['against']}, interleaved in one run", "",
              markdown_header(results["machine"]),
              f"- load average at start {results['load_average_start']}, at end "
              f"{results['load_average_end']}; threads {results['threads'] or 'physical cores'}",
              f"- model: {results['model']} (random weights, Qwen2-VL-2B widths); graphs: "
-             f"{results['graphs']} ({results['other_folder']}); {results['rounds']} rounds "
-             "after a warm-up, each round one item per process in turn, order reversed every "
-             "other round; 1 query = mean of 4 single-query calls", "",
-             f"Verdict: **{results['verdict']}** (fails when a column's median ratio "
-             f"{other} / this < {1 - results['margin']:.2f}; margin {results['margin']:.0%})"
-             + (f"; slower: {results['slower_columns']}" if results["slower_columns"] else ""), ""]
-    head = ["", *cols]
-    rows = [["this checkout s (median)", *(f"{e['ours_s']['median']:.3f}" for e in cols.values())],
-            [f"{other} s (median)", *(f"{e['other_s']['median']:.3f}" for e in cols.values())],
-            [f"{other} / this (median of rounds)",
-             *(f"**{e['other_over_ours']['median']:.3f}**" for e in cols.values())],
-            ["  spread of that ratio (min - max)",
-             *(f"{e['other_over_ours']['min']:.2f} - {e['other_over_ours']['max']:.2f}"
-               for e in cols.values())]]
-    if all("x_torch_ours" in e for e in cols.values()):
-        rows += [["torch eager fp32 s (median)", *(f"{e['torch_s']['median']:.3f}" for e in cols.values())],
-                 [f"x torch, {other}", *(f"{e['x_torch_other']['median']:.2f}" for e in cols.values())],
-                 ["x torch, this checkout", *(f"{e['x_torch_ours']['median']:.2f}" for e in cols.values())]]
+             + ", ".join(f"{k}: {v}" for k, v in results["graphs"].items())
+             + f" (same = every version on this checkout's export, {results['folders'][ours]}); "
+             f"{results['rounds']} rounds after a warm-up, each round one item per process in "
+             "turn, order reversed every other round; 1 query = mean of 4 single-query calls", "",
+             f"Verdict: **{results['verdict']}** (fails when a column's median over rounds of "
+             f"REF / this-checkout time < {1 - results['margin']:.2f}; margin "
+             f"{results['margin']:.0%})", ""]
+    first = next(iter(results["versus"].values()))["columns"]
+    head = ["", *first]
+    rows = [[f"{ours} s (median)", *(f"{e['ours_s']['median']:.3f}" for e in first.values())]]
+    for other, v in results["versus"].items():
+        cols = v["columns"]
+        rows += [[f"{other} s (median)", *(f"{e['other_s']['median']:.3f}" for e in cols.values())],
+                 [f"**{other} / this** (median of rounds)",
+                  *(f"**{e['other_over_ours']['median']:.3f}**" for e in cols.values())],
+                 ["  spread of that ratio (min - max)",
+                  *(f"{e['other_over_ours']['min']:.2f} - {e['other_over_ours']['max']:.2f}"
+                    for e in cols.values())]]
+        if v["slower_columns"]:
+            rows.append([f"  slower than {other}", *("yes" if c in v["slower_columns"] else ""
+                                                     for c in cols)])
+    if all("x_torch_ours" in e for e in first.values()):
+        rows.append(["torch eager fp32 s (median)", *(f"{e['torch_s']['median']:.3f}"
+                                                       for e in first.values())])
+        for other, v in results["versus"].items():
+            rows.append([f"x torch, {other}", *(f"{e['x_torch_other']['median']:.2f}"
+                                                for e in v["columns"].values())])
+        rows.append([f"x torch, {ours}", *(f"{e['x_torch_ours']['median']:.2f}"
+                                           for e in first.values())])
     lines += markdown_table(head, rows)
     return "\n".join(lines) + "\n"
 

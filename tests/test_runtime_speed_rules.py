@@ -78,7 +78,9 @@ def test_only_an_unusually_large_query_run_shrinks_the_arena(exported_tiny, monk
     assert model._run_options is not None  # the CPU arena is on by default
     runs = _spy_runs(model)
     model.embed_queries(["net income", "What was the total revenue in the third quarter?"])
-    model.embed_images([np.full((300, 200, 3), 200, np.uint8)])
+    from PIL import Image
+
+    model.embed_images([Image.new("RGB", (200, 300), "white")])
     assert [r for r in runs if r[1] is not None] == []
     assert {role for role, _ in runs} == {"text", "vision"}
 
