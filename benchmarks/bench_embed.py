@@ -106,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="--against: both on this checkout's export (same) or each version "
                              "on its own exporter's graphs (own); auto: same when REF loads it")
     parser.add_argument("--rounds", type=int, default=7, help="--against: interleaved rounds")
+    parser.add_argument("--against-variants", default="fp32,int8",
+                        help="--against: the variants timed (one at a time: each version's process "
+                             "holds one variant, ~2.2 GB for fp32 at 2+2, ~1.6 GB for int8)")
     parser.add_argument("--margin", type=float, default=0.05,
                         help="--against: allowed slowdown of a column's median ratio")
     args = parser.parse_args(argv)

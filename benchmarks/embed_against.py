@@ -167,7 +167,7 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
         if torch_worker:
             loads["torch"] = torch_worker.call("load", runtime="torch", checkpoint=str(ckpt),
                                                threads=args.threads)
-        for variant in ("fp32", "int8"):
+        for variant in args.against_variants.split(","):
             workers = {side: Worker(side, argv, env=env) for side, (env, _) in sides.items()}
             try:
                 for side, w in workers.items():
@@ -196,7 +196,7 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
     finally:
         if torch_worker:
             torch_worker.close()
-    results = {"against": args.against, "others": others, "graphs": graphs, "rounds": rounds,
+    results = {"against": args.against, "variants": args.against_variants, "others": others, "graphs": graphs, "rounds": rounds,
                "margin": args.margin, "loads": loads, "load_average_start": load_start,
                "load_average_end": load_average(), "model": str(ckpt.name),
                "folders": {side: str(f) for side, (_, f) in sides.items()},
@@ -218,6 +218,8 @@ def summarise(times, ours: str, other: str, margin: float) -> dict[str, Any]:
     ratios = {}
     for c in COLUMNS:
         a, b = times[ours][c], times[other][c]
+        if not a:
+            continue  # a variant not timed in this run
         paired = [y / x for x, y in zip(a, b)]
         entry = {"ours_s": spread(a), "other_s": spread(b), "other_over_ours": spread(paired)}
         t = times["torch"][c]
