@@ -73,7 +73,8 @@ def add_int8_baseline(folder: Path, progress) -> None:
     variants as `int8-plain`, so one run times both recipes on the same machine state."""
     import tempfile
 
-    from colembed.manifest import MANIFEST_NAME, describe_file
+    from colembed.integrity import describe_file
+    from colembed.manifest import MANIFEST_NAME
     from colembed_export.graph_edits import finish
     from colembed_export.recipes import quantize_int8
     from colembed_export.variants import save_graph

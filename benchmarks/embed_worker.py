@@ -70,11 +70,11 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     if job["runtime"] == "torch":
         from torch_reference import TorchRuntime
 
-        from colembed.preprocess.config import PreprocessConfig
+        from colembed_export.preprocess_config import read_preprocess_config
 
         model = TorchRuntime(job["checkpoint"], job["threads"], job.get("family", "colqwen2"),
                              runtime=job.get("torch_runtime", "torch"))
-        config = PreprocessConfig.from_checkpoint(Path(job["checkpoint"]))
+        config = read_preprocess_config(Path(job["checkpoint"]))
     else:
         import colembed
 
