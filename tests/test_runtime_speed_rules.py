@@ -6,6 +6,7 @@ only an unusually large query run shrinks the arena (page runs and ordinary runs
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import colembed
 import colembed.model as runtime_model
@@ -57,42 +58,52 @@ def test_groups_are_the_least_cost_partition():
         assert cost(got) == best
 
 
-def _spy_runs(model):
+@pytest.fixture
+def shrinking_runs(monkeypatch):
+    """One (graph kind, shrinks the arena after it) per run, recorded at onnxruntime's API."""
+    import onnxruntime as ort
+
     runs = []
-    for role, session in model._sessions.items():
-        original = session.run
+    real_run = ort.InferenceSession.run
 
-        def spy(feeds, run_options=None, role=role, original=original):
-            runs.append((role, run_options))
-            return original(feeds, run_options)
+    def run(self, output_names, input_feed, run_options=None):
+        shrinks = run_options is not None and run_options.get_run_config_entry(
+            "memory.enable_memory_arena_shrinkage") == "cpu:0"
+        runs.append(("text" if "input_ids" in input_feed else "vision", shrinks))
+        return real_run(self, output_names, input_feed, run_options)
 
-        session.run = spy
+    monkeypatch.setattr(ort.InferenceSession, "run", run)
     return runs
 
 
-def test_only_an_unusually_large_query_run_shrinks_the_arena(exported_tiny, monkeypatch):
+def test_only_an_unusually_large_query_run_shrinks_the_arena(exported_tiny, shrinking_runs,
+                                                             monkeypatch):
     """Ordinary queries and pages run without the shrinking run options (shrinking after every
     run made each next run fault its memory in again); a query group whose attention scores
     exceed SHRINK_AFTER_QUERY_BYTES passes them."""
-    model = colembed.load(exported_tiny.folder)
-    assert model._run_options is not None  # the CPU arena is on by default
-    runs = _spy_runs(model)
-    model.embed_queries(["net income", "What was the total revenue in the third quarter?"])
     from PIL import Image
 
+    model = colembed.load(exported_tiny.folder)
+    model.embed_queries(["net income", "What was the total revenue in the third quarter?"])
     model.embed_images([Image.new("RGB", (200, 300), "white")])
-    assert [r for r in runs if r[1] is not None] == []
-    assert {role for role, _ in runs} == {"text", "vision"}
+    assert {kind for kind, _ in shrinking_runs} == {"text", "vision"}
+    assert not any(shrinks for _, shrinks in shrinking_runs)
 
     heads = model.manifest.architecture.text_heads
     long = "revenue " * 200
     tokens = len(model.text_encoder.encode_queries([long])[0])
     # the threshold just below one long query's scores: its run shrinks, a short one's not
     monkeypatch.setattr(runtime_model, "SHRINK_AFTER_QUERY_BYTES", heads * 4 * tokens**2 - 1)
-    runs.clear()
+    shrinking_runs.clear()
     model.embed_queries([long])
     model.embed_queries(["net income"])
-    assert runs == [("text", model._run_options), ("text", None)]
+    assert shrinking_runs == [("text", True), ("text", False)]
+
+
+def test_no_shrinking_without_the_arena(exported_tiny, shrinking_runs, monkeypatch):
+    monkeypatch.setattr(runtime_model, "SHRINK_AFTER_QUERY_BYTES", 0)
+    colembed.load(exported_tiny.folder, cpu_mem_arena=False).embed_queries(["long " * 300])
+    assert shrinking_runs == [("text", False)]
 
 
 def test_results_do_not_depend_on_the_grouping(exported_tiny):
@@ -102,11 +113,3 @@ def test_results_do_not_depend_on_the_grouping(exported_tiny):
     for got, want in zip(model.embed_queries(queries, batch_size=5), alone):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-5)
-
-
-def test_no_shrinking_without_the_arena(exported_tiny):
-    model = colembed.load(exported_tiny.folder, cpu_mem_arena=False)
-    assert model._run_options is None
-    runs = _spy_runs(model)
-    model.embed_queries(["long " * 300])
-    assert all(options is None for _, options in runs)
