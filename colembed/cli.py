@@ -111,6 +111,10 @@ def _open_index(args):
 def _cmd_index(args) -> int:
     if getattr(args, "ray", None) is not None:
         return _cmd_index_ray(args)
+    if args.from_parquet:
+        return _cmd_index_parquet(args)
+    if not args.paths:
+        raise SystemExit("colembed: give PATH(s) to index, or --from-parquet DIR")
     with _open_index(args) as index:
         result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
                            progress=False if args.quiet or args.json else None)
@@ -134,6 +138,25 @@ def _cmd_index(args) -> int:
               + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
                  if args.prune else "") + f"; the index holds {total} page(s)")
     return 0 if result.ok else 1
+
+
+def _cmd_index_parquet(args) -> int:
+    """`colembed index --from-parquet DIR --db DB`: store what a Ray job's Parquet target wrote."""
+    from .index.embedded import open_for_embedded, parquet_dim, parquet_points
+
+    if args.paths or args.prune:
+        raise SystemExit("colembed: --from-parquet takes no PATH and no --prune")
+    points = parquet_points(args.from_parquet)
+    if args.db is not None:
+        open_for_embedded(args.db, parquet_dim(points))
+    with _open_index(args) as index:
+        stored = index.add_embedded(points)
+        total = len(index)
+    if args.json:
+        print(json.dumps({"added_pages": stored, "pages": total}))
+    else:
+        print(f"stored {stored} page(s) from {args.from_parquet}; the index holds {total} page(s)")
+    return 0
 
 
 RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'colembed[ray]'"
@@ -244,7 +267,9 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_index_commands(sub) -> None:
     index = sub.add_parser("index", help="index PDFs and images (files or folders) for search")
-    index.add_argument("paths", nargs="+", metavar="PATH")
+    index.add_argument("paths", nargs="*", metavar="PATH")
+    index.add_argument("--from-parquet", metavar="DIR",
+                       help="store the pages a Ray job's Parquet target wrote (no model needed)")
     index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: at the model's "
                                                  "pixel budget)")
     index.add_argument("--prune", action="store_true", help="drop pages of files that no longer exist")

@@ -119,7 +119,7 @@ class TokenTable:
         n_table = (table_path.stat().st_size // self._row_bytes) if table_path.is_file() else 0
         n = min(len(raw) // _ID_BYTES, n_table)
         records = np.frombuffer(raw[:n * _ID_BYTES], dtype=np.uint8).reshape(n, _ID_BYTES)
-        keys = records[:, :16].copy().view("S16").ravel()
+        keys = np.ascontiguousarray(records[:, :16]).view("V16").ravel()
         # the newest row of each id decides: live rows kept only where they are the newest
         order = np.arange(n)[::-1]
         _, first = np.unique(keys[order], return_index=True)
@@ -127,7 +127,7 @@ class TokenTable:
         newest = newest[records[newest, 16] == 1]
         newest.sort()
         self._rows = newest
-        self._ids = [str(uuid.UUID(bytes=bytes(keys[r]))) for r in newest]
+        self._ids = [str(uuid.UUID(bytes=records[r, :16].tobytes())) for r in newest]
         self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
                                  shape=(n_table, self.k, self.dim)) if n_table else
                        np.zeros((0, self.k, self.dim), np.float32))
