@@ -29,7 +29,7 @@ from .schema import COLS_VECTOR, MEAN_VECTOR, ROWS_VECTOR
 
 TOKENS_STAGE = "tokens"  # not a Qdrant vector: the store's centroid table (tokens.py)
 # The exact rerank costs ~0.3 ms a page, so the union stays <= ~300 pages.
-TOKEN_CANDIDATES = 200  # pages the centroid scan sends to the rerank
+TOKEN_CANDIDATES = 100  # pages the centroid scan sends to the rerank
 TOKEN_MEAN_CANDIDATES = 100  # pages the mean vector adds (the page-wide-topic case)
 MEAN_CANDIDATES = 150  # schema 2: pages the mean vector sends straight to the rerank
 MEAN_POOL = 1000  # schema 2: pages the mean vector keeps for the rows / cols MaxSim stages
