@@ -179,7 +179,7 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
 def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess)."""
     from colembed.index.schema import make_point
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(folder, dim=DIM, local=backend == "client-local")
     t = time.perf_counter()
@@ -209,7 +209,7 @@ def _use_plan(store, backend: str) -> None:
 
 def worker_query(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
     """Reopen the store in `folder` and time queries (one subprocess)."""
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     t = time.perf_counter()
     store = open_store(folder, local=backend == "client-local")
@@ -405,7 +405,7 @@ def store_cost(embedded: list, folder: Path, dim: int) -> dict:
     """Pooling and upserting these pages into a fresh store alone, as the writer thread does:
     one upsert per batch of 4, then a flush."""
     from colembed.index.schema import make_point
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(folder, dim=dim)
     payload = {"path": "/docs/a.pdf", "pages": len(embedded), "sha256": "0" * 64, "width": 1,

@@ -1,16 +1,16 @@
-"""Loading a ColQwen2.5 checkpoint in either published layout as one torch model.
+"""Loading a full ColQwen2.5 checkpoint in either published layout as one torch model.
 
 ColQwen2.5 ships in two layouts (docs/reference-colqwen2_5.md): colpali-engine's (the official
 `vidore/colqwen2.5-base`, base of the `vidore/colqwen2.5-v0.2` adapter: a bare `qwen2_5_vl`
-config, keys `model.*`, `visual.*`, `custom_text_proj.*`) and transformers' retrieval layout
-(`ColQwen2ForRetrieval`: a `colqwen2` config nesting `vlm_config`, keys under `vlm.` and
-`embedding_proj_layer.*`). Both load here into a transformers `ColQwen2ForRetrieval`, the class the
-exporter's graphs wrap and the tests use as oracle, with every embedding weight accounted for.
+config, keys `model.*`, `visual.*`, `custom_text_proj.*`, sometimes `lm_head.*`, in one file or in
+shards) and transformers' retrieval layout (`ColQwen2ForRetrieval`: a `colqwen2` config nesting
+`vlm_config`, keys under `vlm.` and `embedding_proj_layer.*`). Both load here into a transformers
+`ColQwen2ForRetrieval`, the class the exporter's graphs wrap and the tests use as oracle, with every
+embedding weight accounted for.
 
-The key renaming is data (`COLPALI_TO_TRANSFORMERS`), the same mapping transformers'
-`convert_colqwen2_weights_to_hf.py` applies. A PEFT LoRA adapter folder (the published
-`vidore/colqwen2.5-v0.2` is one) loads its base in either layout and merges into it
-(`adapter.py`).
+The key names are `layouts_qwen2_5`'s. A PEFT LoRA adapter folder (the published
+`vidore/colqwen2.5-v0.2` is one) is not a checkpoint: `adapter.py` loads its base here and merges
+into it (this module knows nothing of adapters, so the two never import each other).
 """
 
 from __future__ import annotations
@@ -21,18 +21,7 @@ from pathlib import Path
 from colembed.errors import ModelFolderError
 from colembed.safe_fs import inside
 
-# colpali-engine key prefix -> transformers ColQwen2ForRetrieval key prefix.
-COLPALI_TO_TRANSFORMERS = (
-    ("custom_text_proj.", "embedding_proj_layer."),
-    ("model.", "vlm.model.language_model."),
-    ("visual.", "vlm.model.visual."),
-)
-# Accepted on load only: colpali-engine before the transformers 4.52 refactor built ColQwen2_5 on
-# Qwen2_5_VLForConditionalGeneration, which saves an LM head when word embeddings are not tied.
-# 0.3.12 (on Qwen2_5_VLModel) writes none. Unused for embeddings either way.
-LEGACY_HEAD = ("lm_head.", "vlm.lm_head.")
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
+from .layouts_qwen2_5 import WEIGHTS_FILE, WEIGHTS_INDEX, is_adapter, to_transformers_key
 
 
 def checkpoint_layout(folder: str | Path) -> str:
@@ -50,20 +39,17 @@ def checkpoint_layout(folder: str | Path) -> str:
     )
 
 
-def load_colqwen2_5(folder: str | Path, *, base: str | Path | None = None):
-    """A `ColQwen2ForRetrieval` (fp32, eval) from a ColQwen2.5 folder in either layout, or from a
-    LoRA adapter folder merged into its base (`base`, else the adapter's own base path)."""
+def load_colqwen2_5(folder: str | Path):
+    """A `ColQwen2ForRetrieval` (fp32, eval) from a full ColQwen2.5 checkpoint in either layout.
+    An adapter folder is refused by name: `adapter.merge_adapter` merges it into its base."""
     import torch
     from transformers import ColQwen2ForRetrieval
 
-    from .adapter import is_adapter, merge_adapter
-
     folder = Path(folder)
     if is_adapter(folder):
-        return merge_adapter(folder, base=base)
-    if base is not None:
-        raise ModelFolderError("a base model was given, but this folder is not an adapter "
-                               "(no adapter_config.json)", path=folder)
+        raise ModelFolderError("a PEFT adapter, not a full checkpoint: merge it into its base "
+                               "(colembed_export.adapter.merge_adapter, or `colembed export` it)",
+                               path=folder)
     if checkpoint_layout(folder) == "transformers":
         return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     return _load_colpali_layout(folder)
@@ -73,8 +59,7 @@ def to_transformers_names(state_dict: dict) -> dict:
     """colpali-engine key names -> `ColQwen2ForRetrieval` key names; unknown keys are refused."""
     out, unknown = {}, []
     for key, value in state_dict.items():
-        new = next((to + key[len(old):] for old, to in (*COLPALI_TO_TRANSFORMERS, LEGACY_HEAD)
-                    if key.startswith(old)), None)
+        new = to_transformers_key(key)
         if new is None:
             unknown.append(key)
         else:
@@ -133,4 +118,4 @@ def _config(folder: Path) -> dict:
         raise ModelFolderError(f"unreadable config.json: {e}", path=path) from e
 
 
-__all__ = ["COLPALI_TO_TRANSFORMERS", "checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]
+__all__ = ["checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]

@@ -35,7 +35,7 @@ from colembed import registry
 from colembed.errors import ImageError, ModelFolderError
 from colembed.fastembed import ColQwen2, LateInteractionMultimodalEmbedding, register
 from colembed.layout import MANIFEST_NAME
-from colembed.manifest import describe_file
+from colembed.integrity import describe_file
 from fastembed.postprocess import Muvera
 
 MODEL = "colqwen2"
@@ -460,15 +460,16 @@ def test_providers_cuda_and_device_ids(exported_tiny):
     assert default.model.model.providers[0] == (
         "CUDAExecutionProvider" if has_cuda else "CPUExecutionProvider")
 
-    # FastEmbed's mapping: cuda=True demands CUDA on the first of device_ids; cuda=False is CPU
-    lazy = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True,
-                                              device_ids=[1, 2], lazy_load=True)
-    assert lazy.model._onnx_providers() == ([("CUDAExecutionProvider", {"device_id": 1})], False)
-    lazy = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=Device.CPU,
-                                              lazy_load=True)
-    assert lazy.model._onnx_providers() == (None, False)
-    if not has_cuda:  # no silent CPU fallback when CUDA was demanded
-        with pytest.raises(colembed.ProviderError, match="CUDAExecutionProvider"):
+    # FastEmbed's mapping: cuda=Device.CPU is the CPU; cuda=True demands CUDA on the first of
+    # device_ids, with no silent CPU fallback (here, without CUDA: an error naming what was asked)
+    on_cpu = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=Device.CPU)
+    assert on_cpu.model.model.providers == ["CPUExecutionProvider"]
+    if not has_cuda:
+        with pytest.raises(colembed.ProviderError,
+                           match=r"CUDAExecutionProvider \(options \{'device_id': 1\}\)"):
+            LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True,
+                                               device_ids=[1, 2])
+        with pytest.raises(colembed.ProviderError, match=r"CUDAExecutionProvider is not"):
             LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True)
 
 

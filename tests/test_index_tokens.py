@@ -21,7 +21,8 @@ from colembed.index import Index, plan as plan_module
 from colembed.index.edge import TOKENS_DIR, upgrade_index
 from colembed.index.embedded import EmbeddedPage
 from colembed.index.schema import PAGE_VECTOR, make_point
-from colembed.index.store import ModelMismatchError, OldIndexWarning, open_store
+from colembed.index.backends import open_store
+from colembed.index.errors import ModelMismatchError, OldIndexWarning
 from colembed.index.tokens import TokenTable, centroid_scores, page_centroids
 from colembed.model import PageLayout
 

@@ -22,9 +22,20 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import InputError
-from .schema import (IDENTITY_FIELDS, PAGE_VECTOR, PagePoint, identity_mismatch, make_point,
-                     point_id)
-from .store import ModelMismatchError, Store, UPSERT_BATCH
+from .records import ModelIdentity
+from .schema import PAGE_VECTOR, PagePoint, make_point, point_id
+from .errors import ModelMismatchError
+from .store import UPSERT_BATCH, Store
+
+IDENTITY_FIELDS = (*ModelIdentity.CHECKED, "model_source")  # what pages carry of their model
+
+
+def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """`ModelIdentity.mismatches` between two payloads (a field one side predates is not one)."""
+    return [f"{f}: the index has {stored.get(f)!r}, these pages {ours.get(f)!r}"
+            for f in ModelIdentity.CHECKED if stored.get(f) != ours.get(f)
+            and not (f in ModelIdentity.LATER and (f not in stored or f not in ours))]
+
 
 TOKEN_PX = 28  # patch 14 x merge 2: the pixels one merged image token saw (every family so far)
 
@@ -95,8 +106,8 @@ def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -
     """A ready point (a Parquet row) checked as a page would be: id, vectors, grid, identity."""
     p = point.payload
     where = _name(p.get("path"), p.get("page"))
-    missing = [f for f in ("path", "page", "pages", "sha256", "grid", "image_start",
-                           *IDENTITY_FIELDS) if f not in p]
+    missing = [f for f in ("path", "page", "pages", "sha256", "grid", "image_start", "model",
+                           "variant", "manifest_sha256", "schema") if f not in p]
     if missing:
         raise InputError(f"{where}: payload lacks {missing}")
     if point.id != point_id(p["sha256"], p["page"], p["path"]):
@@ -112,10 +123,11 @@ def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -
 
 
 def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
-                 identity: dict[str, Any] | None) -> int:
+                 identity: dict[str, Any] | None, source: str) -> int:
     """Check every item, then store them all (in upsert batches); returns the pages stored.
     `identity`: the model identity the pages must carry (None: the index's stored pages', or, for
-    an empty index, that of the first ready point)."""
+    an empty index, that of the first ready point); `source`: the writer's name (records.py) for
+    pages that carry none."""
     stored = store.any_payload()
     if identity is None and stored:
         identity = {f: stored[f] for f in (*IDENTITY_FIELDS, "model_source") if f in stored}
@@ -126,14 +138,15 @@ def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
                 identity = {f: item.payload[f] for f in (*IDENTITY_FIELDS, "model_source")
                             if f in item.payload}
             point = checked_point(item, identity, store.dim)
-            if point.payload.get("schema") != store.schema:
-                point = PagePoint(point.id, point.vectors, dict(point.payload, schema=store.schema))
+            point = PagePoint(point.id, point.vectors,
+                              {"source": source, **point.payload, "schema": store.schema})
             points.append(point)
         else:
             if identity is None:
                 raise InputError("the index is empty and holds no model identity: give a model "
                                  "(Index(..., model=...)) or identity=")
-            points.append(page_point(item, dict(identity, schema=store.schema), store.dim))
+            points.append(page_point(item, dict(identity, schema=store.schema, source=source),
+                                     store.dim))
     if stored and points:
         problems = identity_mismatch(stored, dict(points[0].payload))
         if problems:
@@ -165,7 +178,7 @@ def parquet_dim(points: Sequence[PagePoint]) -> int:
 def open_for_embedded(location, dim: int) -> None:
     """Create an empty index folder of `dim`-d vectors when none is there yet, so pages embedded
     elsewhere can be stored without loading a model (`colembed index --from-parquet`)."""
-    from .store import open_store
+    from .backends import open_store
 
     if not Path(location).exists() or not any(Path(location).iterdir()):
         open_store(location, dim=dim).close()

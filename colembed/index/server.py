@@ -5,7 +5,7 @@ same as the embedded Edge shard, so an index can move from a laptop to a cluster
 vectors (MaxSim multivectors and the plain `mean`; dot, float16, no HNSW graph), payload, point ids
 and two-stage plan (plan.py) but the token stage: its centroid table lives beside an Edge shard,
 so a collection searches with the mean-gated schema-2 plan (on local answers it can miss pages:
-benchmarks/results/search.md). A collection's schema version is read from its vector names.
+docs/search.md). A collection's schema version is read from its vector names.
 Local mode (`path=`) is qdrant-client's own reference implementation: exact but ~8x slower than
 Edge and memory hungry (benchmarks/); colembed uses it only to test this adapter.
 """
@@ -22,9 +22,9 @@ from qdrant_client.http.exceptions import ApiException
 
 from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint, schema_of)
+from .errors import IndexNotFoundError, StoreError
 from .plan import Stage, stage_query
-from .store import (SCROLL_PAGE, UPSERT_BATCH, Store, StoreError, StoredHit, as_point,
-                    check_mode)
+from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
 
 
 @contextlib.contextmanager
@@ -74,7 +74,8 @@ class ServerStore(Store):
             self.dim, self.schema = int(params[PAGE_VECTOR].size), schema
             return
         if dim is None:
-            raise StoreError(f"{self.location}: no index here (give a model to create one)")
+            self.close()  # local mode locks its folder: a refused open must not keep it
+            raise IndexNotFoundError(f"{self.location}: no index here")
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
                 self.collection, vectors_config={n: _vector_params(dim, n) for n in VECTOR_NAMES})
