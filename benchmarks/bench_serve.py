@@ -96,14 +96,20 @@ def query_text(rng: np.random.Generator) -> str:
     return " ".join(rng.choice(QUERY_WORDS, size=int(rng.integers(3, 16))))
 
 
-def server_rss_mib(pid: int) -> float | None:
+def server_rss_mib(pid: int) -> dict[str, float | None]:
+    """The server's resident memory: all (VmRSS), anonymous (RssAnon: heap, arenas; what a leak
+    grows) and file-backed (RssFile: the memory-mapped `page` vectors and libraries, which the
+    kernel pages in and out with the searches and its own memory pressure)."""
+    found: dict[str, float | None] = {"rss": None, "anon": None, "file": None}
+    keys = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            key = keys.get(line.split(":")[0] + ":")
+            if key:
+                found[key] = int(line.split()[1]) / 1024
     except OSError:
-        return None
-    return None
+        pass
+    return found
 
 
 def start_server(db: Path, model: Path, port: int, log: Path) -> subprocess.Popen:
@@ -240,7 +246,8 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
     while time.perf_counter() - start < seconds and rec.count < max_requests:
         time.sleep(min(window, max(0.0, seconds - (time.perf_counter() - start))))
         now = time.perf_counter()
-        windows.append({"t_s": round(now - start, 1), "rss_mib": server_rss_mib(pid),
+        windows.append({"t_s": round(now - start, 1), **{f"{k}_mib": v for k, v in
+                                                          server_rss_mib(pid).items()},
                         "requests_per_s": (rec.count - last_count) / (now - last_t)})
         last_count, last_t = rec.count, now
     stop.set()
@@ -256,12 +263,13 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
               "latency_ms": {kind: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99)}
                              for kind, v in rec.latency.items()},
               "windows": windows}
-    rss = [w["rss_mib"] for w in windows if w["rss_mib"] is not None]
-    if len(rss) >= 3:
-        result["rss_first_after_warmup_mib"] = rss[1]
-        result["rss_last_mib"] = rss[-1]
-        result["rss_max_mib"] = max(rss)
-        result["rss_growth_mib"] = rss[-1] - rss[1]
+    for kind in ("rss", "anon", "file"):
+        values = [w[f"{kind}_mib"] for w in windows if w[f"{kind}_mib"] is not None]
+        if len(values) >= 3:  # the first window is the warm-up
+            result[f"{kind}_first_after_warmup_mib"] = values[1]
+            result[f"{kind}_last_mib"] = values[-1]
+            result[f"{kind}_max_mib"] = max(values)
+            result[f"{kind}_growth_mib"] = values[-1] - values[1]
     return result
 
 
@@ -297,11 +305,13 @@ def markdown(results: dict) -> str:
         f"{lat['embed']['p99']:.1f} (n={lat['embed']['n']}), over-limit 422 "
         f"{lat['bad']['p50']:.1f} / {lat['bad']['p99']:.1f} (n={lat['bad']['n']})",
     ]
-    if "rss_growth_mib" in s:
-        lines.append(f"- server RSS: {s['rss_first_after_warmup_mib']:.0f} MiB after the first "
-                     f"window, {s['rss_last_mib']:.0f} MiB at the end (growth "
-                     f"{s['rss_growth_mib']:+.0f} MiB, max {s['rss_max_mib']:.0f}); windows of "
-                     f"{results['window_s']} s in serve.json")
+    for kind, label in (("anon", "anonymous memory (RssAnon: what a leak grows)"),
+                        ("rss", "RSS (with the memory-mapped page vectors, paged in and out)")):
+        if f"{kind}_growth_mib" in s:
+            lines.append(f"- server {label}: {s[f'{kind}_first_after_warmup_mib']:.0f} MiB after "
+                         f"the first window, {s[f'{kind}_last_mib']:.0f} MiB at the end (growth "
+                         f"{s[f'{kind}_growth_mib']:+.0f} MiB, max {s[f'{kind}_max_mib']:.0f})")
+    lines.append(f"- windows of {results['window_s']} s (throughput, memory) in serve.json")
     lines += [
         "", f"## Overload: {v['clients']} clients > --workers 1 + --queue 16, {v['seconds']:.0f} s",
         "", f"- {v['requests']:,} requests; status counts {v['status']}; 5xx other than 503: "

@@ -4,10 +4,13 @@
         --preset qwen2.5-vl-7b --full-3b benchmarks/results/export-colqwen2_5.json \
         --results benchmarks/results/export-colqwen2_5-7b
 
-Inputs are two `bench_export.py --results` JSONs of one preset that differ only in the number of
-language layers (same vision depth). Why two: an export's per-step peak is an affine function of the
-weights it holds (the torch model resident while the reference runs, a graph's weights while it is
-traced, both graphs' sessions while the check runs); two depths give each step's slope and offset.
+Inputs are one or two `bench_export.py --results` JSONs of one preset that differ only in the
+number of language layers (same vision depth). Why: an export's per-step peak is an affine
+function of the weights it holds (the torch model resident while the reference runs, a graph's
+weights while it is traced, both graphs' sessions while the check runs); two depths give each
+step's slope and offset. With one run the slope is taken as 1 (every added byte of weights
+resident once), what the full-depth 3B export shows (benchmarks/results/export-colqwen2_5.md:
+peak 0.99x the fp32 weights), except for the vision graph (below).
 The full-depth checkpoint's fp32 size is counted exactly on the preset's config (meta device, no
 weights). Each step is projected along its own slope, linearly in the weights' bytes: text layers
 and vision blocks alike (both are resident fp32 weights). The one step the language layers do not
@@ -33,9 +36,12 @@ sys.path.insert(0, str(HERE))
 VISION_STEP = "export the vision graph"
 
 
+TEXT_STEP = "export the text graph"
+
+
 def checkpoint_bytes(preset: str, vision_depth: int | None = None,
-                     text_layers: int | None = None) -> int:
-    """fp32 bytes of the preset's ColQwen2ForRetrieval state dict as saved (tied tensors once)."""
+                     text_layers: int | None = None) -> tuple[int, int]:
+    """fp32 bytes of the preset's ColQwen2ForRetrieval (tied tensors once), and of its tower."""
     import torch
     from transformers import ColQwen2Config, ColQwen2ForRetrieval
 
@@ -43,35 +49,51 @@ def checkpoint_bytes(preset: str, vision_depth: int | None = None,
 
     spec = PRESETS_2_5[preset]
     if vision_depth or text_layers:
-        spec = dataclasses.replace(spec, vision_depth=vision_depth or spec.vision_depth,
-                                   text_layers=text_layers or spec.text_layers,
-                                   fullatt_block_indexes=tuple(
-                                       i for i in spec.fullatt_block_indexes
-                                       if i < (vision_depth or spec.vision_depth)) or (0,))
+        depth = vision_depth or spec.vision_depth
+        spec = dataclasses.replace(
+            spec, vision_depth=depth, text_layers=text_layers or spec.text_layers,
+            fullatt_block_indexes=tuple(i for i in spec.fullatt_block_indexes if i < depth)
+            or (depth - 1,))
     with torch.device("meta"):
         model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=build_vlm_config(spec),
                                                     embedding_dim=spec.embedding_dim))
-    return 4 * sum(p.numel() for p in model.parameters())  # parameters() counts tied ones once
+    vision = sum(p.numel() for p in model.vlm.model.visual.parameters())
+    return 4 * sum(p.numel() for p in model.parameters()), 4 * vision
 
 
-def project(small: dict, large: dict, full_bytes: int, full_vision_step: float | None) -> dict:
-    """Per step: (measured small, measured large, slope per GB of weights, projected GB)."""
+def project(small: dict, large: dict | None, preset: str,
+            full_vision_step: float | None) -> dict:
+    """Per step: measured peaks, slope per GB of weights, projected GB at the preset's depth.
+    The vision graph grows with the tower's weights, the text graph with the rest, the other
+    steps with all of them."""
+    one_run = large is None
+    large = small if one_run else large
+    arch = large["architecture"]
+    full, full_vision = checkpoint_bytes(preset)
+    run, run_vision = checkpoint_bytes(preset, arch["vision_depth"], arch["text_layers"])
+    added = {VISION_STEP: (full_vision - run_vision) / 1e9,
+             TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
     w_small, w_large = small["weights_gb"], large["weights_gb"]
     steps = []
     by_name = {s["step"]: s for s in small["steps"]}
     for step in large["steps"]:
         a, b = by_name[step["step"]]["peak_rss_gb"], step["peak_rss_gb"]
-        slope = (b - a) / (w_large - w_small)
-        projected = b + slope * (full_bytes / 1e9 - w_large)
+        holds_weights = b > 0.3 * w_large  # steps that hold no weights stay where they are
+        if one_run or step["step"] == VISION_STEP:  # the runs differ in language layers only
+            slope = 1.0 if holds_weights else 0.0
+        else:
+            slope = (b - a) / (w_large - w_small)
+        projected = b + slope * added.get(step["step"], (full - run) / 1e9)
         source = "projected"
-        if step["step"] == VISION_STEP and full_vision_step is not None:
-            projected, source = max(projected, full_vision_step), "full-depth vision tower (3B run)"
+        if step["step"] == VISION_STEP and full_vision_step is not None \
+                and full_vision_step > projected:
+            projected, source = full_vision_step, "full-depth vision tower (3B run)"
         steps.append({"step": step["step"], "peak_small_gb": a, "peak_large_gb": b,
                       "slope_per_weight_gb": round(slope, 3), "projected_gb": round(projected, 2),
                       "source": source, "seconds_small": by_name[step["step"]]["seconds"],
                       "seconds_large": step["seconds"]})
     return {"weights_small_gb": w_small, "weights_large_gb": w_large,
-            "weights_full_gb": round(full_bytes / 1e9, 2), "steps": steps,
+            "weights_full_gb": round(full / 1e9, 2), "steps": steps,
             "projected_peak_gb": max(s["projected_gb"] for s in steps)}
 
 
@@ -84,15 +106,21 @@ def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float
         "# ColQwen2.5 7B export: peak memory, measured at reduced depth, projected to full depth",
         "",
         markdown_header(large["machine"]),
-        f"- projection: `{command}` over that run and the same at "
-        f"{a['text_layers']} language layers ({small['machine']['date']})",
+        f"- projection: `{command}`" + ("" if a is b else f" over that run and the same at "
+                                         f"{a['text_layers']} language layers "
+                                         f"({small['machine']['date']})"),
         "",
         f"Checkpoints: random weights, Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
         f"vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to 3584), "
-        f"{a['vision_depth']} vision blocks + {a['text_layers']} / {b['text_layers']} language "
-        f"layers: {result['weights_small_gb']:.2f} / {result['weights_large_gb']:.2f} GB of fp32 "
-        f"weights. Full depth (32 + 28): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
-        "(counted on the config). Export with the check on (defaults of `colembed export`).",
+        f"{a['vision_depth']} vision blocks + "
+        + (f"{a['text_layers']}" if a is b else f"{a['text_layers']} / {b['text_layers']}")
+        + f" language layers: {result['weights_small_gb']:.2f}"
+        + ("" if a is b else f" / {result['weights_large_gb']:.2f}") + " GB of fp32 weights. "
+        f"Full depth (32 + 28): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
+        "(counted on the config, the untied LM head included; the export holds no head). Export "
+        "with the check on (defaults of `colembed export`). "
+        + ("Slope 1 for every step that holds weights (one measured depth; see the script's "
+           "docstring)." if a is b else "Slopes from the two depths."),
         "",
         f"**Projected peak RSS {result['projected_peak_gb']:.1f} GB: "
         + ("fits" if fits else "does not fit") + f" this machine's {ram_gb:.1f} GB of RAM.** "
@@ -111,23 +139,26 @@ def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("small")
-    parser.add_argument("large")
+    parser.add_argument("large", nargs="?", help="a second depth (else slope 1, see above)")
     parser.add_argument("--preset", default="qwen2.5-vl-7b")
     parser.add_argument("--full-3b", help="a full-depth bench_export JSON of the same vision tower")
     parser.add_argument("--results", required=True, help="output path without extension")
     args = parser.parse_args()
 
-    small, large = (json.loads(Path(p).read_text()) for p in (args.small, args.large))
+    small = json.loads(Path(args.small).read_text())
+    large = json.loads(Path(args.large).read_text()) if args.large else None
     full_vision = None
     if args.full_3b:
         full = json.loads(Path(args.full_3b).read_text())
         full_vision = next(s["peak_rss_gb"] for s in full["steps"] if s["step"] == VISION_STEP)
-    result = project(small, large, checkpoint_bytes(args.preset), full_vision)
-    ram = (large["machine"].get("memory_gib") or 24.0) * 2**30 / 1e9  # GiB -> GB, as RSS is
+    result = project(small, large, args.preset, full_vision)
+    ram = ((large or small)["machine"].get("memory_gib") or 24.0) * 2**30 / 1e9  # GiB -> GB
     command = "python benchmarks/project_export.py " + " ".join(sys.argv[1:])
     Path(args.results + ".json").write_text(json.dumps(
-        {"machine": large["machine"], "small": small, "large": large, **result}, indent=2) + "\n")
-    Path(args.results + ".md").write_text(markdown(result, small, large, command, float(ram)))
+        {"machine": (large or small)["machine"], "small": small, "large": large, **result},
+        indent=2) + "\n")
+    Path(args.results + ".md").write_text(markdown(result, small, large or small, command,
+                                                   float(ram)))
     print(Path(args.results + ".md").read_text())
     return 0
 

@@ -197,9 +197,16 @@ def _cmd_index_ray(args) -> int:
                             dpi=args.dpi, source=args.source,
                             progress=not (args.quiet or args.json))
     total = None
-    if not args.parquet:
-        with _open_index(args, create=False) as index:
-            total = len(index)
+    if not args.parquet:  # the pages the collection holds now (the store alone: no model)
+        from .index import open_store
+
+        store = open_store(args.db, url=args.qdrant_url, collection=args.collection,
+                           api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+                           create=False)
+        try:
+            total = store.count()
+        finally:
+            store.close()
     _print_added(result, total, args, where=" on Ray")
     return EXIT_OK if result.ok else EXIT_FAILED
 
@@ -352,13 +359,17 @@ def _cmd_serve(args) -> int:
     except ImportError as e:
         raise SystemExit(f"colembed: {SERVE_EXTRA_HINT}\n  ({e})") from None
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
-    check_exposure(args.host, api_key, args.insecure)  # before loading anything
+    try:  # a command line that cannot be served: usage errors, before loading anything
+        check_exposure(args.host, api_key, args.insecure)
+        roots = Roots(parse_roots(args.allow_root or []))
+    except ColembedError as e:
+        raise UsageError(str(e)) from None
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
     settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
-                        roots=Roots(parse_roots(args.allow_root or [])), limits=limits,
+                        roots=roots, limits=limits,
                         workers=args.workers, queue=args.queue,
                         max_queued_jobs=args.max_queued_jobs)
-    with _open_index(args) as index:
+    with _open_index(args, create=True) as index:  # an empty index is filled by jobs
         serve(index, settings, host=args.host, port=args.port, insecure=args.insecure,
               log_level="warning" if args.quiet else "info")
     return 0

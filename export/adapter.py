@@ -43,6 +43,11 @@ from .layouts_qwen2_5 import (
 
 PEFT_NOTES = ("The PEFT config's `base_model_name_or_path` was renamed",
               "Input and output embeddings are no longer tied")
+# Path pieces of peft's wrappers in saved keys (`q_proj.base_layer.bias`: a trained bias of a LoRA
+# layer; `custom_text_proj.modules_to_save.weight`: the trained copy) and the untrained copy it
+# also saves with bias="all" (measured with peft 0.21: tests/test_qwen2_5_models.py).
+PEFT_WRAPPERS = (".base_layer.", ".modules_to_save.")
+PEFT_COPY_OF_THE_BASE = ".original_module."
 # Config keys whose patterns speak the training layout's module names and so cannot be renamed
 # reliably; no published ColQwen2.5 adapter we know of uses them (docs/models-colqwen2_5.md).
 UNSUPPORTED_CONFIG = ("rank_pattern", "alpha_pattern")
@@ -108,7 +113,11 @@ def adapter_weights(folder: str | Path) -> tuple[dict, dict]:
     trains_bias = config.get("bias", "none") != "none"
     lora, whole, unknown = {}, {}, []
     for key, value in load_file(str(path)).items():
+        if PEFT_COPY_OF_THE_BASE in key:
+            continue  # peft's untouched copy of a modules_to_save module (saved with bias="all")
         training_name = key.removeprefix(PEFT_PREFIX)
+        for wrapper in PEFT_WRAPPERS:  # a LoRA layer's own bias, a saved module's trained copy
+            training_name = training_name.replace(wrapper, ".")
         renamed = to_transformers_module(training_name)
         if not key.startswith(PEFT_PREFIX) or renamed is None:
             unknown.append(key)

@@ -175,21 +175,19 @@ def test_colembed_works_without_fastembed(exported_tiny):
 def test_specific_model_path_comes_first(exported_tiny, tmp_path, entry):
     (tmp_path / entry.cache_folder_name).mkdir()  # a broken folder in the cache is not looked at
     model = LateInteractionMultimodalEmbedding(
-        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder),
-        lazy_load=True)
-    assert model.model._model_dir == exported_tiny.folder
+        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder))
+    assert model.model.model.folder == exported_tiny.folder  # the colembed model it loaded
 
 
 def test_cache_dir_and_env(exported_tiny, tmp_path, monkeypatch, entry):
     linked = _link(exported_tiny.folder, tmp_path / "given", entry)
-    model = LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(tmp_path / "given"),
-                                               lazy_load=True)
-    assert model.model._model_dir == linked
+    model = LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(tmp_path / "given"))
+    assert model.model.model.folder == linked
 
     linked = _link(exported_tiny.folder, tmp_path / "env", entry)
     monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path / "env"))
-    model = LateInteractionMultimodalEmbedding(MODEL, lazy_load=True)
-    assert model.model._model_dir == linked
+    model = LateInteractionMultimodalEmbedding(MODEL)
+    assert model.model.model.folder == linked
 
 
 @pytest.mark.parametrize("name", ["../evil", "/etc", "a/b/c", "a\\b", "x/..", ""])
@@ -331,7 +329,7 @@ def test_export_by_path_and_by_name_equals_colembed_load(export_kind, tmp_path, 
             assert g.dtype == np.float32 and np.array_equal(g, w)
         for g, w in zip(model.embed_text(QUERIES, batch_size=16), want_queries):
             assert g.shape[1] == 128 and np.array_equal(g, w)
-    assert model.model._model_dir == cache / entry.cache_folder_name
+    assert model.model.model.folder == cache / entry.cache_folder_name
 
 
 def _with_int8_copy_only(folder: Path) -> None:

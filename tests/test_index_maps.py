@@ -57,16 +57,20 @@ def test_overlay_at_the_models_own_size_paints_the_tokens_28_pixel_square():
 PLANTED = [(40, 60, 110, 130), (250, 300, 330, 380), (300, 40, 380, 100)]
 
 
+@pytest.fixture(scope="module")
+def model_64(exported_tiny):
+    return colembed.load(exported_tiny.folder, max_image_tokens=64)
+
+
 @pytest.mark.parametrize("box", PLANTED)
-def test_a_map_lands_on_content_planted_on_the_page(exported_tiny, box):
+def test_a_map_lands_on_content_planted_on_the_page(model_64, box):
     """Through the real model: the page row that a planted square changes most (against the same
     page without it) is the map's hottest cell, and the overlay paints it over the square.
 
     The place is known from the drawing, not from the layout's arithmetic, so a wrong token order
     (rows for columns), image-row offset or scaling to the page's size puts the paint elsewhere."""
-    model = colembed.load(exported_tiny.folder, max_image_tokens=64)
     size = (400, 520)
-    (planted, layout), (blank, _) = model.embed_pages([page("", size, box=box), page("", size)])
+    (planted, layout), (blank, _) = model_64.embed_pages([page("", size, box=box), page("", size)])
     change = np.linalg.norm(planted[layout.image_rows] - blank[layout.image_rows], axis=1)
     query = planted[layout.image_rows][[int(change.argmax())]]  # what the square turned into
     smap = explain(query, planted, layout)

@@ -328,7 +328,8 @@ def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
 
 
 def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(tmp_path, exported_tiny,
-                                                                    monkeypatch, capsys):
+                                                                    small_model, monkeypatch,
+                                                                    capsys):
     docs = tmp_path / "docs"
     docs.mkdir()
     write_pdf(docs / "a.pdf", ["a 1", "a 2", "a 3"])
@@ -352,8 +353,7 @@ def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(tmp_path, exp
         assert len(index) == 2
     monkeypatch.setattr(model_type, "embed_pages", real)
     assert main(["index", str(docs), *common]) == 0
-    with Index(tmp_path / "db") as resumed, Index(tmp_path / "clean", model=exported_tiny.folder,
-                                                  max_image_tokens=TOKENS) as clean:
+    with Index(tmp_path / "db") as resumed, Index(tmp_path / "clean", model=small_model) as clean:
         clean.add([docs], progress=False)
         assert _contents(resumed) == _contents(clean)
 
@@ -440,3 +440,18 @@ def test_symlinked_subfolders_are_followed_once(tmp_path, small_model):
         result = index.add([docs], progress=False)
         assert sorted(os.path.basename(r.path) for r in result.added) == ["here.pdf", "linked.pdf"]
         assert any("symlink" in r.reason for r in result.skipped)
+
+
+def test_an_int8_index_is_searched_with_int8_without_being_told(tmp_path, exported_variants,
+                                                                capsys):
+    """Issue #20 item 3 as seen: `colembed index --variant int8`, then `colembed search` with no
+    --model / --variant loaded fp32 and stopped with "variant: index has 'int8'"."""
+    db, folder = tmp_path / "db", exported_variants.folder
+    docs = write_pdf(tmp_path / "a.pdf", ["alpha", "beta"])
+    assert main(["index", str(docs), "--db", str(db), "--model", str(folder), "--variant", "int8",
+                 "--max-image-tokens", str(TOKENS), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["search", "alpha", "--db", str(db), "-k", "1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["hits"][0]["file"] == str(docs)
+    with Index(db) as index:
+        assert (index.model.variant, index.model.max_image_tokens) == ("int8", TOKENS)

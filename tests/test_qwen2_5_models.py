@@ -20,6 +20,8 @@ peft's `merge_and_unload` on that model, run through colpali-engine 0.3.12's emb
 - `saved_projection`: `custom_text_proj` trained whole (peft `modules_to_save`) with LoRA on the
   language model, on 0.3.12's layout. No published ColQwen2.5 config found uses it
   (docs/models-colqwen2_5.md); peft writes it for any ColPali-style training that does.
+- `trained_biases`: the same with peft's `bias="all"`: every bias of the model trained and saved
+  (LoRA layers' as `*.base_layer.bias`, plus peft's untrained `original_module` copy). None known.
 
 vidore/colqwen2.5-v0.2's own layout (0.3.12 names, the vision-excluding regex, LoRA on
 custom_text_proj) is test_qwen2_5_peft.py's. What the tiny replicas do not model: the published
@@ -85,6 +87,7 @@ class Layout:
     base_pre_4_52: bool = False  # flat config, LM head when untied (to_colpali_layout)
     base_shards: int = 1
     vision_lora: bool = False  # the saved adapter holds LoRA tensors of the vision tower
+    bias: str = "none"  # peft's bias training ("all": every bias of the model, vision included)
     config: dict = field(default_factory=lambda: {"r": 8, "lora_alpha": 8})
 
 
@@ -95,6 +98,8 @@ LAYOUTS = {
     "saved_projection": Layout("saved_projection", None, LANGUAGE_TARGETS,
                                modules_to_save=("custom_text_proj",),
                                config={"r": 4, "lora_alpha": 16}),
+    "trained_biases": Layout("trained_biases", None, LANGUAGE_TARGETS,
+                             modules_to_save=("custom_text_proj",), bias="all"),
 }
 
 
@@ -130,14 +135,14 @@ def build_adapter(tmp_path_factory, layout: Layout):
     before = [embed(model, b) for b in inputs]
     tree = model if layout.tree is None else layout.tree(model)
     config = LoraConfig(**layout.config, lora_dropout=0.1, init_lora_weights="gaussian",
-                        bias="none", task_type="FEATURE_EXTRACTION",
+                        bias=layout.bias, task_type="FEATURE_EXTRACTION",
                         target_modules=layout.target_modules,
                         modules_to_save=list(layout.modules_to_save) or None)
     peft_model = get_peft_model(tree, config)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
-        for name, param in peft_model.named_parameters():
-            if "lora_B" in name or "modules_to_save" in name:  # "trained": away from the init
+        for name, param in peft_model.named_parameters():  # "trained": away from the init
+            if param.requires_grad and "lora_A" not in name:  # B, saved modules, trained biases
                 param.add_(0.05 * torch.randn(param.shape, generator=generator))
     folder = tmp_path_factory.mktemp(f"adapter-{layout.name}") / layout.name
     peft_model.save_pretrained(folder)
@@ -170,13 +175,18 @@ def test_each_adapter_is_what_its_training_config_saves(layout_adapter):
     assert lora and all(k.startswith("base_model.model.") for k in keys)
     assert any("visual" in k for k in lora) == layout.vision_lora
     prefix = {"colnomic": "base_model.model.model.layers.",
-              "retrained": "base_model.model.model.language_model.layers.",
-              "saved_projection": "base_model.model.language_model.layers."}[layout.name]
+              "retrained": "base_model.model.model.language_model.layers."}.get(
+        layout.name, "base_model.model.language_model.layers.")
     assert any(k.startswith(prefix) for k in lora)
     whole = sorted(k for k in keys if ".lora_" not in k)
-    assert whole == (["base_model.model.custom_text_proj.bias",
-                      "base_model.model.custom_text_proj.weight"]
-                     if layout.modules_to_save else [])
+    if layout.bias == "all":
+        assert any(k.endswith(".q_proj.base_layer.bias") for k in whole)
+        assert any(k.startswith("base_model.model.visual.") for k in whole)
+        assert "base_model.model.custom_text_proj.original_module.bias" in whole
+    else:
+        assert whole == (["base_model.model.custom_text_proj.bias",
+                          "base_model.model.custom_text_proj.weight"]
+                         if layout.modules_to_save else [])
     if layout.base_shards > 1:
         index = json.loads((base / "model.safetensors.index.json").read_text())
         assert len(set(index["weight_map"].values())) == layout.base_shards

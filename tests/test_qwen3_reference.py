@@ -114,7 +114,7 @@ def test_colqwen3_and_colqwen2_in_one_process_equal_each_alone(exported_tiny, tm
     pages = reference_pages()[:2]
     qwen3 = colembed.load(exported(tmp_path_factory, "tiny-3"))
     alone_pages, alone_queries = qwen3.embed_images(pages), qwen3.embed_queries(list(QUERIES))
-    qwen2 = colembed.load(exported_tiny)
+    qwen2 = colembed.load(exported_tiny.folder)
     qwen2_pages = qwen2.embed_images(pages)
     for got, want in zip(qwen3.embed_images(pages), alone_pages):
         np.testing.assert_array_equal(got, want)
@@ -146,3 +146,22 @@ def test_variants_pass_their_gates_and_run(tmp_path_factory):
             assert g.shape == w.shape and np.isfinite(g).all()
             cosine = np.sum(g * w, axis=1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
             assert cosine.mean() > 0.95, (name, cosine.mean())
+
+
+def test_an_index_takes_colqwen3_pages_and_refuses_another_family(exported_tiny, tmp_path,
+                                                                  tmp_path_factory):
+    """The index's dims and grids come from the model (320-wide vectors, 32-px tokens); an index
+    of ColQwen3 pages refuses a ColQwen2 model."""
+    import colembed
+    from colembed.index import Index, ModelMismatchError
+    from colembed_export.reference_qwen3 import reference_pages
+
+    qwen3 = colembed.load(exported(tmp_path_factory, "tiny-3"))
+    reference_pages()[0].save(tmp_path / "page.png")
+    with Index(tmp_path / "db", model=qwen3) as index:
+        index.add([tmp_path / "page.png"])
+        assert len(index) == 1
+        (hit,) = index.search("What was the revenue?", k=1)
+        assert hit.file == str(tmp_path / "page.png")
+    with pytest.raises(ModelMismatchError):
+        Index(tmp_path / "db", model=colembed.load(exported_tiny.folder))

@@ -28,6 +28,7 @@ from colembed.index import Index  # noqa: E402
 from colembed.index.maps import overlay  # noqa: E402
 from colembed.serve.app import Settings, create_app  # noqa: E402
 from colembed.serve.encoding import decode  # noqa: E402
+from colembed.serve.jobs import FILES_PER_CALL  # noqa: E402
 from colembed.serve.limits import Limits  # noqa: E402
 from colembed.serve.roots import Roots, parse_roots  # noqa: E402
 
@@ -478,7 +479,7 @@ def test_an_internal_error_is_a_500_and_the_server_goes_on(limited, monkeypatch)
 def test_shutdown_during_a_job_leaves_a_consistent_index(tmp_path, small_model):
     docs = tmp_path / "docs"
     docs.mkdir()
-    for i in range(12):
+    for i in range(20):  # 3 calls of Index.add (jobs.FILES_PER_CALL = 8)
         page(f"page {i}").save(docs / f"p{i:02d}.png")
     index = Index(tmp_path / "db", model=small_model)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
@@ -486,16 +487,17 @@ def test_shutdown_during_a_job_leaves_a_consistent_index(tmp_path, small_model):
         job_id = client.post("/v1/index", json={"paths": ["."]}).json()["id"]
         queued = client.post("/v1/index", json={"paths": ["p00.png"]}).json()["id"]
         service = client.app.state.service
-        while service.jobs.jobs[job_id].files_done < 2:
+        while service.jobs.jobs[job_id].files_done < FILES_PER_CALL:
             time.sleep(0.02)
     job, second = service.jobs.jobs[job_id], service.jobs.jobs[queued]
-    assert job.state == "cancelled" and 2 <= job.files_done < 12 and "again" in job.error
+    assert job.state == "cancelled" and "again" in job.error
+    assert FILES_PER_CALL <= job.files_done < 20 and job.files_done % FILES_PER_CALL == 0
     assert second.state == "cancelled"
     # the app's shutdown closed the index (its lock is free: this process opens it again)
     again = Index(tmp_path / "db", model=small_model)
     stored = len(again)
     assert stored == job.pages_added == job.files_done  # whole files only, nothing half-written
-    assert again.add([docs], progress=False).pages_added == 12 - stored
+    assert again.add([docs], progress=False).pages_added == 20 - stored
     again.close()
 
 
@@ -505,8 +507,10 @@ def test_serve_refuses_a_public_host_without_a_key(tmp_path, capsys, monkeypatch
     from colembed.serve.run import check_exposure, is_loopback
 
     monkeypatch.delenv("COLEMBED_API_KEY", raising=False)
-    assert main(["serve", "--db", str(tmp_path / "db"), "--host", "0.0.0.0"]) == 2
+    assert main(["serve", "--db", str(tmp_path / "db"), "--host", "0.0.0.0"]) == 2  # usage
     assert "--insecure" in capsys.readouterr().err
+    assert main(["serve", "--db", str(tmp_path / "db"), "--allow-root", str(tmp_path / "no")]) == 2
+    assert "not a folder" in capsys.readouterr().err
     assert not (tmp_path / "db").exists()  # refused before the index was opened
     for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost"):
         assert is_loopback(host)

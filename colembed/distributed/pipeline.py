@@ -32,6 +32,7 @@ import ray
 from ..index.records import (AddResult, Catalog, FileReport, ModelIdentity, default_source,
                              file_report, options_of, stale_ids)
 from ..index.sources import discover, kind_of
+from ..layout import BASE_VARIANT
 from ..manifest import read_manifest
 from .stages import FAILED, FILE, PAGE, PageEmbedder, summary_rows
 from .targets import ParquetTarget, StoreWriter, write_part
@@ -39,7 +40,7 @@ from .targets import ParquetTarget, StoreWriter, write_part
 MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many blocks
 
 
-def model_identity(folder: str | os.PathLike, variant: str = "fp32",
+def model_identity(folder: str | os.PathLike, variant: str = BASE_VARIANT,
                    max_image_tokens: int | None = None, dpi: float | None = None,
                    schema: int | None = None) -> dict[str, Any]:
     """The identity `colembed.Index` stamps on every page (`index.records.ModelIdentity`), read
@@ -91,7 +92,7 @@ def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int =
     stored = target.open(manifest.embedding_dim)
     try:
         built = options_of(stored[0][1] if stored else None)
-        variant = variant or built.get("variant") or "fp32"
+        variant = variant or built.get("variant") or BASE_VARIANT
         max_image_tokens = max_image_tokens or built.get("max_image_tokens")
         dpi = dpi if dpi is not None else built.get("dpi")
         identity = ModelIdentity.of_folder(folder, variant=variant,

@@ -62,6 +62,8 @@ class Index:
         self._model = model if hasattr(model, "embed_pages") else None
         self._requested = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
         self.source = source or default_source()
+        self.store = None  # the model, if loaded before the store is open, has nothing to check
+        self._stored: dict[str, Any] = {}  # what the index was built with (records.options_of)
         where = dict(url=url, api_key=api_key, collection=collection, local=local)
         try:
             self.store = open_store(location, create=False, **where)
@@ -84,7 +86,7 @@ class Index:
         """The model, loaded on first use: `model=` if given, else the folder the index records,
         with the variant and image budget it was built with unless told otherwise."""
         if self._model is None:
-            stored = getattr(self, "_stored", {})
+            stored = self._stored
             source = self._model_arg or stored.get("model_source")
             if source is None:
                 raise StoreError(f"{self.store.location}: the index is empty and no model "
@@ -96,7 +98,7 @@ class Index:
             import colembed
 
             model = colembed.load(source, **options)
-            if hasattr(self, "store"):
+            if self.store is not None:
                 self._check(ModelIdentity.of_model(model, schema=self.store.schema,
                                                    dpi=stored.get("dpi")))
             self._model = model

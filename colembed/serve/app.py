@@ -269,7 +269,7 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        service.close()  # queued jobs cancelled, the running one stops at a file boundary
+        service.close()  # queued jobs cancelled, the running one stops after its current Index.add call
         if close_index:
             index.close()  # flushed; the folder's lock released
             lifecycle.info("colembed serve: jobs stopped, index closed")

@@ -37,7 +37,7 @@ def check_exposure(host: str, api_key: str | None, insecure: bool) -> None:
 def serve(index, settings, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", insecure: bool = False, on_ready=None) -> None:
     """Run until SIGINT/SIGTERM; then open requests get `GRACEFUL_SHUTDOWN_S` to finish, index
-    jobs stop at a file boundary and the index is closed (a page is stored whole or not at all,
+    jobs stop after their current batch of files and the index is closed (a page is stored whole or not at all,
     so even a SIGKILL leaves a consistent index that the next job completes)."""
     import uvicorn
 
