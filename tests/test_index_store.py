@@ -8,8 +8,6 @@ store holds (stored as float16).
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
@@ -50,13 +48,22 @@ def store_factory(request, tmp_path):
     return make
 
 
-def test_pooling_is_row_and_column_means_plus_prompt_rows():
-    vectors, layout = _page(0)
+def test_a_line_of_text_survives_row_pooling_but_not_column_pooling():
+    """What the rows / cols stages are for: a line of text (one grid row of like tokens) keeps
+    its full match after row pooling and is diluted by column pooling; the prompt tokens,
+    which belong to no grid cell, reach both stages unchanged."""
+    vectors, layout = _page(0, rows=4, cols=6)
+    line = np.random.default_rng(7).standard_normal(DIM).astype(np.float32)
+    line /= np.linalg.norm(line)
+    first = layout.image_start + layout.grid_cols  # grid row 1
+    vectors[first:first + layout.grid_cols] = line
     rows, cols = pooled_vectors(vectors, layout)
-    grid = vectors[2:14].reshape(3, 4, DIM)
-    others = np.concatenate([vectors[:2], vectors[14:]])
-    np.testing.assert_allclose(rows, np.concatenate([grid.mean(1), others]), rtol=1e-6)
-    np.testing.assert_allclose(cols, np.concatenate([grid.mean(0), others]), rtol=1e-6)
+    assert (rows @ line).max() == pytest.approx(1.0, abs=1e-5)
+    assert (cols @ line).max() < 0.8
+    prompt = np.concatenate([vectors[:layout.image_start],
+                             vectors[layout.image_start + layout.grid_rows * layout.grid_cols:]])
+    for pooled in (rows, cols):
+        np.testing.assert_allclose((prompt @ pooled.T).max(axis=1), 1.0, atol=1e-5)
 
 
 def test_point_ids_are_deterministic_and_depend_on_content_page_and_path():
@@ -118,8 +125,8 @@ def test_edge_refuses_a_folder_that_is_not_an_index(tmp_path):
 
 
 def test_both_stores_declare_the_same_schema(tmp_path):
-    """Edge's shard config and the client's collection config: same names, size, distance, MaxSim,
-    float16, no HNSW graph, page vectors on disk."""
+    """The client's collection config (names, size, distance, MaxSim, float16, no HNSW graph, page
+    vectors on disk) and Edge answering the same points and queries with the same hits and scores."""
     edge = open_store(tmp_path / "edge", dim=DIM)
     local = open_store(tmp_path / "local", dim=DIM, local=True)
     params = local.client.get_collection(local.collection).config.params.vectors
@@ -130,13 +137,15 @@ def test_both_stores_declare_the_same_schema(tmp_path):
         assert bool(params[name].on_disk) == (name == "page")  # the rerank target stays on disk
         multi = params[name].multivector_config
         assert (multi.comparator.name if multi else None) == (None if name == "mean" else "MAX_SIM")
-    vectors = json.loads((tmp_path / "edge" / "shard" / "edge_config.json").read_text())["vectors"]
-    assert set(vectors) == set(VECTOR_NAMES)
-    for name, v in vectors.items():
-        assert (v["size"], v["distance"].lower(), v["datatype"], v["hnsw_config"]["m"]) == (DIM, "dot", "float16", 0)
-        comparator = (v.get("multivector_config") or {}).get("comparator")
-        assert comparator == (None if name == "mean" else "max_sim")
-        assert bool(v.get("on_disk")) == (name == "page")
+    points = _points(12)  # Edge's side of the schema, by what it answers: the same as the client's
+    queries = [_page(200 + i, 1, 5)[0] for i in range(3)]
+    for store in (edge, local):
+        store.upsert(points)
+    for mode in ("exact", "two-stage"):
+        answers = [store.search(queries, 5, mode) for store in (edge, local)]
+        assert [[h.id for h in r] for r in answers[0]] == [[h.id for h in r] for r in answers[1]]
+        np.testing.assert_allclose([[h.score for h in r] for r in answers[0]],
+                                   [[h.score for h in r] for r in answers[1]], rtol=2e-4)  # float16 sums
     edge.close()
     local.close()
     assert issubclass(ModelMismatchError, StoreError)
