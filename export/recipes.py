@@ -67,6 +67,15 @@ INT8_WEIGHT_TYPE = "QInt8"
 # SmoothQuant migration strength: 0.5 splits the range evenly between activations and weights
 # (the paper's default for OPT/LLaMA-class models).
 SMOOTHING_ALPHA = 0.5
+# Activation scales of the int8 MatMuls: "row" (one per token) or "tensor" (onnxruntime's
+# dynamic quantisation, one per tensor and batch); see quantise.py and the module docstring.
+INT8_ACTIVATIONS = "row"
+# An input channel whose max |value| on a calibration item exceeds OUTLIER_RATIO x that item's
+# median channel is computed in fp32 beside the int8 product, at most max(OUTLIER_MIN_CAP,
+# width / OUTLIER_CAP_DIVISOR) channels per MatMul (the largest).
+OUTLIER_RATIO = 8.0
+OUTLIER_MIN_CAP = 4
+OUTLIER_CAP_DIVISOR = 64
 # Block 16 with the token-embedding table left fp32: on the realistic-width 2+2-layer model the
 # mean/min per-token cosine to fp32 was 0.9814/0.920 with block 32 + 4-bit embeddings, 0.9835/0.940
 # with fp32 embeddings, 0.9855/0.944 with block 16; the gate is 0.98 mean, so take the margin.
@@ -171,29 +180,67 @@ def quiet_quantisers() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
 
 
-def quantize_int8(src: Path, work: Path, *, weight_type: str = INT8_WEIGHT_TYPE,
-                  calibration: dict[str, Any] | None = None) -> Any:
-    """Dynamic int8 per output channel, after smoothing activation outliers. Returns an ir.Model.
+def weight_matmuls(model: Any) -> list[Any]:
+    """The MatMuls with a constant 2-D fp32 weight (what int8 quantises)."""
+    from .graph_edits import ONNX_DOMAINS, _const_float
 
-    `calibration` maps the fp32 graph's input names to sample feeds; without it no smoothing.
-    """
+    return [n for n in model.graph if n.op_type == "MatMul" and n.domain in ONNX_DOMAINS
+            and _const_float(n.inputs[1]) is not None and _const_float(n.inputs[1]).ndim == 2]
+
+
+def outlier_channels(profiles: Sequence[np.ndarray], ratio: float = OUTLIER_RATIO,
+                     most: int | None = None) -> np.ndarray:
+    """Input channels whose max |value| exceeds `ratio` x the median channel's, on any one
+    calibration item (each item's own profile: a page's image tokens set other channel maxima
+    than a query's text tokens), at most `most` (the largest first), sorted."""
+    import numpy as np
+
+    depth = profiles[0].shape[0]
+    most = max(OUTLIER_MIN_CAP, depth // OUTLIER_CAP_DIVISOR) if most is None else most
+    worst = np.zeros(depth)
+    for profile in profiles:
+        worst = np.maximum(worst, profile / max(float(np.median(profile)), 1e-30))
+    found = np.flatnonzero(worst > ratio)
+    if found.size > most:
+        found = found[np.argsort(worst[found])[::-1][:most]]
+    return np.sort(found)
+
+
+def quantize_int8(src: Path, work: Path | None = None, *,
+                  calibration: Sequence[dict[str, Any]] | None = None,
+                  scheme: str = INT8_ACTIVATIONS, alpha: float | None = SMOOTHING_ALPHA,
+                  weight_levels: int | None = None) -> tuple[Any, dict[str, Any]]:
+    """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
+    time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
+    fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32."""
+    import numpy as np
     import onnx_ir as ir
-    from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    from .graph_edits import smooth_activation_outliers
+    from .graph_edits import channel_maxima_per_feed, module_path, smoothing_factors
+    from .quantise import WEIGHT_PEAK, quantise_matmuls
 
-    source = src
-    if calibration is not None:
-        model = ir.load(src)
-        if smooth_activation_outliers(model, src, calibration, alpha=SMOOTHING_ALPHA):
-            source = work / f"{src.stem}.smoothed-tmp.onnx"
-            ir.save(model, source, external_data=source.name + "_data", size_threshold_bytes=1024)
-        del model
-    out = work / f"{src.stem}.int8-tmp.onnx"
-    quantize_dynamic(source, out, per_channel=True, weight_type=getattr(QuantType, weight_type),
-                     op_types_to_quantize=["MatMul"], use_external_data_format=True,
-                     extra_options={"MatMulConstBOnly": True})
-    return ir.load(out)
+    model = ir.load(src)
+    matmuls = weight_matmuls(model)
+    factors: dict[str, Any] = {}
+    outliers: dict[str, Any] = {}
+    if calibration:
+        inputs = sorted({n.inputs[0].name for n in matmuls})
+        per_feed = channel_maxima_per_feed(src, inputs, calibration)
+        if alpha is not None:
+            factors = smoothing_factors(model, src, calibration, alpha=alpha,
+                                        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()})
+        if scheme == "row":
+            for node in matmuls:
+                s = factors.get(node.name)
+                profiles = [p if s is None else p / s for p in per_feed[node.inputs[0].name]]
+                found = outlier_channels(profiles)
+                if found.size:
+                    outliers[node.name] = found
+    counts = quantise_matmuls(model, {n.name: scheme for n in matmuls}, factors, outliers=outliers,
+                              weight_levels=weight_levels or WEIGHT_PEAK)
+    paths = {n.name: module_path(n) for n in matmuls}
+    return model, {"int8_activations": scheme, "int8_matmuls": counts, "smoothed": len(factors),
+                   "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()}}
 
 
 def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
@@ -237,7 +284,7 @@ def make_graph(recipe: str, src: Path, work: Path,
     """The variant graph of one role as an onnx_ir Model (not yet sorted nor saved), and what the
     recipe measured on the way (recorded with the variant's check, read by its gate)."""
     if recipe == "int8":
-        return quantize_int8(src, work, calibration=calibration), {}
+        return quantize_int8(src, work, calibration=calibration)
     if recipe == "int4":
         return quantize_int4(src), {}
     if recipe == "fp16":
