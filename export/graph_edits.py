@@ -137,6 +137,11 @@ def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
         if id(weight) not in half_weights:
             half_weights[id(weight)] = _initializer(graph, f"{weight.name}_fp16",
                                                     array.astype(np.float16))
+            del array
+            if len(weight.uses()) == 1:  # streamed: the fp32 pages leave RSS weight by weight
+                from .quantise import release
+
+                release(weight)
         inputs = list(node.inputs)
         inputs[weight_slot] = half_weights[id(weight)]
         if node.op_type == "Gemm" and len(inputs) > 2 and inputs[2] is not None:

@@ -118,8 +118,17 @@ class Gate:
                 "them in fp32 and cannot show it")
         if not figures["mean_cosine"] >= self.mean_cosine:
             misses.append(f"mean cosine {figures['mean_cosine']:.5f} < {self.mean_cosine}")
+        for bucket, row in (figures.get("buckets") or {}).items():
+            if not row["mean"] >= self.mean_cosine:
+                misses.append(f"{bucket}: mean cosine {row['mean']:.5f} < {self.mean_cosine}")
         if self.min_cosine is not None and not figures["min_cosine"] >= self.min_cosine:
-            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}")
+            items = figures.get("items") or {}
+            failing = sorted((n for n, row in items.items() if not row["min"] >= self.min_cosine),
+                             key=lambda n: items[n]["min"])
+            named = ("; below it: " + ", ".join(f"{n} ({items[n]['tokens']} tokens, min "
+                                                f"{items[n]['min']:.4f})" for n in failing[:8])
+                     if failing else "")
+            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}{named}")
         ranking = figures.get("ranking")
         if ranking is not None and not ranking["top1_agreement"] >= self.top1_agreement:
             misses.append(f"top-1 agreement {ranking['top1_agreement']:.3f} < "
@@ -188,14 +197,15 @@ def weight_matmuls(model: Any) -> list[Any]:
             and _const_float(n.inputs[1]) is not None and _const_float(n.inputs[1]).ndim == 2]
 
 
-def outlier_channels(profiles: Sequence[np.ndarray], ratio: float = OUTLIER_RATIO,
-                     most: int | None = None) -> np.ndarray:
+def outlier_channels(profiles: Sequence[Any], ratio: float | None = None,
+                     most: int | None = None) -> Any:
     """Input channels whose max |value| exceeds `ratio` x the median channel's, on any one
     calibration item (each item's own profile: a page's image tokens set other channel maxima
     than a query's text tokens), at most `most` (the largest first), sorted."""
     import numpy as np
 
     depth = profiles[0].shape[0]
+    ratio = OUTLIER_RATIO if ratio is None else ratio
     most = max(OUTLIER_MIN_CAP, depth // OUTLIER_CAP_DIVISOR) if most is None else most
     worst = np.zeros(depth)
     for profile in profiles:

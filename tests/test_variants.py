@@ -234,3 +234,64 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
         export_model(tiny_checkpoint, out, check=False, variants=["int8"])
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
+
+
+def _break_tokens_past(model, position: int) -> None:
+    """Flip the sign of every output vector at or past `position` (a variant that holds on short
+    inputs and fails long ones, as per-tensor int8 did under trained-like activations)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    out = graph.outputs[0]
+    name, out.name = out.name, f"{out.name}_unbroken"
+
+    def const(label, array):
+        value = ir.Value(name=label, const_value=ir.tensor(np.asarray(array), name=label))
+        graph.register_initializer(value)
+        return value
+
+    nodes = [ir.node("Shape", [out], attributes={"start": 1, "end": 2})]
+    nodes.append(ir.node("Squeeze", [nodes[-1].outputs[0]]))
+    nodes.append(ir.node("Range", [const("zero", np.array(0, np.int64)), nodes[-1].outputs[0],
+                                   const("one", np.array(1, np.int64))]))
+    nodes.append(ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))]))
+    nodes.append(ir.node("Where", [nodes[-1].outputs[0], const("plus", np.array(1.0, np.float32)),
+                                   const("minus", np.array(-1.0, np.float32))]))
+    nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], const("shape", np.array([1, -1, 1], np.int64))]))
+    nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
+    nodes[-1].outputs[0].name = name
+    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
+    for i, node in enumerate(nodes):
+        node.name = f"break_{i}"
+        if i < len(nodes) - 1:
+            node.outputs[0].name = f"break_{i}_out"
+    graph.extend(nodes)
+    graph.outputs[0] = nodes[-1].outputs[0]
+
+
+@pytest.mark.slow  # runs the exporter
+def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint, tmp_path, monkeypatch):
+    """The gate samples queries up to the bound: a variant right on every short query and page
+    but wrong past 300 tokens is refused, naming the long queries; nothing is written."""
+    from colembed.errors import ExportError
+    from colembed_export.exporter import export_model
+
+    made = V.make_graph
+
+    def broken(recipe, src, work, calibration):
+        model, figures = made(recipe, src, work, calibration)
+        if src.name.startswith("text"):
+            _break_tokens_past(model, 300)
+        return model, figures
+
+    monkeypatch.setattr(V, "make_graph", broken)
+    out = tmp_path / "model"
+    with pytest.raises(ExportError) as refused:
+        export_model(tiny_checkpoint, out, check=False, variants=["int8"])
+    message = str(refused.value)
+    assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
+    assert "worst item 'query: sentence repeated to" in message
+    below = message.split("below it:")[1].split("\n")[0]
+    assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
+    assert "64 tokens" not in below and "221 tokens" not in below
+    assert not out.exists() and list(tmp_path.iterdir()) == []
