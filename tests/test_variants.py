@@ -179,6 +179,7 @@ def test_parse_variants():
 # ---------------------------------------------------------------------------------- runtime
 @pytest.mark.parametrize("name", ALL)
 def test_load_by_name_matches_fp32(exported_variants, name):
+    """Loading by name gives the graphs the gate judged: each sample item's figure again."""
     import colembed
     from colembed_export.verify import SAMPLE_QUERIES, sample_pages
 
@@ -186,12 +187,32 @@ def test_load_by_name_matches_fp32(exported_variants, name):
     model = colembed.load(folder, variant=name)
     reference = colembed.load(folder)
     assert model.variant == name
-    pages = sample_pages()
-    figures = E.cosine_figures(model.embed_images(pages), reference.embed_images(pages),
-                               model.embed_queries(list(SAMPLE_QUERIES)),
-                               reference.embed_queries(list(SAMPLE_QUERIES)))
-    recorded = exported_variants.manifest.checks[name]
-    assert figures["mean_cosine"] == pytest.approx(recorded["mean_cosine"], abs=1e-6)
+    recorded = exported_variants.manifest.checks[name]["items"]
+    for i, query in enumerate(SAMPLE_QUERIES):
+        cos = E.token_cosines(model.embed_queries([query]), reference.embed_queries([query]))
+        assert cos.mean() == pytest.approx(recorded[f"query: sample query {i}"]["mean"], abs=1e-6)
+    for i, page in enumerate(sample_pages()):
+        cos = E.token_cosines(model.embed_images([page], batch_size=1),
+                              reference.embed_images([page], batch_size=1))
+        label = f"page: sample page {i} {page.size[0]}x{page.size[1]}"
+        assert cos.mean() == pytest.approx(recorded[label]["mean"], abs=1e-6)
+
+
+def test_gate_figures_cover_lengths_pages_and_mixed_batches(exported_variants):
+    """The recorded gate set reaches the query bound, the smallest and the full-budget page,
+    both strips and mixed batches, with a bucket per length range and the worst item named."""
+    figures = exported_variants.manifest.checks["int8"]
+    items = figures["items"]
+    bound = max(row["tokens"] for n, row in items.items() if n.startswith("query: "))
+    assert bound == 779  # tiny's budget: 768 image tokens + the page prompt
+    for label in ("page: smallest page 20x20", "page: full-budget letter page 1700x2200",
+                  "page: wide strip 2000x40", "page: tall strip 40x2000",
+                  "query in a mixed batch: sentence repeated to 779 tokens",
+                  "page in a mixed batch: wide strip 2000x40"):
+        assert label in items, sorted(items)
+    assert set(figures["buckets"]) >= {"queries 1-16 tokens", "queries 257+ tokens",
+                                       "pages 1-64 tokens", "pages 257+ tokens"}
+    assert items[figures["worst_item"]]["min"] == pytest.approx(figures["min_cosine"], abs=1e-9)
 
 
 def test_unknown_variant_names_the_ones_there(exported_variants):
