@@ -202,10 +202,10 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     base = rss_mib()
     start = time.perf_counter()
     if job["runtime"] == "torch":
-        from colembed.preprocess.config import PreprocessConfig
+        from colembed_export.preprocess_config import read_preprocess_config
 
         model = TorchRuntime(job["checkpoint"], job["threads"], job.get("family", "colqwen2"))
-        config = PreprocessConfig.from_checkpoint(Path(job["checkpoint"]))
+        config = read_preprocess_config(Path(job["checkpoint"]))
     else:
         import colembed
 
@@ -471,7 +471,8 @@ def add_int8_baseline(folder: Path, progress) -> None:
     variants as `int8-plain`, so one run times both recipes on the same machine state."""
     import tempfile
 
-    from colembed.manifest import MANIFEST_NAME, describe_file
+    from colembed.integrity import describe_file
+    from colembed.manifest import MANIFEST_NAME
     from colembed_export.graph_edits import finish
     from colembed_export.recipes import quantize_int8
     from colembed_export.variants import save_graph

@@ -3,6 +3,8 @@
     nice .venv/bin/python benchmarks/bench_export.py                      # Qwen2-VL-2B size (8.8 GB)
     .venv/bin/python benchmarks/bench_export.py --vision-depth 4 --text-layers 4   # reduced depth
     nice .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --clean   # Qwen2.5-VL-3B
+    .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --preset qwen2.5-vl-7b \
+        --vision-depth 4 --text-layers 2 --results /tmp/export-7b-t2        # 7B widths, reduced
 
 The checkpoint is built by the family's random-weight builder (`--family colqwen2`:
 `colembed_export.tiny.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
@@ -41,7 +43,10 @@ TARGET_PEAK_RATIO = 1.5
 FAMILIES = {
     "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
     "colqwen2.5": ("qwen2.5-vl-3b", 32, 36, "export-colqwen2_5", "Qwen2.5-VL-3B"),
+    "colqwen3": ("qwen3-vl-4b", 24, 36, "export-colqwen3", "Qwen3-VL-4B"),
 }
+# presets whose widths are another model's than the family's default (the label in the table)
+PRESET_WIDTHS = {"qwen2.5-vl-7b": "Qwen2.5-VL-7B"}
 BUILD = """
 import sys
 from pathlib import Path
@@ -127,6 +132,7 @@ def main() -> int:
     from colembed import safe_fs
 
     preset, depth, layers, results, widths = FAMILIES[args.family]
+    widths = PRESET_WIDTHS.get(args.preset, widths)
     results = args.results or str(RESULTS / results)
     info = machine_info()
     workdir = safe_fs.make_work_folder(args.workdir, "bench_export")

@@ -155,7 +155,7 @@ def _peak_rss_mib() -> float:
 def worker_build(backend: str, pages: int, folder: Path) -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess)."""
     from colembed.index.schema import make_point
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(folder, dim=DIM, local=backend == "client-local")
     t = time.perf_counter()
@@ -179,7 +179,7 @@ def worker_build(backend: str, pages: int, folder: Path) -> dict:
 
 def worker_query(backend: str, pages: int, folder: Path) -> dict:
     """Reopen the store in `folder` and time queries (one subprocess)."""
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     t = time.perf_counter()
     store = open_store(folder, local=backend == "client-local")
@@ -354,7 +354,7 @@ def store_cost(embedded: list, folder: Path, dim: int) -> dict:
     """Pooling and upserting these pages into a fresh store alone, as the writer thread does:
     one upsert per batch of 4, then a flush."""
     from colembed.index.schema import make_point
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(folder, dim=dim)
     payload = {"path": "/docs/a.pdf", "pages": len(embedded), "sha256": "0" * 64, "width": 1,

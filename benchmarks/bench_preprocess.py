@@ -205,13 +205,14 @@ def markdown(report: dict) -> str:
 def run(rounds: int) -> dict:
     from transformers import ColQwen2Processor
 
-    from colembed.preprocess import PreprocessConfig, TextEncoder, pad_batch
+    from colembed.preprocess import TextEncoder, pad_batch
+    from colembed_export.preprocess_config import read_preprocess_config
     from colembed_export.tiny import build_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_checkpoint(Path(tmp) / "tiny", "tiny", seed=0)
         processor = ColQwen2Processor.from_pretrained(folder, use_fast=False)
-        config = PreprocessConfig.from_checkpoint(folder)
+        config = read_preprocess_config(folder)
         encoder = TextEncoder.from_file(folder / "tokenizer.json", config)
 
     pages = [letter_page(i) for i in range(PAGES_PER_BATCH)]

@@ -13,11 +13,20 @@ from pathlib import Path
 from typing import Any
 
 # family -> its full-size preset (the published model's widths)
-FAMILY_PRESETS = {"colqwen2": "qwen2-vl-2b", "colqwen2.5": "qwen2.5-vl-3b"}
+FAMILY_PRESETS = {"colqwen2": "qwen2-vl-2b", "colqwen2.5": "qwen2.5-vl-3b",
+                  "colqwen3": "qwen3-vl-4b"}
 
 
 def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) -> Any:
-    """The family's preset at `vision_depth` vision blocks and `text_layers` language layers."""
+    """The family's preset at `vision_depth` vision blocks and `text_layers` language layers.
+    ColQwen3 keeps the DeepStack blocks that fit (else the last block), at most `text_layers`."""
+    if family == "colqwen3":
+        from colembed_export.tiny_qwen3 import PRESETS_3
+
+        spec = PRESETS_3[preset]
+        kept = tuple(i for i in spec.deepstack_layers if i < vision_depth) or (vision_depth - 1,)
+        return dataclasses.replace(spec, vision_depth=vision_depth, text_layers=text_layers,
+                                   deepstack_layers=kept[:text_layers])
     if family == "colqwen2.5":
         from colembed_export.tiny_qwen2_5 import PRESETS_2_5
 
@@ -32,6 +41,12 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
 
 def build(family: str, out: Path, spec: Any, *, stress: bool = False) -> Path:
     """Write the random-weight (or stress) checkpoint of `spec` with the family's builder."""
+    if family == "colqwen3":
+        if stress:
+            raise NotImplementedError("no ColQwen3 stress checkpoint yet")
+        from colembed_export.tiny_qwen3 import build_checkpoint_3
+
+        return build_checkpoint_3(out, spec, seed=0)
     if family == "colqwen2.5":
         from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, build_stress_checkpoint_2_5
 

@@ -12,12 +12,14 @@ from __future__ import annotations
 from .errors import (
     ColembedError,
     ExportError,
+    GraphOutputError,
     ImageError,
     InputError,
     InputTypeError,
     ManifestError,
     ModelFolderError,
     ProviderError,
+    QueryTruncatedWarning,
     ScoringError,
 )
 
@@ -56,12 +58,14 @@ __all__ = [
     "top_k",
     "ColembedError",
     "ExportError",
+    "GraphOutputError",
     "ImageError",
     "InputError",
     "InputTypeError",
     "ManifestError",
     "ModelFolderError",
     "ProviderError",
+    "QueryTruncatedWarning",
     "ScoringError",
     "__version__",
 ]

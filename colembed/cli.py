@@ -6,6 +6,7 @@
     colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
     colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
     colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
+    colembed serve --db DIR              HTTP API and search page (needs the serve extra)
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
 from .errors import ColembedError
+from .layout import BASE_VARIANT
 
 EXPORT_EXTRA_HINT = ("this command needs the export extra (torch, transformers, onnx): "
                      "pip install 'colembed[export]'  (on these machines: pip install torch==2.13.0 "
@@ -51,13 +54,13 @@ def _cmd_export(args) -> int:
         variants=tuple(v for v in (args.variant or "").split(",") if v),
         progress=_progress, base=args.base,
     )
-    check = report.check.get("fp32")
+    check = report.check.get(BASE_VARIANT)
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
               f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
               f"their scale, over {check['pages']} pages and {check['queries']} queries")
     for name, figures in report.check.items():
-        if name != "fp32":
+        if name != BASE_VARIANT:
             print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "
                   f"min {figures['min_cosine']:.5f}")
     print(f"model folder: {report.folder}")
@@ -94,46 +97,61 @@ def _cmd_info(args) -> int:
 INDEX_EXTRA_HINT = ("this command needs the index extra (qdrant-edge-py, qdrant-client, pypdfium2, "
                     "tqdm): pip install 'colembed[index]'")
 
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+RESUME_HINT = ("interrupted: the pages stored so far are kept; resume by re-running the same "
+               "command (stored pages are not embedded again)")
 
-def _open_index(args):
+
+class UsageError(Exception):
+    """A command line that cannot mean anything: exit code 2, as argparse's own errors."""
+
+
+def _open_index(args, *, create: bool):
     try:
         from .index import Index
     except ImportError as e:
         raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
     if (args.db is None) == (args.qdrant_url is None):
-        raise SystemExit("colembed: give exactly one of --db DIR or --qdrant-url URL")
+        raise UsageError("give exactly one of --db DIR or --qdrant-url URL")
     api_key = args.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
     return Index(args.db, model=args.model, url=args.qdrant_url, api_key=api_key,
                  collection=args.collection, variant=args.variant,
-                 max_image_tokens=args.max_image_tokens)
+                 max_image_tokens=args.max_image_tokens, create=create,
+                 source=getattr(args, "source", None))
+
+
+def _print_added(result, total, args, where: str = "") -> None:
+    """`colembed index`'s report, with or without --ray: one JSON shape, one summary line."""
+    if args.json:
+        print(json.dumps(dict(result.to_dict(), pages=total), indent=2))
+        return
+    for report in result.failed:
+        print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
+    if not args.quiet:
+        for report in result.skipped:
+            if report.reason != "already indexed":
+                print(f"skipped: {report.path}: {report.reason}", file=sys.stderr)
+    reused = sum(r.reused for r in result.added)
+    print(f"added {result.pages_added} page(s) from {len(result.added)} file(s){where}"
+          + (f" ({reused} copied from identical content, not embedded)" if reused else "")
+          + f"; {len(result.skipped)} skipped, {len(result.failed)} failed"
+          + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
+             if args.prune else "")
+          + (f"; the index holds {total} page(s)" if total is not None else ""))
 
 
 def _cmd_index(args) -> int:
-    if getattr(args, "ray", None) is not None:
+    if args.ray is not None:
         return _cmd_index_ray(args)
-    with _open_index(args) as index:
+    if args.actors is not None or args.parquet is not None:
+        raise UsageError("--actors and --parquet need --ray")
+    with _open_index(args, create=True) as index:
         result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
+                           batch_size=args.batch_size,
                            progress=False if args.quiet or args.json else None)
         total = len(index)
-    if args.json:
-        print(json.dumps({"added": [vars(r) for r in result.added],
-                          "skipped": [vars(r) for r in result.skipped],
-                          "failed": [vars(r) for r in result.failed],
-                          "removed": [vars(r) for r in result.removed], "pages": total}, indent=2))
-    else:
-        for report in result.failed:
-            print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
-        if not args.quiet:
-            for report in result.skipped:
-                if report.reason != "already indexed":
-                    print(f"skipped: {report.path}: {report.reason}", file=sys.stderr)
-        reused = sum(r.reused for r in result.added)
-        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s)"
-              + (f" ({reused} copied from identical content, not embedded)" if reused else "")
-              + f"; {len(result.skipped)} skipped, {len(result.failed)} failed"
-              + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
-                 if args.prune else "") + f"; the index holds {total} page(s)")
-    return 0 if result.ok else 1
+    _print_added(result, total, args)
+    return EXIT_OK if result.ok else EXIT_FAILED
 
 
 RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'colembed[ray]'"
@@ -141,62 +159,87 @@ RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'co
 
 def _cmd_index_ray(args) -> int:
     """`colembed index --ray [ADDRESS]`: the same job on a Ray cluster (colembed.distributed)."""
+    if args.model is None or args.prune:
+        raise UsageError("--ray needs --model (a folder every node reads) and has no --prune")
+    if sum(x is not None for x in (args.db, args.qdrant_url, args.parquet)) != 1:
+        raise UsageError("give exactly one of --db DIR, --qdrant-url URL, --parquet DIR")
     try:
         from .distributed import ParquetTarget, QdrantTarget, index_with_ray, pipeline  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"colembed: {RAY_EXTRA_HINT}\n  ({e})") from None
-    if args.model is None or args.prune:
-        raise SystemExit("colembed: --ray needs --model (a folder every node reads) and has no --prune")
-    if sum(x is not None for x in (args.db, args.qdrant_url, args.parquet)) != 1:
-        raise SystemExit("colembed: give exactly one of --db DIR, --qdrant-url URL, --parquet DIR")
     target = ParquetTarget(args.parquet) if args.parquet else QdrantTarget(
         args.db, url=args.qdrant_url, collection=args.collection,
         api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"))
     result = index_with_ray(args.paths, target, model=args.model, address=args.ray,
-                            actors=args.actors, batch_size=args.batch_size, variant=args.variant,
-                            max_image_tokens=args.max_image_tokens, dpi=args.dpi,
+                            actors=args.actors or 1, batch_size=args.batch_size,
+                            variant=args.variant, max_image_tokens=args.max_image_tokens,
+                            dpi=args.dpi, source=args.source,
                             progress=not (args.quiet or args.json))
-    reports = {k: [vars(r) for r in getattr(result, k)] for k in ("added", "skipped", "failed")}
-    if args.json:
-        print(json.dumps(reports, indent=2))
-    for report in result.failed if not args.json else ():
-        print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
-    if not args.json:
-        print(f"added {result.pages_added} page(s) from {len(result.added)} file(s) on Ray; "
-              f"{len(result.skipped)} skipped, {len(result.failed)} failed")
-    return 0 if result.ok else 1
+    total = None
+    if not args.parquet:  # the pages the collection holds now (the store alone: no model)
+        from .index import open_store
+
+        store = open_store(args.db, url=args.qdrant_url, collection=args.collection,
+                           api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+                           create=False)
+        try:
+            total = store.count()
+        finally:
+            store.close()
+    _print_added(result, total, args, where=" on Ray")
+    return EXIT_OK if result.ok else EXIT_FAILED
+
+
+RAY_ADDRESS_WORDS = ("auto", "local")
+
+
+def _is_ray_address(value: str) -> bool:
+    """What `--ray VALUE` takes as a cluster address (else VALUE is the first PATH)."""
+    return (value in RAY_ADDRESS_WORDS or "://" in value
+            or re.fullmatch(r"[\w.\-]+:\d+", value) is not None)
 
 
 def _ray_options(parser: argparse.ArgumentParser) -> None:
     ray = parser.add_argument_group("on a Ray cluster (the ray extra; docs/distributed.md)")
     ray.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
                      help="run the job on Ray Data: the cluster at ADDRESS ('auto': the one this "
-                          "node is in), or a local Ray started for the job")
-    ray.add_argument("--actors", type=int, default=1, help="model actors (default 1)")
-    ray.add_argument("--batch-size", type=int, default=4, help="pages per actor call (default 4)")
+                          "node is in; host:port or ray://...), or a local Ray started for the "
+                          "job; a value that is not an address is a PATH")
+    ray.add_argument("--actors", type=_positive_int, help="model actors (default 1)")
     ray.add_argument("--parquet", metavar="DIR", help="write Parquet (one row per page) instead")
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def _cmd_search(args) -> int:
-    with _open_index(args) as index:
+    with _open_index(args, create=False) as index:
         results = index.search(args.queries, k=args.k, mode=args.mode, explain=bool(args.maps))
         written = _write_maps(index, results, Path(args.maps)) if args.maps else {}
+        empty = len(index) == 0
     if args.json:
         print(json.dumps([{"query": q, "hits": [
             {"rank": r, "score": h.score, "file": h.file, "page": h.page,
              "map": written.get((qi, r))} for r, h in enumerate(hits, 1)]}
             for qi, (q, hits) in enumerate(zip(args.queries, results))], indent=2))
-        return 0
+        return EXIT_OK
     for qi, (query, hits) in enumerate(zip(args.queries, results)):
         print(f"query: {query}")
         print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")
         for rank, hit in enumerate(hits, 1):
             print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {hit.file}")
         if not hits:
-            print("  (the index is empty)")
+            print("  (the index is empty)" if empty else "  (no page found)")
     if written and not args.quiet:
         print(f"similarity maps: {len(written)} PNG file(s) in {args.maps}")
-    return 0
+    return EXIT_OK
 
 
 def _cmd_upgrade(args) -> int:
@@ -208,7 +251,7 @@ def _cmd_upgrade(args) -> int:
     copied = upgrade_with_progress(args.db, progress=False if args.quiet else None)
     print(f"{args.db}: " + (f"rewrote {copied} page(s) at the current schema (nothing embedded "
                             "again)" if copied else "already at the current schema"))
-    return 0
+    return EXIT_OK
 
 
 def _write_maps(index, results, folder: Path) -> dict:
@@ -236,25 +279,33 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--collection", help="collection name on the server (default colembed)")
     model = parser.add_argument_group("model")
     model.add_argument("--model", help="model folder or name (default: the one the index was built with)")
-    model.add_argument("--variant", default="fp32", help="graph variant (default fp32)")
-    model.add_argument("--max-image-tokens", type=int, help="image tokens per page (default: the model's)")
+    model.add_argument("--variant", help=f"graph variant (default: the index's, {BASE_VARIANT} for a new one)")
+    model.add_argument("--max-image-tokens", type=_positive_int,
+                       help="image tokens per page (default: the index's, the model's for a new one)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
 
 
 def _add_index_commands(sub) -> None:
     index = sub.add_parser("index", help="index PDFs and images (files or folders) for search")
-    index.add_argument("paths", nargs="+", metavar="PATH")
-    index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: at the model's "
-                                                 "pixel budget)")
-    index.add_argument("--prune", action="store_true", help="drop pages of files that no longer exist")
+    index.add_argument("paths", nargs="*", metavar="PATH")
+    index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: the index's; "
+                                                 "a new one: at the model's pixel budget)")
+    index.add_argument("--prune", action="store_true",
+                       help="drop pages of files that no longer exist under the PATHs given "
+                            "(pages this --source wrote; never under a PATH that is missing)")
+    index.add_argument("--source", help="the name this machine writes as (default: "
+                                        "$COLEMBED_SOURCE, else the host name); replacing changed "
+                                        "files and --prune touch only this source's pages")
+    index.add_argument("--batch-size", type=_positive_int, default=4,
+                       help="pages per model call (default 4)")
     _index_options(index)
     _ray_options(index)
     index.set_defaults(func=_cmd_index)
 
     search = sub.add_parser("search", help="the best pages for a question")
     search.add_argument("queries", nargs="+", metavar="QUESTION")
-    search.add_argument("-k", type=int, default=5, help="pages per question (default 5)")
+    search.add_argument("-k", type=_positive_int, default=5, help="pages per question (default 5)")
     search.add_argument("--mode", choices=("two-stage", "exact"), default="two-stage",
                         help="two-stage: pooled prefetch + exact rerank (default); exact: full scan")
     search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
@@ -267,6 +318,47 @@ def _add_index_commands(sub) -> None:
     upgrade.add_argument("--db", required=True, help="the index folder (Qdrant Edge)")
     upgrade.add_argument("--quiet", action="store_true", help="no progress bar")
     upgrade.set_defaults(func=_cmd_upgrade)
+
+
+SERVE_EXTRA_HINT = ("this command needs the serve extra (fastapi, uvicorn, python-multipart) and "
+                    "the index extra: pip install 'colembed[serve]'")
+
+
+def _cmd_serve(args) -> int:
+    """`colembed serve`: one process holding the model and the index (docs/serve.md)."""
+    try:
+        import uvicorn  # noqa: F401
+
+        from .serve.app import Settings
+        from .serve.limits import Limits
+        from .serve.roots import Roots, parse_roots
+        from .serve.run import API_KEY_ENV, check_exposure, serve
+    except ImportError as e:
+        raise SystemExit(f"colembed: {SERVE_EXTRA_HINT}\n  ({e})") from None
+    api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    try:  # a command line that cannot be served: usage errors, before loading anything
+        check_exposure(args.host, api_key, args.insecure)
+        roots = Roots(parse_roots(args.allow_root or []))
+    except ColembedError as e:
+        raise UsageError(str(e)) from None
+    limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
+    settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
+                        roots=roots, limits=limits,
+                        workers=args.workers, queue=args.queue,
+                        max_queued_jobs=args.max_queued_jobs)
+    with _open_index(args, create=True) as index:  # an empty index is filled by jobs
+        serve(index, settings, host=args.host, port=args.port, insecure=args.insecure,
+              log_level="warning" if args.quiet else "info")
+    return 0
+
+
+def _add_serve_command(sub) -> None:
+    from .serve.options import add_serve_options
+
+    serve = sub.add_parser("serve", help="HTTP API (/v1) and a search page (/) over one index")
+    add_serve_options(serve)
+    _index_options(serve)
+    serve.set_defaults(func=_cmd_serve)
 
 
 def _cmd_doctor(args) -> int:
@@ -339,16 +431,38 @@ def build_parser() -> argparse.ArgumentParser:
                         help="auto (DirectML when available), cpu, directml, ... (default auto)")
     doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, else fp32)")
     doctor.set_defaults(func=_cmd_doctor)
+    _add_serve_command(sub)
     return parser
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "index":
+        if args.ray is not None and not _is_ray_address(args.ray):
+            args.paths.insert(0, args.ray)  # `--ray docs/`: a path, not an address
+            args.ray = "local"
+        if not args.paths:
+            parser.error("index: give at least one PATH")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Exit codes: 0 done, 1 a runtime failure (an error, or files that failed), 2 a usage error,
+    130 interrupted (Ctrl-C: what was stored is kept)."""
+    args = _parse(argv)
     try:
         return args.func(args)
+    except UsageError as e:
+        print(f"colembed {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except ColembedError as e:
         print(f"colembed: error: {e}", file=sys.stderr)
-        return 2
+        return EXIT_FAILED
+    except KeyboardInterrupt:
+        print(f"\ncolembed: {RESUME_HINT}" if args.command == "index" else
+              "\ncolembed: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .layout import BASE_VARIANT
 from .sessions import Session, _name, onnxruntime_facts, resolve_providers
 
 SAMPLE_QUERIES = ("What was the revenue in 2023?", "operating margin by region")
@@ -101,7 +102,7 @@ def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | No
     folder = Path(folder)
     resolved = resolve_providers(providers)
     chosen = variant or default_variant(folder, providers)
-    reference = load(folder, variant="fp32", providers=None, verify=False)
+    reference = load(folder, variant=BASE_VARIANT, providers=None, verify=False)
     model = load(folder, variant=chosen, providers=providers, verify=True)
     feeds = _recorded_feeds(reference)
     return {

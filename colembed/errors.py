@@ -50,6 +50,18 @@ class ProviderError(ColembedError, RuntimeError):
     """An execution provider was asked for and cannot be had (no silent CPU fallback)."""
 
 
+class GraphOutputError(ColembedError, RuntimeError):
+    """A graph returned what the model folder's own numbers rule out (the image graph's feature rows
+    against the image tokens its preprocessing put in the page prompt): the folder's graphs and
+    manifest disagree. Names the folder."""
+
+    def __init__(self, reason: str, *, path: Any = None) -> None:
+        self.reason = reason
+        self.path = path
+        where = f"{path}: " if path is not None else ""
+        super().__init__(f"{where}{reason}")
+
+
 class ExportError(ColembedError, RuntimeError):
     """The exporter refused a checkpoint, an output folder, or graphs that failed their check."""
 

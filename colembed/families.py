@@ -4,7 +4,7 @@ Both families share everything on the host and in the text graph (prompts, token
 positions, rotary tables, feature placement, scorer; docs/reference-colqwen2_5.md). They differ in
 how a checkpoint names its vision numbers, in the image graph's attention and in the extra per-grid
 inputs that attention needs. Each difference is one field of a frozen `Family`, read by
-`PreprocessConfig.from_checkpoint` (which width to read), by the manifest (the folder names its
+the exporter's checkpoint reader (`colembed_export.preprocess_config`: which width to read), by the manifest (the folder names its
 family and its `VisionAttention`), by the runtime (which contract to check, which host inputs to
 make per grid) and by the exporter (`colembed_export.families` adds the torch side).
 
@@ -16,6 +16,14 @@ make per grid) and by the exporter (`colembed_export.families` adds the torch si
 | merger output, MLP  | hidden_size, mlp_ratio    | out_hidden_size, intermediate_size           |
 | vision attention    | full                      | windowed (`window_size` px, from the config) |
 | extra grid inputs   | none                      | `window_layout(grid, ...).graph_inputs()`    |
+
+ColQwen3 (Qwen3-VL, docs/reference-colqwen3.md) adds two declared traits, carried by a folder's
+`VisionExtras` (manifest `vision_extras`, numbers from the checkpoint): the tower's learned position
+table interpolated per grid (host-made indices and weights, `preprocess.vision_positions`, two more
+image-graph inputs) and DeepStack (the image graph also returns `deepstack_layers` merged features
+that the text graph adds to its first layers at image-token positions: one more output and one
+more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor), ColQwen2's
+"Query: ".
 
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` only when window inputs are made.
@@ -45,6 +53,58 @@ def _extra_inputs(kind: str) -> tuple[TensorSpec, ...]:
     from .preprocess.windows import WINDOW_INPUTS
 
     return WINDOW_INPUTS
+
+
+def _extras_contracts(extras: "VisionExtras | None", text_hidden: int):
+    """(vision inputs, vision outputs, text inputs) that a folder's `VisionExtras` adds."""
+    if extras is None:
+        return (), (), ()
+    from .preprocess.vision_positions import POSITION_INPUTS
+
+    layers = extras.deepstack_layers
+    return (POSITION_INPUTS,
+            (TensorSpec("deepstack_features", "float32",
+                        ("images", layers, "merged_tokens", text_hidden)),),
+            (TensorSpec("deepstack_features", "float32", (layers, "image_rows", text_hidden)),))
+
+
+@dataclass(frozen=True)
+class VisionExtras:
+    """What Qwen3-VL's tower adds to Qwen2-VL's (manifest `vision_extras`): a learned position
+    table of `position_grid_side`**2 entries, bilinearly interpolated to each grid, and
+    `deepstack_layers` DeepStack features added to the first language layers."""
+
+    position_grid_side: int
+    deepstack_layers: int
+
+    def __post_init__(self) -> None:
+        for name in ("position_grid_side", "deepstack_layers"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r:.40}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position_grid_side": self.position_grid_side,
+                "deepstack_layers": self.deepstack_layers}
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "vision_extras") -> VisionExtras:
+        if not isinstance(d, dict):
+            raise ManifestError(f"{where}: expected a JSON object, got {type(d).__name__}")
+        keys = {"position_grid_side", "deepstack_layers"}
+        if set(d) != keys:
+            raise ManifestError(f"{where}: expected keys {sorted(keys)}, got {sorted(d)}")
+        try:
+            return cls(**d)
+        except ValueError as e:
+            raise ManifestError(f"{where}: {e}") from None
+
+    def grid_inputs(self, grid: tuple[int, int, int], *, merge_size: int) -> tuple[np.ndarray, ...]:
+        """The position-table inputs for one grid (index, weight), in contract order."""
+        from .preprocess.vision_positions import interpolated_positions
+
+        return interpolated_positions(grid, merge_size=merge_size,
+                                      grid_side=self.position_grid_side)
 
 
 class UnknownFamilyError(ColembedError, ValueError):
@@ -129,6 +189,8 @@ class Family:
     checkpoint_layouts: tuple[tuple[str, str | None], ...]  # (config model_type, vlm_config's)
     vision_names: VisionConfigNames
     attention_kind: str
+    default_query_prefix: str = "Query: "  # when processor_config.json gives none
+    vision_extras: bool = False  # Qwen3-VL: learned positions + DeepStack (`VisionExtras`)
 
     def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
         value = vision_config.get(key)
@@ -174,14 +236,39 @@ class Family:
             return VisionAttention(FULL)
         return VisionAttention(WINDOWED, self._vision_value(vision_config, "window_size", source))
 
+    def extras(self, vision_config: Mapping[str, Any],
+               source: str = "config.json") -> VisionExtras | None:
+        """The folder's `VisionExtras` from the checkpoint's vision config (None if the family
+        has none): the position table's side and the number of DeepStack layers."""
+        if not self.vision_extras:
+            return None
+        entries = self._vision_value(vision_config, "num_position_embeddings", source)
+        side = int(round(entries ** 0.5))
+        if side * side != entries:
+            raise ModelFolderError(f"vision_config.num_position_embeddings {entries} is not a "
+                                   "square", path=source)
+        layers = vision_config.get("deepstack_visual_indexes")
+        if not isinstance(layers, list) or not layers:
+            raise ModelFolderError("vision_config.deepstack_visual_indexes must be a non-empty "
+                                   f"list for a {self.name} checkpoint, got {layers!r:.40}",
+                                   path=source)
+        return VisionExtras(position_grid_side=side, deepstack_layers=len(layers))
+
     def contracts(self, *, patch_dim: int, vision_head_dim: int, text_hidden: int,
-                  embedding_dim: int) -> dict[str, GraphContract]:
+                  embedding_dim: int,
+                  extras: VisionExtras | None = None) -> dict[str, GraphContract]:
         """The family's two graphs by role: the exporter writes these, the runtime checks a
         folder's manifest against them."""
+        if (extras is not None) != self.vision_extras:
+            raise ValueError(f"{self.name} {'needs' if self.vision_extras else 'has no'} "
+                             "vision extras")
+        vision_in, vision_out, text_in = _extras_contracts(extras, text_hidden)
         base = vision_contract(patch_dim, vision_head_dim, text_hidden)
-        vision = GraphContract(role=base.role, outputs=base.outputs,
-                               inputs=base.inputs + _extra_inputs(self.attention_kind))
-        return {"vision": vision, "text": text_contract(text_hidden, embedding_dim)}
+        vision = GraphContract(role=base.role, outputs=base.outputs + vision_out,
+                               inputs=base.inputs + _extra_inputs(self.attention_kind) + vision_in)
+        text = text_contract(text_hidden, embedding_dim)
+        text = GraphContract(role=text.role, inputs=text.inputs + text_in, outputs=text.outputs)
+        return {"vision": vision, "text": text}
 
 
 COLQWEN2 = Family(
@@ -203,7 +290,19 @@ COLQWEN2_5 = Family(
                                    mlp="intermediate_size", mlp_is_ratio=False),
     attention_kind=WINDOWED,
 )
-FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5)}
+COLQWEN3 = Family(
+    name="colqwen3",
+    display_name="ColQwen3",
+    backbone="qwen3_vl",
+    # colpali-engine 0.3.18's layout: a bare qwen3_vl config (`architectures: ["ColQwen3"]`)
+    checkpoint_layouts=(("qwen3_vl", None),),
+    vision_names=VisionConfigNames(width="hidden_size", merger_out="out_hidden_size",
+                                   mlp="intermediate_size", mlp_is_ratio=False),
+    attention_kind=FULL,
+    default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
+    vision_extras=True,
+)
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3)}
 # What a manifest that names no family holds: every folder the first release (format 1 without
 # `family`) wrote, since its exporter refused every backbone but Qwen2-VL.
 LEGACY_FAMILY = COLQWEN2
@@ -241,6 +340,6 @@ def family_of_checkpoint(config: Mapping[str, Any]) -> Family | None:
     return next((f for f in FAMILIES.values() if layout in f.checkpoint_layouts), None)
 
 
-__all__ = ["COLQWEN2", "COLQWEN2_5", "FAMILIES", "FULL", "Family", "LEGACY_FAMILY",
+__all__ = ["COLQWEN2", "COLQWEN2_5", "COLQWEN3", "FAMILIES", "VisionExtras", "FULL", "Family", "LEGACY_FAMILY",
            "UnknownFamilyError", "VisionAttention", "VisionConfigNames", "WINDOWED",
            "checkpoint_model_types", "family_of_backbone", "family_of_checkpoint", "get_family"]

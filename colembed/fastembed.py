@@ -1,7 +1,8 @@
 """ColQwen2 and ColQwen2.5 as FastEmbed 0.9.x late-interaction multimodal models, in one line:
 
     from colembed.fastembed import LateInteractionMultimodalEmbedding
-    model = LateInteractionMultimodalEmbedding("colqwen2")      # or "colqwen2.5"
+    model = LateInteractionMultimodalEmbedding("colqwen2")      # or "colqwen2.5", or another
+                                                                # name of models.json
 
 One class (`ColQwen2`) serves every name in models.json: the folder's manifest says its family and
 the runtime follows it; a folder of another family is refused under a name (`registry`).
@@ -71,8 +72,9 @@ except ImportError as e:
 
 from . import registry
 from .errors import InputError
-from .layout import MANIFEST_NAME, TOKENIZER_FILE, variant_files
-from .manifest import read_manifest, verify_files
+from .layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE, variant_files
+from .integrity import verify_files
+from .manifest import read_manifest
 from .safe_fs import inside
 from .sessions import CUDA, available_providers
 
@@ -140,7 +142,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         device_id: int | None = None,
         specific_model_path: str | None = None,
         enable_cpu_mem_arena: bool = True,
-        variant: str = "fp32",
+        variant: str = BASE_VARIANT,
         max_image_tokens: int | None = None,
         verify: bool = True,
         **kwargs: Any,

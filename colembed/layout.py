@@ -16,6 +16,10 @@ MANIFEST_NAME = "colembed_manifest.json"
 TOKENIZER_FILE = "tokenizer.json"
 MAXSIM_FILE = "maxsim.onnx"
 GRAPH_ROLES = ("vision", "text")
+# The variant every export holds: the graphs as torch exported them, checked against the torch
+# model. The other variants (int8, int4, fp16: export/recipes.py) are derived from it and gated
+# against it; it is what runs when no variant is named (DirectML aside: model.default_variant).
+BASE_VARIANT = "fp32"
 
 
 def variant_files(manifest: Any, variant: str) -> list[str]:
@@ -27,7 +31,7 @@ def variant_files(manifest: Any, variant: str) -> list[str]:
     return names + [TOKENIZER_FILE]
 
 
-def required_files(manifest: Any, variant: str = "fp32") -> list[str]:
+def required_files(manifest: Any, variant: str = BASE_VARIANT) -> list[str]:
     """Every file a folder must hold to serve `variant`: the manifest, the variant's files and the
     scorer graph when the manifest lists one. A folder may hold fewer variants than were exported
     (a user may delete fp32 and keep int8): only the variant asked for is required."""

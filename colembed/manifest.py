@@ -28,16 +28,16 @@ from typing import Any, Mapping
 
 from .contracts import ORT_TYPES, GraphContract, TensorSpec
 from .errors import ManifestError, ModelFolderError
-from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, get_family
-from .integrity import describe_file, sha256_of, verify_files  # noqa: F401  (re-exported)
+from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, VisionExtras, get_family
 from .preprocess.config import PreprocessConfig
 
-from .layout import GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
+from .layout import BASE_VARIANT, GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _SHA256_HEX = 64
 TOP_LEVEL_KEYS = ("format", "format_version", "model", "family", "vision_attention",
-                  "embedding_dim", "preprocess", "architecture", "variants", "scorer", "files",
+                  "vision_extras", "embedding_dim", "preprocess", "architecture", "variants",
+                  "scorer", "files",
                   "checks", "versions", "created")
 
 
@@ -273,9 +273,11 @@ class GraphEntry:
 
 
 def _output_width(entry: GraphEntry, where: str) -> Any:
+    """The width of a graph's first output (the features or embeddings; ColQwen3's image graph
+    has DeepStack features as a second output of the same width)."""
     outputs = entry.contract.outputs
-    if len(outputs) != 1 or not outputs[0].dims:
-        raise ManifestError(f"{where}.contract.outputs: expected one output tensor")
+    if not outputs or any(not o.dims or o.dims[-1] != outputs[0].dims[-1] for o in outputs):
+        raise ManifestError(f"{where}.contract.outputs: expected output tensors of one width")
     return outputs[0].dims[-1]
 
 
@@ -297,6 +299,7 @@ class Manifest:
     created: str = ""
     family: str = LEGACY_FAMILY.name
     vision_attention: VisionAttention = VisionAttention(LEGACY_FAMILY.attention_kind)
+    vision_extras: VisionExtras | None = None  # exactly for a family declaring them (ColQwen3)
 
     def __post_init__(self) -> None:
         problems = _inconsistencies(self)
@@ -310,6 +313,7 @@ class Manifest:
             "model": self.model.to_dict(),
             "family": self.family,
             "vision_attention": self.vision_attention.to_dict(),
+            **({"vision_extras": self.vision_extras.to_dict()} if self.vision_extras else {}),
             "embedding_dim": self.embedding_dim,
             "preprocess": self.preprocess.to_dict(),
             "architecture": self.architecture.to_dict(),
@@ -343,6 +347,8 @@ class Manifest:
             model=ModelInfo.from_dict(_get(d, "model", dict, "")),
             family=family,
             vision_attention=attention,
+            vision_extras=(None if d.get("vision_extras") is None
+                           else VisionExtras.from_dict(d["vision_extras"])),
             embedding_dim=_get(d, "embedding_dim", int, "", positive=True),
             preprocess=PreprocessConfig.from_dict(_get(d, "preprocess", dict, "")),
             architecture=Architecture.from_dict(_get(d, "architecture", dict, "")),
@@ -370,7 +376,7 @@ class Manifest:
             raise ModelFolderError(
                 f"variant {variant!r} is not in this folder; it has {sorted(self.variants)}"
                 + (" (write it with `colembed export ... --variant " + variant + "`)"
-                   if variant != "fp32" else ""),
+                   if variant != BASE_VARIANT else ""),
                 path=MANIFEST_NAME,
             )
         try:
@@ -412,6 +418,9 @@ def _inconsistencies(m: Manifest) -> list[str]:
     elif m.vision_attention.kind != FAMILIES[m.family].attention_kind:
         problems.append(f"vision_attention.kind: {m.vision_attention.kind!r} contradicts family "
                         f"{m.family!r}")
+    if m.family in FAMILIES and (m.vision_extras is not None) != FAMILIES[m.family].vision_extras:
+        problems.append(f"vision_extras: {'missing' if m.vision_extras is None else 'present'} "
+                        f"for family {m.family!r}")
     if TOKENIZER_FILE not in m.files:
         problems.append(f"files: {TOKENIZER_FILE} is not described")
     if m.architecture.embedding_dim != m.embedding_dim:
@@ -475,4 +484,4 @@ def read_manifest(folder: Path) -> Manifest:
 
 
 __all__ = ["Architecture", "ExportCheck", "FileEntry", "GraphEntry", "MANIFEST_NAME", "Manifest",
-           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest", "verify_files"]
+           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest"]

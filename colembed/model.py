@@ -21,9 +21,9 @@ from typing import Any, Iterable, Iterator, Sequence
 import numpy as np
 
 from .contracts import GraphContract
-from .errors import InputError, InputTypeError, ModelFolderError
+from .errors import GraphOutputError, InputError, InputTypeError, ModelFolderError
 from .integrity import check_graph_files, verify_files
-from .layout import GRAPH_ROLES, TOKENIZER_FILE, variant_files
+from .layout import BASE_VARIANT, GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .families import get_family
 from .manifest import Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
@@ -108,7 +108,7 @@ class ColQwen2Model:
         self,
         folder: str | Path,
         *,
-        variant: str = "fp32",
+        variant: str = BASE_VARIANT,
         providers: Any = None,
         threads: int | None = None,
         max_image_tokens: int | None = None,
@@ -137,7 +137,8 @@ class ColQwen2Model:
         self.family = get_family(self.manifest.family)
         self._contracts = self.family.contracts(
             patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
-            text_hidden=self._text_hidden, embedding_dim=self.embedding_size)
+            text_hidden=self._text_hidden, embedding_dim=self.embedding_size,
+            extras=self.manifest.vision_extras)
         self._provider_request = resolve_providers(providers)
         self._sessions: dict[str, Session] = {}
         for role in GRAPH_ROLES:
@@ -173,7 +174,7 @@ class ColQwen2Model:
 
     @property
     def max_image_tokens(self) -> int:
-        return self.config.max_pixels // (self.config.patch_size * self.config.merge_size) ** 2
+        return self.config.max_image_tokens
 
     @property
     def name(self) -> str:
@@ -279,16 +280,17 @@ class ColQwen2Model:
     def image_features(self, images: Sequence[Any]) -> list[np.ndarray]:
         """The image graph's merged features per image, (tokens, text width): for checks."""
         return self._vision_features([prepare_image(o, self.config, index=i)
-                                      for i, o in enumerate(images)])
+                                      for i, o in enumerate(images)])[0]
 
     def _embed_prepared(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
-        features = self._vision_features(prepared)
+        features, deepstack = self._vision_features(prepared)
         ids = [self.text_encoder.page_prompt_ids(p.num_image_tokens) for p in prepared]
-        return self._run_text(ids, [(p.grid_thw,) for p in prepared], features)
+        return self._run_text(ids, [(p.grid_thw,) for p in prepared], features, deepstack)
 
     def _grid_inputs(self, grid: tuple[int, int, int]) -> tuple[np.ndarray, ...]:
         """The image graph's per-grid host inputs after the pixels, in contract order: the rotary
-        tables, then what the family's vision attention adds (ColQwen2.5's window layout).
+        tables, then what the family's vision attention adds (ColQwen2.5's window layout), then
+        the position-table interpolation of the vision extras (ColQwen3).
         Cached per grid: pages of one size share them."""
         if grid not in self._grid_cache:
             if len(self._grid_cache) > 64:
@@ -299,7 +301,10 @@ class ColQwen2Model:
                                             theta=cfg.vision_rope_theta)
             extra = self.manifest.vision_attention.grid_inputs(
                 grid, merge_size=cfg.merge_size, patch_size=cfg.patch_size)
-            self._grid_cache[grid] = (cos, sin, *extra)
+            extras = self.manifest.vision_extras
+            positions = () if extras is None else extras.grid_inputs(grid,
+                                                                     merge_size=cfg.merge_size)
+            self._grid_cache[grid] = (cos, sin, *extra, *positions)
         return self._grid_cache[grid]
 
     def _vision_features(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
@@ -310,14 +315,19 @@ class ColQwen2Model:
         per page, 2026-12-01): letter pages (2976 patches) 6.20 alone vs 6.30 / 6.09 in batches of
         2 / 4; 256-token pages 1.59 vs 1.80 (4); 64-token pages 0.354 vs 0.368 (4). Each extra
         letter page in a batch cost ~0.85 GB of peak RSS.
+
+        Returns (features, deepstack): deepstack holds each page's (layers, tokens, text width)
+        DeepStack features when the folder has vision extras (ColQwen3), else None.
         """
-        features = []
+        features, deepstack = [], []
         for page in prepared:
             feeds = self._contracts["vision"].feeds(page.patches[None],
                                                     *self._grid_inputs(page.grid_thw))
-            (out,) = self._sessions["vision"].run(feeds, self._run_options)
-            features.append(out[0])
-        return features
+            outs = self._sessions["vision"].run(feeds, self._run_options)
+            features.append(outs[0][0])
+            if len(outs) > 1:
+                deepstack.append(outs[1][0])
+        return features, (deepstack if self.manifest.vision_extras is not None else None)
 
     # ---------------------------------------------------------------------------------- scoring
     @property
@@ -346,7 +356,10 @@ class ColQwen2Model:
 
     # ------------------------------------------------------------------------------- text graph
     def _run_text(self, ids: list[np.ndarray], grids: Sequence[Sequence[tuple[int, int, int]]],
-                  features: list[np.ndarray] | None) -> list[np.ndarray]:
+                  features: list[np.ndarray] | None,
+                  deepstack: list[np.ndarray] | None = None) -> list[np.ndarray]:
+        """`deepstack`: per page (layers, tokens, width), concatenated along tokens like the
+        features (the same index places both); queries pass none (a zero-row table)."""
         cfg = self.config
         input_ids, mask = pad_batch(ids, cfg.pad_token_id)
         positions = mrope_position_ids(input_ids, mask, grids, image_token_id=cfg.image_token_id,
@@ -358,15 +371,22 @@ class ColQwen2Model:
             for row, row_features in enumerate(features):
                 slots = np.flatnonzero((input_ids[row] == cfg.image_token_id) & (mask[row] == 1))
                 if len(slots) != len(row_features):
-                    raise RuntimeError(f"page prompt has {len(slots)} image tokens for "
-                                       f"{len(row_features)} feature rows")
+                    raise GraphOutputError(
+                        f"the image graph returned {len(row_features)} feature rows for a page "
+                        f"whose prompt has {len(slots)} image tokens: this folder's graphs and "
+                        "manifest disagree (re-export it)", path=self.folder)
                 index[row, slots] = np.arange(offset + 1, offset + 1 + len(slots))
                 offset += len(slots)
             table = np.concatenate(features).astype(np.float32, copy=False)
         else:
             table = np.zeros((0, self._text_hidden), dtype=np.float32)
+        extra = ()
+        extras = self.manifest.vision_extras
+        if extras is not None:
+            extra = (np.concatenate(deepstack, axis=1).astype(np.float32, copy=False) if features
+                     else np.zeros((extras.deepstack_layers, 0, self._text_hidden), np.float32),)
         (out,) = self._sessions["text"].run(
-            self._contracts["text"].feeds(input_ids, mask, positions, index, table),
+            self._contracts["text"].feeds(input_ids, mask, positions, index, table, *extra),
             self._run_options)
         if out.ndim != 3 or out.shape[-1] != self.embedding_size:
             raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
@@ -467,4 +487,4 @@ def default_variant(folder: str | Path, providers: Any) -> str:
     first = first if isinstance(first, str) else first[0]
     if first == DIRECTML and "fp16" in read_manifest(Path(folder)).variants:
         return "fp16"
-    return "fp32"
+    return BASE_VARIANT

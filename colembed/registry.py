@@ -1,6 +1,7 @@
 """The models colembed knows by name (`models.json`), and where each one's exported folder is.
 
-`colembed/models.json` (package data, the one copy) describes each named model: FastEmbed's fields
+`models.json` (the one copy sits at the repository's top level; the wheel ships it as
+`colembed/models.json`, copied there by setup.py's build step) describes each named model: FastEmbed's fields
 (model, dim, description, license, size_in_GB) plus its `family` (`colembed.families`: a folder of
 another family is refused) and where it comes from (`checkpoint`, what `colembed export` reads; for
 a PEFT adapter such as `vidore/colqwen2.5-v0.2`, `base_checkpoint` records the base its
@@ -46,7 +47,7 @@ from typing import Any
 from .contracts import ARCHITECTURE
 from .errors import ColembedError, ModelFolderError
 from .families import FAMILIES
-from .layout import MANIFEST_NAME, required_files
+from .layout import BASE_VARIANT, MANIFEST_NAME, required_files
 from .safe_fs import inside
 
 MODELS_JSON = "models.json"
@@ -125,8 +126,13 @@ class ModelEntry:
 
 
 def models_json_path() -> Path:
-    """The package's `models.json` (one copy, shipped as package data)."""
-    return Path(__file__).with_name(MODELS_JSON)
+    """The `models.json` this colembed reads: the wheel's `colembed/models.json`, and in a source
+    checkout (an editable install, which has no build step) the top-level file it is built from.
+
+    The source tree never holds `colembed/models.json` (tests/test_packaging.py), so the two
+    places are one file seen from an installed wheel and from a checkout."""
+    packaged = Path(__file__).with_name(MODELS_JSON)
+    return packaged if packaged.is_file() else Path(__file__).resolve().parents[1] / MODELS_JSON
 
 
 @functools.lru_cache(maxsize=8)
@@ -175,7 +181,7 @@ def is_offline(local_files_only: bool = False) -> bool:
     return bool(local_files_only) or os.environ.get(OFFLINE_ENV, "").strip().lower() in _TRUE
 
 
-def missing_files(folder: Path, variant: str = "fp32") -> list[str]:
+def missing_files(folder: Path, variant: str = BASE_VARIANT) -> list[str]:
     """What `folder` lacks to serve `variant`, by its own manifest ([manifest name] without one)."""
     from .manifest import read_manifest
 
@@ -230,7 +236,7 @@ def _private_group(gid: int, uid: int) -> bool:
             and set(group.gr_mem) <= {user.pw_name})
 
 
-def check_model_folder(entry: ModelEntry, folder: Path, variant: str = "fp32") -> Path:
+def check_model_folder(entry: ModelEntry, folder: Path, variant: str = BASE_VARIANT) -> Path:
     """`folder` holds every file its manifest lists for `variant` and describes the same model."""
     from .manifest import read_manifest
 
@@ -268,7 +274,7 @@ def resolve_model_folder(
     specific_model_path: str | os.PathLike | None = None,
     cache_dir: str | os.PathLike | None = None,
     local_files_only: bool = False,
-    variant: str = "fp32",
+    variant: str = BASE_VARIANT,
 ) -> Path:
     """The exported folder of `model`; see the module docstring for the order."""
     entry = model if isinstance(model, ModelEntry) else get_model(model)

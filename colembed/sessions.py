@@ -106,8 +106,9 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[Pr
                     "installed next to it, e.g. by fastembed, run `pip uninstall -y onnxruntime "
                     "onnxruntime-directml` then `pip install onnxruntime-directml`)"
                     if name == DIRECTML else "")
-            raise ProviderError(f"execution provider {name} is not available here; this onnxruntime "
-                                f"has {available}{hint}")
+            asked = f"{name} (options {options})" if options else name
+            raise ProviderError(f"execution provider {asked} is not available here; this "
+                                f"onnxruntime has {available}{hint}")
         resolved.append(name if options is None else (name, options))
     if not resolved:
         raise ProviderError("an empty provider list was given")

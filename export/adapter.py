@@ -1,22 +1,28 @@
 """A PEFT LoRA adapter over a ColQwen2.5 base, merged into one torch model at export.
 
-The published `vidore/colqwen2.5-v0.2` is not a full checkpoint: it is a LoRA adapter
-(`adapter_config.json` + `adapter_model.safetensors`) whose `base_model_name_or_path` is
-`vidore/colqwen2.5-base`, trained with colpali-engine on the language model's projections and
-`custom_text_proj` (docs/reference-colqwen2_5.md). colembed's graphs are plain weights, so the
+The published ColQwen2.5 retrievers are not full checkpoints: `vidore/colqwen2.5-v0.2`, nomic-ai's
+`colnomic-embed-multimodal-3b`/`-7b`, T-Systems' and Metric-AI's multilingual ColQwen2.5 are LoRA
+adapters (`adapter_config.json` + `adapter_model.safetensors`) over a ColQwen2.5 base named by
+`base_model_name_or_path` (docs/models-colqwen2_5.md). colembed's graphs are plain weights, so the
 adapter is merged into the base here (W + B A * alpha / r, by peft itself) before anything is
 exported; the runtime never sees an adapter.
 
-The adapter names modules as the model it was trained on did (colpali-engine's layout, whose
-names moved with transformers' 4.52 refactor); the base is loaded as transformers'
-`ColQwen2ForRetrieval` (`checkpoint_qwen2_5.load_colqwen2_5`). `ADAPTER_TO_TRANSFORMERS`
-renames the adapter's module paths to that model's, and peft then targets exactly the renamed
-modules: every LoRA tensor must land on a module, or the load is refused.
+What an adapter may hold besides LoRA pairs: the full trained tensors of its `modules_to_save`
+(e.g. a `custom_text_proj` trained whole rather than through LoRA) and, with `bias` "all" or
+"lora_only", trained biases. Each replaces the base's tensor after the merge (peft saves the trained
+value, not a delta); any other tensor is refused by name.
+
+The adapter names modules as the model it was trained on did (`layouts_qwen2_5`: colpali-engine's
+layouts moved with transformers' 4.52 refactor); the base is loaded as transformers'
+`ColQwen2ForRetrieval` (`checkpoint_qwen2_5.load_colqwen2_5`), and `to_transformers_module`
+renames the adapter's module paths to that model's. peft then targets exactly the renamed modules:
+every tensor must land on a module of the base, or the load is refused.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -24,32 +30,27 @@ from typing import Any, Callable
 
 from colembed.errors import ModelFolderError
 
-from .checkpoint_qwen2_5 import COLPALI_TO_TRANSFORMERS
-
-ADAPTER_CONFIG = "adapter_config.json"
-ADAPTER_WEIGHTS = "adapter_model.safetensors"
-PEFT_PREFIX = "base_model.model."  # peft's key prefix in a saved adapter
-LORA_MARKER = ".lora_"  # lora_A / lora_B / lora_embedding_* / lora_magnitude_vector
-PEFT_NOTES = ("The PEFT config's `base_model_name_or_path` was renamed",
-              "Input and output embeddings are no longer tied")
-# Adapter module-path prefix -> ColQwen2ForRetrieval module-path prefix; the first match wins.
-ADAPTER_TO_TRANSFORMERS = (
-    # trained on transformers >= 4.52's Qwen2_5_VLForConditionalGeneration layout
-    ("model.language_model.", "vlm.model.language_model."),
-    ("model.visual.", "vlm.model.visual."),
-    # colpali-engine 0.3.12 (ColQwen2_5 is a Qwen2_5_VLModel)
-    ("language_model.", "vlm.model.language_model."),
-    # colpali-engine before it (ColQwen2_5 was a Qwen2_5_VLForConditionalGeneration, text model
-    # at `model.`): the published base's own key names
-    *COLPALI_TO_TRANSFORMERS,
-    # trained on transformers' ColQwen2ForRetrieval itself
-    ("vlm.", "vlm."),
-    ("embedding_proj_layer.", "embedding_proj_layer."),
+from .checkpoint_qwen2_5 import load_colqwen2_5
+from .layouts_qwen2_5 import (
+    ADAPTER_CONFIG,
+    ADAPTER_TO_TRANSFORMERS,
+    ADAPTER_WEIGHTS,
+    LORA_MARKER,
+    PEFT_PREFIX,
+    is_adapter,
+    to_transformers_module,
 )
 
-
-def is_adapter(folder: str | Path) -> bool:
-    return (Path(folder) / ADAPTER_CONFIG).is_file()
+PEFT_NOTES = ("The PEFT config's `base_model_name_or_path` was renamed",
+              "Input and output embeddings are no longer tied")
+# Path pieces of peft's wrappers in saved keys (`q_proj.base_layer.bias`: a trained bias of a LoRA
+# layer; `custom_text_proj.modules_to_save.weight`: the trained copy) and the untrained copy it
+# also saves with bias="all" (measured with peft 0.21: tests/test_qwen2_5_models.py).
+PEFT_WRAPPERS = (".base_layer.", ".modules_to_save.")
+PEFT_COPY_OF_THE_BASE = ".original_module."
+# Config keys whose patterns speak the training layout's module names and so cannot be renamed
+# reliably; no published ColQwen2.5 adapter we know of uses them (docs/models-colqwen2_5.md).
+UNSUPPORTED_CONFIG = ("rank_pattern", "alpha_pattern")
 
 
 def adapter_config(folder: str | Path) -> dict:
@@ -62,7 +63,7 @@ def adapter_config(folder: str | Path) -> dict:
     if not isinstance(config, dict) or config.get("peft_type") != "LORA":
         kind = config.get("peft_type") if isinstance(config, dict) else None
         raise ModelFolderError(f"peft_type {kind!r}: only LoRA adapters can be merged", path=path)
-    for key in ("rank_pattern", "alpha_pattern", "modules_to_save"):
+    for key in UNSUPPORTED_CONFIG:
         if config.get(key):
             raise ModelFolderError(f"{key} is not supported in a ColQwen2.5 adapter "
                                    f"(got {config[key]!r})", path=path)
@@ -94,69 +95,99 @@ def adapter_base(folder: str | Path, base: str | Path | None = None) -> Path:
             path=folder / ADAPTER_CONFIG) from e
 
 
-def to_transformers_module(path: str) -> str | None:
-    """An adapter's module path in `ColQwen2ForRetrieval`'s names (None: not a ColQwen2.5 module)."""
-    for old, new in ADAPTER_TO_TRANSFORMERS:
-        if path.startswith(old):
-            return new + path[len(old):]
-    return None
-
-
-def adapter_weights(folder: str | Path) -> dict:
-    """The adapter's tensors (fp32) under peft's keys for the renamed modules."""
+def adapter_weights(folder: str | Path) -> tuple[dict, dict]:
+    """The adapter's tensors (fp32) under the base model's names: (LoRA tensors under peft's keys,
+    saved whole tensors under `ColQwen2ForRetrieval` parameter names), each checked against the
+    config: a whole tensor must belong to a `modules_to_save` module, or be a bias the config
+    trained (`bias` "all"/"lora_only")."""
     import torch
     from safetensors.torch import load_file
 
+    config = adapter_config(folder)
     path = Path(folder) / ADAPTER_WEIGHTS
     if not path.is_file():
         raise ModelFolderError(f"no {ADAPTER_WEIGHTS} (the adapter's weights)", path=folder)
-    out, unknown = {}, []
+    saved_modules = config.get("modules_to_save") or []
+    if isinstance(saved_modules, str):
+        saved_modules = [saved_modules]
+    trains_bias = config.get("bias", "none") != "none"
+    lora, whole, unknown = {}, {}, []
     for key, value in load_file(str(path)).items():
-        renamed = to_transformers_module(key.removeprefix(PEFT_PREFIX))
+        if PEFT_COPY_OF_THE_BASE in key:
+            continue  # peft's untouched copy of a modules_to_save module (saved with bias="all")
+        training_name = key.removeprefix(PEFT_PREFIX)
+        for wrapper in PEFT_WRAPPERS:  # a LoRA layer's own bias, a saved module's trained copy
+            training_name = training_name.replace(wrapper, ".")
+        renamed = to_transformers_module(training_name)
         if not key.startswith(PEFT_PREFIX) or renamed is None:
             unknown.append(key)
+        elif LORA_MARKER in key:
+            lora[PEFT_PREFIX + renamed] = value.to(torch.float32)
+        elif _saved_whole(training_name, saved_modules, trains_bias):
+            whole[renamed] = value.to(torch.float32)
         else:
-            out[PEFT_PREFIX + renamed] = value.to(torch.float32)
+            unknown.append(key)
     if unknown:
-        raise ModelFolderError(f"adapter weights for no ColQwen2.5 module: {unknown[:5]}", path=path)
-    return out
+        raise ModelFolderError(f"adapter weights for no ColQwen2.5 module, or not LoRA and not in "
+                               f"modules_to_save: {unknown[:5]}", path=path)
+    return lora, whole
+
+
+def _saved_whole(name: str, saved_modules: list[str], trains_bias: bool) -> bool:
+    """peft's rule for `modules_to_save` (the module path is the name or ends with `.name`), or a
+    bias of a config that trains biases."""
+    module = name.rsplit(".", 1)[0]
+    if any(module == m or module.endswith("." + m) for m in saved_modules):
+        return True
+    return trains_bias and name.endswith(".bias")
 
 
 def merge_adapter(folder: str | Path, *, base: str | Path | None = None):
     """The base `ColQwen2ForRetrieval` with the adapter merged into its weights (fp32, eval)."""
+    import torch
     from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
-
-    from .checkpoint_qwen2_5 import load_colqwen2_5
 
     folder = Path(folder)
     adapter_config(folder)  # refuses what cannot be merged before the base is loaded
     base_folder = adapter_base(folder, base)
     if is_adapter(base_folder):
         raise ModelFolderError("the adapter's base is itself an adapter; merge it first", path=base_folder)
+    lora, whole = adapter_weights(folder)
     model = load_colqwen2_5(base_folder)
-    weights = adapter_weights(folder)
-    targets = sorted({key[len(PEFT_PREFIX):key.index(LORA_MARKER)] for key in weights
-                      if LORA_MARKER in key})
+    targets = sorted({key[len(PEFT_PREFIX):key.index(LORA_MARKER)] for key in lora})
     modules = dict(model.named_modules())
+    params = dict(model.named_parameters())
     absent = [t for t in targets if t not in modules]
     if not targets or absent:
         raise ModelFolderError(f"adapter modules absent from the base model: {absent[:5] or 'all'}",
                                path=folder / ADAPTER_WEIGHTS)
+    misfit = [f"{k} {tuple(v.shape)}" for k, v in whole.items()
+              if k not in params or params[k].shape != v.shape]
+    if misfit:
+        raise ModelFolderError(f"saved tensors that fit no parameter of the base: {misfit[:5]}",
+                               path=folder / ADAPTER_WEIGHTS)
     config = LoraConfig.from_pretrained(str(folder))
-    # Target exactly the modules the weights name (the saved regex speaks the training layout).
+    # Target exactly the modules the weights name (the saved regex speaks the training layout);
+    # whole tensors are applied after the merge, not by peft's modules_to_save wrappers.
     config.target_modules, config.exclude_modules = set(targets), None
     config.layers_to_transform, config.layers_pattern = None, None
+    config.modules_to_save, config.bias = None, "none"
     config.inference_mode = True
     with warnings.catch_warnings():  # peft's notes on renaming the base path and on untying
         for note in PEFT_NOTES:       # the embeddings (targets never include them)
-            warnings.filterwarnings("ignore", message=note, category=UserWarning)
+            warnings.filterwarnings("ignore", message=re.escape(note), category=UserWarning)
         wrapped = get_peft_model(model, config)
-        result = set_peft_model_state_dict(wrapped, weights)
+        result = set_peft_model_state_dict(wrapped, lora)
         missing = [k for k in result.missing_keys if LORA_MARKER in k]
         if missing or result.unexpected_keys:
             raise ModelFolderError(f"adapter weights do not fit the base: missing {missing[:5]}, "
                                    f"unexpected {list(result.unexpected_keys)[:5]}", path=folder)
-        return wrapped.merge_and_unload(safe_merge=True).eval()
+        merged = wrapped.merge_and_unload(safe_merge=True).eval()
+    merged_params = dict(merged.named_parameters())
+    with torch.no_grad():
+        for name, value in whole.items():
+            merged_params[name].copy_(value)
+    return merged
 
 
 def adapter_source(source: str | Path, revision: str | None = None) -> Path | None:

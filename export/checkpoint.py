@@ -20,7 +20,7 @@ from colembed.families import (
     checkpoint_model_types,
     family_of_checkpoint,
 )
-from colembed.manifest import describe_file
+from colembed.integrity import describe_file
 
 from .constants import CHECKPOINT_PATTERNS, REQUIRED_FILES
 

@@ -1,16 +1,16 @@
-"""Loading a ColQwen2.5 checkpoint in either published layout as one torch model.
+"""Loading a full ColQwen2.5 checkpoint in either published layout as one torch model.
 
 ColQwen2.5 ships in two layouts (docs/reference-colqwen2_5.md): colpali-engine's (the official
 `vidore/colqwen2.5-base`, base of the `vidore/colqwen2.5-v0.2` adapter: a bare `qwen2_5_vl`
-config, keys `model.*`, `visual.*`, `custom_text_proj.*`) and transformers' retrieval layout
-(`ColQwen2ForRetrieval`: a `colqwen2` config nesting `vlm_config`, keys under `vlm.` and
-`embedding_proj_layer.*`). Both load here into a transformers `ColQwen2ForRetrieval`, the class the
-exporter's graphs wrap and the tests use as oracle, with every embedding weight accounted for.
+config, keys `model.*`, `visual.*`, `custom_text_proj.*`, sometimes `lm_head.*`, in one file or in
+shards) and transformers' retrieval layout (`ColQwen2ForRetrieval`: a `colqwen2` config nesting
+`vlm_config`, keys under `vlm.` and `embedding_proj_layer.*`). Both load here into a transformers
+`ColQwen2ForRetrieval`, the class the exporter's graphs wrap and the tests use as oracle, with every
+embedding weight accounted for.
 
-The key renaming is data (`COLPALI_TO_TRANSFORMERS`), the same mapping transformers'
-`convert_colqwen2_weights_to_hf.py` applies. A PEFT LoRA adapter folder (the published
-`vidore/colqwen2.5-v0.2` is one) loads its base in either layout and merges into it
-(`adapter.py`).
+The key names are `layouts_qwen2_5`'s. A PEFT LoRA adapter folder (the published
+`vidore/colqwen2.5-v0.2` is one) is not a checkpoint: `adapter.py` loads its base here and merges
+into it (this module knows nothing of adapters, so the two never import each other).
 """
 
 from __future__ import annotations
@@ -21,18 +21,7 @@ from pathlib import Path
 from colembed.errors import ModelFolderError
 from colembed.safe_fs import inside
 
-# colpali-engine key prefix -> transformers ColQwen2ForRetrieval key prefix.
-COLPALI_TO_TRANSFORMERS = (
-    ("custom_text_proj.", "embedding_proj_layer."),
-    ("model.", "vlm.model.language_model."),
-    ("visual.", "vlm.model.visual."),
-)
-# Accepted on load only: colpali-engine before the transformers 4.52 refactor built ColQwen2_5 on
-# Qwen2_5_VLForConditionalGeneration, which saves an LM head when word embeddings are not tied.
-# 0.3.12 (on Qwen2_5_VLModel) writes none. Unused for embeddings either way.
-LEGACY_HEAD = ("lm_head.", "vlm.lm_head.")
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX = "model.safetensors.index.json"
+from .layouts_qwen2_5 import WEIGHTS_FILE, WEIGHTS_INDEX, is_adapter, to_transformers_key
 
 
 def checkpoint_layout(folder: str | Path) -> str:
@@ -50,20 +39,17 @@ def checkpoint_layout(folder: str | Path) -> str:
     )
 
 
-def load_colqwen2_5(folder: str | Path, *, base: str | Path | None = None):
-    """A `ColQwen2ForRetrieval` (fp32, eval) from a ColQwen2.5 folder in either layout, or from a
-    LoRA adapter folder merged into its base (`base`, else the adapter's own base path)."""
+def load_colqwen2_5(folder: str | Path):
+    """A `ColQwen2ForRetrieval` (fp32, eval) from a full ColQwen2.5 checkpoint in either layout.
+    An adapter folder is refused by name: `adapter.merge_adapter` merges it into its base."""
     import torch
     from transformers import ColQwen2ForRetrieval
 
-    from .adapter import is_adapter, merge_adapter
-
     folder = Path(folder)
     if is_adapter(folder):
-        return merge_adapter(folder, base=base)
-    if base is not None:
-        raise ModelFolderError("a base model was given, but this folder is not an adapter "
-                               "(no adapter_config.json)", path=folder)
+        raise ModelFolderError("a PEFT adapter, not a full checkpoint: merge it into its base "
+                               "(colembed_export.adapter.merge_adapter, or `colembed export` it)",
+                               path=folder)
     if checkpoint_layout(folder) == "transformers":
         return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     return _load_colpali_layout(folder)
@@ -73,8 +59,7 @@ def to_transformers_names(state_dict: dict) -> dict:
     """colpali-engine key names -> `ColQwen2ForRetrieval` key names; unknown keys are refused."""
     out, unknown = {}, []
     for key, value in state_dict.items():
-        new = next((to + key[len(old):] for old, to in (*COLPALI_TO_TRANSFORMERS, LEGACY_HEAD)
-                    if key.startswith(old)), None)
+        new = to_transformers_key(key)
         if new is None:
             unknown.append(key)
         else:
@@ -86,32 +71,59 @@ def to_transformers_names(state_dict: dict) -> dict:
 
 
 def _load_colpali_layout(folder: Path):
+    """Tensor by tensor into an uninitialised fp32 model, so that the peak is about one fp32 copy
+    of the weights (reading every tensor first and then loading them into a randomly initialised
+    model held two or three: 30-37 GB for a 3B base, more than a 24 GB machine has)."""
     import torch
+    from safetensors import safe_open
     from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig
+    from transformers.modeling_utils import no_init_weights
 
-    state = to_transformers_names(_read_weights(folder))
-    projection = state.get("embedding_proj_layer.weight")
+    where = _tensor_locations(folder)
+    projection = where.get("embedding_proj_layer.weight")
     if projection is None:
         raise ModelFolderError("no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder)
+    with safe_open(str(projection[0]), "pt") as f:
+        embedding_dim = int(f.get_slice(projection[1]).get_shape()[0])
     vlm_config = Qwen2_5_VLConfig.from_dict(_config(folder))
-    config = ColQwen2Config(vlm_config=vlm_config, embedding_dim=int(projection.shape[0]))
-    model = ColQwen2ForRetrieval(config).to(torch.float32)
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    config = ColQwen2Config(vlm_config=vlm_config, embedding_dim=embedding_dim)
+    with no_init_weights():  # every tensor is overwritten below or refused as missing
+        model = ColQwen2ForRetrieval(config).to(torch.float32)
+    params = model.state_dict()  # shares storage with the model's parameters
+    head, table = model.vlm.lm_head.weight, model.vlm.get_input_embeddings().weight
+    tied = head.data_ptr() == table.data_ptr()
+    if tied:  # a stored head of tied embeddings would overwrite the table it shares
+        where = {k: v for k, v in where.items() if not k.startswith("vlm.lm_head.")}
     # 0.3.12 checkpoints are headless; the LM head is unused for embeddings (tied or not).
-    missing = [k for k in missing if not k.startswith("vlm.lm_head.")]
-    if missing or unexpected:
-        raise ModelFolderError(
-            f"weights do not fit the config: missing {missing[:5]}, unexpected {unexpected[:5]}", path=folder)
+    missing = [k for k in params if k not in where and not k.startswith("vlm.lm_head.")]
+    unexpected = [k for k in where if k not in params]
+    misfit = []
+    if not missing and not unexpected:
+        with torch.no_grad():
+            for name, (file, key) in where.items():
+                # one tensor per opening: the file's pages leave the process when it is closed
+                # (a shard kept open stays mapped, a second copy of the weights in RSS)
+                with safe_open(str(file), "pt") as f:
+                    tensor = f.get_tensor(key)
+                if tuple(tensor.shape) != tuple(params[name].shape):
+                    misfit.append(f"{key} {tuple(tensor.shape)}")
+                else:
+                    params[name].copy_(tensor)
+                del tensor
+    if missing or unexpected or misfit:
+        raise ModelFolderError(f"weights do not fit the config: missing {missing[:5]}, unexpected "
+                               f"{unexpected[:5]}, wrong shapes {misfit[:5]}", path=folder)
+    if not tied and "vlm.lm_head.weight" not in where:
+        with torch.no_grad():
+            head.zero_()  # never initialised (headless 0.3.12 layout); unused for embeddings
     model.tie_weights()
     return model.eval()
 
 
-def _read_weights(folder: Path) -> dict:
-    """All tensors of a single-file or sharded (index.json) safetensors checkpoint."""
-    from safetensors.torch import load_file
-
+def _weight_files(folder: Path) -> list[Path]:
+    """The safetensors files of a single-file or sharded (index.json) checkpoint."""
     if (folder / WEIGHTS_FILE).is_file():
-        return load_file(str(folder / WEIGHTS_FILE))
+        return [folder / WEIGHTS_FILE]
     index = folder / WEIGHTS_INDEX
     if not index.is_file():
         raise ModelFolderError(f"no {WEIGHTS_FILE} or {WEIGHTS_INDEX}", path=folder)
@@ -119,10 +131,28 @@ def _read_weights(folder: Path) -> dict:
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
     except (OSError, json.JSONDecodeError, KeyError, AttributeError, TypeError) as e:
         raise ModelFolderError(f"unreadable weight index: {e}", path=index) from e
-    state: dict = {}
-    for shard in shards:
-        state.update(load_file(str(inside(folder, shard))))
-    return state
+    return [inside(folder, shard) for shard in shards]
+
+
+def _tensor_locations(folder: Path) -> dict[str, tuple[Path, str]]:
+    """`ColQwen2ForRetrieval` name -> (file, colpali-engine key) of every tensor; unknown keys are
+    refused (`to_transformers_key`), no tensor is read."""
+    from safetensors import safe_open
+
+    where, unknown = {}, []
+    for file in _weight_files(folder):
+        with safe_open(str(file), "pt") as f:
+            for key in f.keys():
+                name = to_transformers_key(key)
+                if name is None:
+                    unknown.append(key)
+                else:
+                    where[name] = (file, key)
+    if unknown:
+        raise ModelFolderError(
+            f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}",
+            path=folder)
+    return where
 
 
 def _config(folder: Path) -> dict:
@@ -133,4 +163,4 @@ def _config(folder: Path) -> dict:
         raise ModelFolderError(f"unreadable config.json: {e}", path=path) from e
 
 
-__all__ = ["COLPALI_TO_TRANSFORMERS", "checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]
+__all__ = ["checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]

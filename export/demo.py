@@ -17,6 +17,7 @@ from typing import Callable
 
 from PIL import Image, ImageDraw
 
+from colembed.layout import BASE_VARIANT
 from colembed.safe_fs import is_work_folder, make_work_folder, remove_tree
 
 DOCUMENTS = {
@@ -88,7 +89,7 @@ def _print_results(model, report, added, pages, results, maps) -> None:
     print("=" * 72)
     print("colembed demo -- RANDOM WEIGHTS: the rankings below are meaningless, the pipeline is real")
     print(model)
-    print(f"export check: max abs diff vs torch = {report.check['fp32']['max_abs_diff']:.2e}")
+    print(f"export check: max abs diff vs torch = {report.check[BASE_VARIANT]['max_abs_diff']:.2e}")
     print(f"indexed {added.pages_added} pages from {len(added.added)} files "
           f"({len(added.failed)} failed); the index holds {pages} pages")
     for query, hits, paths in zip(QUERIES, results, maps):

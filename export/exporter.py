@@ -28,14 +28,9 @@ from colembed import safe_fs
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 from colembed.families import VisionAttention
-from colembed.manifest import (
-    FORMAT,
-    FORMAT_VERSION,
-    MANIFEST_NAME,
-    GraphEntry,
-    Manifest,
-    describe_file,
-)
+from colembed.integrity import describe_file
+from colembed.layout import BASE_VARIANT
+from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest
 
 from .checkpoint import (
     CheckpointSource,
@@ -60,6 +55,7 @@ from .destination import check_destination, is_export_folder
 from .families import ExportFamily, export_family
 from .measure import StepMeter
 from .onnx_io import export_graph
+from .preprocess_config import read_preprocess_config
 
 log = logging.getLogger("colembed_export")
 
@@ -92,6 +88,7 @@ class ModelFacts:
     embedding_dim: int
     family: str
     vision_attention: VisionAttention
+    vision_extras: Any = None  # colembed.families.VisionExtras (ColQwen3) or None
 
 
 def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None,
@@ -107,10 +104,8 @@ def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: 
 
 def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
-    from colembed.preprocess.config import PreprocessConfig
-
     model = family.load(folder)
-    preprocess = PreprocessConfig.from_checkpoint(folder)
+    preprocess = read_preprocess_config(folder)
     config = model.config
     text_hidden = config.vlm_config.text_config.hidden_size
     vision_config = config.vlm_config.vision_config.to_dict()
@@ -119,14 +114,15 @@ def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
         raise ExportError(f"{folder / 'config.json'}: the vision merger gives {merged}-wide "
                           f"features ({family.family.vision_names.merger_out}), the language "
                           f"model is {text_hidden} wide")
+    extras = family.family.extras(vision_config, folder / "config.json")
     contracts = family.family.contracts(
         patch_dim=preprocess.patch_dim, vision_head_dim=preprocess.vision_head_dim,
-        text_hidden=text_hidden, embedding_dim=config.embedding_dim)
+        text_hidden=text_hidden, embedding_dim=config.embedding_dim, extras=extras)
     attention = family.family.vision_attention(vision_config, folder / "config.json")
     return model, ModelFacts(preprocess=preprocess, contracts=contracts,
                              architecture=architecture_facts(config, family.family),
                              embedding_dim=config.embedding_dim, family=family.family.name,
-                             vision_attention=attention)
+                             vision_attention=attention, vision_extras=extras)
 
 
 def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging: Path, *,
@@ -140,13 +136,14 @@ def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging
     """
     import torch
 
-    from .graphs import ONNX_TRANSLATIONS, TextGraph, example_inputs
+    from .graphs import ONNX_TRANSLATIONS, example_inputs
 
     graphs: dict[str, GraphEntry] = {}
-    for role, wrapper in (("vision", family.image_graph), ("text", TextGraph)):
+    for role, wrapper in (("vision", family.image_graph), ("text", family.text_graph_of)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
             model = family.load(folder)
-            args = example_inputs(model, facts.preprocess, facts.vision_attention)[role]
+            args = example_inputs(model, facts.preprocess, facts.vision_attention,
+                                  facts.vision_extras)[role]
             info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
                                 staging / GRAPH_FILES[role], opset=opset,
                                 external_data=external_data, translations=ONNX_TRANSLATIONS)
@@ -206,6 +203,7 @@ def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name:
         },
         "family": facts.family,
         "vision_attention": facts.vision_attention.to_dict(),
+        **({"vision_extras": facts.vision_extras.to_dict()} if facts.vision_extras else {}),
         "embedding_dim": facts.embedding_dim,
         "preprocess": facts.preprocess.to_dict(),
         "architecture": facts.architecture,
@@ -296,9 +294,8 @@ def export_model(
             model, facts = load(folder, resolved.family)
             reference = None
             if check:
-                from .verify import reference_outputs
-
-                reference = reference_outputs(resolved.family.prepare_reference(model), folder)
+                reference = resolved.family.run_reference(
+                    resolved.family.prepare_reference(model), folder)
             del model  # each step below loads what it needs: no two steps share resident weights
         graphs = export_graphs(folder, resolved.family, facts, staging, opset=opset,
                                external_data=external_data, meter=meter)
@@ -311,7 +308,7 @@ def export_model(
         def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
             extra.update(with_variants or {})
             d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
-                              variants={"fp32": graphs, **extra}, scorer=scorer, checks=checks)
+                              variants={BASE_VARIANT: graphs, **extra}, scorer=scorer, checks=checks)
             manifest = Manifest.from_dict(d)
             manifest.write(staging)
             return manifest
@@ -319,7 +316,7 @@ def export_model(
         write_manifest()
         if reference is not None:
             with meter.step("check the graphs against the torch model"):
-                checks["fp32"] = verify(staging, reference, tolerance=tolerance,
+                checks[BASE_VARIANT] = verify(staging, reference, tolerance=tolerance,
                                         feature_tolerance=feature_tolerance)
         if variants:
             with meter.step("write and check the variants"):

@@ -11,6 +11,11 @@ code path for every family.
 | colqwen2   | `checkpoint.load_strict` (transformers only)  | `ImageGraph`       | as loaded |
 | colqwen2.5 | `load_strict` (transformers layout),          | `WindowedImageGraph` | + `get_dtype` |
 |            | `checkpoint_qwen2_5.load_colqwen2_5` (colpali) |                    | shim      |
+| colqwen3   | `checkpoint_qwen3.load_colqwen3` (colpali)    | `DeepStackImageGraph` | as loaded |
+
+ColQwen3 also has its own text graph (`DeepStackTextGraph`: DeepStack's extra input) and its own
+reference run for the check (`verify.reference_outputs_qwen3`: colpali-engine's ColQwen3Processor
+semantics with 4.57.1's classes, the tower's first output).
 
 Example inputs for tracing come from `graphs.example_inputs`, which sizes the vision grid from the
 folder's vision attention (several windows, every symbolic size distinct).
@@ -25,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from colembed.errors import ExportError, ModelFolderError
-from colembed.families import COLQWEN2, COLQWEN2_5, Family, get_family
+from colembed.families import COLQWEN2, COLQWEN2_5, COLQWEN3, Family, get_family
 
 
 @dataclass(frozen=True)
@@ -36,6 +41,18 @@ class ExportFamily:
     load: Callable[[Path], Any]  # folder -> strict fp32 ColQwen2ForRetrieval in eval mode
     image_graph: Callable[[Any], Any]  # retrieval model -> the torch module of the image graph
     prepare_reference: Callable[[Any], Any]  # retrieval model -> itself, runnable as reference
+    text_graph: Callable[[Any], Any] | None = None  # None: graphs.TextGraph
+    reference_outputs: Callable[[Any, Path], Any] | None = None  # None: verify.reference_outputs
+
+    def text_graph_of(self, model: Any):
+        from .graphs import TextGraph
+
+        return (self.text_graph or TextGraph)(model)
+
+    def run_reference(self, model: Any, folder: Path):
+        from .verify import reference_outputs
+
+        return (self.reference_outputs or reference_outputs)(model, folder)
 
 
 def _image_graph(model: Any):
@@ -79,6 +96,30 @@ def _load_colqwen2_5(folder: Path):
         raise ExportError(f"{folder}: the checkpoint does not load ({e})") from e
 
 
+def _deepstack_image_graph(model: Any):
+    from .graphs_qwen3 import DeepStackImageGraph
+
+    return DeepStackImageGraph.of_model(model)
+
+
+def _deepstack_text_graph(model: Any):
+    from .graphs_qwen3 import DeepStackTextGraph
+
+    return DeepStackTextGraph(model)
+
+
+def _load_colqwen3(folder: Path):
+    from .checkpoint_qwen3 import load_colqwen3
+
+    return load_colqwen3(folder)
+
+
+def _reference_qwen3(model: Any, folder: Path):
+    from .verify import reference_outputs_qwen3
+
+    return reference_outputs_qwen3(model, folder)
+
+
 def _load_colqwen2(folder: Path):
     from .checkpoint import load_strict
 
@@ -89,6 +130,9 @@ EXPORT_FAMILIES = {
     COLQWEN2.name: ExportFamily(COLQWEN2, _load_colqwen2, _image_graph, _as_is),
     COLQWEN2_5.name: ExportFamily(COLQWEN2_5, _load_colqwen2_5, _windowed_image_graph,
                                   _with_dtype_shim),
+    COLQWEN3.name: ExportFamily(COLQWEN3, _load_colqwen3, _deepstack_image_graph, _as_is,
+                                text_graph=_deepstack_text_graph,
+                                reference_outputs=_reference_qwen3),
 }
 
 

@@ -11,7 +11,7 @@
 - `fusable_rms_norms`: RMSNorm written as onnxruntime's CPU optimiser fuses it (one
   SimplifiedLayerNormalization kernel instead of seven); the exporter applies it to every graph.
 - `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
-  `Reshape(allowzero)` cleaner (onnx_io.clear_reshape_allowzero), before saving.
+  `Reshape(allowzero)` cleaner (`reshape_allowzero.py`), before saving.
 This module imports onnx_ir and numpy; onnxruntime only for calibration.
 """
 
@@ -26,7 +26,7 @@ import numpy as np
 
 from colembed.errors import ExportError
 
-from .onnx_io import clear_reshape_allowzero
+from .reshape_allowzero import clear_reshape_allowzero
 
 ONNX_DOMAINS = ("", "ai.onnx")
 SCOPE_KEY = "pkg.torch.onnx.name_scopes"

@@ -167,9 +167,10 @@ def example_grid(preprocess, attention) -> tuple[int, int, int]:
     return (1, side, 2 * side + merge)
 
 
-def example_vision_inputs(preprocess, attention, images: int = 2) -> tuple:
+def example_vision_inputs(preprocess, attention, images: int = 2, extras=None) -> tuple:
     """Example image-graph inputs in contract order: pixels and rotary tables (random; only shapes
-    matter) and the family's extra per-grid inputs, made by the host code the runtime runs."""
+    matter) and the family's extra per-grid inputs (window layout, position-table interpolation),
+    made by the host code the runtime runs."""
     from colembed.contracts import vision_contract
 
     grid = example_grid(preprocess, attention)
@@ -177,9 +178,14 @@ def example_vision_inputs(preprocess, attention, images: int = 2) -> tuple:
     head_dim = preprocess.vision_head_dim
     extra = attention.grid_inputs(grid, merge_size=preprocess.merge_size,
                                   patch_size=preprocess.patch_size)
+    specs = vision_contract(preprocess.patch_dim, head_dim, 1).inputs + attention.extra_inputs
+    if extras is not None:
+        from colembed.preprocess.vision_positions import POSITION_INPUTS
+
+        extra = (*extra, *extras.grid_inputs(grid, merge_size=preprocess.merge_size))
+        specs = specs + POSITION_INPUTS
     args = (torch.randn(images, patches, preprocess.patch_dim), torch.randn(patches, head_dim),
             torch.randn(patches, head_dim), *(torch.from_numpy(array) for array in extra))
-    specs = vision_contract(preprocess.patch_dim, head_dim, 1).inputs + attention.extra_inputs
     sizes = {"merged_tokens": {patches // preprocess.merge_size**2}}
     for spec, arg in zip(specs, args):
         for dim, size in zip(spec.dims, arg.shape):
@@ -191,8 +197,9 @@ def example_vision_inputs(preprocess, attention, images: int = 2) -> tuple:
     return args
 
 
-def example_inputs(model: nn.Module, preprocess, attention) -> dict[str, tuple]:
-    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic)."""
+def example_inputs(model: nn.Module, preprocess, attention, extras=None) -> dict[str, tuple]:
+    """Small example tensors for tracing, by role (shapes only matter; all axes are dynamic).
+    With vision extras (ColQwen3) the text graph also takes (layers, 3, hidden) DeepStack rows."""
     hidden = model.config.vlm_config.text_config.hidden_size
     ids = torch.full((2, 7), preprocess.pad_token_id, dtype=torch.long)
     mask = torch.ones(2, 7, dtype=torch.long)
@@ -201,4 +208,7 @@ def example_inputs(model: nn.Module, preprocess, attention) -> dict[str, tuple]:
     index = torch.zeros(2, 7, dtype=torch.long)
     index[0, 2:5] = torch.arange(1, 4)
     text_args = (ids, mask, positions, index, torch.randn(3, hidden))
-    return {"vision": example_vision_inputs(preprocess, attention), "text": text_args}
+    if extras is not None:
+        text_args += (torch.randn(extras.deepstack_layers, 3, hidden),)
+    return {"vision": example_vision_inputs(preprocess, attention, extras=extras),
+            "text": text_args}

@@ -1,9 +1,9 @@
 """Turning a torch module into a loadable ONNX file: dynamo export, clean-up, external data, check.
 
 Lessons this module encodes (graphs.md, seed 002):
-- the dynamo exporter emits `Reshape(allowzero=1)`; DirectML rejects it at session start and
-  onnxruntime silently falls back to CPU, so every such attribute is cleared (our reshapes never
-  carry a literal 0 dim, so allowzero=0 has the same meaning);
+- the dynamo exporter emits `Reshape(allowzero=1)`, which DirectML rejects: every such attribute
+  is cleared (`reshape_allowzero.py`), and RMSNorm is rewritten in the form onnxruntime fuses
+  (`graph_edits.fusable_rms_norms`);
 - protobuf cannot hold more than 2 GB, so large graphs keep their weights in one `<graph>.onnx_data`
   file beside the graph; `onnx.checker` is run on the path, which handles both forms.
 """
@@ -20,6 +20,8 @@ from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 
 from .constants import DATA_SUFFIX, EXTERNAL_DATA_THRESHOLD, OPSET
+from .graph_edits import fusable_rms_norms
+from .reshape_allowzero import clear_reshape_allowzero
 
 log = logging.getLogger("colembed_export")
 # torch's exporter warns about every torchvision op it cannot register; torchvision is
@@ -40,23 +42,6 @@ def _dynamic_shapes(contract: GraphContract) -> dict[str, dict[int, Any]]:
                 axes[axis] = dims.setdefault(dim, torch.export.Dim(dim))
         shapes[spec.name] = axes
     return shapes
-
-
-def clear_reshape_allowzero(model: Any) -> int:
-    """Set `allowzero=0` on every Reshape of an onnx_ir model (all subgraphs). Returns the count.
-
-    The one allowzero cleaner: every graph colembed writes (fp32 and variants) goes through it.
-    """
-    import onnx_ir as ir
-
-    cleared = 0
-    for node in ir.traversal.RecursiveGraphIterator(model.graph):
-        if node.op_type == "Reshape" and node.domain in ("", "ai.onnx"):
-            attr = node.attributes.get("allowzero")
-            if attr is not None and attr.value == 1:
-                node.attributes["allowzero"] = ir.AttrInt64("allowzero", 0)
-                cleared += 1
-    return cleared
 
 
 def release_weights(model: Any) -> None:
@@ -136,8 +121,6 @@ def export_graph(
     program = _dynamo_export(module, example_inputs, contract, opset, translations)
     model = program.model
     cleared = clear_reshape_allowzero(model)
-    from .graph_edits import fusable_rms_norms  # here: graph_edits imports this module
-
     norms = fusable_rms_norms(model)
     for stale in (path, path.with_name(path.name + DATA_SUFFIX)):
         if stale.exists():

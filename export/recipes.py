@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colembed.errors import ExportError
+from colembed.layout import BASE_VARIANT
 
 # Signed int8 weights: u8 activations x s8 weights is the VNNI fast path on x86 (benchmarks/
 # README.md, "int8 weight type"); QUInt8 weights run the slower u8u8 kernels.
@@ -172,7 +173,7 @@ def parse_variants(variants: Sequence[str] | str) -> list[str]:
     names: list[str] = []
     for raw in variants:
         name = raw.strip().lower()
-        if not name or name == "fp32":
+        if not name or name == BASE_VARIANT:
             continue
         if name not in VARIANTS:
             raise ExportError(f"unknown variant {raw!r}; known: {sorted(VARIANTS)} (fp32 is always "

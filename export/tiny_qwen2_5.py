@@ -26,8 +26,9 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .checkpoint_qwen2_5 import COLPALI_TO_TRANSFORMERS
 from typing import Any, Callable
+
+from .layouts_qwen2_5 import WEIGHTS_INDEX, to_colpali_key
 
 from .tiny import (
     TRAINING_MAX_PIXELS,
@@ -46,10 +47,6 @@ from .tiny import (
 TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
 PATCH_SIZE = 14
 MERGE_SIZE = 2
-
-# transformers (vlm.model.*) -> colpali-engine (published) key prefixes.
-_COLPALI_PREFIXES = tuple((ours, theirs) for theirs, ours in COLPALI_TO_TRANSFORMERS)
-
 
 @dataclass(frozen=True)
 class Qwen2_5Spec(ArchitectureSpec):
@@ -116,6 +113,28 @@ PRESETS_2_5: dict[str, Qwen2_5Spec] = {
         mrope_section=(16, 24, 24),
         embedding_dim=128,
         tie_word_embeddings=True,
+    ),
+    # Qwen2.5-VL-7B widths (the backbone of nomic-ai/colnomic-embed-multimodal-7b): the same
+    # vision tower as the 3B except the merger's output (3584), a 28-layer language model with
+    # GQA 7:1, untied word embeddings and Qwen2.5-VL-7B's padded vocabulary (152064 rows; the
+    # tokenizer's ids all index it). docs/models-colqwen2_5.md.
+    "qwen2.5-vl-7b": Qwen2_5Spec(
+        name="qwen2.5-vl-7b",
+        vision_depth=32,
+        vision_embed_dim=1280,
+        vision_heads=16,
+        vision_intermediate=3420,
+        window_size=112,
+        fullatt_block_indexes=(7, 15, 23, 31),
+        text_layers=28,
+        text_hidden=3584,
+        text_heads=28,
+        text_kv_heads=4,
+        text_intermediate=18944,
+        mrope_section=(16, 24, 24),
+        embedding_dim=128,
+        vocab_size=152064,
+        tie_word_embeddings=False,
     ),
 }
 
@@ -260,41 +279,94 @@ def build_stress_checkpoint_2_5(out_dir: str | Path, spec: Qwen2_5Spec | str = "
     return build_checkpoint_2_5(out_dir, spec, seed=seed, edit=edit)
 
 
-def colpali_state_dict(state_dict: dict) -> dict:
-    """The published (colpali-engine) key names for a `ColQwen2ForRetrieval` state dict."""
+def colpali_state_dict(state_dict: dict, *, with_head: bool = False) -> dict:
+    """The published (colpali-engine) key names for a `ColQwen2ForRetrieval` state dict; the LM
+    head only `with_head` (0.3.12's ColQwen2_5 is a headless Qwen2_5_VLModel; before transformers
+    4.52 an untied head was saved)."""
     out = {}
     for key, value in state_dict.items():
-        for old, new in _COLPALI_PREFIXES:
-            if key.startswith(old):
-                out[new + key[len(old):]] = value.detach().contiguous()
-                break
-    return out  # vlm.lm_head.* has no counterpart: ColQwen2_5 is a Qwen2_5_VLModel, headless
+        new = to_colpali_key(key)
+        if new is not None and (with_head or not new.startswith("lm_head.")):
+            out[new] = value.detach().contiguous()
+    return out
 
 
-def to_colpali_layout(src: str | Path, dst: str | Path) -> Path:
+# Text-model keys the pre-4.52 flat Qwen2.5-VL config.json keeps at its top level.
+_FLAT_TEXT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                   "num_attention_heads", "num_key_value_heads", "hidden_act",
+                   "max_position_embeddings", "max_window_layers", "rms_norm_eps", "rope_theta",
+                   "sliding_window", "use_sliding_window", "attention_dropout",
+                   "initializer_range", "tie_word_embeddings")
+_FLAT_VISION_KEYS = ("depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads",
+                     "in_channels", "out_hidden_size", "patch_size", "spatial_merge_size",
+                     "temporal_patch_size", "window_size", "fullatt_block_indexes",
+                     "tokens_per_second")
+
+
+def flat_config(vlm_config: dict) -> dict:
+    """The pre-4.52 form of a Qwen2.5-VL config.json (as Qwen/Qwen2.5-VL-*-Instruct shipped it and
+    bases saved then store it): the text model's numbers at the top level, `rope_scaling` as
+    {"type": "mrope", "mrope_section": ...}, `vision_config` nested; no `text_config`."""
+    text, vision = vlm_config["text_config"], vlm_config["vision_config"]
+    config = {k: text[k] for k in _FLAT_TEXT_KEYS if k in text}
+    config["rope_scaling"] = {"type": "mrope",
+                              "mrope_section": list(text["rope_scaling"]["mrope_section"])}
+    config["vision_config"] = {k: vision[k] for k in _FLAT_VISION_KEYS if k in vision}
+    for key in ("image_token_id", "video_token_id", "vision_start_token_id",
+                "vision_end_token_id"):
+        config[key] = vlm_config[key]
+    config.update(model_type="qwen2_5_vl", tie_word_embeddings=text["tie_word_embeddings"])
+    return config
+
+
+def to_colpali_layout(src: str | Path, dst: str | Path, *, pre_4_52: bool = False,
+                      shards: int = 1) -> Path:
     """Rewrite a transformers-layout folder (from `build_checkpoint_2_5`) in the colpali layout:
-    same tensors, published names and config; processor and tokenizer files copied as they are."""
+    same tensors, published names and config; processor and tokenizer files copied as they are.
+
+    Default: what colpali-engine 0.3.12 writes (nested config, no LM head, one file).
+    `pre_4_52`: what it wrote on transformers < 4.52 (`ColQwen2_5` on
+    Qwen2_5_VLForConditionalGeneration), as `nomic-ai/colqwen2.5-7B-base` stores it: the flat
+    config and, for untied embeddings, `lm_head.weight`. `shards` > 1 splits the weights over that
+    many files plus `model.safetensors.index.json`, as every published base of real size is."""
     from safetensors.torch import load_file
 
     src, dst = Path(src), Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     vlm_config = json.loads((src / "config.json").read_text())["vlm_config"]
-    _save_colpali_layout(load_file(str(src / "model.safetensors")), vlm_config, dst)
+    untied = not vlm_config["text_config"]["tie_word_embeddings"]
+    state = colpali_state_dict(load_file(str(src / "model.safetensors")),
+                               with_head=pre_4_52 and untied)
+    config = flat_config(vlm_config) if pre_4_52 else dict(vlm_config)
+    _save_colpali_layout(state, config, dst, shards=shards)
     for path in src.iterdir():
         if path.name not in ("config.json", "model.safetensors", TINY_INFO):
             shutil.copyfile(path, dst / path.name)
     if (src / TINY_INFO).is_file():
-        info = {**json.loads((src / TINY_INFO).read_text()), "layout": "colpali"}
+        info = {**json.loads((src / TINY_INFO).read_text()), "layout": "colpali",
+                "pre_4_52": pre_4_52, "shards": shards}
         (dst / TINY_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return dst
 
 
-def _save_colpali_layout(state_dict: dict, vlm_config: dict, out: Path) -> None:
+def _save_colpali_layout(state_dict: dict, config: dict, out: Path, *, shards: int = 1) -> None:
     from safetensors.torch import save_file
 
-    config = {**vlm_config, "architectures": ["ColQwen2_5"], "torch_dtype": "float32"}
+    config = {**config, "architectures": ["ColQwen2_5"], "torch_dtype": "float32"}
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    save_file(colpali_state_dict(state_dict), str(out / "model.safetensors"), metadata={"format": "pt"})
+    if shards <= 1:
+        save_file(state_dict, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    keys = sorted(state_dict)
+    weight_map, size = {}, 0
+    for n in range(shards):
+        name = f"model-{n + 1:05d}-of-{shards:05d}.safetensors"
+        part = {k: state_dict[k] for k in keys[n::shards]}
+        save_file(part, str(out / name), metadata={"format": "pt"})
+        weight_map.update({k: name for k in part})
+        size += sum(v.numel() * v.element_size() for v in part.values())
+    index = {"metadata": {"total_size": size}, "weight_map": weight_map}
+    (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
 def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:
@@ -314,5 +386,6 @@ __all__ = [
     "build_model",
     "build_vlm_config",
     "colpali_state_dict",
+    "flat_config",
     "to_colpali_layout",
 ]

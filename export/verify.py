@@ -106,6 +106,43 @@ def reference_outputs(model, checkpoint_folder: Path) -> Reference:
     return Reference(image_features=features, pages=pages, queries=queries)
 
 
+def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
+    """`reference_outputs` for ColQwen3: the checkpoint's Qwen3-VL tower and retrieval forward
+    (`checkpoint_qwen3`), fed by colpali-engine 0.3.18 ColQwen3Processor's semantics built from
+    4.57.1's classes (its prompts are ColQwen2Processor's with query prefix "", its image
+    processor the PIL Qwen2VLImageProcessor at the folder's patch 16, mean/std and bounds). That
+    these give colpali-engine's own ids, pixels and embeddings on transformers 5.x is what
+    `tests/test_qwen3_reference.py` pins. The tower returns (features, DeepStack features): the
+    features are compared here, DeepStack through the final embeddings."""
+    import json
+
+    import torch
+    from transformers import ColQwen2Processor, Qwen2TokenizerFast
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    config = json.loads((checkpoint_folder / "preprocessor_config.json").read_text())
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=config["patch_size"], merge_size=config["merge_size"],
+        temporal_patch_size=config["temporal_patch_size"], image_mean=config["image_mean"],
+        image_std=config["image_std"], min_pixels=config["min_pixels"],
+        max_pixels=config["max_pixels"])
+    processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
+                                  tokenizer=Qwen2TokenizerFast.from_pretrained(checkpoint_folder))
+    visual = model.vlm.model.visual
+    features, pages, queries = [], [], []
+    with torch.no_grad():
+        for page in sample_pages():
+            batch = processor.process_images([page])
+            grid = batch["image_grid_thw"]
+            n = int(grid[0, 1] * grid[0, 2])
+            features.append(visual(batch["pixel_values"][0, :n], grid_thw=grid)[0].numpy())
+            pages.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
+        for query in SAMPLE_QUERIES:
+            batch = processor.process_queries([query])
+            queries.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
+    return Reference(image_features=features, pages=pages, queries=queries)
+
+
 def _comparisons(runtime, reference: Reference, tolerance: float,
                  feature_tolerance: float) -> list[Comparison]:
     pages = sample_pages()

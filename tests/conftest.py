@@ -36,16 +36,17 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # command runs everything.
 EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants",
                                 "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5",
-                                "exported_alt_from_hub", "cli_export"})
+                                "exported_alt_from_hub", "cli_export", "exported_colnomic_layout"})
 
 # Files with exports of their own or first users of a shared one, in the order xdist hands them out
 # (loadfile, `--no-loadscope-reorder`; a worker gets the next file when its own is almost done):
 # the two workers start on different checkpoints and exports (tiny with variants; the ColQwen2.5
 # pair), so neither waits for the other's build, and no long file is handed out last. Every other
 # file follows in its usual order.
-HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_variants_stress.py",
+HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_qwen3_reference.py",
+               "test_variants_stress.py",
                "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
-               "test_qwen2_5_peft.py", "test_export_parity.py", "test_demo.py", "test_fastembed.py",
+               "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py", "test_demo.py", "test_fastembed.py",
                "test_distributed.py", "test_runtime_inputs.py", "test_directml.py")
 
 
@@ -278,9 +279,9 @@ def copy_model_folder(exported_tiny, tmp_path):
 @pytest.fixture(scope="session")
 def config(tiny_checkpoint):
     """colembed's PreprocessConfig read from the tiny checkpoint folder."""
-    from colembed.preprocess.config import PreprocessConfig
+    from colembed_export.preprocess_config import read_preprocess_config
 
-    return PreprocessConfig.from_checkpoint(tiny_checkpoint)
+    return read_preprocess_config(tiny_checkpoint)
 
 
 @pytest.fixture(scope="session")
@@ -289,3 +290,29 @@ def encoder(tiny_checkpoint, config):
     from colembed.preprocess.text import TextEncoder
 
     return TextEncoder.from_file(tiny_checkpoint / "tokenizer.json", config)
+
+
+@pytest.fixture
+def onnxruntime_calls(monkeypatch):
+    """What colembed asks of onnxruntime, recorded at onnxruntime's own API and passed through to
+    the real sessions: `sessions`, one (graph file name, SessionOptions, providers) per
+    InferenceSession made; `runs`, one {input name: shape} per run. Tests check what reaches
+    onnxruntime (the options a user set, which graphs a call runs) without reading colembed's
+    private attributes."""
+    import onnxruntime as ort
+
+    calls = {"sessions": [], "runs": []}
+    real_init, real_run = ort.InferenceSession.__init__, ort.InferenceSession.run
+
+    def init(self, path_or_bytes, sess_options=None, providers=None, *args, **kwargs):
+        name = os.path.basename(path_or_bytes) if isinstance(path_or_bytes, (str, Path)) else None
+        calls["sessions"].append((name, sess_options, providers))
+        real_init(self, path_or_bytes, sess_options, providers, *args, **kwargs)
+
+    def run(self, output_names, input_feed, run_options=None):
+        calls["runs"].append({k: np.shape(v) for k, v in input_feed.items()})
+        return real_run(self, output_names, input_feed, run_options)
+
+    monkeypatch.setattr(ort.InferenceSession, "__init__", init)
+    monkeypatch.setattr(ort.InferenceSession, "run", run)
+    return calls

@@ -65,3 +65,17 @@ def bad_folder(folder: Path) -> dict[str, str]:
     (folder / "notes.txt").write_text("not a document")
     return {"empty.pdf": "empty", "corrupt.pdf": "PDF", "broken.png": "image",
             "locked.pdf": "encrypted", "notes.txt": "not a PDF or image"}
+
+
+def tiff_with_a_bad_page(path, pages: int, bad: int):
+    """A deflate-compressed multi-page TIFF whose page `bad` has a damaged strip (as a scan with
+    a bad sector would): the other pages decode."""
+    frames = [page(f"scan {n}") for n in range(1, pages + 1)]
+    frames[0].save(path, save_all=True, append_images=frames[1:], compression="tiff_deflate")
+    with Image.open(path) as image:
+        image.seek(bad - 1)
+        offset, count = image.tag_v2[273][0], image.tag_v2[279][0]
+    data = bytearray(path.read_bytes())
+    data[offset + 2:offset + count] = b"\xff" * (count - 2)
+    path.write_bytes(bytes(data))
+    return path

@@ -80,7 +80,7 @@ def edge_job(documents, exported_tiny, tmp_path_factory):
 
 
 def _edge_contents(db):
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(db)
     try:
@@ -169,19 +169,19 @@ def test_the_server_writer_stores_what_the_single_process_index_holds(documents,
     from colembed.distributed.pipeline import model_identity
     from colembed.distributed.stages import PageEmbedder
     from colembed.distributed.targets import StoreWriter
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     folder = exported_tiny.folder
     embedder = PageEmbedder(str(folder), model_identity(folder, "fp32"),
                             load_options=dict(variant="fp32"), batch_size=2)
     batches = list(embedder({"path": np.array([str(documents[0] / "report.pdf")], dtype=object)}))
-    assert [len(b["id"]) for b in batches] == [2, 1]  # 3 pages, embedded 2 at a time
+    assert [len(b["id"]) for b in batches] == [2, 1, 1]  # 3 pages, 2 at a time; the file's end
     points = {k: sum((b[k] for b in batches), []) for k in batches[0]}
     writer = StoreWriter(location=str(tmp_path / "local"), url=None, api_key=None,
                          collection=None, local=True, dim=embedder.model.embedding_size)
     summary = writer({k: np.array(v, dtype=object) for k, v in points.items()})
     writer.store.close()
-    assert summary["status"] == ["page"] * 3
+    assert summary["status"] == ["page"] * 3 + ["file"]
     store = open_store(tmp_path / "local", local=True)
     try:
         payloads = dict(store.payloads())
@@ -192,3 +192,37 @@ def test_the_server_writer_stores_what_the_single_process_index_holds(documents,
     assert payloads == {pid: single_payloads[pid] for pid in payloads} and len(payloads) == 3
     for pid, v in vectors.items():  # float16 storage either way: rounding is idempotent
         assert v.astype(np.float16).astype(np.float32).tobytes() == single_vectors[pid].tobytes()
+
+
+# ------------------------------------------------------------------- bad pages: the same outcome
+def test_bad_pages_give_the_same_result_and_points_as_index_add(exported_tiny, tmp_path):
+    """A TIFF whose page 3 is damaged (its other pages decode), a corrupt PDF and a good one:
+    the Ray job and `Index.add` report the same files in the same words and store the same
+    points (before the change, the Ray job dropped the TIFF's later pages and its file report
+    differed); a re-run retries only the bad page and changes nothing."""
+    import colembed
+    from index_docs import tiff_with_a_bad_page as _tiff_with_a_bad_page
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    _tiff_with_a_bad_page(docs / "scan.tiff", 5, bad=3)
+    write_pdf(docs / "memo.pdf", ["memo 1", "memo 2"])
+    (docs / CORRUPT).write_bytes(b"%PDF-1.7\n this is not a PDF body\n")
+    with colembed.Index(tmp_path / "single", model=exported_tiny.folder) as index:
+        single = index.add([docs], progress=False)
+        single_payloads = dict(index.store.payloads())
+        single_vectors = index.store.page_vectors(list(single_payloads))
+    ray_result = index_with_ray([str(docs)], QdrantTarget(str(tmp_path / "ray")),
+                                model=exported_tiny.folder, actors=1, batch_size=2,
+                                progress=False)
+    assert ray_result == single and not single.ok
+    assert [r.pages for r in single.failed] == [0, 4]  # corrupt.pdf, then scan.tiff: 4 of 5
+    assert single.failed[1].reason.startswith("page 3 of 5: cannot decode image")
+    payloads, vectors = _edge_contents(tmp_path / "ray")
+    assert payloads == single_payloads and len(payloads) == 6
+    for pid, v in vectors.items():  # float16 storage either way
+        np.testing.assert_allclose(v, single_vectors[pid], atol=2e-3)
+    again = index_with_ray([str(docs)], QdrantTarget(str(tmp_path / "ray")),
+                           model=exported_tiny.folder, progress=False)
+    assert [(r.path, r.reason) for r in again.failed] == [(r.path, r.reason) for r in single.failed]
+    assert again.failed[1].pages == 0 and _edge_contents(tmp_path / "ray")[0] == payloads

@@ -41,9 +41,9 @@ def test_other_architecture_is_refused(checkpoint_copy, tmp_path):
 
 def test_other_backbone_is_refused(checkpoint_copy, tmp_path):
     config = json.loads((checkpoint_copy / "config.json").read_text())
-    config["vlm_config"]["model_type"] = "qwen3_vl"
+    config["vlm_config"]["model_type"] = "qwen4_vl"
     (checkpoint_copy / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ExportError, match="qwen3_vl"):
+    with pytest.raises(ExportError, match="qwen4_vl"):
         export_model(checkpoint_copy, tmp_path / "out")
 
 

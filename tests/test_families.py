@@ -16,6 +16,7 @@ from colembed.errors import ManifestError, ModelFolderError
 from colembed.families import (
     COLQWEN2,
     COLQWEN2_5,
+    COLQWEN3,
     FAMILIES,
     UnknownFamilyError,
     VisionAttention,
@@ -25,7 +26,7 @@ from colembed.families import (
 )
 from colembed.layout import MANIFEST_NAME
 from colembed.manifest import Manifest
-from colembed.preprocess.config import PreprocessConfig
+from colembed_export.preprocess_config import read_preprocess_config
 from colembed.preprocess.windows import window_layout, windowed_vision_contract
 from qwen2_5_fixtures import checkpoint
 
@@ -46,7 +47,7 @@ def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, pre
     config = json.loads((folder / "config.json").read_text())
     vision = config.get("vlm_config", config)["vision_config"]
     assert family_of_backbone(config) is COLQWEN2_5 and family_of_checkpoint(config) is COLQWEN2_5
-    assert PreprocessConfig.from_checkpoint(folder).vision_head_dim == \
+    assert read_preprocess_config(folder).vision_head_dim == \
         vision["hidden_size"] // vision["num_heads"]
     text = config.get("vlm_config", config)["text_config"]
     assert COLQWEN2_5.merger_width(vision) == vision["out_hidden_size"] == text["hidden_size"]
@@ -62,15 +63,15 @@ def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
     assert COLQWEN2.merger_width(vision) == vision["hidden_size"] != vision["embed_dim"]
     folder = _edit_config(tiny_checkpoint, tmp_path, drop_embed_dim)
     with pytest.raises(ModelFolderError, match=r"vision_config\.embed_dim .*colqwen2 checkpoint"):
-        PreprocessConfig.from_checkpoint(folder)
+        read_preprocess_config(folder)
 
 
 def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
-    def qwen3(config):
-        config["vlm_config"]["model_type"] = "qwen3_vl"
+    def qwen4(config):
+        config["vlm_config"]["model_type"] = "qwen4_vl"
 
-    with pytest.raises(ModelFolderError, match="qwen3_vl"):
-        PreprocessConfig.from_checkpoint(_edit_config(tiny_checkpoint, tmp_path, qwen3))
+    with pytest.raises(ModelFolderError, match="qwen4_vl"):
+        read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path, qwen4))
 
 
 def test_checkpoint_layouts_are_declared_per_family():
@@ -80,8 +81,11 @@ def test_checkpoint_layouts_are_declared_per_family():
     # a bare Qwen2-VL config is colpali-engine's unconverted ColQwen2: not an export layout
     assert family_of_checkpoint({"model_type": "qwen2_vl"}) is None
     assert family_of_backbone({"model_type": "qwen2_vl"}) is COLQWEN2
-    with pytest.raises(UnknownFamilyError, match="colqwen3"):
-        get_family("colqwen3")
+    assert family_of_checkpoint({"model_type": "qwen3_vl"}) is COLQWEN3  # colpali-engine 0.3.18
+    assert family_of_checkpoint({"model_type": "colqwen2",
+                                 "vlm_config": {"model_type": "qwen3_vl"}}) is None
+    with pytest.raises(UnknownFamilyError, match="colqwen4"):
+        get_family("colqwen4")
 
 
 # ---------------------------------------------------------------------------------- contracts
@@ -135,8 +139,8 @@ def test_bad_vision_attention_is_refused_naming_the_field(manifest_2_5, attentio
 
 
 def test_unknown_or_half_declared_family_is_refused(manifest_2_5):
-    with pytest.raises(ManifestError, match=r"family: 'colqwen3' is not one of"):
-        Manifest.from_dict({**manifest_2_5, "family": "colqwen3"})
+    with pytest.raises(ManifestError, match=r"family: 'colqwen4' is not one of"):
+        Manifest.from_dict({**manifest_2_5, "family": "colqwen4"})
     with pytest.raises(ManifestError, match=r"family: expected str"):
         Manifest.from_dict({**manifest_2_5, "family": 2.5})
     without = {k: v for k, v in manifest_2_5.items() if k != "vision_attention"}
@@ -145,7 +149,13 @@ def test_unknown_or_half_declared_family_is_refused(manifest_2_5):
     without = {k: v for k, v in manifest_2_5.items() if k != "family"}
     with pytest.raises(ManifestError, match=r"family: missing"):
         Manifest.from_dict(without)
-    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5"]
+    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5", "colqwen3"]
+    # vision extras exactly for the family declaring them (ColQwen3), refused elsewhere
+    extras = {"position_grid_side": 48, "deepstack_layers": 3}
+    with pytest.raises(ManifestError, match=r"vision_extras: present for family 'colqwen2.5'"):
+        Manifest.from_dict({**manifest_2_5, "vision_extras": extras})
+    with pytest.raises(ManifestError, match=r"vision_extras: expected keys"):
+        Manifest.from_dict({**manifest_2_5, "vision_extras": {"position_grid_side": 48}})
 
 
 def test_a_first_release_folder_loads_as_colqwen2(copy_model_folder):

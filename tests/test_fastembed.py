@@ -35,7 +35,7 @@ from colembed import registry
 from colembed.errors import ImageError, ModelFolderError
 from colembed.fastembed import ColQwen2, LateInteractionMultimodalEmbedding, register
 from colembed.layout import MANIFEST_NAME
-from colembed.manifest import describe_file
+from colembed.integrity import describe_file
 from fastembed.postprocess import Muvera
 
 MODEL = "colqwen2"
@@ -175,21 +175,19 @@ def test_colembed_works_without_fastembed(exported_tiny):
 def test_specific_model_path_comes_first(exported_tiny, tmp_path, entry):
     (tmp_path / entry.cache_folder_name).mkdir()  # a broken folder in the cache is not looked at
     model = LateInteractionMultimodalEmbedding(
-        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder),
-        lazy_load=True)
-    assert model.model._model_dir == exported_tiny.folder
+        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder))
+    assert model.model.model.folder == exported_tiny.folder  # the colembed model it loaded
 
 
 def test_cache_dir_and_env(exported_tiny, tmp_path, monkeypatch, entry):
     linked = _link(exported_tiny.folder, tmp_path / "given", entry)
-    model = LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(tmp_path / "given"),
-                                               lazy_load=True)
-    assert model.model._model_dir == linked
+    model = LateInteractionMultimodalEmbedding(MODEL, cache_dir=str(tmp_path / "given"))
+    assert model.model.model.folder == linked
 
     linked = _link(exported_tiny.folder, tmp_path / "env", entry)
     monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path / "env"))
-    model = LateInteractionMultimodalEmbedding(MODEL, lazy_load=True)
-    assert model.model._model_dir == linked
+    model = LateInteractionMultimodalEmbedding(MODEL)
+    assert model.model.model.folder == linked
 
 
 @pytest.mark.parametrize("name", ["../evil", "/etc", "a/b/c", "a\\b", "x/..", ""])
@@ -331,7 +329,7 @@ def test_export_by_path_and_by_name_equals_colembed_load(export_kind, tmp_path, 
             assert g.dtype == np.float32 and np.array_equal(g, w)
         for g, w in zip(model.embed_text(QUERIES, batch_size=16), want_queries):
             assert g.shape[1] == 128 and np.array_equal(g, w)
-    assert model.model._model_dir == cache / entry.cache_folder_name
+    assert model.model.model.folder == cache / entry.cache_folder_name
 
 
 def _with_int8_copy_only(folder: Path) -> None:
@@ -460,15 +458,16 @@ def test_providers_cuda_and_device_ids(exported_tiny):
     assert default.model.model.providers[0] == (
         "CUDAExecutionProvider" if has_cuda else "CPUExecutionProvider")
 
-    # FastEmbed's mapping: cuda=True demands CUDA on the first of device_ids; cuda=False is CPU
-    lazy = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True,
-                                              device_ids=[1, 2], lazy_load=True)
-    assert lazy.model._onnx_providers() == ([("CUDAExecutionProvider", {"device_id": 1})], False)
-    lazy = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=Device.CPU,
-                                              lazy_load=True)
-    assert lazy.model._onnx_providers() == (None, False)
-    if not has_cuda:  # no silent CPU fallback when CUDA was demanded
-        with pytest.raises(colembed.ProviderError, match="CUDAExecutionProvider"):
+    # FastEmbed's mapping: cuda=Device.CPU is the CPU; cuda=True demands CUDA on the first of
+    # device_ids, with no silent CPU fallback (here, without CUDA: an error naming what was asked)
+    on_cpu = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=Device.CPU)
+    assert on_cpu.model.model.providers == ["CPUExecutionProvider"]
+    if not has_cuda:
+        with pytest.raises(colembed.ProviderError,
+                           match=r"CUDAExecutionProvider \(options \{'device_id': 1\}\)"):
+            LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True,
+                                               device_ids=[1, 2])
+        with pytest.raises(colembed.ProviderError, match=r"CUDAExecutionProvider is not"):
             LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True)
 
 

@@ -72,6 +72,19 @@ def test_the_core_and_the_index_load_no_ray():
     assert "ray" in loaded_after("import colembed.distributed.pipeline", ("ray",))
 
 
+WEB = ("fastapi", "starlette", "uvicorn", "pydantic", "multipart", "httpx", "anyio")
+
+
+def test_the_core_the_index_and_the_cli_load_no_web_framework():
+    """The serve extra is loaded by `colembed serve` only: not by `import colembed`, the index,
+    `colembed --help`, nor by colembed.serve's stdlib modules (the CLI's options, limits)."""
+    assert loaded_after("import colembed, colembed.index", WEB) == []
+    assert loaded_after(HELP, WEB) == []
+    assert loaded_after("import colembed.serve, colembed.serve.options, colembed.serve.limits",
+                        WEB) == []
+    assert "fastapi" in loaded_after("import colembed.serve.app", WEB)  # the probe sees it
+
+
 def test_the_probe_detects_a_leak():
     """The check can fail: with transformers imported first, the same probe reports it."""
     assert "transformers" in loaded_after("import transformers\nimport colembed")
@@ -94,6 +107,14 @@ OWNERS = {
     "tqdm": {"index.index"},
     "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
     "pyarrow": {"distributed.targets", "distributed.pipeline"},
+    # the serve extra: the web framework lives in colembed.serve.app, the server in serve.run
+    "fastapi": {"serve.app"},
+    "starlette": set(),
+    "pydantic": {"serve.app"},
+    "uvicorn": {"serve.run", "cli"},  # the CLI's serve-extra check, inside `serve` only
+    "multipart": set(),
+    "httpx": set(),
+    "playwright": set(),
 }
 
 

@@ -1,5 +1,7 @@
 """Similarity maps: the MaxSim split is exact, lands on the token whose content matches, and the
-overlay paints exactly that token's pixels of the page (geometry by construction)."""
+overlay paints that token's pixels of the page: checked against places known by construction (a
+token's 28-pixel square at the model's own size; a square planted on a page and embedded by the
+real model), never against the layout's own `token_box` arithmetic."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from PIL import Image
 
 import colembed
 from colembed.index import Index
-from colembed.index.maps import explain, overlay, token_mask
+from colembed.index.maps import explain, overlay
 from colembed.model import PageLayout
-from index_docs import write_pdf
+from index_docs import page, write_pdf
 
 LAYOUT = PageLayout(grid_rows=5, grid_cols=7, image_start=3, num_tokens=3 + 35 + 4, token_px=28)
 
@@ -41,30 +43,45 @@ def test_contribution_peaks_on_the_matching_token_and_sums_to_the_score(row, col
     assert smap.similarity.shape == (5, 7) and smap.similarity[row, col] == smap.similarity.max()
 
 
-@pytest.mark.parametrize("size", [(196, 140), (301, 250), (700, 333)])
-def test_overlay_paints_exactly_the_tokens_box(size):
+def test_overlay_at_the_models_own_size_paints_the_tokens_28_pixel_square():
+    """At the resized size (7 x 28 by 5 x 28 px) token (2, 5) saw exactly x 140-168, y 56-84."""
     page, query = _page_and_query(2, 5)
     smap = explain(query, page, LAYOUT)
     assert np.count_nonzero(smap.contribution) == 1  # every query token picked the same row
-    white = Image.new("RGB", size, "white")
-    painted = np.asarray(overlay(white, smap))
-    changed = np.argwhere((painted != 255).any(axis=2))
-    left, top, right, bottom = LAYOUT.token_box(2, 5, size)
-    ys, xs = changed[:, 0] + 0.5, changed[:, 1] + 0.5  # pixel centres
-    assert (xs > left).all() and (xs < right).all() and (ys > top).all() and (ys < bottom).all()
-    inside = ((np.arange(size[0]) + 0.5 > left) & (np.arange(size[0]) + 0.5 < right)).sum() * \
-             ((np.arange(size[1]) + 0.5 > top) & (np.arange(size[1]) + 0.5 < bottom)).sum()
-    assert len(changed) == inside  # every pixel whose centre is in the box, and no other
+    painted = np.asarray(overlay(Image.new("RGB", (196, 140), "white"), smap))
+    changed = (painted != 255).any(axis=2)
+    assert changed[56:84, 140:168].all() and changed.sum() == 28 * 28
 
 
-def test_token_mask_assigns_every_pixel_to_the_box_holding_its_centre():
-    size = (301, 250)
-    mask = token_mask(LAYOUT, size)
-    for r in range(LAYOUT.grid_rows):
-        for c in range(LAYOUT.grid_cols):
-            left, top, right, bottom = LAYOUT.token_box(r, c, size)
-            ys, xs = np.nonzero(mask == r * LAYOUT.grid_cols + c)
-            assert ((xs + 0.5 >= left) & (xs + 0.5 <= right) & (ys + 0.5 >= top) & (ys + 0.5 <= bottom)).all()
+# (left, top, right, bottom) of a black square planted on a white 400 x 520 page
+PLANTED = [(40, 60, 110, 130), (250, 300, 330, 380), (300, 40, 380, 100)]
+
+
+@pytest.fixture(scope="module")
+def model_64(exported_tiny):
+    return colembed.load(exported_tiny.folder, max_image_tokens=64)
+
+
+@pytest.mark.parametrize("box", PLANTED)
+def test_a_map_lands_on_content_planted_on_the_page(model_64, box):
+    """Through the real model: the page row that a planted square changes most (against the same
+    page without it) is the map's hottest cell, and the overlay paints it over the square.
+
+    The place is known from the drawing, not from the layout's arithmetic, so a wrong token order
+    (rows for columns), image-row offset or scaling to the page's size puts the paint elsewhere."""
+    size = (400, 520)
+    (planted, layout), (blank, _) = model_64.embed_pages([page("", size, box=box), page("", size)])
+    change = np.linalg.norm(planted[layout.image_rows] - blank[layout.image_rows], axis=1)
+    query = planted[layout.image_rows][[int(change.argmax())]]  # what the square turned into
+    smap = explain(query, planted, layout)
+    painted = np.argwhere((np.asarray(overlay(Image.new("RGB", size, "white"), smap)) != 255)
+                          .any(axis=2))
+    left, top, right, bottom = box
+    y, x = painted.mean(axis=0) + 0.5
+    assert left < x < right and top < y < bottom  # the painted cell's centre is on the square
+    # and it is one cell: no wider than a token of this page (its share of the page's sides)
+    cell_w, cell_h = size[0] / layout.grid_cols, size[1] / layout.grid_rows
+    assert np.ptp(painted[:, 1]) < cell_w + 1 and np.ptp(painted[:, 0]) < cell_h + 1
 
 
 def test_search_explain_and_saved_overlay(tmp_path, exported_tiny):
@@ -91,5 +108,5 @@ def test_overlay_falls_back_to_similarity_when_the_prompt_takes_the_whole_score(
     assert not smap.contribution.any() and smap.hottest_token() == (0, 0)
     painted = np.asarray(overlay(Image.new("RGB", (196, 140), "white"), smap)).astype(int)
     tint = 255 - painted[..., 1]
-    left, top, right, bottom = (int(v) for v in LAYOUT.token_box(1, 1, (196, 140)))
-    assert tint[top:bottom, left:right].min() == tint.max() > 0  # token 8 = (1, 1) is strongest
+    # token 8 = (1, 1), at the model's own size x 28-56, y 28-56, is the strongest
+    assert tint[28:56, 28:56].min() == tint.max() > 0

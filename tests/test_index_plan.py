@@ -18,7 +18,8 @@ from colembed.cli import main
 from colembed.index import Index, edge, server, store as store_module, upgrade_index
 from colembed.index.schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, VECTOR_NAMES,
                                    PagePoint, make_point, mean_from_payload, mean_vector)
-from colembed.index.store import OldIndexWarning, open_store, two_stage_plan
+from colembed.index import OldIndexWarning, open_store
+from colembed.index.store import two_stage_plan
 from colembed.model import PageLayout
 from index_docs import page
 

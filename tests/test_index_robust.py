@@ -18,13 +18,13 @@ import colembed
 from colembed.cli import main
 from colembed.index import Index, IndexBusyError
 from colembed.index.sources import Document, render_scale
-from index_docs import page, write_pdf
+from index_docs import tiff_with_a_bad_page as _tiff_with_a_bad_page, write_pdf
 
 TOKENS = 64
 
 HOLDER = textwrap.dedent("""
     import sys
-    from colembed.index.store import open_store
+    from colembed.index.backends import open_store
 
     store = open_store(sys.argv[1])
     print("open", flush=True)
@@ -71,7 +71,7 @@ def test_a_second_process_is_refused_naming_the_folder_and_holder(tmp_path, smal
             Index(db, model=small_model)
         message = str(refused.value)
         assert str(db) in message and f"pid {holder.pid}" in message and "-c" in message
-        assert main(["search", "a", "--db", str(db), "--max-image-tokens", str(TOKENS)]) == 2
+        assert main(["search", "a", "--db", str(db), "--max-image-tokens", str(TOKENS)]) == 1  # runtime, not usage
         assert f"pid {holder.pid}" in capsys.readouterr().err
     finally:
         holder.send_signal(signal.SIGKILL)  # no clean-up: the OS drops the lock
@@ -115,20 +115,6 @@ def test_moved_and_duplicated_files_reuse_the_stored_vectors(tmp_path, small_mod
 
 
 # ------------------------------------------------------------------------- a file with a bad page
-def _tiff_with_a_bad_page(path, pages: int, bad: int):
-    """A deflate-compressed multi-page TIFF whose page `bad` has a damaged strip (as a scan with
-    a bad sector would): the other pages decode."""
-    frames = [page(f"scan {n}") for n in range(1, pages + 1)]
-    frames[0].save(path, save_all=True, append_images=frames[1:], compression="tiff_deflate")
-    with Image.open(path) as image:
-        image.seek(bad - 1)
-        offset, count = image.tag_v2[273][0], image.tag_v2[279][0]
-    data = bytearray(path.read_bytes())
-    data[offset + 2:offset + count] = b"\xff" * (count - 2)
-    path.write_bytes(bytes(data))
-    return path
-
-
 def test_a_bad_page_fails_its_file_keeps_the_rest_and_a_rerun_changes_nothing(
         tmp_path, small_model, embedded):
     docs = tmp_path / "docs"

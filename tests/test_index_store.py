@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from colembed.index.schema import PAGE_VECTOR, VECTOR_NAMES, make_point, pooled_vectors
-from colembed.index.store import ModelMismatchError, StoreError, open_store
+from colembed.index import ModelMismatchError, StoreError, open_store
 from colembed.model import PageLayout
 
 DIM = 16

@@ -7,10 +7,12 @@ import os
 import shutil
 
 import pytest
+from PIL import Image
 
 import colembed
 from colembed.errors import ManifestError, ModelFolderError, ProviderError
-from colembed.manifest import MANIFEST_NAME, describe_file
+from colembed.integrity import describe_file
+from colembed.manifest import MANIFEST_NAME
 
 
 def _rewrite_manifest(folder, edit):
@@ -119,12 +121,12 @@ def test_unknown_name_lists_known_models(tmp_path):
 
 
 def test_unchanged_files_are_not_hashed_twice(copy_model_folder, monkeypatch):
-    import colembed.integrity as manifest_module
+    import colembed.integrity as integrity
 
     folder = copy_model_folder()
     hashed = []
-    real = manifest_module.sha256_of
-    monkeypatch.setattr(manifest_module, "sha256_of", lambda p: hashed.append(p.name) or real(p))
+    real = integrity.sha256_of
+    monkeypatch.setattr(integrity, "sha256_of", lambda p: hashed.append(p.name) or real(p))
     colembed.load(folder)
     assert "text.onnx_data" in hashed
     hashed.clear()
@@ -303,3 +305,35 @@ def test_embedding_dim_is_checked_against_the_text_graph(copy_model_folder):
     _rewrite_manifest(folder, claim_64)
     with pytest.raises(ModelFolderError, match=r"text\.onnx.*contract.*embeddings"):
         colembed.load(folder)
+
+
+def test_image_graph_whose_rows_disagree_with_the_prompt_is_a_named_error(copy_model_folder,
+                                                                          tmp_path):
+    """A vision graph that drops its last feature row, hashed into the manifest (so it loads):
+    the first page fails with GraphOutputError naming the folder, not a bare RuntimeError; queries,
+    which never run the image graph, still work."""
+    import onnx
+    from onnx import helper
+
+    folder = copy_model_folder()
+    graph_path = folder / "vision.onnx"
+    model = onnx.load(graph_path, load_external_data=False)
+    (output,) = model.graph.output
+    inner = output.name + "_all_rows"
+    for node in model.graph.node:
+        node.output[:] = [inner if name == output.name else name for name in node.output]
+    for name, values in (("drop_start", [0]), ("drop_end", [-1]), ("drop_axis", [1])):
+        model.graph.initializer.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], values))
+    model.graph.node.append(helper.make_node("Slice", [inner, "drop_start", "drop_end", "drop_axis"],
+                                             [output.name]))
+    onnx.save(model, graph_path)  # its weights stay in vision.onnx_data, referenced as before
+
+    def rehash(manifest):
+        manifest["files"]["vision.onnx"] = describe_file(graph_path)
+    _rewrite_manifest(folder, rehash)
+    model = colembed.load(folder)
+    assert model.embed_queries(["still fine"])[0].shape[1] == model.embedding_size
+    page = Image.new("RGB", (120, 160), "white")
+    with pytest.raises(colembed.GraphOutputError, match=r"feature rows.*image tokens") as caught:
+        model.embed_images([page])
+    assert caught.value.path == folder and isinstance(caught.value, RuntimeError)

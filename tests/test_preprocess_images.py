@@ -17,6 +17,7 @@ from PIL import Image
 import fixtures_images as fx
 from colembed.errors import ImageError, InputError, InputTypeError, ModelFolderError
 from colembed.preprocess.config import PreprocessConfig
+from colembed_export.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import (
     load_image,
     num_image_tokens,
@@ -295,7 +296,7 @@ def test_config_reflects_an_edited_max_pixels(copied_checkpoint, config, encoder
     from transformers import ColQwen2Processor
 
     edit_json(copied_checkpoint / "preprocessor_config.json", max_pixels=100 * 784)
-    edited = PreprocessConfig.from_checkpoint(copied_checkpoint)
+    edited = read_preprocess_config(copied_checkpoint)
     assert edited.max_pixels == 100 * 784 and edited.min_pixels == config.min_pixels
     page = fx.document_page()
     reference = ColQwen2Processor.from_pretrained(copied_checkpoint, use_fast=False)
@@ -305,7 +306,7 @@ def test_config_reflects_an_edited_max_pixels(copied_checkpoint, config, encoder
 def test_config_reads_the_size_form(copied_checkpoint):
     size = {"shortest_edge": 8 * 784, "longest_edge": 200 * 784}
     edit_json(copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size=size)
-    edited = PreprocessConfig.from_checkpoint(copied_checkpoint)
+    edited = read_preprocess_config(copied_checkpoint)
     assert (edited.min_pixels, edited.max_pixels) == (8 * 784, 200 * 784)
 
 
@@ -323,7 +324,7 @@ def test_reference_ignores_the_size_form(copied_checkpoint):
 def test_config_without_pixel_bounds_is_refused(copied_checkpoint):
     edit_json(copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size={})
     with pytest.raises(ModelFolderError, match="pixel bounds"):
-        PreprocessConfig.from_checkpoint(copied_checkpoint)
+        read_preprocess_config(copied_checkpoint)
 
 
 @pytest.mark.parametrize(
@@ -333,18 +334,18 @@ def test_config_without_pixel_bounds_is_refused(copied_checkpoint):
 def test_config_refuses_pipelines_it_does_not_implement(copied_checkpoint, changes, message):
     edit_json(copied_checkpoint / "preprocessor_config.json", **changes)
     with pytest.raises(ModelFolderError, match=message):
-        PreprocessConfig.from_checkpoint(copied_checkpoint)
+        read_preprocess_config(copied_checkpoint)
 
 
 def test_config_reads_prompts_and_keeps_an_empty_query_prefix(copied_checkpoint):
     edit_json(copied_checkpoint / "processor_config.json", query_prefix="")
-    assert PreprocessConfig.from_checkpoint(copied_checkpoint).query_prefix == ""
+    assert read_preprocess_config(copied_checkpoint).query_prefix == ""
 
 
 def test_config_missing_file_names_it(copied_checkpoint):
     (copied_checkpoint / "preprocessor_config.json").unlink()
     with pytest.raises(ModelFolderError) as info:
-        PreprocessConfig.from_checkpoint(copied_checkpoint)
+        read_preprocess_config(copied_checkpoint)
     assert info.value.path.name == "preprocessor_config.json"
 
 
@@ -354,7 +355,7 @@ def test_config_refuses_token_ids_the_tokenizer_contradicts(copied_checkpoint):
     data["vlm_config"]["image_token_id"] += 1
     path.write_text(json.dumps(data))
     with pytest.raises(ModelFolderError, match="image_token_id") as info:
-        PreprocessConfig.from_checkpoint(copied_checkpoint)
+        read_preprocess_config(copied_checkpoint)
     assert info.value.path == path
 
 
@@ -372,7 +373,7 @@ def test_config_dict_round_trip_is_json(config):
 
 
 def test_alt_architecture_head_dim(tiny_alt_checkpoint):
-    alt = PreprocessConfig.from_checkpoint(tiny_alt_checkpoint)
+    alt = read_preprocess_config(tiny_alt_checkpoint)
     vision = json.loads((tiny_alt_checkpoint / "config.json").read_text())["vlm_config"]["vision_config"]
     assert alt.vision_head_dim == vision["embed_dim"] // vision["num_heads"]
 

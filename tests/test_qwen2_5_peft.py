@@ -83,9 +83,9 @@ def adapter(tmp_path_factory):
 
 
 def load_shimmed(folder, **kwargs):
-    from colembed_export.checkpoint_qwen2_5 import load_colqwen2_5
+    from colembed_export.adapter import merge_adapter
 
-    model = load_colqwen2_5(folder, **kwargs)
+    model = merge_adapter(folder, **kwargs)
     model.vlm.model.visual.get_dtype = lambda: torch.float32  # docs/reference-colqwen2_5.md
     return model
 
@@ -134,7 +134,7 @@ def test_adapter_in_the_older_colpali_names_merges_the_same(adapter, tmp_path):
 
 def test_unreachable_base_is_named(adapter, tmp_path):
     from colembed.errors import ModelFolderError
-    from colembed_export.checkpoint_qwen2_5 import load_colqwen2_5
+    from colembed_export.adapter import merge_adapter
 
     folder = tmp_path / "hub-base"
     shutil.copytree(adapter[1], folder)
@@ -142,11 +142,12 @@ def test_unreachable_base_is_named(adapter, tmp_path):
     (folder / "adapter_config.json").write_text(json.dumps(
         {**config, "base_model_name_or_path": "colembed-tests/no-such-base"}))
     with pytest.raises(ModelFolderError, match=r"'colembed-tests/no-such-base'.*--base PATH"):
-        load_colqwen2_5(folder)
+        merge_adapter(folder)
 
 
 def test_adapters_that_cannot_be_merged_are_refused(adapter, tmp_path):
     from colembed.errors import ModelFolderError
+    from colembed_export.adapter import merge_adapter
     from colembed_export.checkpoint_qwen2_5 import load_colqwen2_5
     from safetensors.torch import load_file, save_file
 
@@ -155,15 +156,15 @@ def test_adapters_that_cannot_be_merged_are_refused(adapter, tmp_path):
     config = json.loads((folder / "adapter_config.json").read_text())
     (folder / "adapter_config.json").write_text(json.dumps({**config, "peft_type": "IA3"}))
     with pytest.raises(ModelFolderError, match="only LoRA"):
-        load_colqwen2_5(folder)
+        merge_adapter(folder)
     (folder / "adapter_config.json").write_text(json.dumps(config))
     weights = load_file(str(folder / "adapter_model.safetensors"))
     save_file({k.replace("custom_text_proj", "score_head"): v for k, v in weights.items()},
               str(folder / "adapter_model.safetensors"))
     with pytest.raises(ModelFolderError, match="score_head"):
-        load_colqwen2_5(folder)
-    with pytest.raises(ModelFolderError, match="not an adapter"):
-        load_colqwen2_5(adapter[0], base=adapter[0])
+        merge_adapter(folder)
+    with pytest.raises(ModelFolderError, match="not a full checkpoint"):
+        load_colqwen2_5(folder)  # an adapter is merged by adapter.py, never loaded as a model
 
 
 @pytest.mark.slow  # one export of tiny-2.5

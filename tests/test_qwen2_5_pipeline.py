@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from colembed.preprocess.config import PreprocessConfig
+from colembed_export.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.text import TextEncoder, pad_batch
@@ -70,7 +70,7 @@ def test_pages_and_queries_equal_the_reference_per_token(tmp_path_factory, prese
     from transformers import ColQwen2ForRetrieval
 
     folder = checkpoint(tmp_path_factory, preset, "transformers")
-    config = PreprocessConfig.from_checkpoint(folder)
+    config = read_preprocess_config(folder)
     model = ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     model.vlm.model.visual.get_dtype = lambda: torch.float32  # the oracle's shim (reference doc)
     processor = reference_processor(folder)

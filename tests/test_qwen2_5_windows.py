@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colembed.errors import InputError
-from colembed.preprocess.config import PreprocessConfig
+from colembed_export.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.windows import packed_window_index, window_layout
@@ -159,7 +159,7 @@ def test_pixel_values_and_grids_equal_the_reference_processor(tmp_path_factory, 
     from PIL import Image
 
     folder = checkpoint(tmp_path_factory, preset, "transformers")
-    config = PreprocessConfig.from_checkpoint(folder)
+    config = read_preprocess_config(folder)
     processor = reference_processor(folder).image_processor
     rng = np.random.default_rng(3)
     for h, w in PAGES:
@@ -176,7 +176,7 @@ def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory):
     from PIL import Image
 
     folder = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
-    config = PreprocessConfig.from_checkpoint(folder)
+    config = read_preprocess_config(folder)
     processor = reference_processor(folder)
     rng = np.random.default_rng(4)
     sizes = [(300, 200), (60, 90)]

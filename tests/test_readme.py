@@ -1,9 +1,11 @@
-"""The README's Python examples, run as written (as safetensors tests its README).
+"""The Python examples of the README and of docs/fastembed-qdrant.md, run as written (as
+safetensors tests its README).
 
-Every ```python block of README.md runs, in order, in one namespace, in a folder laid out as the
-README assumes: the model exported with default options as `colqwen2-onnx` and in FastEmbed's
-cache, and two pages `page1.png` / `page2.jpg`. Then the claims the README makes about the results
-are checked: Qdrant's MAX_SIM ranking equals colembed's exact `top_k`, and the MUVERA sizes.
+Every ```python block of each page runs, in order, in one namespace per page (each page's examples
+stand alone), in a folder laid out as the pages assume: the model exported with default options as
+`colqwen2-onnx` and in FastEmbed's cache, and two pages `page1.png` / `page2.jpg`. Then the claims
+the pages make about the results are checked: the scorer's top pages, the Index example's counts
+and maps, Qdrant's MAX_SIM ranking equal to colembed's exact `top_k`, and the MUVERA sizes.
 """
 
 from __future__ import annotations
@@ -18,11 +20,20 @@ from conftest import noise_page
 import colembed
 from colembed.registry import get_model
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+FASTEMBED_PAGE = ROOT / "docs" / "fastembed-qdrant.md"
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+def python_blocks(page: Path = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+
+
+def run_blocks(page: Path) -> dict:
+    namespace: dict = {}
+    for block in python_blocks(page):
+        exec(compile(block, str(page), "exec"), namespace)
+    return namespace
 
 
 @pytest.fixture
@@ -44,17 +55,25 @@ def readme_folder(exported_tiny_default, tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_readme_has_the_examples_this_test_checks():
-    blocks = python_blocks()
-    assert len(blocks) == 5
+def test_pages_have_the_examples_this_test_checks():
+    blocks = python_blocks(README)
+    assert len(blocks) == 2
     assert "colembed.load" in blocks[0] and "colembed.Index" in blocks[1]
-    assert "QdrantClient" in blocks[3] and "Muvera" in blocks[4]
+    blocks = python_blocks(FASTEMBED_PAGE)
+    assert len(blocks) == 3
+    assert "LateInteractionMultimodalEmbedding" in blocks[0]
+    assert "QdrantClient" in blocks[1] and "Muvera" in blocks[2]
+
+
+def test_readme_links_point_at_files_that_exist():
+    """The front page sends readers to docs/ and benchmarks/: every relative link must resolve."""
+    for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
 
 
 def test_readme_python_examples_run_as_written(readme_folder):
-    namespace: dict = {}
-    for block in python_blocks():
-        exec(compile(block, str(README), "exec"), namespace)
+    namespace = run_blocks(README)
 
     # the runtime example: exact scores and the scorer's top pages agree
     scores, best = namespace["scores"], namespace["best"]
@@ -64,6 +83,11 @@ def test_readme_python_examples_run_as_written(readme_folder):
     result, index = namespace["result"], namespace["index"]
     assert len(result.added) == 2 and not result.failed and len(index) == 2
     assert len(list((readme_folder / "maps").glob("*.png"))) >= 1
+
+
+def test_fastembed_page_examples_run_as_written(readme_folder):
+    namespace = run_blocks(FASTEMBED_PAGE)
+
     # the Qdrant example ranks as colembed's exact MaxSim does
     query, page_vectors = namespace["query"], namespace["page_vectors"]
     indices, exact = colembed.top_k([query], page_vectors, 2)

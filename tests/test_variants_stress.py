@@ -62,7 +62,8 @@ def test_fp16_without_fp32_islands_fails_on_the_stress_checkpoint(stress_variant
 
     import colembed
     import onnx_ir as ir
-    from colembed.manifest import MANIFEST_NAME, describe_file
+    from colembed.integrity import describe_file
+    from colembed.manifest import MANIFEST_NAME
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     folder = shutil.copytree(stress_variants.folder, tmp_path / "plain")

@@ -22,32 +22,33 @@ stamps (`~/.cache/colembed` on each node) make that a stat after a node's first 
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
 import ray
 
-from ..index.ingest import AddResult, Catalog, FileReport
-from ..index.schema import SCHEMA_VERSION, identity_mismatch
+from ..index.records import (AddResult, Catalog, FileReport, ModelIdentity, default_source,
+                             file_report, options_of, stale_ids)
 from ..index.sources import discover, kind_of
-from ..index.store import ModelMismatchError
+from ..layout import BASE_VARIANT
 from ..manifest import read_manifest
-from .stages import FAILED, PAGE, SKIPPED, PageEmbedder, summary_rows
+from .stages import FAILED, FILE, PAGE, PageEmbedder, summary_rows
 from .targets import ParquetTarget, StoreWriter, write_part
 
 MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many blocks
 
 
-def model_identity(folder: str | os.PathLike, variant: str) -> dict[str, Any]:
-    """The identity `colembed.Index` stamps on every page (model name, variant, manifest hash,
-    schema, source folder), read from the folder without loading it."""
-    from ..index.index import manifest_sha256
+def model_identity(folder: str | os.PathLike, variant: str = BASE_VARIANT,
+                   max_image_tokens: int | None = None, dpi: float | None = None,
+                   schema: int | None = None) -> dict[str, Any]:
+    """The identity `colembed.Index` stamps on every page (`index.records.ModelIdentity`), read
+    from the folder without loading it."""
+    from ..index.schema import SCHEMA_VERSION
 
-    folder = Path(folder).resolve()
-    return {"model": read_manifest(folder).model.name, "variant": variant,
-            "manifest_sha256": manifest_sha256(folder), "schema": SCHEMA_VERSION,
-            "model_source": str(folder)}
+    return ModelIdentity.of_folder(folder, variant=variant, max_image_tokens=max_image_tokens,
+                                   dpi=dpi, schema=schema or SCHEMA_VERSION).payload()
 
 
 def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], AddResult]:
@@ -56,9 +57,8 @@ def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], Ad
     `filesystem`, each path is a file or a folder listed recursively on it."""
     if filesystem is None:
         found = discover(paths)
-        report = AddResult(skipped=[FileReport(str(p), reason=r) for p, r in found.ignored],
-                           failed=[FileReport(str(p), reason=r) for p, r in found.missing])
-        return [str(p) for p in found.documents], report
+        return [str(p) for p in found.documents], AddResult.of_discovery(found.ignored,
+                                                                           found.missing)
     import pyarrow.fs as pafs
 
     documents, report = [], AddResult()
@@ -76,40 +76,43 @@ def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], Ad
 
 def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int = 1,
         batch_size: int = 4, cpus_per_actor: float = 1, providers: Any = None,
-        variant: str = "fp32", max_image_tokens: int | None = None, dpi: float | None = None,
-        filesystem=None, writers: int = 1, actor_options: dict[str, Any] | None = None,
+        variant: str | None = None, max_image_tokens: int | None = None,
+        dpi: float | None = None, filesystem=None, writers: int = 1,
+        actor_options: dict[str, Any] | None = None, source: str | None = None,
         crash_once: tuple[str, int] | None = None) -> AddResult:
     """Index `paths` into `target` (a `QdrantTarget` or `ParquetTarget`) on the Ray cluster this
     process is connected to (see `index_with_ray` for starting one). Returns what
-    `colembed.Index.add` returns: files added, skipped and failed with their reasons."""
+    `colembed.Index.add` returns: files added, skipped and failed with their reasons. `variant`,
+    `max_image_tokens` and `dpi` default to the target's own, as `Index` reopens; `source` as
+    `Index`'s (replacement touches only that source's pages)."""
     folder = Path(model).expanduser().resolve()
-    identity = model_identity(folder, variant)
+    source = source or default_source()
     manifest = read_manifest(folder)
     documents, result = list_documents(paths, filesystem)
     stored = target.open(manifest.embedding_dim)
     try:
-        _check_identity(stored, identity, target)
+        built = options_of(stored[0][1] if stored else None)
+        variant = variant or built.get("variant") or BASE_VARIANT
+        max_image_tokens = max_image_tokens or built.get("max_image_tokens")
+        dpi = dpi if dpi is not None else built.get("dpi")
+        identity = ModelIdentity.of_folder(folder, variant=variant,
+                                           max_image_tokens=max_image_tokens, dpi=dpi,
+                                           schema=target.schema)
+        identity.check(stored[0][1] if stored else None, target.location)
         pages = documents and _pipeline(
             documents, actors=actors, actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor),
-            embedder=dict(folder=str(folder), identity=identity, crash_once=crash_once,
+            embedder=dict(folder=str(folder), identity=identity.payload(), crash_once=crash_once,
                           stored=frozenset(pid for pid, _ in stored), batch_size=batch_size,
-                          dpi=dpi, filesystem=filesystem,
+                          dpi=dpi, filesystem=filesystem, source=source,
                           load_options=dict(variant=variant, providers=providers,
                                             max_image_tokens=max_image_tokens,
                                             threads=max(1, round(cpus_per_actor)))))
         rows = _write(pages, target, writers) if documents else []
-        _report(rows, documents, stored, target, result)
+        _report(rows, documents, stored, target, result, source)
+        target.flush()
     finally:
         target.close()
     return result
-
-
-def _check_identity(stored, identity, target) -> None:
-    if stored:
-        problems = identity_mismatch(stored[0][1], identity)
-        if problems:
-            raise ModelMismatchError(f"{target.location}: the target holds pages of another model or "
-                                     "export (" + "; ".join(problems) + ")")
 
 
 def _pipeline(documents, *, actors, embedder, actor_args):
@@ -140,25 +143,27 @@ def _write(pages, target, writers: int) -> list[dict[str, Any]]:
     return written.take_all()
 
 
-def _report(rows, documents, stored, target, result: AddResult) -> None:
-    """Fill `result` per document from the page rows, as `Index.add` reports; in a Qdrant
-    target, drop the pages of older versions of files now fully written."""
+def _report(rows, documents, stored, target, result: AddResult, source: str) -> None:
+    """Fill `result` per document from the rows, in `Index.add`'s words
+    (`index.records.file_report`); drop the pages of older versions of changed files written by
+    this source (Qdrant targets)."""
     by_path: dict[str, dict[tuple, dict[str, Any]]] = {d: {} for d in documents}
     for row in rows:  # a retried document's rows may arrive twice: one per page and status
         by_path.setdefault(row["path"], {})[row["page"], row["status"]] = row
-    versions = Catalog.of(stored).by_path
-    for path, unique in by_path.items():
-        page_rows = list(unique.values())
-        written = [r for r in page_rows if r["status"] == PAGE]
-        failed = [r for r in page_rows if r["status"] == FAILED]
-        if failed:
-            result.failed.append(FileReport(path, len(written), failed[0]["reason"]))
-        elif any(r["status"] == SKIPPED for r in page_rows):
-            result.skipped.append(FileReport(path, 0, "already indexed"))
-        elif written:
-            sha = written[0]["sha256"]
-            stale = [pid for s, ids in versions.get(path, {}).items() if s != sha
-                     for pid in ids.values()]
-            target.delete(stale)
-            result.added.append(FileReport(path, len(written),
-                                           "replaced an older version" if stale else ""))
+    catalog = Catalog.of(stored)
+    for path in documents:
+        unique = list(by_path[path].values())
+        failed = [r for r in unique if r["status"] == FAILED]
+        ends = [r for r in unique if r["status"] == FILE]
+        if failed or not ends:
+            reason = failed[0]["reason"] if failed else "the Ray job returned no result for it"
+            result.failed.append(FileReport(path, 0, reason))
+            continue
+        end = ends[0]
+        stale = stale_ids(catalog, path, end["sha256"], source)
+        target.delete(stale)
+        file_report(result, path, pages=end["pages"],
+                    stored=len({r["page"] for r in unique if r["status"] == PAGE}),
+                    had=end["page"], errors={int(n): why for n, why in
+                                             json.loads(end["reason"]).items()},
+                    stale=bool(stale))

@@ -6,8 +6,11 @@ Ray-free (Ray Data calls these; a test or a debugger can call them alone). Rows 
     point row      path, page, pages, sha256, status, reason, id, payload (JSON),
                    page/rows/cols vectors (raw float32 bytes, `dim` wide)
 
-`status` is "page" (embedded), "skipped" (a document whose pages are all in the target: one row)
-or "failed" (a document or page that cannot be indexed: one row naming the reason). The actor
+`status` is "page" (embedded), "file" (a document's end, one row: `page` holds the count of its
+pages already in the target, `reason` the JSON {page: why} of its bad pages) or "failed" (a
+document that cannot be opened: one row naming the reason). The driver turns them into the same
+reports `Index.add` gives (`index.records.file_report`). A bad page (any exception rendering or
+embedding it) fails that page only, as in `Index.add`: the document's other pages go on. The actor
 that embeds a document also hashes, opens and renders it, once: pixels never leave its process,
 and only document paths go in and points come out. Vectors travel as raw float32 bytes, so the
 writer gets exactly what the single-process indexer hands its store.
@@ -25,11 +28,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import InputError
+from ..index.records import (ModelIdentity, default_source, embed_keeping_going, page_failure,
+                              page_payload)
 from ..index.schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, PagePoint, make_point, point_id
 from ..index.sources import HASH_CHUNK, Document, SourceError, file_sha256
 
-PAGE, SKIPPED, FAILED = "page", "skipped", "failed"
+PAGE, FILE, FAILED = "page", "file", "failed"
 VECTOR_COLUMNS = {PAGE_VECTOR: "page_vectors", ROWS_VECTOR: "rows_vectors", COLS_VECTOR: "cols_vectors"}
 META_COLUMNS = ("path", "page", "pages", "sha256", "status", "reason")
 COPY_PREFIX = "colembed-doc-"
@@ -79,13 +83,14 @@ class PageEmbedder:
     """
 
     def __init__(self, folder: str, identity: dict[str, Any], *, load_options: dict[str, Any],
-                 stored: frozenset[str] = frozenset(), batch_size: int = 4,
+                 source: str | None = None, stored: frozenset[str] = frozenset(),
+                 batch_size: int = 4,
                  dpi: float | None = None, filesystem=None,
                  crash_once: tuple[str, int] | None = None) -> None:
         from ..model import load
 
         self.model = load(folder, **load_options)
-        self.identity = dict(identity)
+        self.identity, self.source = ModelIdentity(**identity), source or default_source()
         self.stored, self.batch_size, self.dpi, self.filesystem = stored, batch_size, dpi, filesystem
         self.crash_once, self.batches = crash_once, 0
         self.renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="colembed-render")
@@ -95,60 +100,62 @@ class PageEmbedder:
             yield from self.document(str(path))
 
     def document(self, path: str) -> Iterator[dict[str, list]]:
-        """Point rows of one document's missing pages, a batch at a time; a document that cannot
-        be read ends with one "failed" row, one with every page stored is one "skipped" row."""
+        """Point rows of one document's missing pages, a batch at a time, then its "file" row;
+        a document that cannot be opened is one "failed" row."""
         try:
             with _local_copy(path, self.filesystem) as (local, sha):
                 with Document(local, max_pixels=self.model.config.max_pixels, dpi=self.dpi) as doc:
                     meta = dict(path=path, pages=doc.pages, sha256=sha)
                     todo = [n for n in range(1, doc.pages + 1)
                             if point_id(sha, n, path) not in self.stored]
-                    if not todo:
-                        yield _columns([_meta_row(meta, 0, SKIPPED, "already indexed")])
-                    yield from self._embed_pages(doc, meta, todo)
-        except SourceError as e:
-            yield _columns([_meta_row(dict(path=path, pages=0, sha256=""), 0, FAILED, e.reason)])
+                    errors: dict[int, str] = {}
+                    yield from self._embed_pages(doc, meta, todo, errors)
+        except Exception as e:  # noqa: BLE001 (a document that cannot be read fails, not the job)
+            reason = e.reason if isinstance(e, SourceError) else page_failure(0, e)
+            yield _columns([_meta_row(dict(path=path, pages=0, sha256=""), 0, FAILED, reason)])
+            return
+        yield _columns([_meta_row(meta, doc.pages - len(todo), FILE, json.dumps(errors))])
 
-    def _embed_pages(self, doc, meta: dict[str, Any], todo: list[int]) -> Iterator[dict[str, list]]:
+    def _embed_pages(self, doc, meta: dict[str, Any], todo: list[int],
+                     errors: dict[int, str]) -> Iterator[dict[str, list]]:
         """Embed `todo` a batch at a time while the render thread renders the next batch, as the
         single-process indexer overlaps them (one render in flight: pdfium is not thread-safe;
-        none is left running when this returns, so the document can be closed)."""
+        none is left running when this returns, so the document can be closed). Bad pages go
+        to `errors` and the others on."""
         chunks = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
         ahead = self.renderer.submit(_render, doc, chunks[0]) if chunks else None
         try:
             for i, pages in enumerate(chunks):
-                images, ahead = ahead.result(), None
+                rendered, ahead = ahead.result(), None
                 if i + 1 < len(chunks):
                     ahead = self.renderer.submit(_render, doc, chunks[i + 1])
-                out, bad = self._embed(meta, pages, images)
-                yield _columns(out)
-                if bad:
-                    return
+                errors.update({n: why for n, why in rendered.items() if isinstance(why, str)})
+                good = [(n, image) for n, image in rendered.items() if not isinstance(image, str)]
+                yield _columns(self._embed(meta, good, errors))
         finally:
             if ahead is not None:
                 wait([ahead])
 
-    def _embed(self, meta: dict[str, Any], pages: list[int], images: list) -> tuple[list[dict], bool]:
-        """Point rows of `pages`; a page the model rejects ends the document with a "failed" row
-        after the pages before it, as the single-process indexer does."""
-        try:
-            embedded, bad = self.model.embed_pages(images, batch_size=len(images)), None
-        except InputError as e:
-            embedded, bad = getattr(e, "completed", []), e
-        out = [self._point_row(meta, n, image.size, v, lay)
-               for n, image, (v, lay) in zip(pages, images, embedded)]
-        if bad is not None:
-            failed = pages[len(embedded)]
-            out.append(_meta_row(meta, failed, FAILED, f"page {failed}: {bad.reason}"))
+    def _embed(self, meta: dict[str, Any], pages: list[tuple[int, Any]],
+               errors: dict[int, str]) -> list[dict]:
+        """Point rows of `pages` ((page, image)); a page the model rejects goes to `errors`."""
+        out: list[dict] = []
+
+        def hand(first: int, results: list) -> None:
+            out.extend(self._point_row(meta, n, image.size, v, lay)
+                       for (n, image), (v, lay) in zip(pages[first:], results))
+
+        bad = embed_keeping_going(self.model, [image for _, image in pages], len(pages) or 1, hand)
+        errors.update({pages[i][0]: why for i, why in bad.items()})
         self.batches += 1
         self._maybe_crash()
-        return out, bad is not None
+        return out
 
     def _point_row(self, meta: dict[str, Any], page: int, size: tuple[int, int],
                    vectors: np.ndarray, layout) -> dict[str, Any]:
-        payload = dict(self.identity, path=meta["path"], page=page, pages=meta["pages"],
-                       sha256=meta["sha256"], width=size[0], height=size[1])
-        point = make_point(vectors, layout, payload)
+        point = make_point(vectors, layout, page_payload(
+            self.identity, path=meta["path"], page=page, pages=meta["pages"],
+            sha256=meta["sha256"], size=size, source=self.source))
         out = _meta_row(meta, page, PAGE, "")
         out.update(id=point.id, payload=json.dumps(point.payload, sort_keys=True),
                    **{VECTOR_COLUMNS[n]: point.vectors[n].tobytes() for n in VECTOR_COLUMNS})
@@ -165,8 +172,15 @@ class PageEmbedder:
         os._exit(1)
 
 
-def _render(doc, pages: list[int]) -> list:
-    return [doc.render(n) for n in pages]
+def _render(doc, pages: list[int]) -> dict[int, Any]:
+    """page -> its image, or why it cannot be rendered (any exception: that page's failure)."""
+    out: dict[int, Any] = {}
+    for n in pages:
+        try:
+            out[n] = doc.render(n)
+        except Exception as e:  # noqa: BLE001 (MemoryError on a poster page: that page fails)
+            out[n] = page_failure(n, e)
+    return out
 
 
 def _meta_row(meta: dict[str, Any], page: int, status: str, reason: str) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 Both answer the driver's question "which point ids are already there?" before anything is
 embedded, and both make a retried write harmless:
 
-- `QdrantTarget`: the index's own stores (`colembed.index.store.open_store`: a Qdrant server by
+- `QdrantTarget`: the index's own stores (`colembed.index.backends.open_store`: a Qdrant server by
   url, a Qdrant Edge folder, or qdrant-client's local mode), so the collection, vectors, payload
   and point ids are exactly those of `colembed.Index`. Upserts are by deterministic id: a page
   written twice is the same point. A server is written by `writers` actors in parallel; an Edge
@@ -28,8 +28,9 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from ..index.schema import PagePoint
-from ..index.store import StoreError, open_store
+from ..index.backends import open_store
+from ..index.errors import StoreError
+from ..index.schema import SCHEMA_VERSION, PagePoint
 from .stages import VECTOR_COLUMNS, page_points, summary_rows
 
 PART_PREFIX = "part-"
@@ -61,9 +62,18 @@ class QdrantTarget:
                                 collection=self.options["collection"], local=self.options["local"])
         return self.store.payloads()
 
+    @property
+    def schema(self) -> int:
+        """The schema of the open collection (an older index keeps its own)."""
+        return self.store.schema
+
     def write(self, batch: dict[str, Any]) -> None:
-        """Upsert a batch's points through the driver's store (embedded stores)."""
+        """Upsert a batch's points through the driver's store (embedded stores: Edge flushes on
+        its own cadence, edge.py)."""
         self.store.upsert(page_points(batch, self.store.dim))
+
+    def flush(self) -> None:
+        self.store.flush()
 
     def writer_args(self) -> dict[str, Any]:
         return dict(self.options, dim=self.store.dim)
@@ -93,6 +103,7 @@ class ParquetTarget:
     """A folder of Parquet part files (local, or on `filesystem`, any pyarrow FileSystem)."""
 
     parallel = True
+    schema = SCHEMA_VERSION
 
     def __init__(self, folder: str, *, filesystem: pafs.FileSystem | None = None) -> None:
         if filesystem is None:
@@ -128,6 +139,9 @@ class ParquetTarget:
     def delete(self, ids: list[str]) -> None:
         """Parquet parts are immutable: an older version of a changed file stays (its rows carry
         the old sha256)."""
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

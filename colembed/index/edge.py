@@ -4,21 +4,26 @@ Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (
 is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead log,
 so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one process
 at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
-as float16 (half the disk and page cache; MaxSim scores move by ~1e-3 of a score, far below the
-gaps that order pages); no HNSW graph on any vector (full-scan MaxSim is exact and Edge's brute
-force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped (`on_disk`):
-Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made every reopen
-read all of them again (10,000 pages: 2.2 GB, 2.3-2.6 s here) although a two-stage search reads
-at most 200 pages' worth; mapped, the open reads the small vectors only and a search faults in the
-pages it reranks (benchmarks/README.md). Folders created before keep their in-RAM storage.
+as float16 (half the disk and page cache, scores moved far below the gaps that order pages:
+docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim is exact and
+Edge's brute force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped
+(`on_disk`): Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made
+every reopen read all of them again although a two-stage search reads at most 200 pages' worth;
+mapped, the open reads the small vectors only and a search faults in the pages it reranks
+(measured: benchmarks/results/index-10k.md). Folders created before keep their in-RAM storage.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
+import os
+import shutil
 import sys
+import time
 import uuid
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -26,26 +31,107 @@ import numpy as np
 import qdrant_edge as qe
 
 from ..safe_fs import STAGING_MARKER, commit_folder, discard_staging, staging_folder
-from .lock import LOCK_FILE, FolderLock, IndexBusyError
+from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreError
+from .lock import LOCK_FILE, FolderLock
 from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint)
-from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoreError, StoredHit, as_point,
-                    check_mode, stage_query)
+from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoredHit, as_point, check_mode,
+                    stage_query)
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
+CREATING_MARKER = ".colembed-creating"  # present from a new folder's first write to its meta file
 _NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
+
+# Flush cadence. Edge appends every upsert to its write-ahead log (~2.5x the page's stored bytes:
+# the request's float32 vectors) and truncates the log only on flush, so a run that never flushes
+# needs ~3.5x the index's size in free disk and a kill leaves all of it to replay on the next
+# open. A flush is due after FLUSH_FRACTION of the pages stored (the log then holds at most ~20% of
+# the stored bytes: disk stays within ~1.2x what is stored), at least FLUSH_MIN_PAGES (a flush
+# costs ~ a fixed part plus the segments written) and at most FLUSH_MAX_PAGES (bounds the log a
+# killed run replays), or FLUSH_SECONDS after the last one with anything unflushed (a slow run's
+# replay stays small too). Measured: benchmarks/index_disk.py, benchmarks/results/index_disk.md.
+FLUSH_FRACTION = 0.08
+FLUSH_MIN_PAGES = 64
+FLUSH_MAX_PAGES = 1000
+FLUSH_SECONDS = 60.0
+# Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
+# while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
+# batch carries until the next flush (log ~1.2x, float16 segments 0.5x), and opening a shard
+# allocates its in-RAM vector storages' chunk files in full (32 MiB each: rows and cols vectors and
+# offsets, mean; measured on a tmpfs, where a shard written sparse took 164 MB more on its next
+# open, and an open without that space died of SIGBUS). Twice the batch's bytes plus the margin
+# must be free.
+EDGE_CHUNK_BYTES = 32 << 20
+IN_RAM_CHUNK_FILES = 5
+DISK_MARGIN_BYTES = IN_RAM_CHUNK_FILES * EDGE_CHUNK_BYTES + (16 << 20)
 
 
 @contextlib.contextmanager
 def _edge_errors(action: str, where: Path) -> Iterator[None]:
-    """Qdrant Edge raises its own exception types: report them as StoreError naming the folder."""
+    """Qdrant Edge raises its own exception types: report them as StoreError naming the folder
+    (DiskFullError when the disk is full)."""
     try:
         yield
     except StoreError:
         raise
     except Exception as e:  # noqa: BLE001 (the binding's types are not part of its API)
+        if _is_disk_full(e):
+            raise DiskFullError(where, _free(where), DISK_MARGIN_BYTES, e) from e
         raise StoreError(f"{where}: Qdrant Edge failed to {action}: {e}") from e
+
+
+def _is_disk_full(error: BaseException) -> bool:
+    return (getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
+            or "os error 28" in str(error))
+
+
+def _free(folder: Path) -> int:
+    for path in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(path).free
+        except OSError:
+            continue
+    return 0
+
+
+def _write_meta(folder: Path, meta: dict[str, Any]) -> None:
+    """The meta file, replaced atomically (a kill leaves the old one or the new one)."""
+    tmp = folder / f".{META_FILE}.tmp"
+    with open(tmp, "w") as f:
+        f.write(json.dumps(meta) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, folder / META_FILE)
+
+
+def _read_meta(folder: Path) -> dict[str, Any]:
+    path = folder / META_FILE
+    try:
+        meta = json.loads(path.read_text())
+        if not isinstance(meta, dict) or "dim" not in meta:
+            raise ValueError("not a JSON object with a `dim`")
+        int(meta["dim"])
+    except PermissionError as e:
+        raise StoreError(f"{path}: cannot read the index's meta file ({e.strerror})") from e
+    except (ValueError, TypeError, OSError) as e:
+        raise StoreError(f"{path}: the index's meta file is damaged ({e}); it records the schema "
+                         "and vector size of the shard beside it: restore it from a backup, or "
+                         "index into a new folder") from e
+    return meta
+
+
+def _release(shard, lock) -> None:
+    """A garbage-collected EdgeStore's shard and folder lock, closed (weakref.finalize)."""
+    try:
+        if shard is not None:
+            shard.flush()
+            shard.close()
+    except Exception:  # noqa: BLE001 (finaliser: nothing to report to)
+        pass
+    finally:
+        if lock is not None:
+            lock.release()
 
 
 def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
@@ -73,28 +159,70 @@ class EdgeStore(Store):
         self.folder = Path(folder)
         self.location = str(self.folder)
         self.shard = self.lock = None
-        meta_path = self.folder / META_FILE
-        if meta_path.is_file():
-            meta = json.loads(meta_path.read_text())
+        self._finalizer = None
+        _recover_interrupted_swap(self.folder)
+        if (self.folder / META_FILE).is_file():
+            meta = _read_meta(self.folder)
             if meta.get("schema") not in SCHEMA_VECTORS:
                 raise StoreError(f"{self.folder}: index schema {meta.get('schema')} is not one "
                                  f"this colembed reads ({', '.join(map(str, SCHEMA_VECTORS))})")
             self.dim, self.schema = int(meta["dim"]), int(meta["schema"])
             self._locked(lambda: qe.EdgeShard.load(str(self.folder / SHARD_DIR)), "open the shard")
-            return
+            if (self.folder / CREATING_MARKER).exists():  # killed after the meta file: complete
+                (self.folder / CREATING_MARKER).unlink(missing_ok=True)
+        else:
+            self._create(dim)
+        self._cadence_start()
+
+    def _create(self, dim: int | None) -> None:
+        """A new index: the marker first, then the shard, then the meta file (atomically), then
+        the marker goes. A kill anywhere leaves either an index or a folder this recognises as
+        its own unfinished creation (the marker), which is cleared and started again."""
+        interrupted = (self.folder / CREATING_MARKER).is_file()
+        ours = {LOCK_FILE, STAGING_MARKER, CREATING_MARKER, SHARD_DIR, f".{META_FILE}.tmp"}
         if self.folder.exists() and (not self.folder.is_dir() or any(
-                f.name not in (LOCK_FILE, STAGING_MARKER) for f in self.folder.iterdir())):
+                f.name not in (ours if interrupted else {LOCK_FILE, STAGING_MARKER})
+                for f in self.folder.iterdir())):
             raise StoreError(f"{self.folder}: exists and is not a colembed index; give a new or "
                              "empty folder")
         if dim is None:
-            raise StoreError(f"{self.folder}: no index here (give a model to create one)")
-        self.folder.mkdir(parents=True, exist_ok=True)
-        config = qe.EdgeConfig(vectors={name: _vector_params(dim, name) for name in VECTOR_NAMES})
-        self._locked(lambda: qe.EdgeShard.create(str(self.folder / SHARD_DIR), config),
-                     "create the shard")
-        meta_path.write_text(json.dumps({"schema": SCHEMA_VERSION, "dim": dim,
-                                         "store": "qdrant-edge"}) + "\n")
+            raise IndexNotFoundError(f"{self.folder}: no index here" + (
+                " (an interrupted creation was left: index into it to start it again)"
+                if interrupted else ""))
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise StoreError(f"{self.folder}: cannot create the index folder "
+                             f"({e.strerror or e})") from e
+        self.lock = FolderLock(self.folder)
+        try:
+            if interrupted:
+                shutil.rmtree(self.folder / SHARD_DIR, ignore_errors=True)
+            (self.folder / CREATING_MARKER).write_text(f"{os.getpid()}\n")
+            config = qe.EdgeConfig(vectors={name: _vector_params(dim, name)
+                                            for name in VECTOR_NAMES})
+            with _edge_errors("create the shard", self.folder):
+                self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
+            _write_meta(self.folder, {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge"})
+            (self.folder / CREATING_MARKER).unlink()
+        except OSError as e:
+            self._abandon()
+            if _is_disk_full(e):
+                raise DiskFullError(self.folder, _free(self.folder), DISK_MARGIN_BYTES, e) from e
+            raise StoreError(f"{self.folder}: cannot create the index ({e.strerror or e})") from e
+        except BaseException:
+            self._abandon()
+            raise
         self.dim, self.schema = dim, SCHEMA_VERSION
+
+    def _abandon(self) -> None:
+        if self.shard is not None:
+            with contextlib.suppress(Exception):
+                self.shard.close()
+            self.shard = None
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
 
     def _locked(self, open_shard, action: str) -> None:
         """Take the folder's lock, then let Edge open the shard (released again if Edge fails)."""
@@ -104,9 +232,40 @@ class EdgeStore(Store):
                 self.shard = open_shard()
         except StoreError as e:
             self.lock.release()
+            self.lock = None
             if "WouldBlock" in str(e):  # Edge's own WAL lock: a holder that took no folder lock
                 raise IndexBusyError(self.folder, {}) from e
             raise
+
+    def _cadence_start(self) -> None:
+        self._finalizer = weakref.finalize(self, _release, self.shard, self.lock)
+        self._unflushed, self._flushed_at = 0, time.monotonic()
+        self._stored = None  # pages at the last flush, counted when first needed
+        self.flushes = 0
+
+    def _flush_due(self) -> bool:
+        if self._unflushed == 0:
+            return False
+        if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+            return True
+        if self._unflushed < FLUSH_MIN_PAGES:
+            return False
+        if self._stored is None:
+            self._stored = self.count()
+        return self._unflushed >= min(FLUSH_MAX_PAGES, FLUSH_FRACTION * self._stored)
+
+    def _check_space(self, points: Sequence[PagePoint]) -> None:
+        """Stop before Edge would meet a full disk: the batch's log bytes and the margin must be
+        free (after a flush, which returns the log's space, if need be)."""
+        needed = DISK_MARGIN_BYTES + 2 * sum(v.nbytes for p in points for v in p.vectors.values())
+        free = _free(self.folder)
+        if free >= needed:
+            return
+        if self._unflushed:
+            self.flush()
+            free = _free(self.folder)
+        if free < needed:
+            raise DiskFullError(self.folder, free, needed)
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
@@ -114,8 +273,12 @@ class EdgeStore(Store):
             batch = [qe.Point(id=p.id, payload=p.payload, vector={
                 k: v.tolist() for k, v in self.stored_vectors(p).items()})
                 for p in points[lo:lo + UPSERT_BATCH]]
+            self._check_space(points[lo:lo + UPSERT_BATCH])
             with _edge_errors("store pages", self.folder):
                 self.shard.update(qe.UpdateOperation.upsert_points(batch))
+            self._unflushed += len(batch)
+            if self._flush_due():
+                self.flush()
 
     def delete(self, ids: Sequence[str]) -> None:
         if ids:
@@ -166,8 +329,14 @@ class EdgeStore(Store):
     def flush(self) -> None:
         with _edge_errors("flush", self.folder):
             self.shard.flush()
+        if self._stored is not None:
+            self._stored += self._unflushed
+        self._unflushed, self._flushed_at = 0, time.monotonic()
+        self.flushes += 1
 
     def close(self) -> None:
+        if getattr(self, "_finalizer", None) is not None:
+            self._finalizer.detach()
         try:
             if getattr(self, "shard", None) is not None:
                 with _edge_errors("close", self.folder):
@@ -182,6 +351,22 @@ class EdgeStore(Store):
 
 def _is_index_folder(path: Path) -> bool:
     return (path / META_FILE).is_file() and (path / SHARD_DIR).is_dir()
+
+
+def _recover_interrupted_swap(folder: Path) -> None:
+    """An upgrade killed between `commit_folder`'s two renames leaves no index at `folder` and the
+    old one beside it as `.NAME.replaced-*`: put it back (it is whole; the upgrade is simply run
+    again), so the next run never mistakes the folder for a new, empty index."""
+    if _is_index_folder(folder) or (folder.exists() and any(folder.iterdir())):
+        return
+    replaced = sorted(folder.parent.glob(f".{folder.name}.replaced-*"), key=os.path.getmtime)
+    old = next((p for p in reversed(replaced) if _is_index_folder(p)), None)
+    if old is None:
+        return
+    if folder.exists():
+        folder.rmdir()
+    os.rename(old, folder)
+    (folder / STAGING_MARKER).unlink(missing_ok=True)
 
 
 def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = None) -> int:

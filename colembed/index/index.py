@@ -6,13 +6,13 @@
     hits = index.search("revenue in 2023", k=5)     # Hit(file, page, score, payload, ...)
 
 The model is loaded on first use (an index opened only to count or remove pages never loads
-one). Without `model=`, the model recorded in the index (`model_source`) is loaded. An index
-refuses a model whose name, variant or manifest differs from the one it was built with.
+one). Reopened, an index loads the model it was built with (`model_source`, variant, image-token
+budget) and renders at its dpi; it refuses a run whose vectors would differ in any of them
+(records.ModelIdentity), naming both sides.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -21,14 +21,14 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..layout import MANIFEST_NAME
-from .ingest import AddResult, FileReport, ingest
+from .backends import open_store, upgrade_index
+from .errors import IndexNotFoundError, SourceError, StoreError
+from .ingest import ingest
 from .maps import SimilarityMap, explain, overlay
-from .schema import identity_mismatch
-from .sources import Document, SourceError, discover
-from .store import (DEFAULT_SEARCH_MODE, ModelMismatchError, StoreError, check_mode, open_store,
-                    upgrade_index)
-
+from .records import (AddResult, FileReport, ModelIdentity, default_source, dpi_of,  # noqa: F401
+                      manifest_sha256, options_of, owned)
+from .sources import Document, discover
+from .store import DEFAULT_SEARCH_MODE, check_mode
 
 
 @dataclass(frozen=True)
@@ -44,72 +44,96 @@ class Hit:
     map: SimilarityMap | None = None
 
 
-def manifest_sha256(folder: str | os.PathLike) -> str:
-    return hashlib.sha256((Path(folder) / MANIFEST_NAME).read_bytes()).hexdigest()
-
-
 class Index:
-    """Create or open an index (see the module docstring)."""
+    """Create or open an index (see the module docstring).
+
+    `variant` and `max_image_tokens` default to the ones the index was built with (fp32 and the
+    model's own budget for a new index); `create=False` opens an existing index only
+    (IndexNotFoundError otherwise: `colembed search` never creates one). `source` names the
+    writer (default: $COLEMBED_SOURCE, else the host name): replacing a changed file's pages and
+    `prune` touch only pages this source wrote."""
 
     def __init__(self, location: str | os.PathLike | None = None, *, model: Any = None,
                  url: str | None = None, api_key: str | None = None,
-                 collection: str | None = None, variant: str = "fp32",
-                 max_image_tokens: int | None = None, local: bool = False,
-                 **load_options: Any) -> None:
+                 collection: str | None = None, variant: str | None = None,
+                 max_image_tokens: int | None = None, local: bool = False, create: bool = True,
+                 source: str | None = None, **load_options: Any) -> None:
         self._model_arg = model
-        self._load_options = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
         self._model = model if hasattr(model, "embed_pages") else None
-        dim = self.model.embedding_size if model is not None else None
-        self.store = open_store(location, url=url, api_key=api_key, dim=dim,
-                                collection=collection, local=local)
-        if self._model is not None:
-            self._check_identity()
+        self._requested = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
+        self.source = source or default_source()
+        self.store = None  # the model, if loaded before the store is open, has nothing to check
+        self._stored: dict[str, Any] = {}  # what the index was built with (records.options_of)
+        where = dict(url=url, api_key=api_key, collection=collection, local=local)
+        try:
+            self.store = open_store(location, create=False, **where)
+        except IndexNotFoundError as e:
+            if not create or model is None:
+                hint = "" if not create else " (give a model to create one)"
+                raise IndexNotFoundError(f"{e}{hint}") from None
+            self.store = open_store(location, dim=self.model.embedding_size, **where)
+        try:
+            self._stored = options_of(self.store.any_payload())
+            if self._model_arg is not None:  # a model given: refused now, not at the first add
+                self._check(self.model_identity())
+        except BaseException:
+            self.store.close()  # a refused index is not left locked
+            raise
 
     # ------------------------------------------------------------------------------ the model
     @property
     def model(self):
+        """The model, loaded on first use: `model=` if given, else the folder the index records,
+        with the variant and image budget it was built with unless told otherwise."""
         if self._model is None:
-            source = self._model_arg
+            stored = self._stored
+            source = self._model_arg or stored.get("model_source")
             if source is None:
-                stored = self.store.any_payload()
-                if not stored:
-                    raise StoreError(f"{self.store.location}: the index is empty and no model "
-                                     "was given (pass model=... / --model)")
-                source = stored["model_source"]
+                raise StoreError(f"{self.store.location}: the index is empty and no model "
+                                 "was given (pass model=... / --model)")
+            options = {k: v for k, v in self._requested.items() if v is not None}
+            for k in ("variant", "max_image_tokens"):
+                if options.get(k) is None and stored.get(k) is not None:
+                    options[k] = stored[k]
             import colembed
 
-            self._model = colembed.load(source, **self._load_options)
-            if hasattr(self, "store"):
-                self._check_identity()
+            model = colembed.load(source, **options)
+            if self.store is not None:
+                self._check(ModelIdentity.of_model(model, schema=self.store.schema,
+                                                   dpi=stored.get("dpi")))
+            self._model = model
         return self._model
+
+    def model_identity(self, dpi: float | None = None) -> ModelIdentity:
+        """What this index's pages are stamped with for a run at `dpi` (None: the index's own
+        render policy, or the pixel budget)."""
+        dpi = self._stored.get("dpi") if dpi is None else dpi
+        return ModelIdentity.of_model(self.model, schema=self.store.schema, dpi=dpi)
 
     @property
     def identity(self) -> dict[str, Any]:
-        m = self.model
-        return {"model": m.name, "variant": m.variant, "manifest_sha256": manifest_sha256(m.folder),
-                "schema": self.store.schema, "model_source": str(Path(m.folder).resolve())}
+        return self.model_identity().payload()
 
-    def _check_identity(self) -> None:
-        stored = self.store.any_payload()
-        problems = identity_mismatch(stored, self.identity) if stored else []
-        if problems:
-            raise ModelMismatchError(f"{self.store.location}: this index was built with another "
-                                     "model or export (" + "; ".join(problems) + ")")
+    def _check(self, identity: ModelIdentity) -> None:
+        identity.check(self.store.any_payload(), self.store.location)
 
     # ---------------------------------------------------------------------------------- writes
     def add(self, paths: Iterable[str | os.PathLike] | str | os.PathLike, *,
             dpi: float | None = None, prune: bool = False, batch_size: int = 4,
             progress: bool | None = None) -> AddResult:
         """Index PDFs and images (files or folders, walked). Stored pages are skipped; a changed
-        file's old pages are replaced; `prune` drops pages of files that no longer exist. A bad
-        file is reported in `.failed` with its reason and never stops the run."""
+        file's old pages are replaced; `prune` drops pages of files that no longer exist under
+        the folders and files given here (never under one that is missing), written by this
+        index's `source`. A bad file is reported in `.failed` with its reason and never stops the
+        run. `dpi` must be the index's own (ModelMismatchError otherwise: never mixed)."""
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
+        paths = list(paths)
+        identity = self.model_identity(dpi)
+        self._check(identity)
         exclude = [Path(self.store.location)] if Path(str(self.store.location)).is_dir() else []
         found = discover(paths, exclude=exclude)
-        result = AddResult(
-            skipped=[FileReport(str(p), reason=r) for p, r in found.ignored],
-            failed=[FileReport(str(p), reason=r) for p, r in found.missing])
+        result = AddResult.of_discovery(found.ignored, found.missing)
         bar = _progress_bar(progress, f"indexing {len(found.documents)} file(s)")
         already = len(result.skipped) + len(result.failed)
 
@@ -119,14 +143,18 @@ class Index:
             bar.update(n)
 
         try:
-            ingest(found.documents, self.store, self.model, self.identity, dpi=dpi,
-                   batch_size=batch_size, result=result, on_pages=on_pages,
-                   on_total=lambda n: _grow(bar, n))
+            ingest(found.documents, self.store, self.model, identity,
+                   dpi=dpi_of(identity.render), batch_size=batch_size, result=result,
+                   on_pages=on_pages, on_total=lambda n: _grow(bar, n), source=self.source)
             on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
         if prune:
-            result.removed = self._prune()
+            roots = [Path(p).expanduser().resolve() for p in paths]
+            result.removed = self._prune([r for r in roots if r.exists()])
+            for report in result.failed:
+                if Path(report.path) in roots and not Path(report.path).exists():
+                    report.reason += "; nothing under it was pruned"
         return result
 
     def remove(self, paths: Iterable[str | os.PathLike] | str | os.PathLike) -> int:
@@ -140,10 +168,14 @@ class Index:
         self.store.flush()
         return len(doomed)
 
-    def _prune(self) -> list[FileReport]:
+    def _prune(self, roots: list[Path]) -> list[FileReport]:
+        """Drop pages of vanished files: files under `roots` (each present on this machine),
+        written by this index's source."""
         gone: dict[str, list[str]] = {}
         for pid, p in self.store.payloads():
-            if not Path(p["path"]).is_file():
+            path = Path(p["path"])
+            if (owned(p.get("source", ""), self.source) and any(_under(path, r) for r in roots)
+                    and not path.is_file()):
                 gone.setdefault(p["path"], []).append(pid)
         self.store.delete([pid for ids in gone.values() for pid in ids])
         self.store.flush()
@@ -183,6 +215,22 @@ class Index:
             out.append(Hit(h.file, h.page, h.score, h.payload, h.id, explain(query, page, layout)))
         return out
 
+    def page(self, page_id: str) -> Hit | None:
+        """The stored page with this point id as a Hit (score 0.0, no map), or None: how a
+        caller that kept only an id (colembed serve's page URLs) gets back to `page_image`."""
+        point = self.store.points([page_id]).get(page_id)
+        if point is None:
+            return None
+        p = point.payload
+        return Hit(p.get("path", ""), int(p.get("page", 0)), 0.0, p, point.id)
+
+    def explain_page(self, query: str | np.ndarray, hit: Hit) -> Hit:
+        """`hit` with its SimilarityMap for `query` (text, or its (tokens, dim) vectors) and that
+        query's MaxSim score for the page: the map of a page found earlier, without a search."""
+        vectors = self.model.embed_queries([query])[0] if isinstance(query, str) else query
+        [explained] = self._explain(vectors, [hit])
+        return Hit(hit.file, hit.page, explained.map.score, hit.payload, hit.id, explained.map)
+
     def page_image(self, hit: Hit):
         """The hit's page, rendered again at its indexed size (SourceError if the file changed)."""
         from .sources import file_sha256
@@ -190,7 +238,8 @@ class Index:
         path = Path(hit.file)
         if file_sha256(path) != hit.payload.get("sha256"):
             raise SourceError(path, "file changed since it was indexed")
-        with Document(path, max_pixels=self.model.config.max_pixels) as doc:
+        with Document(path, max_pixels=self.model.config.max_pixels,
+                      dpi=self._stored.get("dpi")) as doc:
             return doc.render(hit.page, (hit.payload["width"], hit.payload["height"]))
 
     def save_map(self, hit: Hit, path: str | os.PathLike) -> Path:

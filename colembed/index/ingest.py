@@ -18,7 +18,11 @@ Resumable and idempotent: point ids come from (sha256, page, path); a stored pag
 embedded again; a point is one upsert with all its vectors, so a killed run leaves whole pages only
 and the next run does the rest. A page that fails (rendering or the model) does not stop its
 file: the other pages are stored, the file is reported failed naming each bad page, and a re-run
-tries only those pages again, so it ends with the store an uninterrupted run makes.
+tries only those pages again, so it ends with the store an uninterrupted run makes. Any exception
+on a page (a decoder's, the model's, a MemoryError) is that page's failure; an exception in a
+thread outside any page ends the run with that error, never with a short run reported as done.
+What a page's payload, a stale page and a file's report are is decided in records.py, shared
+with colembed.distributed.
 """
 
 from __future__ import annotations
@@ -29,62 +33,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..errors import InputError
+from .records import (AddResult, Catalog, FileReport, ModelIdentity, embed_keeping_going,  # noqa: F401
+                      file_report, page_failure, page_payload, stale_ids)
 from .schema import PagePoint, make_point, point_id
 from .sources import Document, SourceError, file_sha256
 from .store import UPSERT_BATCH
 
 RENDER_AHEAD = 8  # pages rendered ahead of the model (at least two batches)
 WRITE_AHEAD = 4  # jobs waiting for the writer
-
-
-@dataclass
-class FileReport:
-    """One file's outcome: `pages` points stored in this run (`reused` of them copied from stored
-    pages of identical content instead of embedded) and why it was skipped or failed."""
-
-    path: str
-    pages: int = 0
-    reason: str = ""
-    reused: int = 0
-
-
-@dataclass
-class AddResult:
-    """What `Index.add` did: files added (with their new pages), skipped and failed (with why)."""
-
-    added: list[FileReport] = field(default_factory=list)
-    skipped: list[FileReport] = field(default_factory=list)
-    failed: list[FileReport] = field(default_factory=list)
-    removed: list[FileReport] = field(default_factory=list)
-
-    @property
-    def pages_added(self) -> int:
-        return sum(r.pages for r in self.added)
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-
-@dataclass
-class Catalog:
-    """What the store holds: path -> sha256 -> page -> id; sha256 -> page -> id (any path);
-    sha256 -> page count."""
-
-    by_path: dict[str, dict[str, dict[int, str]]] = field(default_factory=dict)
-    by_sha: dict[str, dict[int, str]] = field(default_factory=dict)
-    pages: dict[str, int] = field(default_factory=dict)
-
-    @classmethod
-    def of(cls, payloads: list[tuple[str, dict[str, Any]]]) -> Catalog:
-        out = cls()
-        for pid, p in payloads:
-            sha, page = p.get("sha256", ""), int(p.get("page", 0))
-            out.by_path.setdefault(p.get("path", ""), {}).setdefault(sha, {})[page] = pid
-            out.by_sha.setdefault(sha, {}).setdefault(page, pid)
-            out.pages[sha] = int(p.get("pages", 0))
-        return out
+# File events (reports, copies, stale deletions) waiting behind a partial batch: past this many,
+# the partial batch is embedded now, so a run of skipped files after one changed page is written
+# (and survives a kill) as it goes instead of at the end.
+HELD_LIMIT = 64
 
 
 @dataclass
@@ -115,16 +75,19 @@ class _Plan:
 
 
 class _Renderer(threading.Thread):
-    """Plans and renders every file in order, posting events to `events`; never raises."""
+    """Plans and renders every file in order, posting events to `events`. A file or page that
+    fails is an event; anything that escapes (it should not) is kept in `error` and raised by the
+    caller, so the run cannot end early looking complete."""
 
     def __init__(self, files: list[Path], catalog: Catalog, *, max_pixels: int,
-                 dpi: float | None, ahead: int) -> None:
+                 dpi: float | None, ahead: int, source: str) -> None:
         super().__init__(name="colembed-render", daemon=True)
-        self.files, self.catalog = files, catalog
+        self.files, self.catalog, self.source = files, catalog, source
         self.max_pixels, self.dpi = max_pixels, dpi
         self.events: queue.Queue = queue.Queue(maxsize=ahead)
         self.stop = threading.Event()
         self.claimed: dict[str, _Plan] = {}  # sha256 -> the first file of this run with it
+        self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -132,32 +95,40 @@ class _Renderer(threading.Thread):
                 if self.stop.is_set():
                     return
                 self._one(path)
+        except BaseException as e:  # noqa: BLE001 (raised again by ingest)
+            self.error = e
         finally:
             self.events.put(("end",))
 
     def _one(self, path: Path) -> None:
+        plan, posted = None, False
         try:
             sha = file_sha256(path)
             plan = self._plan(path, sha, None)
             if plan is not None and not plan.todo:  # nothing to render: no need to open it
                 self.claimed.setdefault(sha, plan)
                 self.events.put(("file", plan))
+                posted = True
             else:
                 with Document(path, max_pixels=self.max_pixels, dpi=self.dpi) as doc:
                     plan = self._plan(path, sha, doc.pages)
                     self.claimed.setdefault(sha, plan)
                     self.events.put(("file", plan))
+                    posted = True
                     self._render(doc, plan)
-        except SourceError as e:
-            self.events.put(("failed", path, e.reason))
-            return
+        except Exception as e:  # noqa: BLE001 (a file that cannot be read fails, the run goes on)
+            reason = e.reason if isinstance(e, SourceError) else page_failure(0, e)
+            if not posted:
+                self.events.put(("failed", path, reason))
+                return
+            plan.errors.update({n: reason for n in plan.todo
+                                if n not in plan.size and n not in plan.errors})
         self.events.put(("done", plan))
 
     def _plan(self, path: Path, sha: str, count: int | None) -> _Plan | None:
         """The file's plan; None when its page count is unknown without opening it."""
-        versions = self.catalog.by_path.get(str(path), {})
-        have = set(versions.get(sha, {}))
-        stale = [pid for s, pages in versions.items() if s != sha for pid in pages.values()]
+        have = self.catalog.have(str(path), sha)
+        stale = stale_ids(self.catalog, str(path), sha, self.source)
         first = self.claimed.get(sha)
         if first is not None:
             return _Plan(path, sha, first.pages, have, stale, follows=first)
@@ -176,8 +147,8 @@ class _Renderer(threading.Thread):
                 return
             try:
                 image = doc.render(page)
-            except SourceError as e:
-                plan.errors[page] = e.reason.removeprefix(f"page {page}: ")
+            except Exception as e:  # noqa: BLE001 (MemoryError on a poster page: that page fails)
+                plan.errors[page] = page_failure(page, e)
                 continue
             plan.size[page] = image.size
             self.events.put(("page", plan, page, image))
@@ -199,10 +170,11 @@ class _Writer(threading.Thread):
     """Runs store jobs in order off the embedding thread; the first failure is kept in `error`
     (raised by `put` in the embedding thread) and later jobs are dropped."""
 
-    def __init__(self, store, identity: dict[str, Any], result: AddResult,
+    def __init__(self, store, identity: ModelIdentity, source: str, result: AddResult,
                  on_pages: Callable[[int], None]) -> None:
         super().__init__(name="colembed-write", daemon=True)
-        self.store, self.identity, self.result, self.on_pages = store, identity, result, on_pages
+        self.store, self.identity, self.source = store, identity, source
+        self.result, self.on_pages = result, on_pages
         self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self.error: BaseException | None = None
 
@@ -216,16 +188,37 @@ class _Writer(threading.Thread):
             if self.error is None:
                 try:
                     getattr(self, f"_{job[0]}")(*job[1:])
-                except Exception as e:  # noqa: BLE001 (raised again in the embedding thread)
+                except BaseException as e:  # noqa: BLE001 (raised again in the embedding thread)
                     self.error = e
 
     def finish(self) -> None:
-        self.jobs.put(("end",))
-        self.join()
+        """Let the writer finish its queue and stop. A second Ctrl-C while waiting does not
+        leave it running (the store would be closed under it): the wait goes on, then the
+        interrupt is raised."""
+        interrupted = None
+        self._put_end()
+        while self.is_alive():
+            try:
+                self.join()
+            except KeyboardInterrupt as e:
+                interrupted = e
+        if interrupted is not None:
+            raise interrupted
+
+    def _put_end(self) -> None:
+        while True:
+            try:
+                self.jobs.put(("end",), timeout=0.1)
+                return
+            except queue.Full:
+                if not self.is_alive():
+                    return
 
     def _points(self, embedded: list[tuple[_Plan, int, Any, Any]]) -> None:
-        self.store.upsert([make_point(vectors, layout, _payload(plan, page, self.identity))
-                           for plan, page, vectors, layout in embedded])
+        self.store.upsert([make_point(vectors, layout, page_payload(
+            self.identity, path=str(plan.path), page=page, pages=plan.pages, sha256=plan.sha256,
+            size=plan.size[page], source=self.source))
+            for plan, page, vectors, layout in embedded])
         for plan, *_ in embedded:
             plan.stored += 1
         self.on_pages(len(embedded))
@@ -244,7 +237,7 @@ class _Writer(threading.Thread):
         for lo in range(0, len(pages), UPSERT_BATCH):
             chunk = pages[lo:lo + UPSERT_BATCH]
             found = self.store.points([sources[n] for n in chunk])
-            copies = [_copied(found[sources[n]], plan, n, self.identity)
+            copies = [self._copied(found[sources[n]], plan, n)
                       for n in chunk if sources[n] in found]
             plan.errors.update({n: "its stored vectors vanished during the run"
                                 for n in chunk if sources[n] not in found})
@@ -255,36 +248,35 @@ class _Writer(threading.Thread):
             plan.reused += len(copies)
             self.on_pages(len(copies))
 
+    def _copied(self, source: PagePoint, plan: _Plan, page: int) -> PagePoint:
+        """`source` (a stored page of the same content) as page `page` of `plan`'s file."""
+        payload = dict(source.payload, **self.identity.payload(), path=str(plan.path),
+                       source=self.source)
+        return PagePoint(point_id(plan.sha256, page, str(plan.path)), source.vectors, payload)
+
     def _done(self, plan: _Plan) -> None:
         """Every page of the file was tried: drop its older version, report it."""
         self.store.delete(plan.stale)
-        report = FileReport(str(plan.path), plan.stored, reused=plan.reused)
-        if plan.errors:
-            report.reason = _failure(plan)
-            self.result.failed.append(report)
-        elif plan.stored or plan.stale:
-            report.reason = ("replaced an older version" if plan.stale else
-                             f"same content as {plan.reused_from}: its vectors were reused"
-                             if plan.reused == plan.stored else "")
-            self.result.added.append(report)
-        else:
-            self.result.skipped.append(FileReport(str(plan.path), reason="already indexed"))
+        file_report(self.result, str(plan.path), pages=plan.pages, stored=plan.stored,
+                    had=len(plan.have), errors=plan.errors, stale=bool(plan.stale),
+                    reused=plan.reused, reused_from=plan.reused_from)
 
     def _failed(self, path: Path, reason: str) -> None:
         self.result.failed.append(FileReport(str(path), reason=reason))
 
 
-def ingest(files: list[Path], store, model, identity: dict[str, Any], *, dpi: float | None,
+def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: float | None,
            batch_size: int, result: AddResult, on_pages: Callable[[int], None],
-           on_total: Callable[[int], None]) -> None:
+           on_total: Callable[[int], None], source: str) -> None:
     """Index `files` into `store` with `model`, filling `result` (see the module docstring)."""
     renderer = _Renderer(files, Catalog.of(store.payloads()), max_pixels=model.config.max_pixels,
-                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size))
-    writer = _Writer(store, identity, result, on_pages)
+                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source)
+    writer = _Writer(store, identity, source, result, on_pages)
     renderer.start()
     writer.start()
     pending: list[tuple[_Plan, int, Any]] = []
     held: list[tuple] = []  # file events waiting for the pages before them to be embedded
+    failure: BaseException | None = None
     try:
         for event in renderer.iter_events():
             kind = event[0]
@@ -296,7 +288,7 @@ def ingest(files: list[Path], store, model, identity: dict[str, Any], *, dpi: fl
                     held.append(("copy", event[1]))
             else:
                 held.append(event)
-            if len(pending) >= batch_size or (held and not pending):
+            if len(pending) >= batch_size or (held and not pending) or len(held) >= HELD_LIMIT:
                 _embed(pending, model, writer, batch_size)
                 pending = []
                 for job in held:
@@ -305,50 +297,36 @@ def ingest(files: list[Path], store, model, identity: dict[str, Any], *, dpi: fl
         _embed(pending, model, writer, batch_size)
         for job in held:
             writer.put(job)
+    except BaseException as e:
+        failure = e
+        raise
     finally:
         renderer.finish()
         writer.finish()
-        store.flush()
+        try:
+            store.flush()
+        except Exception as e:  # noqa: BLE001 (never hide the error that ended the run)
+            if failure is None and writer.error is None and renderer.error is None:
+                raise
+            (failure or writer.error or renderer.error).add_note(f"flushing the index then "
+                                                                 f"failed too: {e}")
     if writer.error is not None:
         raise writer.error
+    if renderer.error is not None:
+        raise renderer.error
 
 
 def _embed(pending: list[tuple[_Plan, int, Any]], model, writer: _Writer, batch_size: int) -> None:
-    """Embed pending pages and hand their vectors to the writer; a page the model refuses is
-    recorded in its file's errors and the others go on."""
-    while pending:
-        try:
-            embedded = model.embed_pages([image for _, _, image in pending], batch_size=batch_size)
-            bad = None
-        except InputError as e:
-            embedded, bad = getattr(e, "completed", []), e
-        if embedded:
-            writer.put(("points", [(plan, page, vectors, layout)
-                                   for (plan, page, _), (vectors, layout) in zip(pending, embedded)]))
-        if bad is None:
-            return
-        plan, page, _ = pending[len(embedded)]
-        plan.errors[page] = bad.reason
-        pending = pending[len(embedded) + 1:]
+    """Embed pending pages and hand their vectors to the writer; a page that fails (the model
+    refuses it, or anything else) is recorded in its file's errors and the others go on."""
+    if not pending:
+        return
 
+    def hand(first: int, results: list) -> None:
+        writer.put(("points", [(plan, page, vectors, layout) for (plan, page, _), (vectors, layout)
+                               in zip(pending[first:], results)]))
 
-def _payload(plan: _Plan, page: int, identity: dict[str, Any]) -> dict[str, Any]:
-    width, height = plan.size[page]
-    return dict(identity, path=str(plan.path), page=page, pages=plan.pages, sha256=plan.sha256,
-                width=width, height=height)
-
-
-def _copied(source: PagePoint, plan: _Plan, page: int, identity: dict[str, Any]) -> PagePoint:
-    """`source` (a stored page of the same content) as page `page` of `plan`'s file."""
-    payload = dict(source.payload, **identity, path=str(plan.path))
-    return PagePoint(point_id(plan.sha256, page, str(plan.path)), source.vectors, payload)
-
-
-def _failure(plan: _Plan) -> str:
-    pages = sorted(plan.errors)
-    first = f"page {pages[0]} of {plan.pages}: {plan.errors[pages[0]]}"
-    more = (f" (and {len(pages) - 1} more page(s): {', '.join(map(str, pages[1:]))})"
-            if pages[1:] else "")
-    indexed = plan.stored + len(plan.have)
-    kept = f"; its other {indexed} page(s) are indexed" if indexed else ""
-    return first + more + kept
+    errors = embed_keeping_going(model, [image for _, _, image in pending], batch_size, hand)
+    for i, why in errors.items():
+        plan, page, _ = pending[i]
+        plan.errors[page] = why

@@ -15,10 +15,11 @@ import os
 import socket
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
-from .store import StoreError
+from .errors import IndexBusyError, StoreError
 
 LOCK_FILE = "colembed_index.lock"
 LOCK_BYTE = 1 << 20  # Windows locks a byte range: one byte past the holder record keeps it readable
@@ -44,27 +45,6 @@ else:
         fcntl.flock(fd, fcntl.LOCK_UN)
 
 
-class IndexBusyError(StoreError):
-    """Another process has this index folder open; `holder` is what it recorded (may be empty)."""
-
-    def __init__(self, folder: Path, holder: dict[str, Any]) -> None:
-        self.folder, self.holder = folder, holder
-        who = ("this process: close the other Index on it first" if holder.get("pid") == os.getpid()
-               else describe(holder))
-        super().__init__(f"{folder}: the index is already open ({who}); "
-                         "an index folder serves one process at a time (Qdrant Edge locks it): "
-                         "wait for that process to finish, or share the index through a Qdrant "
-                         "server (--qdrant-url)")
-
-
-def describe(holder: dict[str, Any]) -> str:
-    if not holder.get("pid"):
-        return "holder unknown"
-    since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
-    return (f"pid {holder['pid']} on {holder.get('host', '?')}, "
-            f"`{holder.get('command', '?')}`, since {since}")
-
-
 def holder_record() -> dict[str, Any]:
     return {"pid": os.getpid(), "host": socket.gethostname(),
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "",
@@ -72,20 +52,32 @@ def holder_record() -> dict[str, Any]:
 
 
 class FolderLock:
-    """Held from construction to `release()`; raises IndexBusyError when another process has it."""
+    """Held from construction to `release()`, or until the lock object is garbage collected (a
+    finaliser closes the descriptor, which drops the OS lock: a forgotten `Index` does not keep
+    its folder locked for the life of the process). Raises IndexBusyError when another process
+    has it, StoreError naming the folder when the lock file cannot be made (a read-only folder)."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
-        self._fd: int | None = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self._fd: int | None = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise StoreError(f"{self.folder}: cannot open the index's lock file "
+                             f"({e.strerror or e}); the folder must be writable, readers "
+                             "included (Qdrant Edge writes beside its data)") from e
         try:
             _try_lock(self._fd)
         except OSError:
             holder = self._read_holder()
             self._close()
             raise IndexBusyError(self.folder, holder) from None
-        os.ftruncate(self._fd, 0)
-        os.lseek(self._fd, 0, os.SEEK_SET)
-        os.write(self._fd, (json.dumps(holder_record()) + "\n").encode())
+        self._finalizer = weakref.finalize(self, os.close, self._fd)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.lseek(self._fd, 0, os.SEEK_SET)
+            os.write(self._fd, (json.dumps(holder_record()) + "\n").encode())
+        except OSError:  # a full disk: the OS lock is what counts, the record is a courtesy
+            pass
 
     def _read_holder(self) -> dict[str, Any]:
         try:
@@ -97,6 +89,9 @@ class FolderLock:
 
     def _close(self) -> None:
         if self._fd is not None:
+            finalizer = getattr(self, "_finalizer", None)
+            if finalizer is not None:
+                finalizer.detach()
             os.close(self._fd)
             self._fd = None
 

@@ -17,8 +17,9 @@ searches with the schema-1 plan (`SCHEMA_VECTORS`, store.py); `store.upgrade_ind
 Edge folder at schema 2 from its stored vectors.
 
 Payload (one dict per page, `PAYLOAD_FIELDS`): path, 1-based page, page count, file sha256, the
-rendered size, the image-token grid, model name, variant, manifest hash and schema version. An index
-refuses vectors from another model or export by comparing `model_identity` with what it holds.
+rendered size, the image-token grid, model name, variant, manifest hash and schema version (and
+what records.py adds: image budget, render policy, source). An index refuses vectors made another
+way by comparing `records.ModelIdentity` with what it holds.
 Standard library and numpy only: no store client is imported here.
 """
 
@@ -46,7 +47,6 @@ POINT_NAMESPACE = uuid.UUID("5b0c1f3e-8f4a-5d2b-9c61-2f6a7e0d4c11")
 
 PAYLOAD_FIELDS = ("path", "page", "pages", "sha256", "width", "height", "grid", "image_start",
                   "model", "variant", "manifest_sha256", "schema")
-IDENTITY_FIELDS = ("model", "variant", "manifest_sha256", "schema")
 
 
 def point_id(sha256: str, page: int, path: str) -> str:
@@ -101,9 +101,3 @@ def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoin
     return PagePoint(point_id(payload["sha256"], payload["page"], payload["path"]),
                      {PAGE_VECTOR: vectors, ROWS_VECTOR: rows, COLS_VECTOR: cols,
                       MEAN_VECTOR: mean_vector(vectors, layout)}, payload)
-
-
-def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
-    """The identity fields on which a stored page and this model disagree ("field: a != b")."""
-    return [f"{f}: index has {stored.get(f)!r}, model has {ours.get(f)!r}"
-            for f in IDENTITY_FIELDS if stored.get(f) != ours.get(f)]

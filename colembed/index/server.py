@@ -20,8 +20,9 @@ from qdrant_client.http.exceptions import ApiException
 
 from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint, schema_of)
-from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoreError, StoredHit, as_point,
-                    check_mode, stage_query)
+from .errors import IndexNotFoundError, StoreError
+from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoredHit, as_point, check_mode,
+                    stage_query)
 
 
 @contextlib.contextmanager
@@ -71,7 +72,8 @@ class ServerStore(Store):
             self.dim, self.schema = int(params[PAGE_VECTOR].size), schema
             return
         if dim is None:
-            raise StoreError(f"{self.location}: no index here (give a model to create one)")
+            self.close()  # local mode locks its folder: a refused open must not keep it
+            raise IndexNotFoundError(f"{self.location}: no index here")
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
                 self.collection, vectors_config={n: _vector_params(dim, n) for n in VECTOR_NAMES})

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import pypdfium2 as pdfium
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ColembedError
+from .errors import SourceError
 
 PDF_SUFFIXES = frozenset({".pdf"})
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".webp", ".gif"})
@@ -32,14 +32,6 @@ HASH_CHUNK = 1 << 20
 # SyntaxError on some damaged files; pdfium raises PdfiumError, a RuntimeError).
 DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, KeyError, TypeError, IndexError,
                  RuntimeError, UnidentifiedImageError, Image.DecompressionBombError)
-
-
-class SourceError(ColembedError, ValueError):
-    """A file cannot be indexed; `path` and `reason` say which and why."""
-
-    def __init__(self, path: Path, reason: str) -> None:
-        self.path, self.reason = path, reason
-        super().__init__(f"{path}: {reason}")
 
 
 @dataclass(frozen=True)
@@ -57,8 +49,8 @@ def kind_of(path: Path) -> str | None:
 
 
 def discover(paths: Iterable[str | os.PathLike], exclude: Iterable[Path] = ()) -> Found:
-    """Documents under `paths` (files as given, folders walked in sorted order; hidden entries and
-    `exclude`d folders, such as the index itself, are skipped). A named file that is not a
+    """Documents under `paths` (files as given, folders walked in sorted order, symlinked folders
+    followed once; hidden entries and `exclude`d folders, such as the index itself, are skipped). A named file that is not a
     document, or a path that does not exist, is `missing`; other non-documents are `ignored`."""
     excluded = {Path(p).resolve() for p in exclude}
     documents: list[Path] = []
@@ -83,10 +75,26 @@ def discover(paths: Iterable[str | os.PathLike], exclude: Iterable[Path] = ()) -
 
 
 def _walk(root: Path, excluded: set[Path], ignored: list[tuple[Path, str]]) -> list[Path]:
+    """Files under `root` in sorted order. Symlinked folders are followed (an archive of links is
+    still an archive), each real folder once: a link back into a folder already walked (a cycle,
+    or two links to one place) is noted in `ignored` instead of walked again."""
     found: list[Path] = []
-    for folder, dirs, files in os.walk(root):
+    seen = {os.path.realpath(root)}
+    for folder, dirs, files in os.walk(root, followlinks=True):
         here = Path(folder)
-        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and here / d not in excluded)
+        keep = []
+        for d in sorted(dirs):
+            if d.startswith(".") or here / d in excluded:
+                continue
+            real = os.path.realpath(here / d)
+            if real in seen or Path(real) in excluded:
+                if (here / d).is_symlink():
+                    ignored.append((here / d, "symlink to a folder already walked: not walked "
+                                              "again"))
+                continue
+            seen.add(real)
+            keep.append(d)
+        dirs[:] = keep
         for name in sorted(files):
             if name.startswith("."):
                 continue

@@ -3,7 +3,8 @@
 `Store` is the whole surface the rest of colembed uses; `edge.EdgeStore` (Qdrant Edge, embedded in
 a folder: the default) and `server.ServerStore` (a Qdrant server through qdrant-client, or
 qdrant-client's local mode) implement it with the schema of `schema.py`. No other module imports a
-Qdrant client. `open_store` picks the implementation.
+Qdrant client. `backends.open_store` picks the implementation (a module of its own: the
+implementations import this interface, so the factory that imports them cannot live here).
 
 Search modes (`SEARCH_MODES`):
 - "exact": MaxSim of the query against every page's full multivector (a full scan).
@@ -17,16 +18,14 @@ Search modes (`SEARCH_MODES`):
 
 from __future__ import annotations
 
-import os
 import warnings
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ColembedError
+from .errors import OldIndexWarning, StoreError
 from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
                      SCHEMA_VERSION, PagePoint, mean_from_payload)
 
@@ -46,14 +45,6 @@ POOLED_CANDIDATES = 25  # per rows / cols stage within MEAN_POOL
 PREFETCH_CANDIDATES = 100  # schema 1: per rows / cols stage over every page
 SCROLL_PAGE = 256  # payloads per scroll request
 UPSERT_BATCH = 16  # points per upsert request
-
-
-class StoreError(ColembedError, RuntimeError):
-    """The index's store cannot be opened, written or read, or holds something else."""
-
-
-class ModelMismatchError(StoreError, ValueError):
-    """The index holds vectors of another model, variant or export than the one given."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +77,6 @@ def two_stage_plan(schema: int, k: int) -> list[Stage]:
 def stage_query(query: np.ndarray, using: str) -> np.ndarray:
     """What a stage scores pages with: the query's tokens, or their sum for the `mean` vector."""
     return query.sum(axis=0) if using == MEAN_VECTOR else query
-
-
-class OldIndexWarning(UserWarning):
-    """The index was written by an older schema: it works, with a slower search plan."""
 
 
 class Store(ABC):
@@ -168,34 +155,3 @@ def check_mode(mode: str) -> str:
     if mode not in SEARCH_MODES:
         raise ValueError(f"mode must be one of {SEARCH_MODES}, got {mode!r}")
     return mode
-
-
-def open_store(location: str | os.PathLike | None = None, *, url: str | None = None,
-               api_key: str | None = None, dim: int | None = None,
-               collection: str | None = None, local: bool = False) -> Store:
-    """An embedded Qdrant Edge store in the folder `location` (default), a Qdrant server at `url`,
-    or qdrant-client's local mode in the folder `location` (`local=True`: slow, for checks).
-    `dim` is needed only to create a new collection."""
-    if url is not None:
-        from .server import ServerStore
-
-        return ServerStore(url=url, api_key=api_key, dim=dim, collection=collection)
-    if location is None:
-        raise ValueError("give a folder for the index or a Qdrant server url")
-    if local:
-        from .server import ServerStore
-
-        return ServerStore(path=Path(location), dim=dim, collection=collection)
-    from .edge import EdgeStore
-
-    return EdgeStore(Path(location), dim=dim)
-
-
-def upgrade_index(location: str | os.PathLike,
-                  progress: Callable[[int, int], None] | None = None) -> int:
-    """Rewrite an older-schema Qdrant Edge index folder at this schema from its stored vectors,
-    in place (`edge.upgrade_index`); returns the pages copied, 0 when it is already current.
-    `progress(pages_copied, total)` is called as it goes."""
-    from .edge import upgrade_index as upgrade_edge
-
-    return upgrade_edge(Path(location), progress)

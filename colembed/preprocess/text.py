@@ -61,7 +61,7 @@ class TextEncoder:
         """Longest query (prefix and augmentation tokens included): the longest page prompt this
         config allows, i.e. the longest sequence the model was trained on (module docstring)."""
         cfg = self.config
-        return len(self._page_head) + len(self._page_tail) + cfg.max_pixels // cfg.pixels_per_image_token
+        return len(self._page_head) + len(self._page_tail) + cfg.max_image_tokens
 
     @classmethod
     def from_file(cls, tokenizer_json_path: str | Path, config: PreprocessConfig) -> TextEncoder:

