@@ -53,9 +53,15 @@ def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.n
 def repeated(sentence: str, tokens: int, count: Any) -> str:
     """`sentence` repeated until `count(text)` (tokens with the query prefix and suffix) reaches
     `tokens`; a longer target than the bound is cut there by the runtime."""
+    import warnings
+
+    from colembed.errors import QueryTruncatedWarning
+
     text = sentence
-    while count(text) < tokens and len(text) < 40 * tokens:
-        text += sentence
+    with warnings.catch_warnings():  # counting past the bound is the point here
+        warnings.simplefilter("ignore", QueryTruncatedWarning)
+        while count(text) < tokens and len(text) < 40 * tokens:
+            text += sentence
     return text
 
 
