@@ -35,7 +35,8 @@ GATE_SENTENCE = "Net revenue in the northern region grew by 12% while operating 
 CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product line? "
 GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
 QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
-PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the last to the budget
+PAGE_BUCKETS = (64, 256)
+BUCKET_LABELS = {"query": "queries", "page": "pages"}  # upper bounds of the page image-token buckets; the last to the budget
 
 
 def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.ndarray:
@@ -107,9 +108,9 @@ def bucket_name(kind: str, tokens: int) -> str:
     low = 1
     for high in edges:
         if tokens <= high:
-            return f"{kind}s {low}-{high} tokens"
+            return f"{BUCKET_LABELS[kind]} {low}-{high} tokens"
         low = high + 1
-    return f"{kind}s {low}+ tokens"
+    return f"{BUCKET_LABELS[kind]} {low}+ tokens"
 
 
 def item_figures(items: Sequence[tuple[str, str, int, np.ndarray, np.ndarray]]) -> dict[str, Any]:

@@ -311,7 +311,7 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
         export_model(tiny_checkpoint, out, check=False, variants=["int8"])
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
-    assert "worst item 'query: sentence repeated to" in message
+    assert "worst item '" in message  # a page past 300 tokens is broken too: either may be worst
     below = message.split("below it:")[1].split("\n")[0]
     assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
     assert "64 tokens" not in below and "221 tokens" not in below
