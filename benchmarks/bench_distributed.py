@@ -35,7 +35,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_index import _load_caveat, _make_pdfs  # noqa: E402
+from bench_index import load_caveat, make_pdfs  # noqa: E402
 from machine import load_average, machine_info, markdown_header, rss_mib  # noqa: E402
 
 OBJECT_STORE_BYTES = 300 * 2**20
@@ -177,7 +177,7 @@ def bench(model_dir: Path, scratch: Path, files: int, pages: int, rounds: int) -
     import colembed
     from colembed.index.sources import Document
 
-    _make_pdfs(scratch / "docs", files, pages)
+    make_pdfs(scratch / "docs", files, pages)
     docs = sorted((scratch / "docs").glob("*.pdf"))
     model = colembed.load(model_dir)
     with Document(docs[0], max_pixels=model.config.max_pixels) as doc:
@@ -246,7 +246,7 @@ def markdown(results: dict) -> str:
              "re-run) / pages; CPU = this process and every process under it (Ray's included); "
              "see the script's docstring.", "",
              f"Load average before / after: {results.get('load_before')} / "
-             f"{results.get('load_after')}" + _load_caveat(results), "",
+             f"{results.get('load_after')}" + load_caveat(results), "",
              "| configuration | CPU s per page (rounds) | x single | wall s per page | x single "
              "| job wall s | re-run wall s (fixed cost) | re-run CPU s |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]

@@ -65,8 +65,13 @@ SLOW_ROUNDS = (3, 1)
 RECALL_QUERIES = 16
 NUMPY_MAX_PAGES = 1000  # 10,000 pages = 3.9 GB of float32 and ~10x the 1,000-page query time
 K = 10
-BACKENDS = ("edge-two-stage", "edge-previous", "edge-exact", "numpy", "client-local")
-EDGE_BACKENDS = ("edge-two-stage", "edge-previous", "edge-exact")  # one store, three plans
+BACKENDS = ("edge-two-stage", "edge-mean-gated", "edge-previous", "edge-exact", "numpy",
+            "client-local")
+# one store, four plans: the default (token stage), the schema-2 plan without it (what 0.2 ran,
+# and what a Qdrant server runs), the schema-1 plan, exact
+EDGE_BACKENDS = ("edge-two-stage", "edge-mean-gated", "edge-previous", "edge-exact")
+SETS = ("local", "page-wide")  # local_answer.py's pages, and synthetic_page's (a page-wide topic)
+NEEDLE_QUERIES = int(os.environ.get("COLEMBED_NEEDLE_QUERIES", 40))  # exact runs each: 3 s+ at 10k
 CLIENT_LOCAL_MAX_PAGES = 1000
 
 
@@ -152,7 +157,26 @@ def _peak_rss_mib() -> float:
     return rss_mib()["peak"]
 
 
-def worker_build(backend: str, pages: int, folder: Path) -> dict:
+def page_of(data: str, i: int):
+    """(vectors, layout) of page i of a data set."""
+    if data == "local":
+        from local_answer import local_page
+
+        return local_page(i)[:2]
+    return synthetic_page(i)
+
+
+def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.ndarray]:
+    """(queries, the page each was drawn from) of a data set."""
+    if data == "local":
+        import local_answer
+
+        return (local_answer.local_queries(pages, count),
+                local_answer.query_targets(pages, count))
+    return synthetic_queries(pages, count), query_targets(pages, count)
+
+
+def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess)."""
     from colembed.index.schema import make_point
     from colembed.index.backends import open_store
@@ -161,7 +185,7 @@ def worker_build(backend: str, pages: int, folder: Path) -> dict:
     t = time.perf_counter()
     batch = []
     for i in range(pages):
-        vectors, layout = synthetic_page(i)
+        vectors, layout = page_of(data, i)
         batch.append(make_point(vectors, layout, {
             "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
             "width": 683, "height": 883, "model": "synthetic", "variant": "fp32",
@@ -177,7 +201,13 @@ def worker_build(backend: str, pages: int, folder: Path) -> dict:
             "disk_mib": _disk_mib(folder), "build_peak_rss_mib": _peak_rss_mib()}
 
 
-def worker_query(backend: str, pages: int, folder: Path) -> dict:
+def _use_plan(store, backend: str) -> None:
+    """Point the store at the plan a backend names."""
+    store.plan_schema = 1 if backend == "edge-previous" else None
+    store.use_tokens = False if backend in ("edge-mean-gated", "edge-previous") else None
+
+
+def worker_query(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
     """Reopen the store in `folder` and time queries (one subprocess)."""
     from colembed.index.backends import open_store
 
@@ -185,30 +215,33 @@ def worker_query(backend: str, pages: int, folder: Path) -> dict:
     store = open_store(folder, local=backend == "client-local")
     reopen = time.perf_counter() - t
     mode = "exact" if backend in ("edge-exact", "client-local") else "two-stage"
-    if backend == "edge-previous":
-        store.plan_schema = 1
-    queries = synthetic_queries(pages, 64)
+    _use_plan(store, backend)
+    queries, _ = queries_of(data, pages, 64)
     timings = _timed_queries(lambda qs: store.search(qs, K, mode), queries, pages,
-                             slow=backend == "client-local")
+                             slow=backend == "client-local" or (mode == "exact" and pages >= 10000))
     result = {"reopen_s": reopen, **timings, "peak_rss_mib": _peak_rss_mib()}
     if backend == "edge-two-stage":
-        result.update(_quality(store, queries[:RECALL_QUERIES], pages))
+        result.update(_quality(store, pages, data))
     store.close()
     return result
 
 
-def _quality(store, queries, pages: int) -> dict:
-    """Two-stage recall@10 against exact, for this plan and the schema-1 one; how often the page a
-    query was drawn from ranks first; Edge's exact scores against numpy MaxSim over the vectors it
-    stores (float16)."""
+def _quality(store, pages: int, data: str) -> dict:
+    """Per plan: the needle (the page a query was drawn from) in the top 10 and first, recall@10
+    against exact; Edge's exact scores against numpy MaxSim over the vectors it stores
+    (float16)."""
+    queries, targets = queries_of(data, pages, NEEDLE_QUERIES)
     exact = store.search(queries, K, "exact")
-    fast = store.search(queries, K, "two-stage")
-    store.plan_schema = 1
-    previous = store.search(queries, K, "two-stage")
-    store.plan_schema = None
-    targets = query_targets(pages, len(queries))
+    by_plan = {}
+    for backend in EDGE_BACKENDS[:-1]:
+        _use_plan(store, backend)
+        by_plan[backend] = store.search(queries, K, "two-stage")
+    _use_plan(store, "edge-two-stage")
+    fast, previous = by_plan["edge-two-stage"], by_plan["edge-previous"]
     first = lambda rows: float(np.mean([int(r[0].payload["serial"]) == int(t)  # noqa: E731
                                          for r, t in zip(rows, targets)]))
+    needle = lambda rows: float(np.mean([any(int(h.payload["serial"]) == int(t)  # noqa: E731
+                                             for h in r) for r, t in zip(rows, targets)]))
     worst = 0.0
     for q, hits in zip(queries[:4], exact[:4]):
         stored = store.page_vectors([h.id for h in hits[:3]])
@@ -219,7 +252,10 @@ def _quality(store, queries, pages: int) -> dict:
     return {"recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
             "target_at_1": {"exact": first(exact), "two-stage": first(fast),
                             "previous": first(previous)},
-            "score_max_abs_diff_vs_numpy": worst}
+            "needle_at_10": {"edge-exact": needle(exact),
+                             **{b: needle(rows) for b, rows in by_plan.items()}},
+            "recall_vs_exact": {b: recall(rows) for b, rows in by_plan.items()},
+            "needle_queries": len(queries), "score_max_abs_diff_vs_numpy": worst}
 
 
 def worker_numpy(pages: int) -> dict:
@@ -242,11 +278,11 @@ def run_worker(args) -> None:
     if args.worker == "numpy":
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
-        out = worker_build(args.worker[6:], args.pages, folder)
+        out = worker_build(args.worker[6:], args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
         out = bench_ingest(args.worker[7:], args.model, folder)
     else:
-        out = worker_query(args.worker[6:], args.pages, folder)
+        out = worker_query(args.worker[6:], args.pages, folder, args.set[0])
     print(json.dumps(out))
 
 
@@ -258,27 +294,42 @@ def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_stores(pages: int, scratch: Path) -> dict:
+def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
+                 store: Path | None = None) -> dict:
+    """Every backend on one data set; `store`: an Edge folder this script built before with the
+    same set and size (its build figures are then not measured: "reused")."""
     results = {}
-    edge = scratch / f"edge-{pages}"
-    build = _sub("build:edge", pages, edge)
+    edge = store or scratch / f"edge-{data}-{pages}"
+    extra = ("--set", data)
+    if store is None:
+        build = _sub("build:edge", pages, edge, extra)
+    else:
+        from colembed.index.store import upgrade_index
+
+        t = time.perf_counter()
+        upgrade_index(store)  # a folder of an older build: its token table made from its vectors
+        build = {"reused": str(store), "table_rebuild_s": time.perf_counter() - t,
+                 "disk_mib": _disk_mib(store)}
     for backend in EDGE_BACKENDS:
-        results[backend] = {**build, **_sub(f"query:{backend}", pages, edge)}
-        print(backend, pages, results[backend], file=sys.stderr, flush=True)
-    shutil.rmtree(edge)
+        results[backend] = {**build, **_sub(f"query:{backend}", pages, edge, extra)}
+        print(data, backend, pages, results[backend], file=sys.stderr, flush=True)
+    if store is None:
+        shutil.rmtree(edge)
+    if data == "local":
+        return results
     if pages <= NUMPY_MAX_PAGES:
-        results["numpy"] = _sub("numpy", pages)
+        results["numpy"] = _sub("numpy", pages, None, extra)
         print("numpy", pages, results["numpy"], file=sys.stderr, flush=True)
     if pages <= CLIENT_LOCAL_MAX_PAGES:
         local = scratch / f"local-{pages}"
-        build = _sub("build:client-local", pages, local)
-        results["client-local"] = {**build, **_sub("query:client-local", pages, local)}
+        build = _sub("build:client-local", pages, local, extra)
+        results["client-local"] = {**build, **_sub("query:client-local", pages, local, extra)}
         print("client-local", pages, results["client-local"], file=sys.stderr, flush=True)
         shutil.rmtree(local)
     return results
 
 
-def _make_pdfs(folder: Path, files: int, pages: int) -> None:
+def make_pdfs(folder: Path, files: int, pages: int) -> None:
     from PIL import Image, ImageDraw
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -377,7 +428,7 @@ def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
     label, files, pages = INGEST_MODELS[name]
     model = colembed.load(ingest_model(name, given, scratch / name))
     docs = scratch / f"pdfs-{name}"
-    _make_pdfs(docs, files, pages)
+    make_pdfs(docs, files, pages)
     costs, images = source_costs(model, docs)
     rounds: dict[str, list] = {"embed": [], "index": []}
     for r in range(INGEST_ROUNDS):
@@ -404,7 +455,7 @@ def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
             "peak_rss_mib": _peak_rss_mib()}
 
 
-def _load_caveat(results: dict) -> str:
+def load_caveat(results: dict) -> str:
     """Say that absolute times are inflated only when the load average shows other work ran."""
     loads = [max(results.get(key) or [0.0]) for key in ("load_before", "load_after")]
     if max(loads) <= 0.75 * (os.cpu_count() or 1):
@@ -422,10 +473,11 @@ def markdown(results: dict) -> str:
     title = "Index store benchmark" if results["stores"] else "Indexing throughput benchmark"
     lines = [f"# {title}", "", markdown_header(results["machine"]), "", *stores,
              f"Load average before / after: {results.get('load_before')} / "
-             f"{results.get('load_after')} on {os.cpu_count()} cores" + _load_caveat(results),
+             f"{results.get('load_after')} on {os.cpu_count()} cores" + load_caveat(results),
              ""]
-    for pages, by_backend in results["stores"].items():
-        lines += [f"## {int(pages):,} pages", "",
+    for key, by_backend in results["stores"].items():
+        data, _, pages = key.rpartition(":")
+        lines += [f"## {int(pages):,} pages, {data or 'page-wide'} set", "",
                   "| store | insert pages/s | disk MiB | reopen s | first query ms | 1 query p50 / "
                   "p90 ms | 16 queries p50 / p90 ms | peak RSS MiB |",
                   "|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -433,7 +485,8 @@ def markdown(results: dict) -> str:
             if "skipped" in r:
                 lines.append(f"| {name} | skipped: {r['skipped']} | | | | | | |")
                 continue
-            insert = f"{r['insert_pages_per_s']:.0f}" if "insert_pages_per_s" in r else "-"
+            insert = (f"{r['insert_pages_per_s']:.0f}" if "insert_pages_per_s" in r else
+                      "(reused)" if "reused" in r else "-")
             disk = f"{r['disk_mib']:.0f}" if "disk_mib" in r else f"({r['memory_mib']:.0f} in RAM)"
             reopen = f"{r['reopen_s']:.2f}" if "reopen_s" in r else "-"
             first = f"{r['first_query_ms']:.0f}" if "first_query_ms" in r else "-"
@@ -449,8 +502,19 @@ def markdown(results: dict) -> str:
 def quality_markdown(by_backend: dict) -> list[str]:
     """Recall and speed of the two-stage plans against exact, as same-run ratios."""
     two, exact = by_backend["edge-two-stage"], by_backend["edge-exact"]
+    needle = ["| plan | needle in top 10 | of exact's | recall@10 vs exact | 1 query p50 ms |",
+              "|---|---:|---:|---:|---:|"]
+    base = two.get("needle_at_10", {}).get("edge-exact")
+    for name in EDGE_BACKENDS if base is not None else ():
+        n = two["needle_at_10"][name]
+        rec = two["recall_vs_exact"].get(name, 1.0)
+        needle.append(f"| {name} | {100 * n:.0f}% | {100 * n / max(base, 1e-9):.0f}% | "
+                      f"{rec:.3f} | {by_backend[name]['q1_p50_ms']:.0f} |")
+    if base is not None:
+        needle += ["", f"Needle = the page a query was drawn from, over "
+                   f"{two['needle_queries']} queries.", ""]
     previous, first = by_backend.get("edge-previous"), two["target_at_1"]
-    lines = [f"Two-stage recall@10 against exact: {two['recall_at_10']:.3f} (schema-1 plan, "
+    lines = [*needle, f"Two-stage recall@10 against exact: {two['recall_at_10']:.3f} (schema-1 plan, "
              f"edge-previous: {two.get('previous_recall_at_10', float('nan')):.3f}; synthetic "
              "vectors: a floor, not a trained model's figure). Edge exact scores vs numpy MaxSim "
              f"over the stored vectors: max abs diff {two['score_max_abs_diff_vs_numpy']:.1e}. "
@@ -497,9 +561,15 @@ def main() -> None:
                         help="indexing throughput only (writes index-ingest.{md,json})")
     parser.add_argument("--ingest-model", choices=sorted(INGEST_MODELS), action="append",
                         help="models for the ingest check (default: tiny and bench)")
+    parser.add_argument("--set", choices=SETS, action="append",
+                        help="data sets (default both; local_answer.py's and the page-wide one)")
+    parser.add_argument("--store", type=Path,
+                        help="query this Edge folder (built before by this script with one --set "
+                             "and one --pages) instead of building one")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.set = args.set or list(SETS)
     if args.worker:
         args.pages = args.pages[0]
         return run_worker(args)
@@ -513,7 +583,9 @@ def main() -> None:
                 results["ingest"][name] = _sub(f"ingest:{name}", 0, scratch, extra)
                 print("ingest", name, results["ingest"][name], file=sys.stderr, flush=True)
         for pages in sizes:
-            results["stores"][str(pages)] = bench_stores(pages, scratch)
+            for data in args.set or SETS:
+                results["stores"][f"{data}:{pages}"] = bench_stores(pages, scratch, data,
+                                                                    args.store)
     results["load_after"] = load_average()
     write_results(results, "index-ingest" if args.ingest_only else
                   "index-quick" if args.quick else "index")

@@ -75,11 +75,18 @@ def project(small: dict, large: dict | None, preset: str,
              TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
     w_small, w_large = small["weights_gb"], large["weights_gb"]
     steps = []
-    by_name = {s["step"]: s for s in small["steps"]}
-    for step in large["steps"]:
-        a, b = by_name[step["step"]]["peak_rss_gb"], step["peak_rss_gb"]
-        holds_weights = b > 0.3 * w_large  # steps that hold no weights stay where they are
-        if one_run or step["step"] == VISION_STEP:  # the runs differ in language layers only
+    in_large = {s["step"]: s for s in large["steps"]}
+    for first in small["steps"]:  # a step the larger run lacks is projected from the smaller one
+        step = in_large.get(first["step"], first)
+        a, b = first["peak_rss_gb"], step["peak_rss_gb"]
+        alone = one_run or step is first
+        ran = small if step is first else large
+        run, run_vision = checkpoint_bytes(preset, ran["architecture"]["vision_depth"],
+                                           ran["architecture"]["text_layers"])
+        added = {VISION_STEP: (full_vision - run_vision) / 1e9,
+                 TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
+        holds_weights = b > 0.3 * ran["weights_gb"]  # steps that hold no weights stay put
+        if alone or step["step"] == VISION_STEP:  # the runs differ in language layers only
             slope = 1.0 if holds_weights else 0.0
         else:
             slope = (b - a) / (w_large - w_small)
@@ -90,7 +97,8 @@ def project(small: dict, large: dict | None, preset: str,
             projected, source = full_vision_step, "full-depth vision tower (3B run)"
         steps.append({"step": step["step"], "peak_small_gb": a, "peak_large_gb": b,
                       "slope_per_weight_gb": round(slope, 3), "projected_gb": round(projected, 2),
-                      "source": source, "seconds_small": by_name[step["step"]]["seconds"],
+                      "source": source if not (step is first and not one_run) else "smaller run only, slope 1",
+                      "seconds_small": first["seconds"],
                       "seconds_large": step["seconds"]})
     return {"weights_small_gb": w_small, "weights_large_gb": w_large,
             "weights_full_gb": round(full / 1e9, 2), "steps": steps,

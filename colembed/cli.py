@@ -145,6 +145,8 @@ def _cmd_index(args) -> int:
         return _cmd_index_ray(args)
     if args.actors is not None or args.parquet is not None:
         raise UsageError("--actors and --parquet need --ray")
+    if args.from_parquet:
+        return _cmd_index_parquet(args)
     with _open_index(args, create=True) as index:
         result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
                            batch_size=args.batch_size,
@@ -152,6 +154,25 @@ def _cmd_index(args) -> int:
         total = len(index)
     _print_added(result, total, args)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _cmd_index_parquet(args) -> int:
+    """`colembed index --from-parquet DIR --db DB`: store what a Ray job's Parquet target wrote."""
+    from .index.embedded import open_for_embedded, parquet_dim, parquet_points
+
+    if args.paths or args.prune:
+        raise UsageError("--from-parquet takes no PATH and no --prune")
+    points = parquet_points(args.from_parquet)
+    if args.db is not None:
+        open_for_embedded(args.db, parquet_dim(points))
+    with _open_index(args, create=False) as index:
+        stored = index.add_embedded(points)
+        total = len(index)
+    if args.json:
+        print(json.dumps({"added_pages": stored, "pages": total}))
+    else:
+        print(f"stored {stored} page(s) from {args.from_parquet}; the index holds {total} page(s)")
+    return EXIT_OK
 
 
 RAY_EXTRA_HINT = "--ray needs the ray extra (Ray Data, pyarrow): pip install 'colembed[ray]'"
@@ -289,6 +310,8 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
 def _add_index_commands(sub) -> None:
     index = sub.add_parser("index", help="index PDFs and images (files or folders) for search")
     index.add_argument("paths", nargs="*", metavar="PATH")
+    index.add_argument("--from-parquet", metavar="DIR",
+                       help="store the pages a Ray job's Parquet target wrote (no model needed)")
     index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: the index's; "
                                                  "a new one: at the model's pixel budget)")
     index.add_argument("--prune", action="store_true",
@@ -442,8 +465,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         if args.ray is not None and not _is_ray_address(args.ray):
             args.paths.insert(0, args.ray)  # `--ray docs/`: a path, not an address
             args.ray = "local"
-        if not args.paths:
-            parser.error("index: give at least one PATH")
+        if not args.paths and not args.from_parquet:
+            parser.error("index: give at least one PATH (or --from-parquet DIR)")
     return args
 
 

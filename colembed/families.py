@@ -26,7 +26,8 @@ more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor)
 "Query: ".
 
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
-family names); numpy through `preprocess.windows` only when window inputs are made.
+family names); numpy through `preprocess.windows` / `preprocess.vision_positions` only when a
+family's extra graph inputs are declared or made.
 """
 
 from __future__ import annotations

@@ -32,15 +32,25 @@ from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
 from .sessions import Session, arena_shrinking_options, physical_cores, resolve_providers
 
-# Queries of a batch run in groups of similar length: a group grows while its padded size stays
-# within PAD_SLACK x its real tokens, so one long query never pads the short ones (output order and
-# values are those of running each query alone, within float tolerance), and while its attention
-# scores (heads x rows x longest^2 floats) stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch of
-# queries at the length bound runs two at a time (Qwen2-VL-2B: 12 heads, 779 tokens; a run holds
+# Queries of a batch run in groups of similar length, chosen to cost the least: a run costs a fixed
+# part (every weight read once, every kernel launched: RUN_COST_TOKENS, in padded tokens) plus its
+# padded tokens (count x longest). So ordinary batches run in one padded run, as in 0.1.0 (16 report
+# queries of 18-34 tokens: splitting them bought less padding than the extra run cost,
+# benchmarks/results/embed-against.md), while one long query never pads the short ones. Output order
+# and values are those of running each query alone, within float tolerance. A group's attention
+# scores (heads x count x longest^2 floats) also stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch
+# of queries at the length bound runs two at a time (Qwen2-VL-2B: 12 heads, 779 tokens; a run holds
 # several tensors of that size: 8 such queries in one run peaked at 2.3 GB on a 2-layer model,
-# benchmarks/results/query_memory.md) while ordinary queries are never split.
-PAD_SLACK = 1.25
+# benchmarks/results/query_memory.md).
+RUN_COST_TOKENS = 256
 TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
+# A query run whose attention scores exceed this hands the CPU arena's free chunks back when it
+# ends, so one large request does not leave the process at its peak (query_memory.md). Ordinary
+# runs keep the arena: shrinking after every run made each next run fault its memory in again (a
+# letter page, a 16-query batch and a single query were all slower for it,
+# benchmarks/results/embed-against.md). Page runs never shrink: their size is bounded by the image
+# budget and the batch, and the next page needs the same memory.
+SHRINK_AFTER_QUERY_BYTES = 1 << 24
 
 def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
     """(index of the first item, items) for consecutive batches, without materialising `items`."""
@@ -146,6 +156,7 @@ class ColQwen2Model:
                                               self._contracts[role], threads=threads,
                                               cpu_mem_arena=cpu_mem_arena)
         self._verify = verify
+        # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
         self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._grid_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
@@ -205,12 +216,15 @@ class ColQwen2Model:
         return _collect(self.iter_query_embeddings(texts, batch_size))
 
     def _run_queries(self, ids: list[np.ndarray]) -> list[np.ndarray]:
-        """One text-graph run per group of similar lengths (`PAD_SLACK`); results in input order."""
+        """One text-graph run per group of similar lengths (`RUN_COST_TOKENS`); results in input order."""
         out: list[np.ndarray | None] = [None] * len(ids)
         per_cell = self.manifest.architecture.text_heads * np.dtype(np.float32).itemsize
         for group in _length_groups([len(row) for row in ids],
                                     max_cells=TEXT_ATTENTION_BUDGET_BYTES // per_cell):
-            vectors = self._run_text([ids[i] for i in group], [()] * len(group), None)
+            longest = max(len(ids[i]) for i in group)
+            shrink = len(group) * longest ** 2 * per_cell > SHRINK_AFTER_QUERY_BYTES
+            vectors = self._run_text([ids[i] for i in group], [()] * len(group), None,
+                                     shrink_arena=shrink)
             for i, vector in zip(group, vectors):
                 out[i] = vector
         return out  # type: ignore[return-value]
@@ -323,7 +337,7 @@ class ColQwen2Model:
         for page in prepared:
             feeds = self._contracts["vision"].feeds(page.patches[None],
                                                     *self._grid_inputs(page.grid_thw))
-            outs = self._sessions["vision"].run(feeds, self._run_options)
+            outs = self._sessions["vision"].run(feeds)  # page runs keep the arena (docs/speed.md)
             features.append(outs[0][0])
             if len(outs) > 1:
                 deepstack.append(outs[1][0])
@@ -357,9 +371,12 @@ class ColQwen2Model:
     # ------------------------------------------------------------------------------- text graph
     def _run_text(self, ids: list[np.ndarray], grids: Sequence[Sequence[tuple[int, int, int]]],
                   features: list[np.ndarray] | None,
-                  deepstack: list[np.ndarray] | None = None) -> list[np.ndarray]:
+                  deepstack: list[np.ndarray] | None = None, *,
+                  shrink_arena: bool = False) -> list[np.ndarray]:
         """`deepstack`: per page (layers, tokens, width), concatenated along tokens like the
-        features (the same index places both); queries pass none (a zero-row table)."""
+        features (the same index places both); queries pass none (a zero-row table).
+        `shrink_arena`: hand the CPU arena's free chunks back after this run (an unusually large
+        query run, SHRINK_AFTER_QUERY_BYTES)."""
         cfg = self.config
         input_ids, mask = pad_batch(ids, cfg.pad_token_id)
         positions = mrope_position_ids(input_ids, mask, grids, image_token_id=cfg.image_token_id,
@@ -387,7 +404,7 @@ class ColQwen2Model:
                      else np.zeros((extras.deepstack_layers, 0, self._text_hidden), np.float32),)
         (out,) = self._sessions["text"].run(
             self._contracts["text"].feeds(input_ids, mask, positions, index, table, *extra),
-            self._run_options)
+            self._run_options if shrink_arena else None)
         if out.ndim != 3 or out.shape[-1] != self.embedding_size:
             raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
                                    f"manifest says embedding_dim {self.embedding_size}",
@@ -405,20 +422,27 @@ def _refuse_single(items: Any, what: str) -> None:
 
 
 def _length_groups(lengths: Sequence[int], max_cells: int) -> list[list[int]]:
-    """Indices grouped by similar length (shortest first): a group takes the next longer item
-    while its padded size, count x longest, stays within PAD_SLACK x its real tokens, and
-    count x longest^2 within `max_cells` (a group always holds at least one item)."""
-    groups: list[list[int]] = []
-    real = 0
-    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
-        count = len(groups[-1]) + 1 if groups else 1
-        if groups and lengths[i] * count <= PAD_SLACK * (real + lengths[i]) \
-                and count * lengths[i] ** 2 <= max_cells:
-            groups[-1].append(i)
-            real += lengths[i]
-        else:
-            groups.append([i])
-            real = lengths[i]
+    """Indices grouped by length (shortest first) into the runs of least total cost: each run
+    costs RUN_COST_TOKENS plus count x longest padded tokens, and holds count x longest^2 <=
+    `max_cells` (a group always holds at least one item). Ties go to the larger first group."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    n = len(order)
+    sizes = [lengths[i] for i in order]
+    best = [0.0] * (n + 1)  # best[i]: least cost of items i.. (sorted)
+    cut = [n] * (n + 1)
+    for i in range(n - 1, -1, -1):
+        best[i] = float("inf")
+        for j in range(i + 1, n + 1):
+            count, longest = j - i, sizes[j - 1]
+            if count > 1 and count * longest ** 2 > max_cells:
+                break  # longer groups from i only grow
+            cost = RUN_COST_TOKENS + count * longest + best[j]
+            if cost <= best[i]:
+                best[i], cut[i] = cost, j
+    groups, i = [], 0
+    while i < n:
+        groups.append(order[i:cut[i]])
+        i = cut[i]
     return groups
 
 

@@ -72,6 +72,14 @@ STACKED_MAX_PAGE_TOKENS = 384  # mean over the block
 # the graph pays a padded copy of every page, numpy none). With OPENBLAS_CORETYPE=Haswell pinning
 # numpy's kernels on this AVX-512 CPU, the graph led by 1.15x at 832 (onnxruntime picks its own).
 ONNX_MIN_QUERY_TOKENS = 640
+# Few query rows against long pages (a search: 1-4 queries): each page's GEMM is small (750 x 128 x
+# 28 for one query), and a multi-threaded BLAS call per page pays a thread hand-off per page, which
+# on a busy machine waits for a descheduled thread. So the pages are split between
+# `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what fast-maxsim
+# does with its own kernels): no hand-off per page, every core busy. Needs OpenBLAS's per-thread
+# thread count (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it
+# the one-call-per-page path runs as before. Measured: benchmarks/results/scoring*.md.
+PARALLEL_MAX_QUERY_ROWS = 256
 _F32 = np.dtype(np.float32)
 _ACCEPTED_DTYPES = (np.dtype(np.float16), _F32, np.dtype(np.float64))
 
@@ -215,6 +223,69 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     if floor is not None and floor.any():
         np.maximum(maxima, 0.0, out=maxima, where=floor[:, None])
     return np.add.reduceat(maxima, starts, axis=1).T
+
+
+def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
+                             floor: np.ndarray | None, first: int) -> np.ndarray:
+    """`_numpy_per_page` over contiguous shares of the pages, one per worker thread, each with a
+    single-threaded BLAS (PARALLEL_MAX_QUERY_ROWS); the same products, so the same scores."""
+    workers = _page_workers()
+    if workers is None or len(docs) < 2 * workers[0]:
+        return _numpy_per_page(q, starts, docs, floor, first)
+    count, pool, limit = workers
+    bounds = np.linspace(0, len(docs), count + 1).astype(int)
+
+    def share(k: int) -> np.ndarray:
+        a, b = int(bounds[k]), int(bounds[k + 1])
+        previous = limit(1)
+        try:
+            return _numpy_per_page(q, starts, docs[a:b], None if floor is None else floor[a:b],
+                                   first + a)
+        finally:
+            limit(previous)
+
+    futures = [pool.submit(share, k) for k in range(count)]
+    return np.concatenate([f.result() for f in futures], axis=1)
+
+
+_WORKERS: Any = False  # not looked up yet
+
+
+def _page_workers() -> tuple[int, ThreadPoolExecutor, Any] | None:
+    """(threads, a persistent pool of them, OpenBLAS's per-thread `set_num_threads_local`), or None
+    when this numpy's BLAS cannot limit one thread's calls or there is one core. Looked up once."""
+    global _WORKERS
+    if _WORKERS is False:
+        _WORKERS = None
+        from .sessions import physical_cores
+
+        limit = _openblas_local_threads()
+        cores = physical_cores()
+        if limit is not None and cores > 1:
+            _WORKERS = (cores, ThreadPoolExecutor(cores, thread_name_prefix="colembed-maxsim"),
+                        limit)
+    return _WORKERS
+
+
+def _openblas_local_threads() -> Any:
+    """`openblas_set_num_threads_local` of the OpenBLAS numpy loaded (found in /proc/self/maps),
+    or None (another BLAS, another OS, an older OpenBLAS)."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()
+                     and line.split()[-1].startswith("/")}
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            fn = ctypes.CDLL(path).openblas_set_num_threads_local
+        except (OSError, AttributeError):
+            continue
+        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
+        return fn
+    return None
 
 
 def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
@@ -491,7 +562,9 @@ def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
         group = q.vectors[start: start + int(q.lengths[a:b].sum())]
         rel = q.starts[a:b] - start
         if len(group) > STACKED_MAX_QUERY_TOKENS or lengths.mean() > STACKED_MAX_PAGE_TOKENS:
-            out[a:b] = _numpy_per_page(group, rel, docs, floor, first)
+            per_page = (_numpy_per_page_parallel if len(group) <= PARALLEL_MAX_QUERY_ROWS
+                        else _numpy_per_page)
+            out[a:b] = per_page(group, rel, docs, floor, first)
             continue
         qx = _with_sign_rows(group)
         per_row = page_row + 4 * len(qx)

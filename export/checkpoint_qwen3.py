@@ -14,6 +14,11 @@ Two spellings of the same checkpoint are read:
 
 Every missing, unexpected or mis-shaped tensor is an error naming it (a partial checkpoint would
 export random layers).
+
+Memory: the model is built (random init), then the file's tensors are loaded and copied in as
+fp32, so a load holds about two fp32 copies of the weights plus the file's. Fine for the tiny and
+reduced-depth checkpoints; a full Qwen3-VL-4B (17.6 GB in fp32) would not fit this 24 GB machine
+this way: it needs a lean load (tensor by tensor), not written yet.
 """
 
 from __future__ import annotations
@@ -105,7 +110,6 @@ def load_colqwen3(folder: Path):
     if prefix is None:
         raise ExportError(f"{folder}: no {PROJECTION}.weight (with or without 'model.'): not a "
                           "colpali-engine ColQwen3 checkpoint")
-    torch.manual_seed(0)  # the init below is overwritten by the checkpoint, checked strictly
     vlm_config = Qwen3VLConfig(**{k: v for k, v in config.items()
                                   if k not in ("architectures", "dtype", "model_type")})
     backbone = Qwen3VLModel(vlm_config).to(torch.float32).eval()

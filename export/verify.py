@@ -114,18 +114,20 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     these give colpali-engine's own ids, pixels and embeddings on transformers 5.x is what
     `tests/test_qwen3_reference.py` pins. The tower returns (features, DeepStack features): the
     features are compared here, DeepStack through the final embeddings."""
-    import json
-
     import torch
     from transformers import ColQwen2Processor, Qwen2TokenizerFast
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-    config = json.loads((checkpoint_folder / "preprocessor_config.json").read_text())
+    from .preprocess_config import read_preprocess_config
+
+    # The folder's constants as colembed reads them (bounds from min/max_pixels or size), so the
+    # reference and the runtime see the same pixel budget whichever spelling the folder uses.
+    config = read_preprocess_config(checkpoint_folder)
     image_processor = Qwen2VLImageProcessor(
-        patch_size=config["patch_size"], merge_size=config["merge_size"],
-        temporal_patch_size=config["temporal_patch_size"], image_mean=config["image_mean"],
-        image_std=config["image_std"], min_pixels=config["min_pixels"],
-        max_pixels=config["max_pixels"])
+        patch_size=config.patch_size, merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size, image_mean=list(config.image_mean),
+        image_std=list(config.image_std), min_pixels=config.min_pixels,
+        max_pixels=config.max_pixels)
     processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
                                   tokenizer=Qwen2TokenizerFast.from_pretrained(checkpoint_folder))
     visual = model.vlm.model.visual

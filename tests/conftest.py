@@ -36,7 +36,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # command runs everything.
 EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants",
                                 "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5",
-                                "exported_alt_from_hub", "cli_export", "exported_colnomic_layout"})
+                                "exported_alt_from_hub", "cli_export",
+                                "exported_colnomic_layout"})
 
 # Files with exports of their own or first users of a shared one, in the order xdist hands them out
 # (loadfile, `--no-loadscope-reorder`; a worker gets the next file when its own is almost done):
@@ -46,7 +47,8 @@ EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "expor
 HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_qwen3_reference.py",
                "test_variants_stress.py",
                "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
-               "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py", "test_demo.py", "test_fastembed.py",
+               "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py",
+               "test_demo.py", "test_fastembed.py",
                "test_distributed.py", "test_runtime_inputs.py", "test_directml.py")
 
 

@@ -15,11 +15,11 @@ import pytest
 
 import colembed
 from colembed.cli import main
-from colembed.index import Index, edge, server, store as store_module, upgrade_index
+from colembed.index import Index, edge, plan as plan_module, server, upgrade_index
 from colembed.index.schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, VECTOR_NAMES,
                                    PagePoint, make_point, mean_from_payload, mean_vector)
 from colembed.index import OldIndexWarning, open_store
-from colembed.index.store import two_stage_plan
+from colembed.index.plan import two_stage_plan
 from colembed.model import PageLayout
 from index_docs import page
 
@@ -46,7 +46,7 @@ def small_plan(monkeypatch):
     """Limits a 40-page store can feel: mean 3 straight to the rerank, a pool of 8, rows/cols 2."""
     for name, value in (("MEAN_CANDIDATES", 3), ("MEAN_POOL", 8), ("POOLED_CANDIDATES", 2),
                         ("PREFETCH_CANDIDATES", 3)):
-        monkeypatch.setattr(store_module, name, value)
+        monkeypatch.setattr(plan_module, name, value)
 
 
 def test_mean_vector_is_the_mean_of_the_image_rows():

@@ -11,6 +11,10 @@ Edge's brute force is fast). The `page` vectors (~90% of the bytes) stay on disk
 every reopen read all of them again although a two-stage search reads at most 200 pages' worth;
 mapped, the open reads the small vectors only and a search faults in the pages it reranks
 (measured: benchmarks/results/index-10k.md). Folders created before keep their in-RAM storage.
+`<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
+write and checked against the shard's page count on open: a folder without a current table (made
+by an older colembed, or a kill between the two writes) searches with the mean-gated plan and
+says so; `colembed upgrade` rebuilds the table from the stored page vectors.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import shutil
 import sys
 import time
 import uuid
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -33,13 +38,16 @@ import qdrant_edge as qe
 from ..safe_fs import STAGING_MARKER, commit_folder, discard_staging, staging_folder
 from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreError
 from .lock import LOCK_FILE, FolderLock
+from .errors import OldIndexWarning
+from .plan import TOKENS_STAGE, Stage, stage_query
 from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
-                     PagePoint)
-from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoredHit, as_point, check_mode,
-                    stage_query)
+                     PagePoint, image_tokens)
+from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .tokens import CENTROIDS, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
+TOKENS_DIR = "tokens"
 CREATING_MARKER = ".colembed-creating"  # present from a new folder's first write to its meta file
 _NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
 
@@ -143,8 +151,13 @@ def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
         on_disk=name == PAGE_VECTOR)
 
 
-def _prefetch(query: np.ndarray, stage: Stage) -> qe.Prefetch:
-    inner = [_prefetch(query, stage.within)] if stage.within else None
+def _prefetch(query: np.ndarray, stage: Stage, tokens: TokenTable) -> qe.Prefetch:
+    if stage.using == TOKENS_STAGE:  # the centroid scan's pages, passed in by id
+        ids = {uuid.UUID(i) for i in tokens.top(query, stage.limit)}
+        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
+                           query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR),
+                                                  using=MEAN_VECTOR))
+    inner = [_prefetch(query, stage.within, tokens)] if stage.within else None
     return qe.Prefetch(limit=stage.limit, prefetches=inner, query=qe.Query.Nearest(
         stage_query(query, stage.using), using=stage.using))
 
@@ -173,6 +186,23 @@ class EdgeStore(Store):
         else:
             self._create(dim)
         self._cadence_start()
+        self._open_tokens()
+
+    def _open_tokens(self) -> None:
+        """The centroid table, current when it holds exactly the shard's pages."""
+        self.tokens = TokenTable(self.folder / TOKENS_DIR, self.dim, CENTROIDS)
+        with _edge_errors("read the token table", self.folder):
+            self._tokens_current = len(self.tokens) == self.count()
+
+    def has_tokens(self) -> bool:
+        if not self._tokens_current and self.schema == SCHEMA_VERSION and not getattr(
+                self, "_told_tokens", False):
+            self._told_tokens = True
+            warnings.warn(f"{self.location}: this index has no current token table (written by "
+                          "an older colembed, or interrupted), so two-stage search uses the "
+                          "mean-gated plan, which can miss a page whose answer is a small part "
+                          f"of it; {self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
+        return self._tokens_current
 
     def _create(self, dim: int | None) -> None:
         """A new index: the marker first, then the shard, then the meta file (atomically), then
@@ -276,6 +306,11 @@ class EdgeStore(Store):
             self._check_space(points[lo:lo + UPSERT_BATCH])
             with _edge_errors("store pages", self.folder):
                 self.shard.update(qe.UpdateOperation.upsert_points(batch))
+            chunk = points[lo:lo + UPSERT_BATCH]
+            with _edge_errors("store the token table", self.folder):
+                self.tokens.append([p.id for p in chunk], [
+                    page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload), CENTROIDS)
+                    for p in chunk])
             self._unflushed += len(batch)
             if self._flush_due():
                 self.flush()
@@ -284,6 +319,8 @@ class EdgeStore(Store):
         if ids:
             with _edge_errors("delete pages", self.folder):
                 self.shard.update(qe.UpdateOperation.delete_points(list(ids)))
+            with _edge_errors("update the token table", self.folder):
+                self.tokens.delete(list(ids))
 
     def count(self) -> int:
         with _edge_errors("count pages", self.folder):
@@ -317,7 +354,7 @@ class EdgeStore(Store):
         exact = qe.Query.Nearest(query, using=PAGE_VECTOR)
         if mode == "exact":
             return qe.QueryRequest(limit=k, query=exact, with_payload=True)
-        stages = [_prefetch(query, stage) for stage in self.plan(k)]
+        stages = [_prefetch(query, stage, self.tokens) for stage in self.plan(k)]
         return qe.QueryRequest(limit=k, query=exact, prefetches=stages, with_payload=True)
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
@@ -380,7 +417,7 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
     old = EdgeStore(folder)
     try:
         if old.schema == SCHEMA_VERSION:
-            return 0
+            return 0 if old._tokens_current else rebuild_tokens(old, progress)
         staging = staging_folder(folder, "colembed index upgrade")
         try:
             new = EdgeStore(staging, dim=old.dim)
@@ -395,6 +432,24 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
     finally:
         old.close()
     return copied
+
+
+def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
+    """Compute the token table again from the stored page vectors (no page is embedded); returns
+    the pages done."""
+    ids = [pid for pid, _ in store.payloads()]
+
+    def pages():
+        for lo in range(0, len(ids), SCROLL_PAGE):
+            for p in store.points(ids[lo:lo + SCROLL_PAGE]).values():
+                yield p.id, image_tokens(p.vectors[PAGE_VECTOR], p.payload)
+
+    with _edge_errors("rebuild the token table", store.folder):
+        done = store.tokens.rebuild(pages(), progress and (lambda n: progress(n, len(ids))))
+    store._tokens_current = len(store.tokens) == store.count()
+    if progress is not None:
+        progress(done, len(ids))
+    return done
 
 
 def _swap(old: EdgeStore, staging: Path) -> None:

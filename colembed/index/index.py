@@ -157,6 +157,17 @@ class Index:
                     report.reason += "; nothing under it was pruned"
         return result
 
+    def add_embedded(self, pages, *, identity: dict[str, Any] | None = None) -> int:
+        """Store pages embedded elsewhere: `embedded.EmbeddedPage`s (vectors, grid, source) or
+        ready `PagePoint`s (`colembed.distributed.read_points`), checked as `add` checks its own
+        (embedded.py); returns the pages stored. The pages carry this index's model identity
+        (`identity=` or the model given; else the stored pages', or a ready point's)."""
+        from .embedded import add_embedded
+
+        if identity is None and self._model_arg is not None:
+            identity = self.identity
+        return add_embedded(self.store, pages, identity, self.source)
+
     def remove(self, paths: Iterable[str | os.PathLike] | str | os.PathLike) -> int:
         """Drop every page of these files (or of the files under these folders); returns pages."""
         if isinstance(paths, (str, os.PathLike)):

@@ -78,11 +78,16 @@ def mean_vector(vectors: np.ndarray, layout) -> np.ndarray:
     return vectors[layout.image_rows].mean(axis=0).astype(np.float32)
 
 
+def image_tokens(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
+    """The image-token rows of a page known by its `page` vectors and payload (grid, image_start)."""
+    (rows, cols), start = payload["grid"], payload["image_start"]
+    return page[start:start + rows * cols]
+
+
 def mean_from_payload(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
     """`mean_vector` of a page known by its `page` vectors and payload (grid, image_start): for
     points carried without it (colembed.distributed's Parquet columns)."""
-    (rows, cols), start = payload["grid"], payload["image_start"]
-    return page[start:start + rows * cols].mean(axis=0).astype(np.float32)
+    return image_tokens(page, payload).mean(axis=0).astype(np.float32)
 
 
 def schema_of(names) -> int | None:

@@ -3,7 +3,9 @@
 Everything qdrant-client-specific lives here. The collection has the schema of `schema.py`, the
 same as the embedded Edge shard, so an index can move from a laptop to a cluster: the same named
 vectors (MaxSim multivectors and the plain `mean`; dot, float16, no HNSW graph), payload, point ids
-and two-stage plan (store.py). A collection's schema version is read from its vector names.
+and two-stage plan (plan.py) but the token stage: its centroid table lives beside an Edge shard,
+so a collection searches with the mean-gated schema-2 plan (on local answers it can miss pages:
+docs/search.md). A collection's schema version is read from its vector names.
 Local mode (`path=`) is qdrant-client's own reference implementation: exact but ~8x slower than
 Edge and memory hungry (benchmarks/); colembed uses it only to test this adapter.
 """
@@ -21,8 +23,8 @@ from qdrant_client.http.exceptions import ApiException
 from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint, schema_of)
 from .errors import IndexNotFoundError, StoreError
-from .store import (SCROLL_PAGE, UPSERT_BATCH, Stage, Store, StoredHit, as_point, check_mode,
-                    stage_query)
+from .plan import Stage, stage_query
+from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
 
 
 @contextlib.contextmanager

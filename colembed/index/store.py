@@ -8,12 +8,9 @@ implementations import this interface, so the factory that imports them cannot l
 
 Search modes (`SEARCH_MODES`):
 - "exact": MaxSim of the query against every page's full multivector (a full scan).
-- "two-stage": cheap pooled stages pick candidates, then exact MaxSim reranks their union inside
-  Qdrant (`two_stage_plan`). Schema 2: the `mean` vector (one dot product per page) picks
-  `MEAN_CANDIDATES` pages and a wider pool of `MEAN_POOL`, in which MaxSim against the row- and
-  column-pooled multivectors picks `POOLED_CANDIDATES` more each. Schema 1 (no `mean`): rows and
-  cols pick `PREFETCH_CANDIDATES` each over every page (~5x slower at 10,000 pages). The scores
-  of returned pages are exact; a page can be missed only if no stage ranks it in its candidates.
+- "two-stage": cheap stages pick candidates, then exact MaxSim reranks their union inside
+  Qdrant (`plan.two_stage_plan`: which stages, by what the index holds, and why). The scores of
+  returned pages are exact; a page can be missed only if no stage ranks it in its candidates.
 """
 
 from __future__ import annotations
@@ -26,23 +23,11 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import OldIndexWarning, StoreError
-from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
-                     SCHEMA_VERSION, PagePoint, mean_from_payload)
+from .plan import Stage, two_stage_plan
+from .schema import MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, mean_from_payload
 
 SEARCH_MODES = ("two-stage", "exact")
-DEFAULT_SEARCH_MODE = "two-stage"  # 10,000 pages: ~40x faster than exact (benchmarks/)
-# The schema-2 plan, chosen at 10,000 synthetic pages (bench_index.py's data; plans interleaved in
-# one process, load 2-4 on 2 cores): the mean scan costs a few ms (mean 50 + their rerank: 16 ms),
-# the exact rerank ~0.3 ms a page, so the rerank is held at <= 200 pages like the schema-1 plan's.
-# Mean 150 + rows / cols 25 + 25 within the mean's best 1,000: p50 101 ms, recall@10 vs exact 0.89;
-# schema-1 plan 418 ms, 0.38; mean alone (200) 69 ms, 0.91; mean 100 + 50 + 50: 85 ms, 0.87; a
-# pool of 2,000: 152 ms, 0.89. The synthetic pages favour the mean (a page-wide topic in every
-# token); the rows / cols stages stay as the hedge for trained models, whose matches can be local
-# to a region of the page.
-MEAN_CANDIDATES = 150  # pages the mean vector sends straight to the rerank
-MEAN_POOL = 1000  # pages the mean vector keeps for the rows / cols MaxSim stages
-POOLED_CANDIDATES = 25  # per rows / cols stage within MEAN_POOL
-PREFETCH_CANDIDATES = 100  # schema 1: per rows / cols stage over every page
+DEFAULT_SEARCH_MODE = "two-stage"  # the plan and its measured trade-offs: plan.py
 SCROLL_PAGE = 256  # payloads per scroll request
 UPSERT_BATCH = 16  # points per upsert request
 
@@ -54,31 +39,6 @@ class StoredHit:
     payload: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Stage:
-    """A prefetch stage: the `limit` best pages by the vector `using` (MaxSim against the query's
-    tokens; `mean`: dot with their sum, `stage_query`), among `within`'s pages if given."""
-
-    using: str
-    limit: int
-    within: Stage | None = None
-
-
-def two_stage_plan(schema: int, k: int) -> list[Stage]:
-    """The prefetch stages of "two-stage" search on an index of this schema version; their union
-    is reranked by exact MaxSim against `page`."""
-    if schema == 1:
-        return [Stage(name, max(k, PREFETCH_CANDIDATES)) for name in (ROWS_VECTOR, COLS_VECTOR)]
-    pool = Stage(MEAN_VECTOR, max(k, MEAN_POOL))
-    return [Stage(MEAN_VECTOR, max(k, MEAN_CANDIDATES)),
-            *(Stage(name, max(k, POOLED_CANDIDATES), pool) for name in (ROWS_VECTOR, COLS_VECTOR))]
-
-
-def stage_query(query: np.ndarray, using: str) -> np.ndarray:
-    """What a stage scores pages with: the query's tokens, or their sum for the `mean` vector."""
-    return query.sum(axis=0) if using == MEAN_VECTOR else query
-
-
 class Store(ABC):
     """A collection of page points (`schema.PagePoint`); every method may raise StoreError."""
 
@@ -86,6 +46,11 @@ class Store(ABC):
     upgrade_hint: str  # how an older-schema index gets this schema's plan
     schema: int  # the schema version of the stored collection (`schema.SCHEMA_VECTORS`)
     plan_schema: int | None = None  # run another schema's plan (benchmarks); None: `schema`'s
+    use_tokens: bool | None = None  # force the token table on / off (benchmarks); None: if current
+
+    def has_tokens(self) -> bool:
+        """Whether this store holds a current centroid table (tokens.py); Edge folders do."""
+        return False
 
     def plan(self, k: int) -> list[Stage]:
         """This store's two-stage plan; on an old index, says once how to get the faster one."""
@@ -94,7 +59,8 @@ class Store(ABC):
             warnings.warn(f"{self.location}: this index has schema {self.schema} (no `mean` "
                           "vector), so two-stage search uses the older, slower plan; "
                           f"{self.upgrade_hint}.", OldIndexWarning, stacklevel=3)
-        return two_stage_plan(self.plan_schema or self.schema, k)
+        tokens = self.has_tokens() if self.use_tokens is None else self.use_tokens
+        return two_stage_plan(self.plan_schema or self.schema, k, tokens=tokens)
 
     def stored_vectors(self, point: PagePoint) -> dict[str, np.ndarray]:
         """The point's vectors this collection holds (an old index has no `mean`; a point carried

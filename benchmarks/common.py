@@ -1,0 +1,213 @@
+"""What the benchmarks share: machine facts, the documents they embed, subprocess runners, tables.
+
+- machine facts: `machine.py` (CPU, instruction sets, load, versions, command), re-exported here so
+  a benchmark needs one import;
+- documents: a letter page at 150 dpi (1275x1650 px -> 744 image tokens under ColQwen2's bound), the
+  same page at a token budget, and 20 report-style queries. They model what a retrieval user sends
+  (a text-heavy scanned page with a chart; short questions and keyword queries); they do not model
+  photos, very long queries or other languages;
+- `run_json_subprocess`: one job in a fresh interpreter (its own peak RSS), answer on a RESULT line;
+- `Worker`: a long-lived interpreter that answers JSON commands line by line, so two runtimes (two
+  versions of colembed, or colembed and torch) stay loaded side by side and one driver can time them
+  interleaved (A B A B ...) on the same machine state;
+- `markdown_table`, `timed`, `spread`: the table and timing conventions.
+
+Imports only the standard library at module level (the documents import numpy and PIL when made).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from machine import load_average, machine_info, markdown_header, rss_mib  # noqa: E402,F401
+
+LETTER_150DPI = (1275, 1650)  # width, height in pixels: 8.5 x 11 in at 150 dpi
+BUDGET_TOKENS = 256
+QUERIES = [
+    "What was the total revenue in the third quarter?",
+    "Which region reported the highest growth?",
+    "operating margin 2023",
+    "Who signed the audit report?",
+    "List the risks related to currency exchange rates",
+    "How many employees work in research and development?",
+    "capital expenditure forecast",
+    "What is the dividend per share?",
+    "Describe the supply chain disruptions mentioned in the report",
+    "net income",
+    "Where is the company headquartered?",
+    "What does the chart on page two show?",
+    "energy consumption per unit of output",
+    "Which subsidiaries were sold during the year?",
+    "What are the main product lines?",
+    "tax rate reconciliation",
+    "When does the credit facility mature?",
+    "How did inventory levels change?",
+    "customer concentration risk",
+    "What accounting standards were adopted?",
+]
+# The environment every benchmark subprocess gets: no tokenizer threads competing with the
+# measured ones, no network look-ups by transformers.
+SUBPROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
+                  "TRANSFORMERS_OFFLINE": "1"}
+
+
+# ------------------------------------------------------------------------------------ documents
+def letter_page():
+    """A letter-size page at 150 dpi with lines of text and a chart, deterministic."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    rng = np.random.default_rng(7)
+    width, height = LETTER_150DPI
+    page = Image.new("RGB", (width, height), "white")
+    draw = ImageDraw.Draw(page)
+    draw.text((90, 80), "Annual report 2023 - consolidated results", fill="black")
+    for row in range(60):
+        y = 140 + row * 22
+        words = " ".join(rng.choice(QUERIES[row % len(QUERIES)].split(), 6))
+        draw.text((90, y), words, fill=(30, 30, 30))
+    for bar in range(8):
+        h = int(rng.integers(40, 300))
+        draw.rectangle([700 + bar * 55, 1500 - h, 740 + bar * 55, 1500], fill=(40, 90, 160))
+    return page
+
+
+def image_tokens(page, config) -> int:
+    """Image tokens of a page under the model's own bound (`config`: its PreprocessConfig;
+    ColQwen2 was trained with at most 768)."""
+    from colembed.preprocess.images import smart_resize
+
+    f = config.resize_factor
+    h, w = smart_resize(page.height, page.width, factor=f, min_pixels=config.min_pixels,
+                        max_pixels=config.max_pixels)
+    return (h // f) * (w // f)
+
+
+def budget_page(page, tokens: int, config):
+    """The page resized as a `tokens` budget resizes it (`config.with_max_image_tokens(tokens)`),
+    so a model with its default bound processes exactly the budgeted grid."""
+    from PIL import Image
+
+    from colembed.preprocess.images import smart_resize
+
+    budget = config.with_max_image_tokens(tokens)
+    h, w = smart_resize(page.height, page.width, factor=budget.resize_factor,
+                        min_pixels=budget.min_pixels, max_pixels=budget.max_pixels)
+    return page.resize((w, h), Image.BICUBIC)
+
+
+# ------------------------------------------------------------------------------------ timing
+def timed(fn: Callable[[], Any]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """median, min, max and the relative half-range (max - min) / 2 / median of `values`."""
+    med = statistics.median(values)
+    return {"median": med, "min": min(values), "max": max(values),
+            "half_range": (max(values) - min(values)) / 2 / med if med else 0.0,
+            "n": len(values)}
+
+
+# ------------------------------------------------------------------------------------ processes
+def run_json_subprocess(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
+                        cwd: str | None = None) -> dict[str, Any]:
+    """Run `argv` in a fresh process; its answer is the last stdout line starting with RESULT
+    (JSON). A crash or a missing answer is returned as {"error": ...} with stderr's tail."""
+    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})))
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+
+
+class Worker:
+    """A long-lived Python process answering one JSON command per line (`serve` is its loop).
+
+    The driver sends {"op": ..., ...} and reads back one JSON line: the handler's return value, or
+    {"error": ...}. Between commands the worker blocks on stdin, so it uses no CPU while another
+    worker is being timed (colembed's sessions do not spin; torch's threads sleep).
+    """
+
+    def __init__(self, label: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
+                 cwd: str | None = None) -> None:
+        self.label = label
+        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=None, text=True, bufsize=1, cwd=cwd,
+                                     env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})))
+
+    def call(self, op: str, **args: Any) -> dict[str, Any]:
+        assert self.proc.stdin and self.proc.stdout
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+        while True:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise RuntimeError(f"worker {self.label} exited ({self.proc.wait()}) during {op}")
+            if line.startswith("ANSWER "):
+                answer = json.loads(line[len("ANSWER "):])
+                if "error" in answer:
+                    raise RuntimeError(f"worker {self.label}, {op}: {answer['error']}")
+                return answer
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.call("quit")
+            except (RuntimeError, BrokenPipeError, OSError):
+                pass
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+    def __enter__(self) -> "Worker":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def serve(handlers: dict[str, Callable[..., dict[str, Any]]]) -> int:
+    """The worker's loop: one JSON command per stdin line, one `ANSWER {json}` line per command
+    (other output of the libraries goes to stdout too, so answers are tagged)."""
+    import traceback
+
+    for line in sys.stdin:
+        command = json.loads(line)
+        op = command.pop("op")
+        if op == "quit":
+            print("ANSWER {}", flush=True)
+            return 0
+        try:
+            answer = handlers[op](**command)
+        except Exception as e:  # the driver reports it; the worker keeps serving
+            answer = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"}
+        print("ANSWER " + json.dumps(answer), flush=True)
+    return 0
+
+
+# ------------------------------------------------------------------------------------ tables
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
+                   align_right_from: int = 1) -> list[str]:
+    """A markdown table: `headers`, then `rows` (cells str()-ed); columns from
+    `align_right_from` on are right-aligned (numbers)."""
+    out = ["| " + " | ".join(headers) + " |",
+           "|" + "|".join("---" if i < align_right_from else "---:" for i in range(len(headers)))
+           + "|"]
+    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return out

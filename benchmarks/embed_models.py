@@ -1,0 +1,114 @@
+"""bench_embed's models: the benchmark checkpoint (random weights or the stress checkpoint, at a
+family's real widths and a chosen depth), its export with the requested variants (cached, keyed by
+family and depth), the plain int8 baseline, and the exporter's gate figures."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+from colembed.layout import MANIFEST_NAME  # noqa: E402
+
+
+def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[Path, Path, Any]:
+    """Build (once) and export the benchmark checkpoint: random weights, or with `stress` the
+    stress checkpoint (trained-model activation traits, export/tiny.py) at the same widths."""
+    from benchmark_specs import FAMILY_PRESETS, build, reduced_spec
+
+    spec = reduced_spec(args.family, FAMILY_PRESETS[args.family], args.vision_depth,
+                        args.text_layers)
+    size = {"colqwen2": "2b", "colqwen2.5": "2.5-3b"}[args.family]
+    tag = f"{'stress-' if stress else ''}{size}-v{args.vision_depth}-t{args.text_layers}"
+    ckpt = work / f"ckpt-{tag}"
+    if not (ckpt / "colembed_tiny.json").is_file():
+        progress(f"building the {'stress' if stress else 'random-weight'} checkpoint {tag}")
+        build(args.family, ckpt, spec, stress=stress)
+    folder = work / f"model-{tag}"
+    wanted = set(args.variants)
+    have = set()
+    if (folder / MANIFEST_NAME).is_file():
+        have = set(json.loads((folder / MANIFEST_NAME).read_text())["variants"])
+    if not wanted <= have:
+        from colembed_export.exporter import export_model
+
+        from colembed.errors import ExportError
+
+        variants = sorted(wanted - {"fp32", INT8_BASELINE})
+        while True:
+            progress(f"exporting {tag} with variants {variants}")
+            start = time.perf_counter()
+            try:
+                export_model(ckpt, folder, overwrite=True, variants=variants, progress=progress)
+            except ExportError as e:
+                # A variant that misses its accuracy gate is a result, not a crash: record it
+                # and benchmark the others.
+                missed = [v for v in variants if f"\n  {v}: " in str(e)]
+                if not missed:
+                    raise
+                progress(f"gate missed, benchmarking without {missed}: {e}")
+                GATE_MISSES.update({f"{v}{' (stress)' if stress else ''}": str(e) for v in missed})
+                variants = [v for v in variants if v not in missed]
+                continue
+            progress(f"export took {time.perf_counter() - start:.0f} s")
+            break
+        if not stress:
+            args.variants = [v for v in args.variants if v not in GATE_MISSES]
+    return ckpt, folder, spec
+
+
+INT8_BASELINE = "int8-plain"  # the int8 recipe without outlier smoothing, for the speed comparison
+
+
+def add_int8_baseline(folder: Path, progress) -> None:
+    """Write the plain int8 recipe (per-channel dynamic, no smoothing) beside the folder's
+    variants as `int8-plain`, so one run times both recipes on the same machine state."""
+    import tempfile
+
+    from colembed.integrity import describe_file
+    from colembed.manifest import MANIFEST_NAME
+    from colembed_export.graph_edits import finish
+    from colembed_export.recipes import quantize_int8
+    from colembed_export.variants import save_graph
+
+    manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    if INT8_BASELINE in manifest["variants"]:
+        return
+    progress("writing the plain int8 baseline")
+    entries = {}
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        for role, fp32 in manifest["variants"]["fp32"].items():
+            model = quantize_int8(folder / fp32["file"], Path(tmp), calibration=None)
+            finish(model)
+            file, data = save_graph(model, folder, f"{role}.{INT8_BASELINE}.onnx",
+                                    external=fp32["data_file"] is not None)
+            entries[role] = {**fp32, "file": file, "data_file": data}
+            for name in (file, data):
+                if name:
+                    manifest["files"][name] = describe_file(folder / name)
+    manifest["variants"][INT8_BASELINE] = entries
+    (folder / MANIFEST_NAME).write_text(json.dumps(manifest, indent=1))
+
+
+def gate_figures(folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """The exporter's gate figures per variant, per checkpoint (random weights, stress)."""
+    out: dict[str, dict[str, Any]] = {}
+    for label, folder in folders.items():
+        checks = json.loads((folder / "colembed_manifest.json").read_text())["checks"]
+        for name, figures in checks.items():
+            if name != "fp32" and "mean_cosine" in figures:
+                out.setdefault(name, {})[label] = {k: figures.get(k) for k in (
+                    "mean_cosine", "min_cosine", "finite", "ranking", "gate", "tokens",
+                    "non_finite_tokens", "fp16_gemm_peak", "fp16_gemm_peak_at", "fp16_kept_fp32")}
+    return out
+
+
+GATE_MISSES: dict[str, str] = {}  # variant -> the exporter's message, when a gate was missed

@@ -1,0 +1,184 @@
+"""Pages embedded elsewhere (a GPU box, a Ray job's Parquet target) stored in an index.
+
+`Index.add_embedded(pages)` takes `EmbeddedPage`s (per-page vectors, the image-token grid, where
+the page came from) or ready `PagePoint`s (as `colembed.distributed.read_points` returns them)
+and stores them with the schema `Index.add` writes: same point ids, payload, pooled vectors and
+token table, and the same identity check (a page of another model, variant or export is refused
+with the fields that differ). Every page is checked before any is stored, and a bad one is named
+(path and page): a wrong width, non-finite values, a grid that does not fit the vectors.
+
+`colembed index --from-parquet DIR --db DB` loads what the Ray job's Parquet target wrote; with
+no --model the index takes the identity the rows carry (they must all agree). numpy only here;
+the Parquet reader needs pyarrow (the ray extra).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..errors import InputError
+from .records import ModelIdentity
+from .schema import PAGE_VECTOR, PagePoint, make_point, point_id
+from .errors import ModelMismatchError
+from .store import UPSERT_BATCH, Store
+
+IDENTITY_FIELDS = (*ModelIdentity.CHECKED, "model_source")  # what pages carry of their model
+
+
+def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
+    """`ModelIdentity.mismatches` between two payloads (a field one side predates is not one)."""
+    return [f"{f}: the index has {stored.get(f)!r}, these pages {ours.get(f)!r}"
+            for f in ModelIdentity.CHECKED if stored.get(f) != ours.get(f)
+            and not (f in ModelIdentity.LATER and (f not in stored or f not in ours))]
+
+
+TOKEN_PX = 28  # patch 14 x merge 2: the pixels one merged image token saw (every family so far)
+
+
+@dataclass(frozen=True)
+class EmbeddedPage:
+    """One page embedded elsewhere. `vectors`: the model's output rows for the page (tokens, dim),
+    prompt rows included; `grid`: (rows, cols) of its image tokens, which start at row
+    `image_start`; `path` / 1-based `page` of `pages`: the source; `sha256`: the file's content
+    hash (computed from `path` when omitted, so the file must then exist); `size`: the rendered
+    (width, height) in pixels (default: the grid at 28 px a token)."""
+
+    path: str | os.PathLike
+    page: int
+    vectors: np.ndarray
+    grid: tuple[int, int]
+    image_start: int
+    pages: int = 1
+    sha256: str | None = None
+    size: tuple[int, int] | None = None
+
+
+def _name(path: Any, page: Any) -> str:
+    return f"{path} page {page}"
+
+
+def check_vectors(vectors: Any, dim: int, grid: Sequence[int], image_start: int,
+                  where: str) -> np.ndarray:
+    """The page's vectors as float32 (tokens, dim), or InputError naming the page."""
+    v = np.asarray(vectors, dtype=np.float32)
+    if v.ndim != 2 or v.shape[1] != dim:
+        raise InputError(f"{where}: vectors of shape {v.shape}, the index holds {dim}-d rows")
+    if not np.isfinite(v).all():
+        raise InputError(f"{where}: vectors hold NaN or infinite values")
+    rows, cols = (int(x) for x in grid)
+    if rows < 1 or cols < 1 or image_start < 0 or image_start + rows * cols > len(v):
+        raise InputError(f"{where}: a {rows} x {cols} image-token grid from row {image_start} "
+                         f"does not fit {len(v)} vectors")
+    return v
+
+
+def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int) -> PagePoint:
+    """The point `Index.add` would store for this page."""
+    from ..model import PageLayout
+
+    where = _name(page.path, page.page)
+    if not (1 <= int(page.page) <= int(page.pages)):
+        raise InputError(f"{where}: page must be 1..pages ({page.pages})")
+    v = check_vectors(page.vectors, dim, page.grid, page.image_start, where)
+    path = str(Path(page.path).expanduser().resolve())
+    sha = page.sha256
+    if sha is None:
+        from .sources import file_sha256
+
+        if not Path(path).is_file():
+            raise InputError(f"{where}: no sha256 given and the file is not here to hash")
+        sha = file_sha256(Path(path))
+    rows, cols = (int(x) for x in page.grid)
+    layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=int(page.image_start),
+                        num_tokens=len(v), token_px=TOKEN_PX)
+    width, height = page.size or (cols * TOKEN_PX, rows * TOKEN_PX)
+    return make_point(v, layout, dict(identity, path=path, page=int(page.page),
+                                      pages=int(page.pages), sha256=sha, width=int(width),
+                                      height=int(height)))
+
+
+def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -> PagePoint:
+    """A ready point (a Parquet row) checked as a page would be: id, vectors, grid, identity."""
+    p = point.payload
+    where = _name(p.get("path"), p.get("page"))
+    missing = [f for f in ("path", "page", "pages", "sha256", "grid", "image_start", "model",
+                           "variant", "manifest_sha256", "schema") if f not in p]
+    if missing:
+        raise InputError(f"{where}: payload lacks {missing}")
+    if point.id != point_id(p["sha256"], p["page"], p["path"]):
+        raise InputError(f"{where}: point id {point.id} is not the one its path, page and "
+                         "sha256 make")
+    check_vectors(point.vectors.get(PAGE_VECTOR), dim, p["grid"], p["image_start"], where)
+    if identity is not None:
+        problems = identity_mismatch(p, identity)
+        if problems:
+            raise ModelMismatchError(f"{where}: embedded by another model or export than the "
+                                     "index's (" + "; ".join(problems) + ")")
+    return point
+
+
+def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
+                 identity: dict[str, Any] | None, source: str) -> int:
+    """Check every item, then store them all (in upsert batches); returns the pages stored.
+    `identity`: the model identity the pages must carry (None: the index's stored pages', or, for
+    an empty index, that of the first ready point); `source`: the writer's name (records.py) for
+    pages that carry none."""
+    stored = store.any_payload()
+    if identity is None and stored:
+        identity = {f: stored[f] for f in (*IDENTITY_FIELDS, "model_source") if f in stored}
+    points: list[PagePoint] = []
+    for item in items:
+        if isinstance(item, PagePoint):
+            if identity is None:
+                identity = {f: item.payload[f] for f in (*IDENTITY_FIELDS, "model_source")
+                            if f in item.payload}
+            point = checked_point(item, identity, store.dim)
+            point = PagePoint(point.id, point.vectors,
+                              {"source": source, **point.payload, "schema": store.schema})
+            points.append(point)
+        else:
+            if identity is None:
+                raise InputError("the index is empty and holds no model identity: give a model "
+                                 "(Index(..., model=...)) or identity=")
+            points.append(page_point(item, dict(identity, schema=store.schema, source=source),
+                                     store.dim))
+    if stored and points:
+        problems = identity_mismatch(stored, dict(points[0].payload))
+        if problems:
+            raise ModelMismatchError(f"{store.location}: these pages were embedded by another "
+                                     "model or export (" + "; ".join(problems) + ")")
+    if len({p.id for p in points}) != len(points):
+        raise InputError("the same page (path, page, sha256) is given twice")
+    for lo in range(0, len(points), UPSERT_BATCH * 4):
+        store.upsert(points[lo:lo + UPSERT_BATCH * 4])
+    store.flush()
+    return len(points)
+
+
+def parquet_points(folder: str | os.PathLike) -> list[PagePoint]:
+    """Every page a Ray job's Parquet target wrote (`colembed.distributed.read_points`)."""
+    try:
+        from ..distributed.targets import read_points
+    except ImportError as e:
+        raise InputError(f"reading Parquet needs pyarrow: pip install 'colembed[ray]' ({e})") from None
+    return list(read_points(str(folder)).values())
+
+
+def parquet_dim(points: Sequence[PagePoint]) -> int:
+    if not points:
+        raise InputError("no pages to store")
+    return int(points[0].vectors[PAGE_VECTOR].shape[1])
+
+
+def open_for_embedded(location, dim: int) -> None:
+    """Create an empty index folder of `dim`-d vectors when none is there yet, so pages embedded
+    elsewhere can be stored without loading a model (`colembed index --from-parquet`)."""
+    from .backends import open_store
+
+    if not Path(location).exists() or not any(Path(location).iterdir()):
+        open_store(location, dim=dim).close()

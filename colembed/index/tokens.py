@@ -1,0 +1,174 @@
+"""Token-level candidates: a few centroids per page, scanned in numpy for every query.
+
+Why: a query's answer usually sits in a few percent of a page's tokens (one table cell, one
+caption), while most tokens are blank paper that looks alike on every page. A page-level summary
+(the `mean` vector, row/column pooling) dilutes those few tokens into the background, so a page
+whose mean is ordinary never reaches the exact rerank (issue 19: 8 of 40 local-answer queries at
+10,000 pages). Clustering a page's image tokens keeps a text block as a centroid of its own, and
+the MaxSim of the query against each page's `CENTROIDS` centroids ranks every page (no gate).
+
+Why numpy and not a Qdrant vector: Qdrant's MaxSim over a multivector is a per-pair loop (16
+centroids x 10,000 pages took 0.22 s a query here, 2 s at 100,000); one BLAS matmul over the
+same matrix is ~20x faster, and an HNSW graph over 1.6 million centroid points took 525 s to
+build per 10,000 pages on this 2-core machine (benchmarks/results/search.md).
+
+The table lives beside the store (`TokenTable`: two append-only files, memory-mapped); it is
+derived data, rebuilt from the stored `page` vectors when it does not match the store (a crash
+between the two writes, a folder written by an older colembed). numpy only.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+CENTROIDS = 16  # per page: 3-6 text blocks + background need a few each (bench: 8/16/32)
+KMEANS_ROUNDS = 6
+TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
+IDS_FILE = "tokens.ids"  # 17 bytes a row: uuid bytes + 1 (live) / 0 (deleted), appended
+_ID_BYTES = 17
+
+
+def page_centroids(image_tokens: np.ndarray, k: int = CENTROIDS) -> np.ndarray:
+    """(k, dim) float32: spherical k-means of a page's image tokens (unit-norm centroids).
+    Deterministic: k-means++ seeding from a fixed seed, `KMEANS_ROUNDS` Lloyd rounds. A page with
+    fewer than k tokens repeats its tokens."""
+    x = np.asarray(image_tokens, dtype=np.float32)
+    if len(x) <= k:
+        return _unit(x[np.arange(k) % len(x)])
+    rng = np.random.default_rng(0)
+    centres = [x[rng.integers(len(x))]]
+    gap = 1.0 - x @ centres[0]
+    for _ in range(1, k):
+        p = np.maximum(gap, 0) ** 2
+        centres.append(x[rng.choice(len(x), p=p / p.sum()) if p.sum() > 0 else rng.integers(len(x))])
+        gap = np.minimum(gap, 1.0 - x @ centres[-1])
+    c = np.stack(centres)
+    for _ in range(KMEANS_ROUNDS):
+        member = (np.argmax(x @ c.T, axis=1)[:, None] == np.arange(k)).astype(np.float32)
+        sums = member.T @ x
+        filled = member.sum(axis=0) > 0
+        c[filled] = _unit(sums[filled])
+    return c.astype(np.float32)
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    n = np.linalg.norm(x, axis=-1, keepdims=True)
+    return (x / np.where(n == 0, 1, n)).astype(np.float32)
+
+
+def centroid_scores(table: np.ndarray, query: np.ndarray, chunk: int = 8192) -> np.ndarray:
+    """Per page row of `table` (pages, k, dim): sum over the query's tokens of the best centroid's
+    dot product (MaxSim against the centroids)."""
+    q = np.asarray(query, dtype=np.float32).T
+    out = np.empty(len(table), dtype=np.float32)
+    for lo in range(0, len(table), chunk):
+        block = table[lo:lo + chunk]
+        sims = block.reshape(-1, block.shape[-1]) @ q
+        out[lo:lo + len(block)] = sims.reshape(len(block), block.shape[1], -1).max(axis=1).sum(axis=1)
+    return out
+
+
+class TokenTable:
+    """The centroids of every page of one store, in `folder` (append-only; the newest row of an id
+    wins; deleting appends a tombstone). `rows()` maps the files again after writes."""
+
+    def __init__(self, folder: Path, dim: int, k: int = CENTROIDS) -> None:
+        self.folder, self.dim, self.k = Path(folder), dim, k
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._table: np.ndarray | None = None
+        self._live: np.ndarray | None = None  # row -> id string (None when dead)
+        self._dirty = True
+
+    @property
+    def _row_bytes(self) -> int:
+        return self.k * self.dim * 4
+
+    def append(self, ids: Sequence[str], centroids: Sequence[np.ndarray]) -> None:
+        if not ids:
+            return
+        data = np.ascontiguousarray(np.stack(centroids), dtype=np.float32)
+        if data.shape[1:] != (self.k, self.dim):
+            raise ValueError(f"centroids of shape {data.shape[1:]}, table holds {(self.k, self.dim)}")
+        self._write(ids, data, live=True)
+
+    def delete(self, ids: Sequence[str]) -> None:
+        if ids:
+            self._write(ids, np.zeros((len(ids), self.k, self.dim), np.float32), live=False)
+
+    def _write(self, ids: Sequence[str], data: np.ndarray, live: bool) -> None:
+        # the table first, then the ids: a crash leaves table rows without an id (ignored)
+        with open(self.folder / TABLE_FILE, "ab") as f:
+            f.write(data.tobytes())
+            f.flush()
+            os.fsync(f.fileno())
+        flag = b"\x01" if live else b"\x00"
+        with open(self.folder / IDS_FILE, "ab") as f:
+            f.write(b"".join(uuid.UUID(i).bytes + flag for i in ids))
+            f.flush()
+            os.fsync(f.fileno())
+        self._dirty = True
+
+    def _load(self) -> None:
+        ids_path, table_path = self.folder / IDS_FILE, self.folder / TABLE_FILE
+        raw = ids_path.read_bytes() if ids_path.is_file() else b""
+        n_table = (table_path.stat().st_size // self._row_bytes) if table_path.is_file() else 0
+        n = min(len(raw) // _ID_BYTES, n_table)
+        records = np.frombuffer(raw[:n * _ID_BYTES], dtype=np.uint8).reshape(n, _ID_BYTES)
+        keys = np.ascontiguousarray(records[:, :16]).view("V16").ravel()
+        # the newest row of each id decides: live rows kept only where they are the newest
+        order = np.arange(n)[::-1]
+        _, first = np.unique(keys[order], return_index=True)
+        newest = order[first]
+        newest = newest[records[newest, 16] == 1]
+        newest.sort()
+        self._rows = newest
+        self._ids = [str(uuid.UUID(bytes=records[r, :16].tobytes())) for r in newest]
+        self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
+                                 shape=(n_table, self.k, self.dim)) if n_table else
+                       np.zeros((0, self.k, self.dim), np.float32))
+        self._dirty = False
+
+    def ids(self) -> list[str]:
+        if self._dirty:
+            self._load()
+        return self._ids
+
+    def __len__(self) -> int:
+        return len(self.ids())
+
+    def top(self, query: np.ndarray, limit: int) -> list[str]:
+        """The ids of the `limit` pages whose centroids best match the query."""
+        ids = self.ids()
+        if not ids:
+            return []
+        scores = centroid_scores(self._table, query)[self._rows]
+        limit = min(limit, len(ids))
+        best = np.argpartition(-scores, limit - 1)[:limit]
+        return [ids[i] for i in best[np.argsort(-scores[best])]]
+
+    def reset(self) -> None:
+        for name in (TABLE_FILE, IDS_FILE):
+            (self.folder / name).unlink(missing_ok=True)
+        self._dirty = True
+
+    def rebuild(self, pages: Iterable[tuple[str, np.ndarray]],
+                progress: Callable[[int], None] | None = None) -> int:
+        """Replace the table by the centroids of `pages` ((id, image tokens) pairs)."""
+        self.reset()
+        done, ids, cents = 0, [], []
+        for pid, tokens in pages:
+            ids.append(pid)
+            cents.append(page_centroids(tokens, self.k))
+            if len(ids) == 256:
+                self.append(ids, cents)
+                done += len(ids)
+                ids, cents = [], []
+                if progress:
+                    progress(done)
+        self.append(ids, cents)
+        return done + len(ids)

@@ -1,0 +1,189 @@
+"""The token stage (tokens.py, plan.py) and pages embedded elsewhere (embedded.py).
+
+The local-answer case is built small: 40 pages of background tokens near one shared direction,
+each with one text block of its own; the needle page's block is what the query is about, and a
+dozen distractor pages lean faintly toward the query with every token, so their mean vectors beat
+the needle's. The mean-gated schema-2 plan (shrunk limits) then never lets the needle reach the
+rerank; the token plan (shrunk the same way) must.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+from colembed.cli import main
+from colembed.errors import InputError
+from colembed.index import Index, plan as plan_module
+from colembed.index.edge import TOKENS_DIR, upgrade_index
+from colembed.index.embedded import EmbeddedPage
+from colembed.index.schema import PAGE_VECTOR, make_point
+from colembed.index.backends import open_store
+from colembed.index.errors import ModelMismatchError, OldIndexWarning
+from colembed.index.tokens import TokenTable, centroid_scores, page_centroids
+from colembed.model import PageLayout
+
+DIM = 16
+ROWS, COLS, START = 6, 6, 2
+N_PAGES, NEEDLE, DISTRACTORS = 40, 23, range(0, 12)
+
+
+def _unit(x):
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _world():
+    rng = np.random.default_rng(5)
+    background, answer = _unit(rng.standard_normal(DIM)), _unit(rng.standard_normal(DIM))
+    answer = _unit(answer - (answer @ background) * background)  # the answer is not paper
+    return rng, background, answer
+
+
+def _local_pages():
+    rng, background, answer = _world()
+    pages = []
+    for i in range(N_PAGES):
+        grid = background + 0.2 * rng.standard_normal((ROWS, COLS, DIM)) / np.sqrt(DIM)
+        topic = answer if i == NEEDLE else _unit(rng.standard_normal(DIM))
+        grid[1, 1:4] = topic + 0.1 * rng.standard_normal((3, DIM)) / np.sqrt(DIM)  # 3 of 36
+        if i in DISTRACTORS:
+            grid = grid + 0.35 * answer  # every token a little toward the query: a high mean
+        prompt = _unit(np.ones((START, DIM)))
+        pages.append(np.concatenate([prompt, _unit(grid.reshape(-1, DIM))]))
+    query = _unit(answer + 0.05 * rng.standard_normal((3, DIM)) / np.sqrt(DIM))
+    return pages, query
+
+
+LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
+                    num_tokens=START + ROWS * COLS, token_px=28)
+
+
+def _payload(i: int) -> dict:
+    return {"path": f"/docs/{i}.pdf", "page": 1, "pages": 1, "sha256": f"{i:064x}", "width": 168,
+            "height": 168, "model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
+            "model_source": "/m"}
+
+
+@pytest.fixture
+def small_plans(monkeypatch):
+    for name, value in (("MEAN_CANDIDATES", 3), ("MEAN_POOL", 8), ("POOLED_CANDIDATES", 2),
+                        ("TOKEN_CANDIDATES", 3), ("TOKEN_MEAN_CANDIDATES", 2)):
+        monkeypatch.setattr(plan_module, name, value)
+
+
+def test_the_token_plan_finds_a_local_answer_the_mean_gated_plan_misses(tmp_path, small_plans):
+    pages, query = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    store.upsert(points)
+    needle = points[NEEDLE].id
+    exact, = store.search([query], 3, "exact")
+    assert exact[0].id == needle
+    assert store.has_tokens()
+    fast, = store.search([query], 3, "two-stage")
+    assert fast[0].id == needle and fast[0].score == pytest.approx(exact[0].score, rel=1e-5)
+    store.use_tokens = False  # the schema-2 plan: the mean gates the rows / cols pool
+    gated, = store.search([query], 3, "two-stage")
+    assert needle not in {h.id for h in gated}
+    store.close()
+
+
+def test_centroids_keep_a_small_block_apart_from_the_background():
+    pages, query = _local_pages()
+    c = page_centroids(pages[NEEDLE][START:], 4)
+    assert c.shape == (4, DIM) and np.allclose(np.linalg.norm(c, axis=1), 1, atol=1e-5)
+    scores = centroid_scores(np.stack([page_centroids(p[START:], 4) for p in pages]), query)
+    assert int(np.argmax(scores)) == NEEDLE
+
+
+def test_token_table_newest_row_wins_deletes_and_ignores_a_torn_write(tmp_path):
+    table = TokenTable(tmp_path, DIM, k=2)
+    ids = [f"00000000-0000-0000-0000-00000000000{i}" for i in range(3)]
+    rows = [_unit(np.full((2, DIM), i + 1.0) * np.eye(DIM)[i]) for i in range(3)]
+    table.append(ids, rows)
+    table.append(ids[:1], [rows[2]])  # id 0 now looks like id 2
+    table.delete(ids[1:2])
+    with open(tmp_path / "tokens.f32", "ab") as f:  # a crash after the table, before the ids
+        f.write(np.zeros((2, DIM), np.float32).tobytes())
+    again = TokenTable(tmp_path, DIM, k=2)
+    assert sorted(again.ids()) == sorted([ids[0], ids[2]])
+    assert set(again.top(rows[2][:1], 2)) == {ids[0], ids[2]}
+    assert again.top(rows[1][:1], 1) != [ids[1]]
+
+
+def test_a_folder_without_a_current_token_table_warns_and_upgrade_rebuilds_it(tmp_path,
+                                                                               small_plans):
+    pages, query = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
+    store.close()
+    for f in (tmp_path / "db" / TOKENS_DIR).iterdir():  # as a folder of colembed 0.2 has it
+        f.unlink()
+    store = open_store(tmp_path / "db")
+    with pytest.warns(OldIndexWarning, match="token table.*colembed upgrade"):
+        gated, = store.search([query], 3, "two-stage")
+    assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in gated}
+    store.close()
+    assert upgrade_index(tmp_path / "db") == N_PAGES
+    store = open_store(tmp_path / "db")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hits, = store.search([query], 3, "two-stage")
+    assert hits[0].payload["sha256"] == f"{NEEDLE:064x}" and store.count() == N_PAGES
+    store.close()
+    assert upgrade_index(tmp_path / "db") == 0
+
+
+IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
+            "model_source": "/m"}
+
+
+def test_add_embedded_stores_pages_as_add_would_and_names_a_bad_one(tmp_path):
+    pages, query = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    store.close()
+    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}")
+             for i, v in enumerate(pages)]
+    with Index(tmp_path / "db") as index:
+        bad = EmbeddedPage("/docs/bad.pdf", 2, pages[0][:, :8], (ROWS, COLS), START, pages=3,
+                           sha256="0" * 64)
+        with pytest.raises(InputError, match="bad.pdf page 2.*16-d"):
+            index.add_embedded([*given[:3], bad], identity=IDENTITY)
+        assert len(index) == 0  # every page is checked before any is stored
+        with pytest.raises(InputError, match="does not fit"):
+            index.add_embedded([EmbeddedPage("/d.pdf", 1, pages[0], (7, 7), START, sha256="1")],
+                               identity=IDENTITY)
+        assert index.add_embedded(given, identity=IDENTITY) == N_PAGES
+        hits = index.store.search([query], 1, "exact")[0]
+        assert hits[0].payload["path"] == f"/docs/{NEEDLE}.pdf"
+        assert hits[0].payload["grid"] == [ROWS, COLS] and hits[0].payload["model"] == "m"
+        other = dict(IDENTITY, manifest_sha256="other")
+        with pytest.raises(ModelMismatchError, match="manifest_sha256"):
+            index.add_embedded(given[:1], identity=other)
+        assert index.add_embedded(given[:2]) == 2  # the stored identity, again: idempotent
+        assert len(index) == N_PAGES
+
+
+def test_from_parquet_loads_what_the_ray_target_writes(tmp_path, capsys):
+    pq = pytest.importorskip("pyarrow.parquet")
+    from colembed.distributed.targets import _table
+
+    pages, query = _local_pages()
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    (tmp_path / "pq").mkdir()
+    pq.write_table(_table(points[:25], DIM), tmp_path / "pq" / "part-a.parquet")
+    pq.write_table(_table(points[20:], DIM), tmp_path / "pq" / "part-b.parquet")  # overlap
+    assert main(["index", "--from-parquet", str(tmp_path / "pq"), "--db", str(tmp_path / "db"),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == {"added_pages": N_PAGES, "pages": N_PAGES}
+    store = open_store(tmp_path / "db")
+    hits, = store.search([query], 1, "two-stage")
+    assert hits[0].id == points[NEEDLE].id
+    stored = store.points([points[3].id])[points[3].id]
+    np.testing.assert_allclose(stored.vectors[PAGE_VECTOR], points[3].vectors[PAGE_VECTOR],
+                               atol=2e-3)
+    assert store.has_tokens()
+    store.close()
