@@ -68,18 +68,20 @@ def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
     return folder
 
 
-def run(checkpoint: Path, out: Path) -> dict:
+def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
     from colembed_export.exporter import export_model
 
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
-    report = export_model(checkpoint, out, random_weights=True, overwrite=True,
+    report = export_model(checkpoint, out, random_weights=True, overwrite=True, variants=variants,
                           progress=lambda m: print(f"[export] {m}", file=sys.stderr, flush=True))
     seconds = time.perf_counter() - start
     peak = max(step["peak_rss_gb"] for step in report.steps)
     return {"weights_gb": round(weights / 1e9, 3), "seconds": round(seconds, 1),
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
             "steps": report.steps, "check": report.check.get("fp32", {}),
+            "variants": list(variants),
+            "variant_buckets": {v: report.check[v].get("buckets") for v in variants},
             "architecture": report.manifest.architecture.to_dict()}
 
 
@@ -92,7 +94,8 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         "",
         f"Checkpoint: random weights, {widths} widths, {arch['vision_depth']} vision blocks + "
         f"{arch['text_layers']} text layers, {result['weights_gb']:.2f} GB of fp32 weights. "
-        "Export with the check on (defaults of `colembed export`).",
+        "Export with the check on (defaults of `colembed export`)"
+        + (f", variants {','.join(result['variants'])}." if result.get("variants") else "."),
         "",
         f"**Total {result['seconds'] / 60:.1f} min, peak RSS {result['peak_rss_gb']:.2f} GB = "
         f"{result['peak_over_weights']:.2f}x the fp32 weights** (target <= {TARGET_PEAK_RATIO}x). "
@@ -121,6 +124,7 @@ def main() -> int:
     parser.add_argument("--text-layers", type=int, help="default: the preset's")
     parser.add_argument("--workdir", default="/tmp/colembed-bench-export")
     parser.add_argument("--clean", action="store_true", help="delete the work folder at the end")
+    parser.add_argument("--variants", default="", help="e.g. int8,fp16 (the variant step measured too)")
     parser.add_argument("--results", help="results path without extension (default "
                         "benchmarks/results/export for colqwen2, export-colqwen2_5 for colqwen2.5)")
     args = parser.parse_args()
@@ -134,7 +138,8 @@ def main() -> int:
     workdir = safe_fs.make_work_folder(args.workdir, "bench_export")
     checkpoint = checkpoint_in(workdir, args.family, args.preset or preset,
                                args.vision_depth or depth, args.text_layers or layers)
-    result = run(checkpoint, workdir / "model")
+    variants = tuple(v for v in args.variants.split(",") if v)
+    result = run(checkpoint, workdir / "model", variants)
     result["family"] = args.family
     Path(results).parent.mkdir(parents=True, exist_ok=True)
     Path(results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")

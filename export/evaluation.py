@@ -2,8 +2,13 @@
 
 Both halves of a gate run through the colembed runtime on the staged folder, exactly as users
 would load the variant:
-- cosine: the exporter's sample pages and queries (verify.py), every token of every item, mean
-  and min (a NaN or an overflow anywhere fails it);
+- cosine: every token of every item of the gate set (`gate_items`), which samples the input
+  space users send: queries from one token to the model's bound (dynamic activation ranges grow
+  with length: whatever holds at 20 tokens says little about 779), pages from the smallest to
+  the full image-token budget and at extreme aspect ratios, and mixed batches (a batch's items
+  share a run, and with per-tensor activation scales one scale). Figures per item (by name), per
+  length bucket, and overall mean and min (a NaN or an overflow anywhere fails it); the gate
+  holds every bucket's mean and every token's minimum, and names the worst item;
 - ranking: `RANKING_PAGES` generated pages and, as queries, a perturbed copy of each page (noise,
   brightness), embedded by the same graphs. The set is built so that fp32 has clear winners:
   each query's own page must beat the runner-up by `CLEAR_MARGIN` (relative) under fp32, and
@@ -25,6 +30,13 @@ RANKING_SIZE = (112, 140)  # width, height: 4 x 5 image tokens, one grid, fast a
 CLEAR_MARGIN = 0.005  # fp32's winner beats the runner-up by 0.5% of its score (page prompt
 # tokens, shared by all pages, are part of every score: measured margins are ~1% on the fixtures)
 MIN_CLEAR_QUERIES = 16
+# One sentence repeated to reach a length (the issue's 221-token query was one sentence x 8).
+GATE_SENTENCE = "Net revenue in the northern region grew by 12% while operating costs fell. "
+CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product line? "
+GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
+QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
+PAGE_BUCKETS = (64, 256)
+BUCKET_LABELS = {"query": "queries", "page": "pages"}  # upper bounds of the page image-token buckets; the last to the budget
 
 
 def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.ndarray:
@@ -37,6 +49,88 @@ def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.n
         norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
         values.append(np.sum(a64 * b64, axis=1) / np.maximum(norms, 1e-30))
     return np.concatenate(values) if values else np.zeros(0)
+
+
+def repeated(sentence: str, tokens: int, count: Any) -> str:
+    """`sentence` repeated until `count(text)` (tokens with the query prefix and suffix) reaches
+    `tokens`; a longer target than the bound is cut there by the runtime."""
+    import warnings
+
+    from colembed.errors import QueryTruncatedWarning
+
+    text = sentence
+    with warnings.catch_warnings():  # counting past the bound is the point here
+        warnings.simplefilter("ignore", QueryTruncatedWarning)
+        while count(text) < tokens and len(text) < 40 * tokens:
+            text += sentence
+    return text
+
+
+def gate_queries(model: Any) -> list[tuple[str, str]]:
+    """(name, text) of the gate's queries: one word, the sample queries, repeated sentences of
+    ~64, 221 and 450 tokens and one at the model's bound (`max_query_tokens`)."""
+    from .verify import SAMPLE_QUERIES
+
+    encoder = model.text_encoder
+    count, bound = encoder.count_query_tokens, encoder.max_query_tokens
+    found = [("one word", "invoice")]
+    found += [(f"sample query {i}", q) for i, q in enumerate(SAMPLE_QUERIES)]
+    for tokens in (*[t for t in GATE_QUERY_LENGTHS if t < bound], bound):
+        found.append((f"sentence repeated to {tokens} tokens", repeated(GATE_SENTENCE, tokens, count)))
+    return found
+
+
+def gate_pages(model: Any) -> list[tuple[str, Any]]:
+    """(name, image) of the gate's pages: the sample pages, the smallest page (below the minimum
+    pixel budget), a full-budget page (a letter page scaled to the image-token budget), a wide
+    and a tall strip (aspect ratio 50)."""
+    from PIL import Image, ImageDraw
+
+    from .verify import sample_pages
+
+    rng = np.random.default_rng(7)
+    found = [(f"sample page {i} {p.size[0]}x{p.size[1]}", p) for i, p in enumerate(sample_pages())]
+    found.append(("smallest page 20x20", Image.fromarray(rng.integers(0, 256, (20, 20, 3), np.uint8))))
+    letter = Image.new("RGB", (1700, 2200), "white")
+    draw = ImageDraw.Draw(letter)
+    for row in range(40):
+        y = 80 + row * 50
+        draw.rectangle([100, y, 100 + int(rng.integers(300, 1500)), y + 18], fill=(25, 25, 25))
+    letter.paste(Image.fromarray(rng.integers(0, 256, (500, 700, 3), np.uint8)), (900, 1200))
+    found.append(("full-budget letter page 1700x2200", letter))
+    found.append(("wide strip 2000x40", Image.fromarray(rng.integers(0, 256, (40, 2000, 3), np.uint8))))
+    found.append(("tall strip 40x2000", Image.fromarray(rng.integers(0, 256, (2000, 40, 3), np.uint8))))
+    return found
+
+
+def bucket_name(kind: str, tokens: int) -> str:
+    edges = QUERY_BUCKETS if kind == "query" else PAGE_BUCKETS
+    low = 1
+    for high in edges:
+        if tokens <= high:
+            return f"{BUCKET_LABELS[kind]} {low}-{high} tokens"
+        low = high + 1
+    return f"{BUCKET_LABELS[kind]} {low}+ tokens"
+
+
+def item_figures(items: Sequence[tuple[str, str, int, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+    """Per item (name, kind, bucket tokens, got, want) and per bucket: mean and min cosine; the
+    worst item by name."""
+    per_item: dict[str, Any] = {}
+    buckets: dict[str, list[np.ndarray]] = {}
+    for name, kind, tokens, got, want in items:
+        cos = token_cosines([got], [want])
+        per_item[name] = {"kind": kind, "tokens": int(got.shape[0]), "bucket_tokens": int(tokens),
+                          "mean": float(cos.mean()), "min": float(cos.min())}
+        buckets.setdefault(bucket_name(kind, tokens), []).append(cos)
+    worst = min(per_item, key=lambda n: per_item[n]["min"]) if per_item else None
+    return {
+        "items": per_item,
+        "buckets": {b: {"mean": float(np.concatenate(c).mean()), "min": float(np.concatenate(c).min()),
+                        "items": len(c), "tokens": int(sum(x.size for x in c))}
+                    for b, c in sorted(buckets.items())},
+        "worst_item": worst,
+    }
 
 
 def cosine_figures(got_pages, want_pages, got_queries, want_queries) -> dict[str, Any]:
@@ -104,6 +198,42 @@ def embed_ranking_set(model: Any, pages: Sequence[Any], queries: Sequence[Any]) 
     return maxsim(model.embed_images(queries, batch_size=batch), model.embed_images(pages, batch_size=batch))
 
 
+def _embed_gate_set(model: Any, queries: Sequence[tuple[str, str]],
+                    pages: Sequence[tuple[str, Any]]) -> dict[str, list[np.ndarray]]:
+    """The gate set's vectors by `model`: every item alone, then the mixed batches (all pages in
+    one call; the three longest queries, of similar lengths, in one call)."""
+    import warnings
+
+    from colembed.errors import QueryTruncatedWarning
+
+    texts = [q for _, q in queries]
+    images = [p for _, p in pages]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QueryTruncatedWarning)
+        alone_queries = [model.embed_queries([t])[0] for t in texts]
+        mixed_queries = model.embed_queries(texts[-3:], batch_size=3)
+    alone_pages = [model.embed_images([p], batch_size=1)[0] for p in images]
+    mixed_pages = model.embed_images(images, batch_size=len(images))
+    return {"queries": alone_queries, "pages": alone_pages, "mixed_queries": mixed_queries,
+            "mixed_pages": mixed_pages}
+
+
+def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarray, np.ndarray]]:
+    """(name, kind, tokens for the bucket, got, want); mixed-batch items are judged against fp32
+    run alone (a batch must not change an item's vectors)."""
+    items = []
+    for (name, _), g, w in zip(queries, got["queries"], want["queries"]):
+        items.append((f"query: {name}", "query", w.shape[0], g, w))
+    for (name, _), g, w in zip(queries[-3:], got["mixed_queries"], want["queries"][-3:]):
+        items.append((f"query in a mixed batch: {name}", "query", w.shape[0], g, w))
+    image_tokens = [w.shape[0] for w in want["pages"]]
+    for (name, _), g, w, n in zip(pages, got["pages"], want["pages"], image_tokens):
+        items.append((f"page: {name}", "page", n, g, w))
+    for (name, _), g, w, n in zip(pages, got["mixed_pages"], want["pages"], image_tokens):
+        items.append((f"page in a mixed batch: {name}", "page", n, g, w))
+    return items
+
+
 def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
                       measured: dict[str, dict[str, Any]] | None = None
                       ) -> tuple[dict[str, Any], list[str]]:
@@ -111,13 +241,10 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     `measured` adds what each variant's recipes measured while writing it (gated too)."""
     import colembed
 
-    from .verify import SAMPLE_QUERIES, sample_pages
-
-    pages, queries = sample_pages(), list(SAMPLE_QUERIES)
     rank_pages, rank_queries = ranking_set()
     reference = colembed.load(folder, verify=False)
-    want_pages = reference.embed_images(pages, batch_size=len(pages))
-    want_queries = reference.embed_queries(queries)
+    queries, pages = gate_queries(reference), gate_pages(reference)
+    want = _embed_gate_set(reference, queries, pages)
     fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
     del reference
     clear = clear_winners(fp32_scores)
@@ -128,16 +255,21 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     failures: list[str] = []
     for name in names:
         model = colembed.load(folder, variant=name, verify=False)
-        figures = cosine_figures(model.embed_images(pages, batch_size=len(pages)), want_pages,
-                                 model.embed_queries(queries), want_queries)
+        got = _embed_gate_set(model, queries, pages)
+        figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
+                                 got["queries"] + got["mixed_queries"],
+                                 want["queries"] + want["queries"][-3:])
+        figures.update(item_figures(_gate_items(queries, pages, got, want)))
         figures["ranking"] = top1_agreement(embed_ranking_set(model, rank_pages, rank_queries),
                                             fp32_scores, clear)
         del model
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
                         "pages": len(pages), "queries": len(queries)})
         results[name] = figures
+        worst = figures["worst_item"]
         failures += [f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min "
-                     f"{figures['min_cosine']:.5f} over {figures['tokens']} tokens)"
+                     f"{figures['min_cosine']:.5f} over {figures['tokens']} tokens; worst item "
+                     f"{worst!r}: min {figures['items'][worst]['min']:.5f})"
                      for miss in gates[name].misses(figures)]
     return results, failures
 
@@ -159,6 +291,18 @@ def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
             return _run(feeds, run_options)
 
         session.run = run
+    import warnings
+
+    from colembed.errors import QueryTruncatedWarning
+
     runtime.embed_images(sample_pages() + ranking_set(4, seed=1)[0])
     runtime.embed_queries(list(SAMPLE_QUERIES))
+    # A long query of another sentence than the gate's: activation profiles of text tokens at
+    # length, which pages (image tokens) do not show.
+    encoder = runtime.text_encoder
+    long_query = repeated(CALIBRATION_SENTENCE, encoder.max_query_tokens // 2,
+                          encoder.count_query_tokens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QueryTruncatedWarning)
+        runtime.embed_queries([long_query])
     return recorded

@@ -137,6 +137,11 @@ def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
         if id(weight) not in half_weights:
             half_weights[id(weight)] = _initializer(graph, f"{weight.name}_fp16",
                                                     array.astype(np.float16))
+            del array
+            if len(weight.uses()) == 1:  # streamed: the fp32 pages leave RSS weight by weight
+                from .quantise import release
+
+                release(weight)
         inputs = list(node.inputs)
         inputs[weight_slot] = half_weights[id(weight)]
         if node.op_type == "Gemm" and len(inputs) > 2 and inputs[2] is not None:
@@ -272,14 +277,38 @@ def _probe(src: Path, outputs: Callable[[Any], list[str]]) -> Iterator[tuple[Any
 
 
 def channel_maxima(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Per-channel max |value| of the named intermediate tensors of the graph at `src`, by
-    onnxruntime on `feeds`."""
-    maxima: dict[str, np.ndarray] = {}
-    with _probe(src, lambda graph: list(names)) as (session, _):
+    """Per-channel (last axis) max |value| of the named intermediate tensors of the graph at
+    `src`, by onnxruntime over all `feeds`."""
+    per_feed = channel_maxima_per_feed(src, names, feeds)
+    return {name: np.max(peaks, axis=0) for name, peaks in per_feed.items()}
+
+
+def channel_maxima_per_feed(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]
+                            ) -> dict[str, list[np.ndarray]]:
+    """Per-channel (last axis) max |value| of the named intermediate tensors, one vector per feed
+    (a page's channel profile differs from a query's: a maximum over both hides the query's).
+    Reduced inside the graph (Flatten, Abs, ReduceMax), so a 779-token query at full width
+    returns vectors, not every intermediate tensor."""
+    import onnx
+
+    def channel_peaks(graph: Any) -> list[str]:
+        axis = onnx.helper.make_tensor("channel_peak_axis0", onnx.TensorProto.INT64, [1], [0])
+        graph.initializer.append(axis)
+        outs = []
+        for i, name in enumerate(names):
+            graph.node.extend([
+                onnx.helper.make_node("Flatten", [name], [f"channel_rows_{i}"], axis=-1),
+                onnx.helper.make_node("Abs", [f"channel_rows_{i}"], [f"channel_abs_{i}"]),
+                onnx.helper.make_node("ReduceMax", [f"channel_abs_{i}", "channel_peak_axis0"],
+                                      [f"channel_peak_{i}"], keepdims=0)])
+            outs.append(f"channel_peak_{i}")
+        return outs
+
+    maxima: dict[str, list[np.ndarray]] = {name: [] for name in names}
+    with _probe(src, channel_peaks) as (session, outs):
         for feed in feeds:
-            for name, out in zip(names, session.run(list(names), feed)):
-                peak = np.abs(out.reshape(-1, out.shape[-1])).max(axis=0)
-                maxima[name] = peak if name not in maxima else np.maximum(maxima[name], peak)
+            for name, peak in zip(names, session.run(outs, feed)):
+                maxima[name].append(peak)
     return maxima
 
 
@@ -317,20 +346,27 @@ def fp16_gemm_peaks(model: Any, src: Path, calibration: Sequence[dict[str, Any]]
     return {n.name: max(peaks[n.inputs[0].name], peaks[n.outputs[0].name]) for n in gemms}
 
 
-def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict[str, Any]],
-                               *, alpha: float) -> int:
-    """SmoothQuant smoothing of every `_smoothable_groups` group in place; returns the count.
+def smoothing_factors(model: Any, src: Path, calibration: Sequence[dict[str, Any]], *,
+                      alpha: float, maxima: dict[str, np.ndarray] | None = None
+                      ) -> dict[str, np.ndarray]:
+    """SmoothQuant's factors for every `_smoothable_groups` group: {MatMul name: s}, with the
+    norm's scale (and LayerNorm bias) divided by s in place; the caller multiplies each named
+    MatMul's weight rows by s (the int8 recipe does it while quantising, weight by weight).
 
     s_k = max|X_k|^alpha / max|W_k|^(1-alpha) over the group's weights, from `calibration` feeds
-    of the fp32 graph at `src` (the same graph as `model`).
+    of the fp32 graph at `src` (the same graph as `model`), or from `maxima` (per-channel max |X|
+    by tensor name) when the caller measured them already.
     """
     import onnx_ir as ir
 
     groups = _smoothable_groups(model)
     if not groups:
-        return 0
-    maxima = channel_maxima(src, [node.outputs[0].name for node, _, _ in groups], calibration)
+        return {}
+    names = [node.outputs[0].name for node, _, _ in groups]
+    if maxima is None or not set(names) <= set(maxima):
+        maxima = channel_maxima(src, names, calibration)
     low, high = SMOOTHING_BOUNDS
+    factors: dict[str, np.ndarray] = {}
     for node, scale, users in groups:
         act = np.maximum(maxima[node.outputs[0].name], 1e-5)
         weight_peak = np.max([np.abs(_const_float(u.inputs[1])).max(axis=1) for u in users], axis=0)
@@ -342,8 +378,22 @@ def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict
         for value in targets:
             value.const_value = ir.tensor(_const_float(value) / s, name=value.name)
         for user in users:
-            w = user.inputs[1]
-            if len(w.uses()) > 1:
-                raise ExportError(f"{w.name}: a weight shared outside its smoothing group")
-            w.const_value = ir.tensor(_const_float(w) * s[:, None], name=w.name)
-    return len(groups)
+            if len(user.inputs[1].uses()) > 1:
+                raise ExportError(f"{user.inputs[1].name}: a weight shared outside its smoothing group")
+            factors[user.name] = s
+    return factors
+
+
+def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict[str, Any]],
+                               *, alpha: float) -> int:
+    """`smoothing_factors` with the weights multiplied in place too (an fp32 graph computing the
+    same function); returns how many MatMuls were smoothed. Holds every smoothed weight in
+    memory: the int8 recipe folds the factors while quantising instead."""
+    import onnx_ir as ir
+
+    factors = smoothing_factors(model, src, calibration, alpha=alpha)
+    for node in model.graph:
+        if node.name in factors:
+            w = node.inputs[1]
+            w.const_value = ir.tensor(_const_float(w) * factors[node.name][:, None], name=w.name)
+    return len(factors)

@@ -57,15 +57,16 @@ def test_smoothed_int8_runs_the_plain_recipes_ops(calibrations, family, role, tm
     for label, feeds in (("smoothed", calibration[role]), ("plain", None)):
         work = tmp_path / label
         work.mkdir()
-        model = quantize_int8(src, work, calibration=feeds)
+        model, _ = quantize_int8(src, work, calibration=feeds, scheme="tensor")
         finish(model)
         weights[label] = {name: v.const_value.numpy().copy() for name, v in model.graph.initializers.items()
-                          if v.const_value is not None and name.endswith("_quantized")}
+                          if v.const_value is not None and name.endswith("_w_int8")}
         save_graph(model, work, f"{role}.int8.onnx", external=False)
         ops[label] = _optimised_ops(work / f"{role}.int8.onnx", work)
     assert ops["smoothed"] == ops["plain"]
     fused = {op for op, _, _ in ops["plain"]}
-    assert {"DynamicQuantizeMatMul"} <= fused and "MatMulInteger" not in fused
+    # the streamed quantiser writes quantize_dynamic's nodes: onnxruntime fuses every one
+    assert fused & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} and "MatMulInteger" not in fused
     assert weights["smoothed"].keys() == weights["plain"].keys()
     assert any(not np.array_equal(weights["smoothed"][k], weights["plain"][k]) for k in weights["plain"])
 

@@ -179,6 +179,7 @@ def test_parse_variants():
 # ---------------------------------------------------------------------------------- runtime
 @pytest.mark.parametrize("name", ALL)
 def test_load_by_name_matches_fp32(exported_variants, name):
+    """Loading by name gives the graphs the gate judged: each sample item's figure again."""
     import colembed
     from colembed_export.verify import SAMPLE_QUERIES, sample_pages
 
@@ -186,12 +187,32 @@ def test_load_by_name_matches_fp32(exported_variants, name):
     model = colembed.load(folder, variant=name)
     reference = colembed.load(folder)
     assert model.variant == name
-    pages = sample_pages()
-    figures = E.cosine_figures(model.embed_images(pages), reference.embed_images(pages),
-                               model.embed_queries(list(SAMPLE_QUERIES)),
-                               reference.embed_queries(list(SAMPLE_QUERIES)))
-    recorded = exported_variants.manifest.checks[name]
-    assert figures["mean_cosine"] == pytest.approx(recorded["mean_cosine"], abs=1e-6)
+    recorded = exported_variants.manifest.checks[name]["items"]
+    for i, query in enumerate(SAMPLE_QUERIES):
+        cos = E.token_cosines(model.embed_queries([query]), reference.embed_queries([query]))
+        assert cos.mean() == pytest.approx(recorded[f"query: sample query {i}"]["mean"], abs=1e-6)
+    for i, page in enumerate(sample_pages()):
+        cos = E.token_cosines(model.embed_images([page], batch_size=1),
+                              reference.embed_images([page], batch_size=1))
+        label = f"page: sample page {i} {page.size[0]}x{page.size[1]}"
+        assert cos.mean() == pytest.approx(recorded[label]["mean"], abs=1e-6)
+
+
+def test_gate_figures_cover_lengths_pages_and_mixed_batches(exported_variants):
+    """The recorded gate set reaches the query bound, the smallest and the full-budget page,
+    both strips and mixed batches, with a bucket per length range and the worst item named."""
+    figures = exported_variants.manifest.checks["int8"]
+    items = figures["items"]
+    bound = max(row["tokens"] for n, row in items.items() if n.startswith("query: "))
+    assert bound == 779  # tiny's budget: 768 image tokens + the page prompt
+    for label in ("page: smallest page 20x20", "page: full-budget letter page 1700x2200",
+                  "page: wide strip 2000x40", "page: tall strip 40x2000",
+                  "query in a mixed batch: sentence repeated to 779 tokens",
+                  "page in a mixed batch: wide strip 2000x40"):
+        assert label in items, sorted(items)
+    assert set(figures["buckets"]) >= {"queries 1-16 tokens", "queries 257+ tokens",
+                                       "pages 1-64 tokens", "pages 257+ tokens"}
+    assert items[figures["worst_item"]]["min"] == pytest.approx(figures["min_cosine"], abs=1e-9)
 
 
 def test_unknown_variant_names_the_ones_there(exported_variants):
@@ -234,3 +255,64 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
         export_model(tiny_checkpoint, out, check=False, variants=["int8"])
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
+
+
+def _break_tokens_past(model, position: int) -> None:
+    """Flip the sign of every output vector at or past `position` (a variant that holds on short
+    inputs and fails long ones, as per-tensor int8 did under trained-like activations)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    out = graph.outputs[0]
+    name, out.name = out.name, f"{out.name}_unbroken"
+
+    def const(label, array):
+        value = ir.Value(name=label, const_value=ir.tensor(np.asarray(array), name=label))
+        graph.register_initializer(value)
+        return value
+
+    nodes = [ir.node("Shape", [out], attributes={"start": 1, "end": 2})]
+    nodes.append(ir.node("Squeeze", [nodes[-1].outputs[0]]))
+    nodes.append(ir.node("Range", [const("zero", np.array(0, np.int64)), nodes[-1].outputs[0],
+                                   const("one", np.array(1, np.int64))]))
+    nodes.append(ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))]))
+    nodes.append(ir.node("Where", [nodes[-1].outputs[0], const("plus", np.array(1.0, np.float32)),
+                                   const("minus", np.array(-1.0, np.float32))]))
+    nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], const("shape", np.array([1, -1, 1], np.int64))]))
+    nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
+    nodes[-1].outputs[0].name = name
+    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
+    for i, node in enumerate(nodes):
+        node.name = f"break_{i}"
+        if i < len(nodes) - 1:
+            node.outputs[0].name = f"break_{i}_out"
+    graph.extend(nodes)
+    graph.outputs[0] = nodes[-1].outputs[0]
+
+
+@pytest.mark.slow  # runs the exporter
+def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint, tmp_path, monkeypatch):
+    """The gate samples queries up to the bound: a variant right on every short query and page
+    but wrong past 300 tokens is refused, naming the long queries; nothing is written."""
+    from colembed.errors import ExportError
+    from colembed_export.exporter import export_model
+
+    made = V.make_graph
+
+    def broken(recipe, src, work, calibration):
+        model, figures = made(recipe, src, work, calibration)
+        if src.name.startswith("text"):
+            _break_tokens_past(model, 300)
+        return model, figures
+
+    monkeypatch.setattr(V, "make_graph", broken)
+    out = tmp_path / "model"
+    with pytest.raises(ExportError) as refused:
+        export_model(tiny_checkpoint, out, check=False, variants=["int8"])
+    message = str(refused.value)
+    assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
+    assert "worst item '" in message  # a page past 300 tokens is broken too: either may be worst
+    below = message.split("below it:")[1].split("\n")[0]
+    assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
+    assert "64 tokens" not in below and "221 tokens" not in below
+    assert not out.exists() and list(tmp_path.iterdir()) == []

@@ -1,0 +1,220 @@
+"""int8 graphs written weight by weight, each MatMul with the activation scale it needs.
+
+Every MatMul with a constant fp32 weight gets int8 weights (symmetric, one scale per output
+column) and one of three activation schemes, chosen per MatMul by the int8 recipe (recipes.py):
+
+- "tensor": DynamicQuantizeLinear (one uint8 scale and zero point for the whole activation
+  tensor) + MatMulInteger + Cast + Mul, exactly the nodes onnxruntime's `quantize_dynamic` writes;
+  its CPU optimiser fuses them into one DynamicQuantizeMatMul kernel. The scale follows the
+  largest value anywhere in the tensor: every token of every item of the batch, padding included.
+- "row": one symmetric scale per row (token), from plain ONNX ops: ReduceMax(Abs) per row,
+  QuantizeLinear per axis (uint8, zero point 128), MatMulInteger, then the product scaled by
+  row scale x column scale. A token's precision no longer depends on the other tokens, the
+  sequence length or what it is batched with. onnxruntime fuses the product and its scaling
+  into MatMulIntegerToFloat (measured exact against the unfused nodes); the per-row range and
+  QuantizeLinear stay separate element-wise passes over the activation.
+- "fp32": the MatMul is left as it is.
+
+Streaming: the source graph is loaded lazily (onnx_ir memory-maps external data per tensor);
+each weight is read, optionally multiplied by its SmoothQuant row factors (graph_edits.
+smoothing_factors), quantised and its mapping released before the next, so the process holds the
+int8 weights (a quarter of the fp32 bytes) plus one fp32 weight at a time, never a second full
+fp32 copy (onnxruntime's `quantize_dynamic` loads the whole model proto and copies it).
+This module imports onnx_ir and numpy only.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import numpy as np
+
+from colembed.errors import ExportError
+
+SCHEMES = ("tensor", "row", "fp32")
+INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's QInt8 weights)
+# Weights use 7 bits (-63..63): onnxruntime's u8 x s8 kernels on x86 without VNNI (AVX2, AVX-512
+# before VNNI) add pairs of u8*s8 products in saturating 16-bit lanes (vpmaddubsw), so
+# 255*127*2 overflows and a product comes out wrong by up to tens of thousands of units (measured,
+# onnxruntime 1.32, AVX2: MatMulInteger with 8-bit weights off by 45877 of 146355; with 7-bit
+# weights exact). 255*63*2 fits. onnxruntime's quantize_dynamic calls this `reduce_range`.
+WEIGHT_PEAK = 63
+ROW_ZERO_POINT = 128  # uint8 activations, symmetric around 128 (MatMulInteger takes one a_zero_point)
+ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
+
+
+def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.ndarray, np.ndarray]:
+    """(int8 (K, M), fp32 scale (M,)): symmetric per output column in -levels..levels, zero
+    point 0."""
+    peak = np.abs(weight).max(axis=0)
+    scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
+    quantised = np.clip(np.rint(weight / scale), -levels, levels).astype(np.int8)
+    return quantised, scale
+
+
+def release(value: Any) -> None:
+    """Drop a lazily loaded initializer's memory map (its pages leave RSS)."""
+    tensor = value.const_value
+    if tensor is not None and hasattr(tensor, "release"):
+        tensor.release()
+
+
+class _Builder:
+    """Appends nodes with unique names after `anchor` nodes of one graph."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+
+    def init(self, name: str, array: np.ndarray) -> Any:
+        import onnx_ir as ir
+
+        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(
+            ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array, name=name))
+        self.graph.register_initializer(value)
+        return value
+
+    @staticmethod
+    def node(op: str, inputs: list[Any], name: str, outputs: int = 1, domain: str = "",
+             **attributes: Any) -> Any:
+        import onnx_ir as ir
+
+        node = ir.node(op, inputs, attributes=attributes, name=name, num_outputs=outputs,
+                       domain=domain)
+        for i, out in enumerate(node.outputs):
+            out.name = f"{name}_out{i}" if outputs > 1 else f"{name}_out"
+        return node
+
+
+def _tensor_activation(b: _Builder, x: Any, base: str) -> tuple[list[Any], dict[str, Any]]:
+    quant = b.node("DynamicQuantizeLinear", [x], f"{base}_dql", outputs=3)
+    xq, xs, xzp = quant.outputs
+    return [quant], {"q": xq, "scale": xs, "zero_point": xzp}
+
+
+def _row_activation(b: _Builder, x: Any, depth: int, base: str,
+                    outliers: np.ndarray | None) -> tuple[list[Any], dict[str, Any]]:
+    nodes = [
+        b.node("Reshape", [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
+               f"{base}_rows"),
+    ]
+    rows = nodes[-1].outputs[0]
+    found: dict[str, Any] = {}
+    if outliers is not None and outliers.size:
+        mask = np.ones(depth, np.float32)
+        mask[outliers] = 0.0
+        nodes.append(b.node("Gather", [rows, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
+                            f"{base}_outlier_cols", axis=1))
+        found["outlier_cols"] = nodes[-1].outputs[0]
+        nodes.append(b.node("Mul", [rows, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
+        rows = nodes[-1].outputs[0]
+    nodes.append(b.node("Abs", [rows], f"{base}_abs"))
+    nodes.append(b.node("ReduceMax", [nodes[-1].outputs[0],
+                                      b.init(f"{base}_axis1", np.array([1], np.int64))],
+                        f"{base}_peak", keepdims=0))
+    nodes.append(b.node("Max", [nodes[-1].outputs[0],
+                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * INT8_PEAK,
+                                                                 np.float32))], f"{base}_floored"))
+    nodes.append(b.node("Mul", [nodes[-1].outputs[0],
+                                b.init(f"{base}_inv127", np.array(1.0 / INT8_PEAK, np.float32))],
+                        f"{base}_scale"))
+    scale = nodes[-1].outputs[0]
+    nodes.append(b.node("Shape", [scale], f"{base}_count"))
+    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(ROW_ZERO_POINT, np.uint8)),
+                                   nodes[-1].outputs[0]], f"{base}_zps"))
+    nodes.append(b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant",
+                        axis=0))
+    xq = nodes[-1].outputs[0]
+    nodes.append(b.node("Unsqueeze", [scale, b.init(f"{base}_axis1u", np.array([1], np.int64))],
+                        f"{base}_scale_col"))
+    scale_col = nodes[-1].outputs[0]
+    nodes.append(b.node("Shape", [x], f"{base}_shape", end=-1))
+    return nodes, {"q": xq, "scale": scale_col, "lead_shape": nodes[-1].outputs[0],
+                   "zero_point": b.init(f"{base}_zp", np.array(ROW_ZERO_POINT, np.uint8)), **found}
+
+
+def quantise_matmuls(model: Any, schemes: Mapping[str, str],
+                     smoothing: Mapping[str, np.ndarray] | None = None, *,
+                     outliers: Mapping[str, np.ndarray] | None = None,
+                     weight_levels: int = WEIGHT_PEAK) -> dict[str, int]:
+    """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
+    MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
+    are multiplied by before quantising (the norm before it was divided by them already).
+    `outliers` maps a "row" MatMul's name to the input channels computed in fp32 beside the int8
+    product (LLM.int8()'s decomposition: Y = X[:, rest] W[rest] in int8 + X[:, out] W[out] in
+    fp32); every MatMul reading the same activation must name the same channels."""
+    import onnx_ir as ir
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    from .graph_edits import _const_float, _swap_in
+
+    graph = model.graph
+    b = _Builder(graph)
+    counts = dict.fromkeys(SCHEMES, 0)
+    activations: dict[tuple[int, str], tuple[list[Any], dict[str, Any]]] = {}
+    for node in list(graph):
+        scheme = schemes.get(node.name)
+        if scheme is None or node.op_type != "MatMul":
+            continue
+        if scheme not in SCHEMES:
+            raise ExportError(f"{node.name}: unknown int8 activation scheme {scheme!r}")
+        counts[scheme] += 1
+        if scheme == "fp32":
+            continue
+        x, w = node.inputs
+        array = _const_float(w)
+        if array is None or array.ndim != 2:
+            raise ExportError(f"{node.name}: int8 needs a constant 2-D fp32 weight")
+        factors = (smoothing or {}).get(node.name)
+        source = array if factors is None else array * factors[:, None].astype(np.float32)
+        split = (outliers or {}).get(node.name) if scheme == "row" else None
+        split = None if split is None or not len(split) else np.asarray(split, np.int64)
+        outlier_rows = None
+        if split is not None:
+            outlier_rows = np.ascontiguousarray(source[split])
+            source = source.copy() if source is array else source
+            source[split] = 0.0
+        quantised, scale = quantised_weight(source, weight_levels)
+        del source, array
+        if len(w.uses()) == 1:
+            release(w)
+        depth, width = quantised.shape
+        base = node.name
+        wq = b.init(f"{base}_w_int8", quantised)
+        ws = b.init(f"{base}_w_scale", scale)
+        wzp = b.init(f"{base}_w_zp", np.zeros(width, np.int8))
+        key = (id(x), scheme)
+        new: list[Any] = []
+        if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
+            built = (_tensor_activation(b, x, base) if scheme == "tensor"
+                     else _row_activation(b, x, depth, base, split))
+            activations[key] = built
+            new += built[0]
+        act = activations[key][1]
+        product = b.node("MatMulInteger", [act["q"], wq, act["zero_point"], wzp], f"{base}_int")
+        as_float = b.node("Cast", [product.outputs[0]], f"{base}_float", to=ir.DataType.FLOAT)
+        if scheme == "tensor":  # the pattern onnxruntime fuses (into DynamicQuantizeMatMul)
+            scales = b.node("Mul", [act["scale"], ws], f"{base}_scales")
+            scaled = b.node("Mul", [as_float.outputs[0], scales.outputs[0]], f"{base}_scaled")
+            new += [product, as_float, scales, scaled]
+        else:  # row x column scales in one Mul: onnxruntime fuses it into MatMulIntegerToFloat
+            columns = b.node("Mul", [act["scale"], ws], f"{base}_columns")
+            scaled = b.node("Mul", [as_float.outputs[0], columns.outputs[0]], f"{base}_scaled")
+            new += [product, as_float, columns, scaled]
+            if outlier_rows is not None:
+                if "outlier_cols" not in act:
+                    raise ExportError(f"{node.name}: MatMuls reading one activation name other "
+                                      "outlier channels")
+                exact = b.node("MatMul", [act["outlier_cols"],
+                                          b.init(f"{base}_w_outliers", outlier_rows)],
+                               f"{base}_outlier_product")
+                scaled = b.node("Add", [scaled.outputs[0], exact.outputs[0]], f"{base}_joined")
+                new += [exact, scaled]
+        if scheme == "row":
+            shape = b.node("Concat", [act["lead_shape"], b.init(f"{base}_width",
+                                                                np.array([width], np.int64))],
+                           f"{base}_out_shape", axis=0)
+            new += [shape, b.node("Reshape", [scaled.outputs[0], shape.outputs[0]],
+                                  f"{base}_unrows")]
+        _swap_in(graph, node, new)
+    RemoveUnusedNodesPass()(model)
+    return counts
