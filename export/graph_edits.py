@@ -61,6 +61,13 @@ def module_path(node: Any) -> str:
     return (found[-2] or found[-1]) if len(found) > 1 else node.name
 
 
+def release(value: Any) -> None:
+    """Drop a lazily loaded initializer's memory map (its pages leave RSS)."""
+    tensor = value.const_value
+    if tensor is not None and hasattr(tensor, "release"):
+        tensor.release()
+
+
 def _const_float(value: Any) -> np.ndarray | None:
     """The array of a constant fp32 input (initializer), else None."""
     import onnx_ir as ir
@@ -139,8 +146,6 @@ def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
                                                     array.astype(np.float16))
             del array
             if len(weight.uses()) == 1:  # streamed: the fp32 pages leave RSS weight by weight
-                from .quantise import release
-
                 release(weight)
         inputs = list(node.inputs)
         inputs[weight_slot] = half_weights[id(weight)]

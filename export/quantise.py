@@ -30,8 +30,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from colembed.errors import ExportError
+from colembed.layout import BASE_VARIANT
 
-SCHEMES = ("tensor", "row", "fp32")
+from .graph_edits import release
+
+SCHEMES = ("tensor", "row", BASE_VARIANT)  # BASE_VARIANT: the MatMul stays in fp32
 INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's QInt8 weights)
 # Weights use 7 bits (-63..63): onnxruntime's u8 x s8 kernels on x86 without VNNI (AVX2, AVX-512
 # before VNNI) add pairs of u8*s8 products in saturating 16-bit lanes (vpmaddubsw), so
@@ -50,13 +53,6 @@ def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.
     scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
     quantised = np.clip(np.rint(weight / scale), -levels, levels).astype(np.int8)
     return quantised, scale
-
-
-def release(value: Any) -> None:
-    """Drop a lazily loaded initializer's memory map (its pages leave RSS)."""
-    tensor = value.const_value
-    if tensor is not None and hasattr(tensor, "release"):
-        tensor.release()
 
 
 class _Builder:
@@ -158,7 +154,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         if scheme not in SCHEMES:
             raise ExportError(f"{node.name}: unknown int8 activation scheme {scheme!r}")
         counts[scheme] += 1
-        if scheme == "fp32":
+        if scheme == BASE_VARIANT:
             continue
         x, w = node.inputs
         array = _const_float(w)

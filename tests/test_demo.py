@@ -33,7 +33,7 @@ def test_demo_refuses_a_folder_it_did_not_create(tmp_path, capsys):
     (mine / "thesis.tex").write_text("years of work")
     (mine / "data").mkdir()
     (mine / "data" / "results.csv").write_text("1,2,3")
-    assert main(["demo", "--out", str(mine)]) == 2
+    assert main(["demo", "--out", str(mine)]) == 1  # a runtime refusal (2 is for usage errors)
     assert "not created by colembed" in capsys.readouterr().err
     assert (mine / "thesis.tex").read_text() == "years of work"
     assert (mine / "data" / "results.csv").read_text() == "1,2,3"

@@ -144,7 +144,7 @@ def test_cli_refuses_overwrite_of_a_user_folder(tiny_checkpoint, tmp_path, capsy
     out.mkdir()
     (out / "cat.jpg").write_bytes(b"\xff\xd8 not really")
     assert main(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite",
-                 "--no-check"]) == 2
+                 "--no-check"]) == 1  # a runtime refusal (2 is for usage errors)
     assert "not a colembed model folder" in capsys.readouterr().err
     assert (out / "cat.jpg").read_bytes() == b"\xff\xd8 not really"
 

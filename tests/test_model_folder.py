@@ -211,7 +211,7 @@ def test_malformed_manifest_fails_at_load_naming_the_field(copy_model_folder, ca
     _rewrite_manifest(folder, _set(path)(value))
     with pytest.raises(ManifestError, match=message):
         colembed.load(folder)
-    assert main(["info", str(folder)]) == 2  # a clean error, no traceback
+    assert main(["info", str(folder)]) == 1  # a clean runtime error (2 is for usage errors), no traceback
     err = capsys.readouterr().err
     assert err.startswith("colembed: error:") and "Traceback" not in err
 
