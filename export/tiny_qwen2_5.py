@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from typing import Any, Callable
@@ -114,29 +114,16 @@ PRESETS_2_5: dict[str, Qwen2_5Spec] = {
         embedding_dim=128,
         tie_word_embeddings=True,
     ),
-    # Qwen2.5-VL-7B widths (the backbone of nomic-ai/colnomic-embed-multimodal-7b): the same
-    # vision tower as the 3B except the merger's output (3584), a 28-layer language model with
-    # GQA 7:1, untied word embeddings and Qwen2.5-VL-7B's padded vocabulary (152064 rows; the
-    # tokenizer's ids all index it). docs/models-colqwen2_5.md.
-    "qwen2.5-vl-7b": Qwen2_5Spec(
-        name="qwen2.5-vl-7b",
-        vision_depth=32,
-        vision_embed_dim=1280,
-        vision_heads=16,
-        vision_intermediate=3420,
-        window_size=112,
-        fullatt_block_indexes=(7, 15, 23, 31),
-        text_layers=28,
-        text_hidden=3584,
-        text_heads=28,
-        text_kv_heads=4,
-        text_intermediate=18944,
-        mrope_section=(16, 24, 24),
-        embedding_dim=128,
-        vocab_size=152064,
-        tie_word_embeddings=False,
-    ),
 }
+
+# Qwen2.5-VL-7B widths (the backbone of nomic-ai/colnomic-embed-multimodal-7b): the same
+# vision tower as the 3B except the merger's output (3584), a 28-layer language model with
+# GQA 7:1, untied word embeddings and Qwen2.5-VL-7B's padded vocabulary (152064 rows; the
+# tokenizer's ids all index it). docs/models-colqwen2_5.md.
+PRESETS_2_5["qwen2.5-vl-7b"] = replace(
+    PRESETS_2_5["qwen2.5-vl-3b"], name="qwen2.5-vl-7b", text_layers=28, text_hidden=3584,
+    text_heads=28, text_kv_heads=4, text_intermediate=18944, vocab_size=152064,
+    tie_word_embeddings=False)
 
 
 def build_vlm_config(spec: Qwen2_5Spec):
