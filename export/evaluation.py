@@ -235,18 +235,23 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
 
 
 def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
-                      measured: dict[str, dict[str, Any]] | None = None
-                      ) -> tuple[dict[str, Any], list[str]]:
+                      measured: dict[str, dict[str, Any]] | None = None, *,
+                      step: Any = None) -> tuple[dict[str, Any], list[str]]:
     """Load fp32 and each variant from `folder`; returns ({variant: figures}, gate misses).
-    `measured` adds what each variant's recipes measured while writing it (gated too)."""
+    `measured` adds what each variant's recipes measured while writing it (gated too).
+    `step(name)` (a context manager factory, the exporter's StepMeter) wraps each model's run."""
+    import contextlib
+
     import colembed
 
+    step = step or (lambda name: contextlib.nullcontext())
     rank_pages, rank_queries = ranking_set()
-    reference = colembed.load(folder, verify=False)
-    queries, pages = gate_queries(reference), gate_pages(reference)
-    want = _embed_gate_set(reference, queries, pages)
-    fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
-    del reference
+    with step("variants: gate set through fp32"):
+        reference = colembed.load(folder, verify=False)
+        queries, pages = gate_queries(reference), gate_pages(reference)
+        want = _embed_gate_set(reference, queries, pages)
+        fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
+        del reference
     clear = clear_winners(fp32_scores)
     if clear.size < MIN_CLEAR_QUERIES:
         raise ExportError(f"the ranking set has {clear.size} clear-winner queries under fp32 "
@@ -254,15 +259,16 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     results: dict[str, Any] = {}
     failures: list[str] = []
     for name in names:
-        model = colembed.load(folder, variant=name, verify=False)
-        got = _embed_gate_set(model, queries, pages)
-        figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
-                                 got["queries"] + got["mixed_queries"],
-                                 want["queries"] + want["queries"][-3:])
-        figures.update(item_figures(_gate_items(queries, pages, got, want)))
-        figures["ranking"] = top1_agreement(embed_ranking_set(model, rank_pages, rank_queries),
-                                            fp32_scores, clear)
-        del model
+        with step(f"variants: gate set through {name}"):
+            model = colembed.load(folder, variant=name, verify=False)
+            got = _embed_gate_set(model, queries, pages)
+            figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
+                                     got["queries"] + got["mixed_queries"],
+                                     want["queries"] + want["queries"][-3:])
+            figures.update(item_figures(_gate_items(queries, pages, got, want)))
+            figures["ranking"] = top1_agreement(embed_ranking_set(model, rank_pages, rank_queries),
+                                                fp32_scores, clear)
+            del model
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
                         "pages": len(pages), "queries": len(queries)})
         results[name] = figures

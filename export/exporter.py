@@ -227,11 +227,13 @@ def verify(staging: Path, reference, *, tolerance: float, feature_tolerance: flo
 
 def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
                   write: Callable[[dict[str, dict[str, GraphEntry]]], None],
-                  progress: Callable[[str], None]) -> dict[str, Any]:
-    """Derive and gate the requested variants (export/variants.py owns how)."""
-    from .variants import write_variants
+                  progress: Callable[[str], None], meter: StepMeter | None = None) -> dict[str, Any]:
+    """Derive and gate the requested variants (export/variants.py owns how); each part of the
+    step is a sub-step of `meter` (where the step's peak RSS arises)."""
+    from .variants import no_step, write_variants
 
-    return write_variants(staging, graphs, names, write_manifest=write, progress=progress)
+    return write_variants(staging, graphs, names, write_manifest=write, progress=progress,
+                          step=meter.step if meter is not None else no_step)
 
 
 def commit(staging: Path, out: Path) -> Path:
@@ -320,7 +322,8 @@ def export_model(
                                         feature_tolerance=feature_tolerance)
         if variants:
             with meter.step("write and check the variants"):
-                checks.update(variants_step(staging, graphs, variants, write_manifest, say))
+                checks.update(variants_step(staging, graphs, variants, write_manifest, say,
+                                             meter))
         manifest = write_manifest()
         with meter.step("commit"):
             written = commit(staging, resolved.out)

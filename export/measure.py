@@ -74,6 +74,7 @@ class StepRecord:
     peak_rss_gb: float  # this step's own peak when `per_step_peak`, else the process's so far
     rss_after_gb: float
     per_step_peak: bool
+    parent: str | None = None  # the enclosing step of a sub-step (its peak includes this one's)
 
 
 @dataclass
@@ -82,17 +83,33 @@ class StepMeter:
 
     progress: Callable[[str], None]
     records: list[StepRecord] = field(default_factory=list)
+    # enclosing steps, innermost last: [name, the largest peak of their finished sub-steps]
+    _open: list[list] = field(default_factory=list)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
+        """A step; nested inside another it is a sub-step (where a step's peak arises). A
+        sub-step resets the kernel's peak mark, so the enclosing step's peak is the largest of
+        its sub-steps' and of what it held itself after the last of them."""
         self.progress(name)
+        parent = self._open[-1][0] if self._open else None
+        if self._open:  # what the enclosing step peaked at before this sub-step
+            self._open[-1][1] = max(self._open[-1][1], peak_rss_bytes())
         own_peak = _reset_peak()
         start = time.perf_counter()
-        yield
+        self._open.append([name, 0])
+        try:
+            yield
+        finally:
+            _, inner = self._open.pop()
         release_memory()
+        peak = max(peak_rss_bytes(), inner)
+        if self._open:
+            self._open[-1][1] = max(self._open[-1][1], peak)
         record = StepRecord(step=name, seconds=round(time.perf_counter() - start, 2),
-                            peak_rss_gb=round(peak_rss_bytes() / _GB, 3),
-                            rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak)
+                            peak_rss_gb=round(peak / _GB, 3),
+                            rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak,
+                            parent=parent)
         self.records.append(record)
         self.progress(f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB")
 

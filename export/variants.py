@@ -14,6 +14,7 @@ This module imports onnx and onnxruntime's quantisation tools when called, never
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import tempfile
@@ -65,11 +66,17 @@ def save_graph(model: Any, folder: Path, file: str, external: bool) -> tuple[str
     return file, (data_name if external else None)
 
 
+def no_step(name: str) -> contextlib.AbstractContextManager:
+    """The `step` of callers that do not measure the variant step's parts."""
+    return contextlib.nullcontext()
+
+
 def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
-                  say: Callable[[str], None]
+                  say: Callable[[str], None], step: Callable[[str], Any] = no_step
                   ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
     """Each variant's graph files (shared where two variants use the same recipe for a role), and
-    per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
+    per variant what its recipes measured ({figure: {role: value}}, for its gate). `step(name)`
+    wraps each part (the exporter's StepMeter: time and peak RSS of each)."""
     from .evaluation import calibration_feeds
     from .graph_edits import finish
 
@@ -84,15 +91,18 @@ def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[
                 recipe = VARIANTS[name].recipes[role]
                 if (role, recipe) not in written:
                     if recipe in CALIBRATED_RECIPES and calibration is None:
-                        calibration = calibration_feeds(staging)
+                        with step("variants: record the calibration feeds"):
+                            calibration = calibration_feeds(staging)
                     say(f"writing the {role} graph of the {name} variant ({recipe})")
-                    model, figures = make_graph(recipe, staging / fp32.file, Path(tmp),
-                                                calibration[role] if recipe in CALIBRATED_RECIPES
-                                                else None)
-                    cleared = finish(model)
-                    file, data_file = save_graph(model, staging, f"{role}.{recipe}.onnx",
-                                                 external=fp32.data_file is not None)
-                    del model
+                    with step(f"variants: make the {role} graph ({recipe})"):
+                        model, figures = make_graph(
+                            recipe, staging / fp32.file, Path(tmp),
+                            calibration[role] if recipe in CALIBRATED_RECIPES else None)
+                        cleared = finish(model)
+                    with step(f"variants: save the {role} graph ({recipe})"):
+                        file, data_file = save_graph(model, staging, f"{role}.{recipe}.onnx",
+                                                     external=fp32.data_file is not None)
+                        del model
                     log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
                     written[(role, recipe)] = (GraphEntry(file=file, data_file=data_file,
                                                           opset=fp32.opset, contract=fp32.contract),
@@ -110,11 +120,13 @@ def write_variants(
     *,
     write_manifest: Callable[[dict[str, dict[str, GraphEntry]]], None],
     progress: Callable[[str], None] | None = None,
+    step: Callable[[str], Any] = no_step,
 ) -> dict[str, dict[str, Any]]:
     """Write each variant's graphs into `staging`, list them in the manifest, gate them vs fp32.
 
     `graphs` are the checked fp32 entries by role. Returns {variant: figures} for the manifest's
     `checks`; raises ExportError (naming the variant and its figures) when a gate is missed.
+    `step(name)` wraps each part (writing each graph, each gate run) to time and measure it.
     """
     from .evaluation import evaluate_variants
 
@@ -124,11 +136,11 @@ def write_variants(
         return {}
     staging = Path(staging)
     quiet_quantisers()
-    entries, measured = _write_graphs(staging, graphs, names, say)
+    entries, measured = _write_graphs(staging, graphs, names, say, step)
     write_manifest(entries)
     say("checking the variants against fp32")
     results, failures = evaluate_variants(staging, names, {n: VARIANTS[n].gate for n in names},
-                                          measured)
+                                          measured, step=step)
     for name, figures in results.items():
         figures["recipes"] = dict(VARIANTS[name].recipes)
         say(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "

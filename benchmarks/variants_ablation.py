@@ -1,0 +1,136 @@
+"""Which int8 MatMuls cost the page fidelity: the text graph in int8 with groups of MatMuls kept fp32.
+
+    .venv/bin/python benchmarks/variants_ablation.py FP32_FOLDER [--pages "sample page 2,smallest"]
+
+The vision graph stays fp32 in every arm (so the text graph's share of the error is isolated).
+Each arm writes the text graph with the int8 recipe's decisions (SmoothQuant factors and fp32
+outlier channels, decided once on the exporter's calibration feeds) and keeps one group of
+MatMuls in fp32 (all of one projection kind, or all of one layer); the per-token cosine of the
+final embeddings to fp32 (mean / min) is measured through the colembed runtime on the named gate
+pages. Per-MatMul local errors (variants_matmul_error.py) are ~1e-4 everywhere; this shows how
+they add up to the embedding, which is what the gate judges.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict) -> None:
+    import onnx_ir as ir
+
+    from colembed import safe_fs
+    from colembed.integrity import describe_file
+    from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
+    from colembed_export.graph_edits import finish, smoothing_factors
+    from colembed_export.quantise import quantise_matmuls
+    from colembed_export.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
+    from colembed_export.variants import save_graph
+
+    if arm.exists():
+        shutil.rmtree(arm)
+    arm.mkdir(parents=True)
+    for p in fp32.iterdir():
+        (arm / p.name).hardlink_to(p) if p.is_file() else shutil.copytree(p, arm / p.name)
+    (arm / MANIFEST_NAME).unlink()
+    shutil.copy(fp32 / MANIFEST_NAME, arm / MANIFEST_NAME)
+    src = fp32 / "text.onnx"
+    model = ir.load(src)
+    matmuls = weight_matmuls(model)
+    factors = smoothing_factors(model, src, calibration, alpha=SMOOTHING_ALPHA,
+                                maxima={k: np.max(v, axis=0) for k, v in per_feed.items()})
+    outliers = {}
+    for node in matmuls:
+        s = factors.get(node.name)
+        found = outlier_channels([p if s is None else p / s for p in per_feed[node.inputs[0].name]])
+        if found.size:
+            outliers[node.name] = found
+    schemes = {}
+    from colembed_export.graph_edits import module_path
+
+    for node in matmuls:
+        path = module_path(node)
+        kept = any(k in path for k in keep)
+        if kept and node.name in factors:  # an fp32 MatMul still needs its smoothed weight
+            w = node.inputs[1]
+            w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
+                                      name=w.name)
+        schemes[node.name] = "fp32" if kept else "row"
+    quantise_matmuls(model, schemes, factors, outliers=outliers)
+    finish(model)
+    file, data = save_graph(model, arm, "text.int8.onnx", external=True)
+    manifest = read_manifest(arm)
+    d = manifest.to_dict()
+    vision = manifest.graph("fp32", "vision").to_dict()
+    text = dict(manifest.graph("fp32", "text").to_dict(), file=file, data_file=data)
+    d["variants"]["int8"] = {"vision": vision, "text": text}
+    d["files"] = {p.name: describe_file(p) for p in sorted(arm.iterdir()) if p.is_file()
+                  and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
+    Manifest.from_dict(d).write(arm)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folder", type=Path)
+    parser.add_argument("--pages", default="sample page 2,smallest")
+    parser.add_argument("--arms", default="none,mlp.down_proj,self_attn.o_proj,self_attn.v_proj,"
+                        "mlp.up_proj,mlp.gate_proj,layers.0.,layers.1.,projection")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/colembed-bench-ablation"))
+    parser.add_argument("--results")
+    args = parser.parse_args()
+
+    import colembed
+    from colembed_export.evaluation import calibration_feeds, gate_pages, token_cosines
+    from colembed_export.graph_edits import channel_maxima_per_feed
+    from colembed_export.recipes import weight_matmuls
+    from machine import machine_info, markdown_header
+
+    import onnx_ir as ir
+
+    info = machine_info()
+    reference = colembed.load(args.folder, verify=False)
+    pages = [p for p in gate_pages(reference) if any(w in p[0] for w in args.pages.split(","))]
+    want = [reference.embed_images([img], batch_size=1)[0] for _, img in pages]
+    del reference
+    calibration = calibration_feeds(args.folder)["text"]
+    src = args.folder / "text.onnx"
+    inputs = sorted({n.inputs[0].name for n in weight_matmuls(ir.load(src))})
+    per_feed = channel_maxima_per_feed(src, inputs, calibration)
+    rows = []
+    for arm in args.arms.split(","):
+        keep = set() if arm == "none" else {arm}
+        folder = args.work / "arm"
+        write_arm(args.folder, folder, keep, calibration, per_feed)
+        model = colembed.load(folder, variant="int8", verify=False)
+        for (name, img), w in zip(pages, want):
+            cos = token_cosines([model.embed_images([img], batch_size=1)[0]], [w])
+            rows.append({"fp32 kept": arm, "page": name, "mean": float(cos.mean()),
+                         "min": float(cos.min()), "worst_token": int(cos.argmin()),
+                         "tokens": int(cos.size)})
+            print(rows[-1], flush=True)
+        del model
+    shutil.rmtree(args.work / "arm", ignore_errors=True)
+    lines = ["# int8 text graph, vision fp32: which MatMuls cost the pages", "",
+             markdown_header(info), "", f"folder: `{args.folder}`", "",
+             "| kept fp32 | page | mean | min | worst token / tokens |", "|---|---|---:|---:|---:|"]
+    lines += [f"| {r['fp32 kept']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
+              f"{r['worst_token']} / {r['tokens']} |" for r in rows]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.results:
+        Path(args.results + ".md").write_text(text)
+        Path(args.results + ".json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

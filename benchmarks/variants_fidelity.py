@@ -1,0 +1,192 @@
+"""Per-length-bucket fidelity of each variant to fp32, on random weights and the stress checkpoints.
+
+    .venv/bin/python benchmarks/variants_fidelity.py                    # the tiny checkpoints
+    flock /work/wt/bigmem.lock .venv/bin/python benchmarks/variants_fidelity.py \
+        --configs 2b-heldout --variants int8,fp16                   # Qwen2-VL-2B widths, 1+2 layers
+
+Each configuration is a checkpoint built here (random weights: `tiny.build_checkpoint`; stress:
+`tiny.build_stress_checkpoint` with the traits the recipes were chosen on; held-out stress: the
+same with `tiny.HELD_OUT_STRESS`, other channels and magnitudes), exported to fp32 without the
+torch check, then each variant written by the exporter's own variant step (variants.
+_write_graphs: the committed recipes, calibration included) and judged by the exporter's own gate
+(evaluation.evaluate_variants: the gate's queries from one word to the query bound, pages from
+20x20 to the full image-token budget and aspect-50 strips, mixed batches; per item and per
+length bucket). Unlike an export, a variant that misses its gate is reported, not refused.
+
+What it models: what a user's `colembed export --variant ...` checks, on checkpoints whose
+activations carry trained-model traits (massive residual channels, large image features). What
+it does not: trained weights (none can be downloaded here), and the full depth (28 layers): error
+accumulation over depth is not shown by the 2-layer configurations.
+
+Writes benchmarks/results/variants-fidelity.{md,json} (or --results). Work folders live under
+$COLEMBED_BENCH_DIR (default /tmp/colembed-bench-variants) and are reused by a later run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+RESULTS = HERE / "results" / "variants-fidelity"
+# name -> (preset, vision depth, text layers, checkpoint kind)
+CONFIGS = {
+    "tiny-random": ("tiny", None, None, "random"),
+    "tiny-stress": ("tiny", None, None, "stress"),
+    "tiny-heldout": ("tiny", None, None, "heldout"),
+    "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
+    "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
+}
+KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTraits())",
+               "heldout": "held-out stress traits (HELD_OUT_STRESS)"}
+
+
+def build(config: str, root: Path) -> Path:
+    """The fp32 export folder of `config` (built and exported unless already there)."""
+    from colembed_export.exporter import export_model
+    from colembed_export.tiny import (HELD_OUT_STRESS, PRESETS, StressTraits, build_checkpoint,
+                                      build_stress_checkpoint)
+
+    preset, depth, layers, kind = CONFIGS[config]
+    spec = PRESETS[preset]
+    if depth is not None:
+        spec = dataclasses.replace(spec, vision_depth=depth, text_layers=layers)
+    folder = root / f"{config}-fp32"
+    if (folder / "manifest.json").is_file():
+        return folder
+    checkpoint = root / f"{config}-checkpoint"
+    if not (checkpoint / "config.json").is_file():
+        if kind == "random":
+            build_checkpoint(checkpoint, spec, seed=0)
+        else:
+            traits = HELD_OUT_STRESS if kind == "heldout" else StressTraits()
+            build_stress_checkpoint(checkpoint, spec, traits=traits)
+    export_model(checkpoint, folder, check=False, random_weights=True, overwrite=True)
+    return folder
+
+
+def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
+    """Write the variants into a copy of the fp32 folder and judge them (never refusing)."""
+    import shutil
+
+    from colembed import safe_fs
+    from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
+    from colembed_export.evaluation import evaluate_variants
+    from colembed_export.measure import StepMeter
+    from colembed.integrity import describe_file
+    from colembed_export.recipes import VARIANTS, quiet_quantisers
+    from colembed_export.variants import _write_graphs
+
+    staging = work / "staging"
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(folder, staging)
+    manifest = read_manifest(staging)
+    graphs = {role: manifest.graph("fp32", role) for role in ("vision", "text")}
+    quiet_quantisers()
+    meter = StepMeter(lambda m: print(m, file=sys.stderr, flush=True))
+    start = time.perf_counter()
+    entries, measured = _write_graphs(staging, graphs, variants, lambda m: None, meter.step)
+    write_seconds = time.perf_counter() - start
+    data = manifest.to_dict()
+    data["variants"].update({v: {r: g.to_dict() for r, g in roles.items()}
+                             for v, roles in entries.items()})
+    data["files"] = {p.name: describe_file(p) for p in sorted(staging.iterdir()) if p.is_file()
+                     and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
+    Manifest.from_dict(data).write(staging)
+    start = time.perf_counter()
+    results, failures = evaluate_variants(staging, variants, {n: VARIANTS[n].gate for n in variants},
+                                          measured, step=meter.step)
+    weights = sum(p.stat().st_size for p in folder.iterdir() if p.name.endswith(".onnx_data")
+                  or p.name.endswith(".onnx"))
+    return {"results": results, "failures": failures, "write_seconds": round(write_seconds, 1),
+            "gate_seconds": round(time.perf_counter() - start, 1), "steps": meter.as_dicts(),
+            "fp32_graph_bytes": weights}
+
+
+def markdown(info: dict, runs: dict[str, dict]) -> str:
+    from colembed_export.recipes import GATES
+    from machine import markdown_header
+
+    lines = ["# Variant fidelity to fp32, per length bucket", "", markdown_header(info), "",
+             "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
+             "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
+             "from one word to the query bound, pages from 20x20 to the full image-token "
+             "budget and aspect-50 strips, each alone and in mixed batches). Gates: "
+             + "; ".join(f"{n} mean >= {g.mean_cosine}" + (f", min >= {g.min_cosine}"
+                                                          if g.min_cosine is not None else "")
+                         for n, g in GATES.items()) + ".", ""]
+    for config, run in runs.items():
+        preset, depth, layers, kind = CONFIGS[config]
+        shape = f"{preset} widths" + (f", {depth} vision block + {layers} text layers"
+                                      if depth is not None else "")
+        lines += [f"## {config}: {KIND_LABELS[kind]}, {shape}", "",
+                  f"Variant step {run['write_seconds']:.0f} s, gate {run['gate_seconds']:.0f} s; "
+                  f"fp32 graphs {run['fp32_graph_bytes'] / 1e9:.2f} GB. Each part's own peak RSS:",
+                  "", "| part | seconds | peak RSS GB |", "|---|---:|---:|"]
+        lines += [f"| {s['step'].removeprefix('variants: ')} | {s['seconds']:.1f} | "
+                  f"{s['peak_rss_gb']:.2f} |" for s in run["steps"]]
+        lines.append("")
+        names = list(run["results"])
+        buckets = sorted({b for r in run["results"].values() for b in r["buckets"]},
+                         key=lambda b: (b.split()[0], int(b.split()[1].split("-")[0].rstrip("+"))))
+        lines += ["| bucket | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for bucket in buckets:
+            cells = []
+            for n in names:
+                row = run["results"][n]["buckets"].get(bucket)
+                cells.append(f"{row['mean']:.5f} / {row['min']:.5f}" if row else "")
+            lines.append(f"| {bucket} | " + " | ".join(cells) + " |")
+        lines.append("| **worst item** | " + " | ".join(
+            f"{r['worst_item']} ({r['items'][r['worst_item']]['min']:.4f})"
+            for r in run["results"].values()) + " |")
+        lines.append("| top-1 agreement | " + " | ".join(
+            f"{r['ranking']['top1_agreement']:.3f}" for r in run["results"].values()) + " |")
+        lines.append("")
+        if run["failures"]:
+            lines += ["Gate misses (the exporter refuses these variants):", ""]
+            lines += [f"- {f}" for f in run["failures"]] + [""]
+        else:
+            lines += ["Every variant meets its gate.", ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--configs", default="tiny-random,tiny-stress,tiny-heldout",
+                        help=f"comma-separated, of {sorted(CONFIGS)}")
+    parser.add_argument("--variants", default="int8,int4,fp16")
+    parser.add_argument("--results", default=str(RESULTS), help="path without extension")
+    args = parser.parse_args()
+
+    from machine import machine_info
+
+    info = machine_info()
+    root = Path(os.environ.get("COLEMBED_BENCH_DIR", "/tmp/colembed-bench-variants")) / "fidelity"
+    root.mkdir(parents=True, exist_ok=True)
+    variants = [v for v in args.variants.split(",") if v]
+    runs = {}
+    for config in args.configs.split(","):
+        if config not in CONFIGS:
+            parser.error(f"unknown configuration {config!r}; known: {sorted(CONFIGS)}")
+        folder = build(config, root)
+        runs[config] = measure(folder, variants, root / f"{config}-work")
+        print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
+    text = markdown(info, runs)
+    Path(args.results + ".md").write_text(text)
+    Path(args.results + ".json").write_text(json.dumps({"machine": info, "runs": runs}, indent=1,
+                                                       default=str) + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
