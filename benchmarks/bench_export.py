@@ -105,10 +105,25 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         "| step | seconds | peak RSS GB | peak / weights | RSS after GB |",
         "|---|---:|---:|---:|---:|",
     ]
-    for s in result["steps"]:
-        lines.append(f"| {s['step']} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
+    for s in result["steps"]:  # a sub-step (a part of the variant step) is listed before its step
+        label = f"&nbsp;&nbsp;part: {s['step'].removeprefix('variants: ')}" if s.get("parent") else s["step"]
+        lines.append(f"| {label} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
                      f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | {s['rss_after_gb']:.2f} |")
-    lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start)."]
+    lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start); "
+              "the parts of the variant step (each graph made and saved, the gate set through fp32 "
+              "and through each variant) are listed before it, and its peak is the largest of "
+              "theirs."]
+    buckets = result.get("variant_buckets") or {}
+    if buckets:  # the variants' gate figures (per-token cosine to fp32), per length bucket
+        names = list(buckets)
+        rows = sorted({b for v in buckets.values() for b in (v or {})})
+        lines += ["", "Variants against fp32, per-token cosine mean / min per length bucket "
+                  "(the exporter's gate set):", "", "| bucket | " + " | ".join(names) + " |",
+                  "|---|" + "---:|" * len(names)]
+        for row in rows:
+            cells = [f"{buckets[n][row]['mean']:.5f} / {buckets[n][row]['min']:.5f}"
+                     if row in (buckets[n] or {}) else "" for n in names]
+            lines.append(f"| {row} | " + " | ".join(cells) + " |")
     load = (info.get("load_average_at_start") or [0.0])[0]
     if load > info["physical_cores"] / 2:
         lines += [f"Shared machine: load average {load:.1f} at the start on {info['physical_cores']} "

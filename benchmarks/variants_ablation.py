@@ -28,7 +28,6 @@ sys.path.insert(0, str(HERE))
 def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict) -> None:
     import onnx_ir as ir
 
-    from colembed import safe_fs
     from colembed.integrity import describe_file
     from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
     from colembed_export.graph_edits import finish, smoothing_factors
@@ -36,13 +35,11 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
     from colembed_export.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
     from colembed_export.variants import save_graph
 
-    if arm.exists():
-        shutil.rmtree(arm)
-    arm.mkdir(parents=True)
-    for p in fp32.iterdir():
-        (arm / p.name).hardlink_to(p) if p.is_file() else shutil.copytree(p, arm / p.name)
-    (arm / MANIFEST_NAME).unlink()
-    shutil.copy(fp32 / MANIFEST_NAME, arm / MANIFEST_NAME)
+    # The arm's graph is written into the fp32 folder itself (onnx_ir refuses hard-linked external
+    # data, and a copy per arm costs the whole folder); `arm` holds the fp32 manifest to restore.
+    arm.mkdir(parents=True, exist_ok=True)
+    if not (arm / MANIFEST_NAME).is_file():
+        shutil.copy(fp32 / MANIFEST_NAME, arm / MANIFEST_NAME)
     src = fp32 / "text.onnx"
     model = ir.load(src)
     matmuls = weight_matmuls(model)
@@ -67,15 +64,14 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
         schemes[node.name] = "fp32" if kept else "row"
     quantise_matmuls(model, schemes, factors, outliers=outliers)
     finish(model)
-    file, data = save_graph(model, arm, "text.int8.onnx", external=True)
+    file, data = save_graph(model, fp32, "text.ablation.onnx", external=True)
     manifest = read_manifest(arm)
     d = manifest.to_dict()
     vision = manifest.graph("fp32", "vision").to_dict()
     text = dict(manifest.graph("fp32", "text").to_dict(), file=file, data_file=data)
     d["variants"]["int8"] = {"vision": vision, "text": text}
-    d["files"] = {p.name: describe_file(p) for p in sorted(arm.iterdir()) if p.is_file()
-                  and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
-    Manifest.from_dict(d).write(arm)
+    d["files"].update({f: describe_file(fp32 / f) for f in (file, data)})
+    Manifest.from_dict(d).write(fp32)
 
 
 def main() -> int:
@@ -108,9 +104,8 @@ def main() -> int:
     rows = []
     for arm in args.arms.split(","):
         keep = set() if arm == "none" else {arm}
-        folder = args.work / "arm"
-        write_arm(args.folder, folder, keep, calibration, per_feed)
-        model = colembed.load(folder, variant="int8", verify=False)
+        write_arm(args.folder, args.work, keep, calibration, per_feed)
+        model = colembed.load(args.folder, variant="int8", verify=False)
         for (name, img), w in zip(pages, want):
             cos = token_cosines([model.embed_images([img], batch_size=1)[0]], [w])
             rows.append({"fp32 kept": arm, "page": name, "mean": float(cos.mean()),
@@ -118,7 +113,11 @@ def main() -> int:
                          "tokens": int(cos.size)})
             print(rows[-1], flush=True)
         del model
-    shutil.rmtree(args.work / "arm", ignore_errors=True)
+    from colembed.manifest import MANIFEST_NAME
+
+    shutil.copy(args.work / MANIFEST_NAME, args.folder / MANIFEST_NAME)  # fp32 only again
+    for name in ("text.ablation.onnx", "text.ablation.onnx_data"):
+        (args.folder / name).unlink(missing_ok=True)
     lines = ["# int8 text graph, vision fp32: which MatMuls cost the pages", "",
              markdown_header(info), "", f"folder: `{args.folder}`", "",
              "| kept fp32 | page | mean | min | worst token / tokens |", "|---|---|---:|---:|---:|"]
