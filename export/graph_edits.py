@@ -100,11 +100,14 @@ def _swap_in(graph: Any, old: Any, new_nodes: Sequence[Any]) -> None:
     import onnx_ir as ir
 
     graph.insert_after(old, new_nodes)
-    ir.convenience.replace_all_uses_with(old.outputs[0], new_nodes[-1].outputs[0])
-    for i, output in enumerate(graph.outputs):
+    replacement = new_nodes[-1].outputs[0]
+    for i, output in enumerate(graph.outputs):  # first: onnx_ir refuses to rewire a graph output
         if output is old.outputs[0]:
-            new_nodes[-1].outputs[0].name = output.name
-            graph.outputs[i] = new_nodes[-1].outputs[0]
+            graph.outputs[i] = replacement
+            name = output.name
+            output.name = f"{name}_replaced"
+            replacement.name = name
+    ir.convenience.replace_all_uses_with(old.outputs[0], replacement)
     graph.remove(old, safe=True)
 
 

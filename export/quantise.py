@@ -20,7 +20,11 @@ each weight is read, optionally multiplied by its SmoothQuant row factors (graph
 smoothing_factors), quantised and its mapping released before the next, so the process holds the
 int8 weights (a quarter of the fp32 bytes) plus one fp32 weight at a time, never a second full
 fp32 copy (onnxruntime's `quantize_dynamic` loads the whole model proto and copies it).
-This module imports onnx_ir and numpy only.
+`quantise_int4_matmuls` streams the int4 recipe the same way: each weight goes through
+onnxruntime's own 4-bit block quantiser (`quantize_matmul_4bits`, the C++ kernel its
+MatMulNBitsQuantizer calls) one at a time, instead of that quantizer's whole-model proto (it loads
+every fp32 weight into memory, then copies the model).
+This module imports onnx_ir and numpy; onnxruntime for int4 only, when called.
 """
 
 from __future__ import annotations
@@ -214,3 +218,57 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         _swap_in(graph, node, new)
     RemoveUnusedNodesPass()(model)
     return counts
+
+
+def quantised_weight_4bit(weight: np.ndarray, block_size: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed (N, blocks, block/2) uint8, scales (N, blocks) fp32, zero points (N, ceil(blocks/2))
+    uint8) of a (K, N) fp32 weight: asymmetric 4-bit blocks of `block_size` along K, by
+    onnxruntime's own kernel (bit-identical to its MatMulNBitsQuantizer)."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_4bits
+
+    rows, cols = weight.shape
+    blocks = (rows + block_size - 1) // block_size
+    if rows == blocks * block_size:  # no copy: the kernel reads the mapped weight
+        padded = np.ascontiguousarray(weight, np.float32)
+    else:
+        padded = np.zeros((blocks * block_size, cols), np.float32)
+        padded[:rows] = weight
+    packed = np.zeros((cols, blocks, block_size // 2), np.uint8)
+    zero_points = np.zeros((cols, (blocks + 1) // 2), np.uint8)
+    scales = np.zeros((cols, blocks), np.float32)
+    quantize_matmul_4bits(packed, padded, scales, zero_points, block_size, cols, rows, False)
+    return packed, scales, zero_points
+
+
+def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
+                          accuracy_level: int) -> int:
+    """Replace each MatMul in `nodes` (constant 2-D fp32 weight) by com.microsoft MatMulNBits
+    (4 inputs: A, packed weight, scales, zero points; asymmetric), weight by weight, releasing each
+    fp32 mapping after use. Returns how many were replaced."""
+    from onnx_ir.passes.common import RemoveUnusedNodesPass
+
+    from .graph_edits import _const_float, _swap_in
+
+    b = _Builder(model.graph)
+    for node in nodes:
+        x, w = node.inputs
+        array = _const_float(w)
+        if array is None or array.ndim != 2:
+            raise ExportError(f"{node.name}: int4 needs a constant 2-D fp32 weight")
+        depth, width = array.shape
+        packed, scales, zero_points = quantised_weight_4bit(array, block_size)
+        del array
+        if len(w.uses()) == 1:
+            release(w)
+        base = node.name
+        nbits = b.node("MatMulNBits", [x, b.init(f"{base}_w_q4", packed),
+                                       b.init(f"{base}_w_scales", scales),
+                                       b.init(f"{base}_w_zero_points", zero_points)],
+                       f"{base}_q4", domain="com.microsoft", K=depth, N=width, bits=4,
+                       block_size=block_size, accuracy_level=accuracy_level)
+        _swap_in(model.graph, node, [nbits])
+    if nodes:
+        model.opset_imports.setdefault("com.microsoft", 1)
+    RemoveUnusedNodesPass()(model)
+    return len(nodes)

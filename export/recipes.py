@@ -27,7 +27,7 @@ see benchmarks/README.md):
   Weights use 7 bits: onnxruntime's u8 x s8 kernels on AVX2 without VNNI saturate 16-bit
   pair sums with 8-bit weights (measured: MatMulInteger off by 45877 of 146355), which the
   old recipe was exposed to. The per-token scheme is plain ONNX ops that onnxruntime does not
-  fuse into one kernel: its speed cost is in benchmarks/results/variants-fidelity.md. The
+  fuse into one kernel: its speed cost is in benchmarks/results/variants-int8-per-token.md. The
   "tensor" scheme (quantize_dynamic's nodes, fused into DynamicQuantizeMatMul) stays available
   to measure against (`quantize_int8(..., scheme="tensor")`).
   Not solved: on the 2B-width held-out stress checkpoint the page prompt's text tokens after
@@ -256,17 +256,17 @@ def quantize_int8(src: Path, work: Path | None = None, *,
 
 def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
                   accuracy_level: int = INT4_ACCURACY_LEVEL) -> Any:
-    """4-bit weight-only MatMulNBits, asymmetric (4 inputs: A, B, scales, zero points)."""
-    import onnx
+    """4-bit weight-only MatMulNBits, asymmetric (4 inputs: A, B, scales, zero points), every
+    MatMul with a constant 2-D weight; written weight by weight from the memory-mapped fp32 graph
+    (quantise.quantise_int4_matmuls) by onnxruntime's own 4-bit kernel."""
     import onnx_ir as ir
-    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    model = onnx.load(str(src))
-    quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=block_size, is_symmetric=False,
-                                     accuracy_level=accuracy_level, op_types_to_quantize=("MatMul",),
-                                     quant_axes=(("MatMul", 0),))
-    quantizer.process()
-    return ir.from_proto(quantizer.model.model)
+    from .quantise import quantise_int4_matmuls
+
+    model = ir.load(src)
+    quantise_int4_matmuls(model, weight_matmuls(model), block_size=block_size,
+                          accuracy_level=accuracy_level)
+    return model
 
 
 def convert_fp16(src: Path, calibration: Sequence[dict[str, Any]] | None, *,

@@ -316,3 +316,85 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
     assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
     assert "64 tokens" not in below and "221 tokens" not in below
     assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
+# ----------------------------------------------------------------------------- int4, streamed
+def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
+    """The weight-by-weight int4 writer gives the very MatMulNBits weights, scales and zero points
+    onnxruntime's MatMulNBitsQuantizer (the whole-model path it replaces) gives."""
+    import onnx
+    import onnx_ir as ir
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    from colembed_export import recipes as R
+
+    src = exported_variants.folder / "text.onnx"
+    proto = onnx.load(str(src))
+    old = MatMulNBitsQuantizer(proto, bits=4, block_size=R.INT4_BLOCK_SIZE, is_symmetric=False,
+                               accuracy_level=R.INT4_ACCURACY_LEVEL, op_types_to_quantize=("MatMul",),
+                               quant_axes=(("MatMul", 0),))
+    old.process()
+    old_model = ir.from_proto(old.model.model)
+    new_model = R.quantize_int4(src)
+
+    def nbits(model):
+        found = {}
+        for node in model.graph:
+            if node.op_type == "MatMulNBits":
+                found[node.inputs[0].name] = found.get(node.inputs[0].name, []) + [
+                    ({k: a.value for k, a in node.attributes.items()},
+                     [v.const_value.numpy() for v in node.inputs[1:]])]
+        return found
+
+    old_nodes, new_nodes = nbits(old_model), nbits(new_model)
+    assert sum(map(len, new_nodes.values())) == sum(map(len, old_nodes.values())) > 0
+    for activation, rows in old_nodes.items():
+        for (old_attrs, old_arrays), (new_attrs, new_arrays) in zip(
+                sorted(rows, key=lambda r: r[1][1].shape), sorted(new_nodes[activation],
+                                                                  key=lambda r: r[1][1].shape)):
+            assert new_attrs == old_attrs
+            for a, b in zip(old_arrays, new_arrays):
+                np.testing.assert_array_equal(a.reshape(b.shape), b)
+
+
+INT4_MEMORY_PROBE = """
+import json, sys
+from pathlib import Path
+from colembed_export.measure import peak_rss_bytes, rss_bytes, _reset_peak
+from colembed_export.recipes import quantize_int4
+import onnxruntime.capi._pybind_state, onnx_ir  # noqa: F401  (imported before the baseline)
+before = rss_bytes()
+_reset_peak()
+model = quantize_int4(Path(sys.argv[1]))
+print(json.dumps({"before": before, "peak": peak_rss_bytes()}))
+"""
+
+
+def test_int4_writer_holds_one_fp32_weight_at_a_time(tmp_path):
+    """400 MB of fp32 weights: the int4 graph is made with less than half of that in memory
+    (the int4 weights plus one mapped fp32 weight); the whole-model quantizer loaded all of it."""
+    import json
+    import subprocess
+    import sys
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    depth, width, count = 2048, 6144, 8
+    nodes, weights, outputs = [], [], []
+    for i in range(count):
+        weights.append(numpy_helper.from_array(rng.standard_normal((depth, width), np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}"))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, width]))
+    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [1, depth])], outputs, initializer=weights)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    src = tmp_path / "wide.onnx"
+    onnx.save(model, str(src), save_as_external_data=True, location="wide.onnx_data")
+    del model, graph, weights
+    fp32_bytes = depth * width * count * 4
+    run = subprocess.run([sys.executable, "-c", INT4_MEMORY_PROBE, str(src)], capture_output=True,
+                         text=True, check=True)
+    figures = json.loads(run.stdout.strip().splitlines()[-1])
+    assert figures["peak"] - figures["before"] < 0.5 * fp32_bytes, figures
