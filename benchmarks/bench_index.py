@@ -176,8 +176,10 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
     return synthetic_queries(pages, count), query_targets(pages, count)
 
 
-def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
-    """Insert `pages` pages into a new store in `folder` (one subprocess)."""
+def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide",
+                 pool_factor: int = 1) -> dict:
+    """Insert `pages` pages into a new store in `folder` (one subprocess); `pool_factor` > 1
+    stores them hierarchically pooled (colembed/index/pooling.py, as `Index(pool_factor=)`)."""
     from colembed.index.schema import make_point
     from colembed.index.backends import open_store
 
@@ -189,7 +191,8 @@ def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide"
         batch.append(make_point(vectors, layout, {
             "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
             "width": 683, "height": 883, "model": "synthetic", "variant": "fp32",
-            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i}))
+            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i,
+            "pool_factor": pool_factor}))
         if len(batch) == 64:
             store.upsert(batch)
             batch = []
@@ -249,7 +252,9 @@ def _quality(store, pages: int, data: str) -> dict:
             worst = max(worst, abs(float((q @ stored[h.id].T).max(axis=1).sum()) - h.score))
     recall = lambda rows: float(np.mean([len({h.id for h in a} & {h.id for h in b}) / K  # noqa: E731
                                          for a, b in zip(exact, rows)]))
-    return {"recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
+    serials = lambda rows: [[int(h.payload["serial"]) for h in r] for r in rows]  # noqa: E731
+    return {"exact_top": serials(exact), "two_stage_top": serials(fast),
+            "needle_targets": [int(t) for t in targets],"recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
             "target_at_1": {"exact": first(exact), "two-stage": first(fast),
                             "previous": first(previous)},
             "needle_at_10": {"edge-exact": needle(exact),
@@ -278,7 +283,8 @@ def run_worker(args) -> None:
     if args.worker == "numpy":
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
-        out = worker_build(args.worker[6:], args.pages, folder, args.set[0])
+        out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
+                           (args.pool_factor or [1])[0])
     elif args.worker.startswith("ingest:"):
         out = bench_ingest(args.worker[7:], args.model, folder)
     else:
@@ -294,6 +300,52 @@ def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int]) -> dict:
+    """Index-time pooling: per pool factor a store of the same pages (factor 1: unpooled), its
+    default two-stage plan and its exact scan; quality against the unpooled store's exact top 10
+    (`pooling_markdown`). One store on disk at a time."""
+    results = {}
+    for factor in sorted(set(factors) | {1}):
+        folder = scratch / f"edge-{data}-{pages}-pool{factor}"
+        extra = ("--set", data, "--pool-factor", str(factor))
+        build = _sub("build:edge", pages, folder, extra)
+        for backend in ("edge-two-stage", "edge-exact"):
+            results[f"{backend}-pool{factor}"] = {**build, **_sub(f"query:{backend}", pages,
+                                                                   folder, extra)}
+            print(data, backend, factor, pages, results[f"{backend}-pool{factor}"],
+                  file=sys.stderr, flush=True)
+        shutil.rmtree(folder)
+    return results
+
+
+def pooling_markdown(by_store: dict) -> list[str]:
+    """Per pool factor: needle in the top 10 and recall@10 against the unpooled exact scan, for
+    the pooled store's exact scan and its default plan; size, insert rate, query time."""
+    truth = by_store["edge-two-stage-pool1"]
+    exact_top, targets = truth["exact_top"], truth["needle_targets"]
+    recall = lambda rows: float(np.mean([len(set(a) & set(b)) / K  # noqa: E731
+                                         for a, b in zip(exact_top, rows)]))
+    needle = lambda rows: float(np.mean([t in r for r, t in zip(rows, targets)]))  # noqa: E731
+    lines = ["| pool factor | disk MiB | insert pages/s | exact: needle@10 | exact: recall@10 | "
+             "default: needle@10 | default: recall@10 | default 1 query p50 / p90 ms | default "
+             "16 queries p50 / p90 ms | exact 1 query p50 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    factors = sorted({int(k.rpartition("pool")[2]) for k in by_store})
+    for f in factors:
+        two, exact = by_store[f"edge-two-stage-pool{f}"], by_store[f"edge-exact-pool{f}"]
+        lines.append(
+            f"| {f} | {two['disk_mib']:.0f} | {two['insert_pages_per_s']:.1f} | "
+            f"{100 * needle(two['exact_top']):.0f}% | {recall(two['exact_top']):.3f} | "
+            f"{100 * needle(two['two_stage_top']):.0f}% | {recall(two['two_stage_top']):.3f} | "
+            f"{two['q1_p50_ms']:.0f} / {two['q1_p90_ms']:.0f} | {two['q16_p50_ms']:.0f} / "
+            f"{two['q16_p90_ms']:.0f} | {exact['q1_p50_ms']:.0f} |")
+    lines += ["", f"Against the unpooled store's exact top 10 (pool factor 1, exact), over "
+              f"{len(targets)} needle queries; needle = the page a query was drawn from. "
+              "Default = two-stage (token stage + mean, exact MaxSim rerank over the stored, "
+              "pooled, vectors)."]
+    return lines
+
+
 def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
                  store: Path | None = None) -> dict:
     """Every backend on one data set; `store`: an Edge folder this script built before with the
@@ -304,7 +356,7 @@ def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
     if store is None:
         build = _sub("build:edge", pages, edge, extra)
     else:
-        from colembed.index.store import upgrade_index
+        from colembed.index.backends import upgrade_index
 
         t = time.perf_counter()
         upgrade_index(store)  # a folder of an older build: its token table made from its vectors
@@ -475,6 +527,10 @@ def markdown(results: dict) -> str:
              f"Load average before / after: {results.get('load_before')} / "
              f"{results.get('load_after')} on {os.cpu_count()} cores" + load_caveat(results),
              ""]
+    for key, by_store in (results.get("pooling") or {}).items():
+        data, _, pages = key.rpartition(":")
+        lines += [f"## Index-time pooling, {int(pages):,} pages, {data} set", "",
+                  *pooling_markdown(by_store), ""]
     for key, by_backend in results["stores"].items():
         data, _, pages = key.rpartition(":")
         lines += [f"## {int(pages):,} pages, {data or 'page-wide'} set", "",
@@ -566,6 +622,9 @@ def main() -> None:
     parser.add_argument("--store", type=Path,
                         help="query this Edge folder (built before by this script with one --set "
                              "and one --pages) instead of building one")
+    parser.add_argument("--pool-factor", type=int, action="append",
+                        help="measure index-time token pooling at these factors beside 1 "
+                             "(writes index-pooling.{md,json})")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -575,6 +634,17 @@ def main() -> None:
         return run_worker(args)
     sizes = [] if args.ingest_only else [200] if args.quick else (args.pages or [1000, 10000])
     results = {"machine": machine_info(), "load_before": load_average(), "stores": {}, "ingest": {}}
+    if args.pool_factor:
+        results["command"] = "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])
+        results["pooling"] = {}
+        BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="colembed-bench-pool-", dir=BENCH_WORKDIR) as tmp:
+            for pages in args.pages or [10000]:
+                for data in args.set:
+                    results["pooling"][f"{data}:{pages}"] = bench_pooled(
+                        pages, Path(tmp), data, args.pool_factor)
+        results["load_after"] = load_average()
+        return write_results(results, "index-pooling")
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
