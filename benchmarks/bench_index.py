@@ -644,7 +644,8 @@ def main() -> None:
                     results["pooling"][f"{data}:{pages}"] = bench_pooled(
                         pages, Path(tmp), data, args.pool_factor)
         results["load_after"] = load_average()
-        return write_results(results, "index-pooling")
+        sets = "" if len(args.set) > 1 else f"-{args.set[0]}"
+        return write_results(results, f"index-pooling{sets}-{max(args.pages or [10000])}")
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
