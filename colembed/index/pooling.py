@@ -15,9 +15,9 @@ unchanged, so every stored page still holds them and the rows / cols / mean vect
 from the unpooled page (schema.make_point), are those of an unpooled index.
 
 Why the distances are computed here and not by `linkage(distances, metric="euclidean")`: that
-runs scipy's `pdist` over tokens x tokens rows (0.3 s a 744-token page on this machine), while
-the same distances follow from the 128-d vectors in two small matmuls (`1 - X Xᵀ` has rank
-<= dim + 1: |d_i - d_j|² = (x_i - x_j)ᵀ XᵀX (x_i - x_j)), ~10x less work. They agree to rounding
+runs scipy's `pdist` over n rows of n distances each (n³/2 work in a plain loop, n ~ 750), while
+the same distances follow from the dim-wide vectors in two matmuls (`1 - X Xᵀ` has rank
+<= dim + 1: |d_i - d_j|² = (x_i - x_j)ᵀ XᵀX (x_i - x_j)): n² x dim work, in BLAS. They agree to rounding
 (float64 here; colpali-engine's similarities are float32), so the clusters are the same unless two
 merge costs tie within ~1e-7 (tests/test_index_pooling.py compares with colpali-engine itself).
 
