@@ -8,8 +8,14 @@ Both versions run side by side on the same machine state: each in its own long-l
 ref, or at the folder given), with the torch eager fp32 reference as a third process for the
 x-torch columns. For each variant the driver times one item per process in turn (A B T, then
 T B A, ...), `--rounds` times, so slow drifts of a shared machine hit every side alike. Columns:
-a letter page (744 image tokens), 16 queries in one call, 1 query (the mean of 4 single calls),
-for fp32 and int8.
+a letter page (744 image tokens), 16 queries in one call, 1 query (single-query calls over the 16
+queries), for fp32 and int8.
+
+Each sample holds at least SAMPLE_SECONDS of work: the warm-up times every item once per side and
+sets the item's repeats (the same for every side, from the fastest side) so that a sample of a
+~30 ms single query or a ~0.3 s batch is not one scheduler tick of a shared machine. A "1 query"
+sample is `repeats` passes over the 16 queries, one call each (every side runs the same queries);
+its figure is the mean per call.
 
 Graphs: "same" (default when the other version can load this checkout's export: same file
 format) times both runtimes on the very same graph files, so the difference is the runtime alone;
@@ -28,6 +34,7 @@ does not model the full depth's share of attention, see `--full`).
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -45,7 +52,8 @@ COLUMNS = {  # column key -> (variant, item)
     "1 query fp32": ("fp32", "q1"), "page int8": ("int8", "page"),
     "16 queries int8": ("int8", "q16"), "1 query int8": ("int8", "q1"),
 }
-SINGLE_QUERIES = 4  # single-query calls per "1 query" measurement (their mean)
+SINGLE_QUERIES = 16  # single-query calls per pass of a "1 query" sample (QUERIES[:16], one each)
+SAMPLE_SECONDS = 0.5  # the least work in one timed sample (see the module docstring)
 
 
 # ------------------------------------------------------------------------------- the worker
@@ -73,16 +81,20 @@ class _Embedder:
             where = colembed.__file__
         return {"load_s": time.perf_counter() - start, "module": where}
 
-    def time(self, item: str) -> dict[str, Any]:
+    def time(self, item: str, repeats: int = 1) -> dict[str, Any]:
+        """Seconds per call of `item`, the mean over `repeats` calls (for "q1": `repeats`
+        passes over the 16 queries, one single-query call each)."""
         model = self.model
         if item == "page":
-            return {"s": timed(lambda: model.embed_images([self.page]))}
-        if item == "q16":
-            return {"s": timed(lambda: model.embed_queries(QUERIES[:16], batch_size=16))}
-        if item == "q1":
-            total = sum(timed(lambda q=q: model.embed_queries([q])) for q in QUERIES[:SINGLE_QUERIES])
-            return {"s": total / SINGLE_QUERIES}
-        raise ValueError(f"unknown item {item!r}")
+            calls = [lambda: model.embed_images([self.page])] * repeats
+        elif item == "q16":
+            calls = [lambda: model.embed_queries(QUERIES[:16], batch_size=16)] * repeats
+        elif item == "q1":
+            calls = [lambda q=q: model.embed_queries([q])
+                     for q in QUERIES[:SINGLE_QUERIES]] * repeats
+        else:
+            raise ValueError(f"unknown item {item!r}")
+        return {"s": sum(timed(call) for call in calls) / len(calls), "calls": len(calls)}
 
 
 def worker_main() -> int:
@@ -115,7 +127,10 @@ def checkout(ref: str, work: Path) -> tuple[Path, str]:
 
 def ref_export(path: Path, ckpt: Path, out: Path, progress) -> Path:
     """The other version's own export of `ckpt` (fp32 + int8), in a subprocess on its path."""
-    if (out / "manifest.json").is_file():
+    # (imported here: the other version's worker imports this module beside its own colembed)
+    from colembed.layout import MANIFEST_NAME
+
+    if (out / MANIFEST_NAME).is_file():  # made by an earlier run: reused
         return out
     progress(f"exporting {ckpt.name} with the other version's exporter")
     code = ("import sys; from colembed_export.exporter import export_model; "
@@ -163,6 +178,7 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
     times: dict[str, dict[str, list[float]]] = {side: {c: [] for c in COLUMNS}
                                                for side in [*sides, "torch"]}
     loads: dict[str, Any] = {}
+    repeats: dict[str, int] = {}
     load_start = load_average()
     torch_worker = None if args.no_torch else Worker("torch", argv, env=sides[ours][0])
     try:
@@ -179,16 +195,22 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
                                                         threads=args.threads)
                 everyone = dict(workers, **({"torch": torch_worker} if torch_worker else {}))
                 columns = [c for c, (v, _) in COLUMNS.items() if v == variant]
-                for w in everyone.values():  # warm-up: first-run allocations, kernel choice
+                warm: dict[str, list[float]] = {c: [] for c in columns}
+                for side, w in everyone.items():  # warm-up: first-run allocations, kernel choice
                     for c in columns:
-                        w.call("time", item=COLUMNS[c][1])
+                        got = w.call("time", item=COLUMNS[c][1])
+                        if side != "torch":
+                            warm[c].append(got["s"] * got["calls"])
+                for c in columns:  # the same repeats for every side, from the fastest
+                    repeats[c] = sample_repeats(min(warm[c]))
                 for r in range(rounds):
                     order = list(everyone.items())
                     if r % 2:
                         order.reverse()
                     for c in columns:
                         for side, w in order:
-                            times[side][c].append(w.call("time", item=COLUMNS[c][1])["s"])
+                            times[side][c].append(w.call("time", item=COLUMNS[c][1],
+                                                         repeats=repeats[c])["s"])
                     progress(f"{variant} round {r + 1}/{rounds}: " + "; ".join(
                         f"{c} " + "/".join(f"{times[side][c][-1]:.3f}" for side in sides)
                         for c in columns) + f" s ({', '.join(sides)})")
@@ -201,6 +223,9 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
     results = {"against": args.against, "variants": args.against_variants, "others": others, "graphs": graphs, "rounds": rounds,
                "margin": args.margin, "loads": loads, "load_average_start": load_start,
                "load_average_end": load_average(), "model": str(ckpt.name),
+               "sample_seconds": SAMPLE_SECONDS, "repeats": repeats,
+               "calls_per_sample": {c: repeats[c] * (SINGLE_QUERIES if COLUMNS[c][1] == "q1" else 1)
+                                    for c in repeats},
                "folders": {side: str(f) for side, (_, f) in sides.items()},
                "threads": args.threads, "machine": info, "times": times,
                "versus": {other: summarise(times, ours, other, args.margin) for other in others}}
@@ -212,6 +237,14 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
     (args.out / "embed-against.md").write_text(table)
     print(table)
     return 0 if results["verdict"] == "pass" else 1
+
+
+def sample_repeats(one_sample_s: float, least_s: float = SAMPLE_SECONDS) -> int:
+    """How many repeats of an item make a sample of at least `least_s` seconds, given one
+    repeat's time on the fastest side."""
+    if one_sample_s <= 0:
+        return 1
+    return max(1, math.ceil(least_s / one_sample_s))
 
 
 def summarise(times, ours: str, other: str, margin: float) -> dict[str, Any]:
@@ -234,6 +267,15 @@ def summarise(times, ours: str, other: str, margin: float) -> dict[str, Any]:
     return {"columns": ratios, "slower_columns": slower, "verdict": "fail" if slower else "pass"}
 
 
+def samples_line(results: dict[str, Any]) -> str:
+    """What one timed sample is, per column (results before SAMPLE_SECONDS: 4 single calls)."""
+    calls = results.get("calls_per_sample")
+    if not calls:
+        return "1 query = mean of 4 single-query calls"
+    return (f"each sample >= {results['sample_seconds']} s of work on the fastest side, calls per "
+            "sample (mean per call reported): " + ", ".join(f"{c} {n}" for c, n in calls.items()))
+
+
 def markdown(results: dict[str, Any]) -> str:
     ours = "this checkout"
     lines = [f"# colembed against {results['against']}, interleaved in one run", "",
@@ -244,7 +286,7 @@ def markdown(results: dict[str, Any]) -> str:
              + ", ".join(f"{k}: {v}" for k, v in results["graphs"].items())
              + f" (same = every version on this checkout's export, {results['folders'][ours]}); "
              f"{results['rounds']} rounds after a warm-up, each round one item per process in "
-             "turn, order reversed every other round; 1 query = mean of 4 single-query calls", "",
+             "turn, order reversed every other round; " + samples_line(results), "",
              f"Verdict: **{results['verdict']}** (fails when a column's median over rounds of "
              f"REF / this-checkout time < {1 - results['margin']:.2f}; margin "
              f"{results['margin']:.0%})", ""]

@@ -227,10 +227,12 @@ def quantize_int8(src: Path, work: Path | None = None, *,
     import numpy as np
     import onnx_ir as ir
 
+    from .gemm_as_matmul import gemms_as_matmuls
     from .graph_edits import channel_maxima_per_feed, module_path, smoothing_factors
     from .quantise import WEIGHT_PEAK, quantise_matmuls
 
     model = ir.load(src)
+    gemms_as_matmuls(model)  # the vision merger's Linears come out as Gemm: int8 them too
     matmuls = weight_matmuls(model)
     factors: dict[str, Any] = {}
     outliers: dict[str, Any] = {}
