@@ -448,6 +448,12 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or RESULTS / ("scoring-quick.md" if args.quick else "scoring.md")
 
     info = machine_info()  # before the run (load average at start) and before torch loads
+    import importlib.metadata
+
+    try:
+        info["versions"]["fast-maxsim"] = importlib.metadata.version("fast-maxsim")
+    except importlib.metadata.PackageNotFoundError:
+        pass
     from colembed.scoring import MaxSimScorer
 
     cells = "1x200,32x200" if args.quick else GRID if args.grid else args.cases
