@@ -72,14 +72,16 @@ STACKED_MAX_PAGE_TOKENS = 384  # mean over the block
 # the graph pays a padded copy of every page, numpy none). With OPENBLAS_CORETYPE=Haswell pinning
 # numpy's kernels on this AVX-512 CPU, the graph led by 1.15x at 832 (onnxruntime picks its own).
 ONNX_MIN_QUERY_TOKENS = 640
-# Few query rows against long pages (a search: 1-4 queries): each page's GEMM is small (750 x 128 x
-# 28 for one query), and a multi-threaded BLAS call per page pays a thread hand-off per page, which
-# on a busy machine waits for a descheduled thread. So the pages are split between
-# `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what fast-maxsim
-# does with its own kernels): no hand-off per page, every core busy. Needs OpenBLAS's per-thread
-# thread count (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it
-# the one-call-per-page path runs as before. Measured: benchmarks/results/scoring*.md.
-PARALLEL_MAX_QUERY_ROWS = 256
+# Pages against queries, one GEMM per page: a multi-threaded BLAS call per page pays a thread
+# hand-off per page, which on a busy machine waits for a descheduled thread. So the pages are dealt
+# to `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what
+# fast-maxsim does with its own kernels): no hand-off per page, every core busy. First for a search
+# (1-4 queries, small GEMMs); at load ~28 on the 2-core EPYC it also beat one multi-threaded call
+# per page for 32 queries (830 rows) in every interleaved round (docs/scoring.md), so every query
+# count takes it (this is the limit only tests lower). Needs OpenBLAS's per-thread thread count
+# (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it the
+# one-call-per-page path runs as before.
+PARALLEL_MAX_QUERY_ROWS = 1 << 30
 # Pages a worker takes at a time on that path (fewer when a block has few pages, so every worker
 # gets several runs): small enough that the last run of a block costs little waiting, large enough
 # that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
@@ -613,7 +615,10 @@ def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
                  floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
                  buffers: dict[str, np.ndarray]) -> None:
     page_row = 4 * q.dim  # the stacked copy of a page row
-    for a, b in q.groups(_max_group_rows(budget, int(lengths.max()), page_row)):
+    workers = _page_workers()
+    # on the worker threads every worker holds its own similarity scratch: a share of the budget
+    share = budget // workers[0] if workers is not None else budget
+    for a, b in q.groups(_max_group_rows(share, int(lengths.max()), page_row)):
         start = int(q.starts[a])
         group = q.vectors[start: start + int(q.lengths[a:b].sum())]
         rel = q.starts[a:b] - start

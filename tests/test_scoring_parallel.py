@@ -144,3 +144,15 @@ def test_an_empty_page_among_many_is_named():
     docs[23] = np.zeros((0, 128), np.float32)
     with pytest.raises(ScoringError, match="document 23: has no tokens"):
         colembed.score(qs, docs, backend="numpy")
+
+
+def test_a_batch_of_32_queries_is_scored_on_the_worker_threads_too(monkeypatch):
+    """~830 query rows: one multi-threaded BLAS call per page lost to the worker threads under
+    load (PARALLEL_MAX_QUERY_ROWS); the scores stay the serial path's."""
+    qs, docs = _data(pages=24, queries=32, seed=5)
+    calls = _recording(monkeypatch)
+    got = colembed.score(qs, docs, backend="numpy")
+    assert sum(len(q) for q in qs) > 256
+    assert calls and all(name.startswith("colembed-maxsim") for name, _ in calls)
+    assert sum(n for _, n in calls) == len(docs)
+    np.testing.assert_allclose(got, _serial(qs, docs, monkeypatch), rtol=1e-5, atol=1e-4)
