@@ -48,7 +48,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import load_average, machine_info  # noqa: E402
+from common import BENCH_WORKDIR, load_average, machine_info  # noqa: E402
 from index_ingest import INGEST_MODELS, bench_ingest  # noqa: E402
 from index_report import write_results  # noqa: E402
 from index_stores import (CLIENT_LOCAL_MAX_PAGES, EDGE_BACKENDS, NUMPY_MAX_PAGES, SETS,  # noqa: E402
@@ -61,7 +61,8 @@ def run_worker(args) -> None:
     if args.worker == "numpy":
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
-        out = worker_build(args.worker[6:], args.pages, folder, args.set[0])
+        out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
+                           (args.pool_factor or [1])[0])
     elif args.worker.startswith("ingest:"):
         out = bench_ingest(args.worker[7:], args.model, folder)
     else:
@@ -78,6 +79,24 @@ def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int]) -> dict:
+    """Index-time pooling: per pool factor a store of the same pages (factor 1: unpooled), its
+    default two-stage plan and its exact scan; quality against the unpooled store's exact top 10
+    (`index_report.pooling_markdown`). One store on disk at a time."""
+    results = {}
+    for factor in sorted(set(factors) | {1}):
+        folder = scratch / f"edge-{data}-{pages}-pool{factor}"
+        extra = ("--set", data, "--pool-factor", str(factor))
+        build = _sub("build:edge", pages, folder, extra)
+        for backend in ("edge-two-stage", "edge-exact"):
+            results[f"{backend}-pool{factor}"] = {**build, **_sub(f"query:{backend}", pages,
+                                                                   folder, extra)}
+            print(data, backend, factor, pages, results[f"{backend}-pool{factor}"],
+                  file=sys.stderr, flush=True)
+        shutil.rmtree(folder)
+    return results
+
+
 def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
                  store: Path | None = None) -> dict:
     """Every backend on one data set; `store`: an Edge folder this script built before with the
@@ -88,7 +107,7 @@ def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
     if store is None:
         build = _sub("build:edge", pages, edge, extra)
     else:
-        from colembed.index.store import upgrade_index
+        from colembed.index.backends import upgrade_index
 
         t = time.perf_counter()
         upgrade_index(store)  # a folder of an older build: its token table made from its vectors
@@ -129,6 +148,9 @@ def main() -> None:
     parser.add_argument("--store", type=Path,
                         help="query this Edge folder (built before by this script with one --set "
                              "and one --pages) instead of building one")
+    parser.add_argument("--pool-factor", type=int, action="append",
+                        help="measure index-time token pooling at these factors beside 1 "
+                             "(writes index-pooling.{md,json})")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -138,6 +160,18 @@ def main() -> None:
         return run_worker(args)
     sizes = [] if args.ingest_only else [200] if args.quick else (args.pages or [1000, 10000])
     results = {"machine": machine_info(), "load_before": load_average(), "stores": {}, "ingest": {}}
+    if args.pool_factor:
+        results["command"] = "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])
+        results["pooling"] = {}
+        BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="colembed-bench-pool-", dir=BENCH_WORKDIR) as tmp:
+            for pages in args.pages or [10000]:
+                for data in args.set:
+                    results["pooling"][f"{data}:{pages}"] = bench_pooled(
+                        pages, Path(tmp), data, args.pool_factor)
+        results["load_after"] = load_average()
+        sets = "" if len(args.set) > 1 else f"-{args.set[0]}"
+        return write_results(results, f"index-pooling{sets}-{max(args.pages or [10000])}")
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:

@@ -7,9 +7,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
+
 from common import load_caveat, markdown_header
 from index_ingest import INGEST_ROUNDS
-from index_stores import EDGE_BACKENDS
+from index_stores import EDGE_BACKENDS, K
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -25,6 +27,10 @@ def markdown(results: dict) -> str:
              f"Load average before / after: {results.get('load_before')} / "
              f"{results.get('load_after')} on {os.cpu_count()} cores" + load_caveat(results),
              ""]
+    for key, by_store in (results.get("pooling") or {}).items():
+        data, _, pages = key.rpartition(":")
+        lines += [f"## Index-time pooling, {int(pages):,} pages, {data} set", "",
+                  *pooling_markdown(by_store), ""]
     for key, by_backend in results["stores"].items():
         data, _, pages = key.rpartition(":")
         lines += [f"## {int(pages):,} pages, {data or 'page-wide'} set", "",
@@ -47,6 +53,34 @@ def markdown(results: dict) -> str:
     for name, i in (results.get("ingest") or {}).items():
         lines += ingest_markdown(name, i)
     return "\n".join(lines)
+
+
+def pooling_markdown(by_store: dict) -> list[str]:
+    """Per pool factor: needle in the top 10 and recall@10 against the unpooled exact scan, for
+    the pooled store's exact scan and its default plan; size, insert rate, query time."""
+    truth = by_store["edge-two-stage-pool1"]
+    exact_top, targets = truth["exact_top"], truth["needle_targets"]
+    recall = lambda rows: float(np.mean([len(set(a) & set(b)) / K  # noqa: E731
+                                         for a, b in zip(exact_top, rows)]))
+    needle = lambda rows: float(np.mean([t in r for r, t in zip(rows, targets)]))  # noqa: E731
+    lines = ["| pool factor | disk MiB | insert pages/s | exact: needle@10 | exact: recall@10 | "
+             "default: needle@10 | default: recall@10 | default 1 query p50 / p90 ms | default "
+             "16 queries p50 / p90 ms | exact 1 query p50 ms |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    factors = sorted({int(k.rpartition("pool")[2]) for k in by_store})
+    for f in factors:
+        two, exact = by_store[f"edge-two-stage-pool{f}"], by_store[f"edge-exact-pool{f}"]
+        lines.append(
+            f"| {f} | {two['disk_mib']:.0f} | {two['insert_pages_per_s']:.1f} | "
+            f"{100 * needle(two['exact_top']):.0f}% | {recall(two['exact_top']):.3f} | "
+            f"{100 * needle(two['two_stage_top']):.0f}% | {recall(two['two_stage_top']):.3f} | "
+            f"{two['q1_p50_ms']:.0f} / {two['q1_p90_ms']:.0f} | {two['q16_p50_ms']:.0f} / "
+            f"{two['q16_p90_ms']:.0f} | {exact['q1_p50_ms']:.0f} |")
+    lines += ["", f"Against the unpooled store's exact top 10 (pool factor 1, exact), over "
+              f"{len(targets)} needle queries; needle = the page a query was drawn from. "
+              "Default = two-stage (token stage + mean, exact MaxSim rerank over the stored, "
+              "pooled, vectors)."]
+    return lines
 
 
 def quality_markdown(by_backend: dict) -> list[str]:

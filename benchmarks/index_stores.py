@@ -88,8 +88,10 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
     return synthetic_queries(pages, count), query_targets(pages, count)
 
 
-def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
-    """Insert `pages` pages into a new store in `folder` (one subprocess)."""
+def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide",
+                 pool_factor: int = 1) -> dict:
+    """Insert `pages` pages into a new store in `folder` (one subprocess); `pool_factor` > 1
+    stores them hierarchically pooled (colembed/index/pooling.py, as `Index(pool_factor=)`)."""
     from colembed.index.schema import make_point
     from colembed.index.backends import open_store
 
@@ -101,7 +103,8 @@ def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide"
         batch.append(make_point(vectors, layout, {
             "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
             "width": 683, "height": 883, "model": "synthetic", "variant": BASE_VARIANT,
-            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i}))
+            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i,
+            "pool_factor": pool_factor}))
         if len(batch) == 64:
             store.upsert(batch)
             batch = []
@@ -161,7 +164,10 @@ def _quality(store, pages: int, data: str) -> dict:
             worst = max(worst, abs(float((q @ stored[h.id].T).max(axis=1).sum()) - h.score))
     recall = lambda rows: float(np.mean([len({h.id for h in a} & {h.id for h in b}) / K  # noqa: E731
                                          for a, b in zip(exact, rows)]))
-    return {"recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
+    serials = lambda rows: [[int(h.payload["serial"]) for h in r] for r in rows]  # noqa: E731
+    return {"exact_top": serials(exact), "two_stage_top": serials(fast),
+            "needle_targets": [int(t) for t in targets],
+            "recall_at_10": recall(fast), "previous_recall_at_10": recall(previous),
             "target_at_1": {"exact": first(exact), "two-stage": first(fast),
                             "previous": first(previous)},
             "needle_at_10": {"edge-exact": needle(exact),

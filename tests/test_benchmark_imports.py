@@ -121,3 +121,11 @@ def test_the_check_sees_a_script_import_a_lazy_one_and_a_missing_name(tmp_path):
         "bench_c.py:2 imports ['Y'] that common.py does not define",
         "gen.py:2 imports bench_a",
     ]
+
+
+def test_every_benchmark_compiles():
+    """Parsing is not compiling: a `global` after the name's use (or a misplaced `nonlocal`) is
+    only refused by the compiler, and a benchmark that cannot start is found here, not at the
+    start of a long run."""
+    for path in sorted(BENCHMARKS.glob("*.py")):
+        compile(path.read_text(encoding="utf-8"), str(path), "exec")
