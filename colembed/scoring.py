@@ -72,14 +72,22 @@ STACKED_MAX_PAGE_TOKENS = 384  # mean over the block
 # the graph pays a padded copy of every page, numpy none). With OPENBLAS_CORETYPE=Haswell pinning
 # numpy's kernels on this AVX-512 CPU, the graph led by 1.15x at 832 (onnxruntime picks its own).
 ONNX_MIN_QUERY_TOKENS = 640
-# Few query rows against long pages (a search: 1-4 queries): each page's GEMM is small (750 x 128 x
-# 28 for one query), and a multi-threaded BLAS call per page pays a thread hand-off per page, which
-# on a busy machine waits for a descheduled thread. So the pages are split between
-# `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what fast-maxsim
-# does with its own kernels): no hand-off per page, every core busy. Needs OpenBLAS's per-thread
-# thread count (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it
-# the one-call-per-page path runs as before. Measured: benchmarks/results/scoring*.md.
-PARALLEL_MAX_QUERY_ROWS = 256
+# Pages against queries, one GEMM per page: a multi-threaded BLAS call per page pays a thread
+# hand-off per page, which on a busy machine waits for a descheduled thread. So the pages are dealt
+# to `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what
+# fast-maxsim does with its own kernels): no hand-off per page, every core busy. First for a search
+# (1-4 queries, small GEMMs); at load ~28 on the 2-core EPYC it also beat one multi-threaded call
+# per page for 32 queries (830 rows) in every interleaved round (docs/scoring.md), so every query
+# count takes it (this is the limit only tests lower). Needs OpenBLAS's per-thread thread count
+# (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it the
+# one-call-per-page path runs as before.
+PARALLEL_MAX_QUERY_ROWS = 1 << 30
+# Pages a worker takes at a time on that path (fewer when a block has few pages, so every worker
+# gets several runs): small enough that the last run of a block costs little waiting, large enough
+# that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
+PARALLEL_CHUNK_PAGES = 8
+# `_column_max` views this many similarity rows as one row (see there).
+MAX_GROUP_ROWS = 8
 _F32 = np.dtype(np.float32)
 _ACCEPTED_DTYPES = (np.dtype(np.float16), _F32, np.dtype(np.float64))
 
@@ -207,17 +215,43 @@ def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarra
 
 
 # ----------------------------------------------------------------------------- numpy kernels
-def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                    floor: np.ndarray | None, first: int) -> np.ndarray:
-    """One GEMM per page against all query rows; no copy of the pages. Returns (Q, pages)."""
-    rows = q.shape[0]
-    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2)
-    best = np.empty((len(docs), rows + 2), dtype=np.float32)
-    scratch = np.empty(max(len(d) for d in docs) * (rows + 2), dtype=np.float32)
+def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
+                 scratch: np.ndarray) -> None:
+    """`best[j]` = max over the rows of page `j` of its similarities to every column of `qt`
+    (dim, rows): one sgemm per page on the caller's array (no copy of the page), its (tokens,
+    rows) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
+    (longest page) x rows floats."""
+    cols = qt.shape[1]
     for j, d in enumerate(docs):
-        sims = scratch[: len(d) * (rows + 2)].reshape(len(d), rows + 2)
+        sims = scratch[: len(d) * cols].reshape(len(d), cols)
         np.matmul(d, qt, out=sims, dtype=np.float32)
-        np.max(sims, axis=0, out=best[j])
+        _column_max(sims, best[j])
+
+
+def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
+    """`out` = the max over the rows of C-contiguous `sims` (tokens, cols), bitwise `sims.max(0)`.
+
+    numpy's axis-0 reduction runs one short inner loop per row (`cols` elements: ~28 for one
+    query), so its per-row overhead costs as much as a sixth of the page's GEMM. Viewing
+    `MAX_GROUP_ROWS` rows as one long row makes the inner loop that many times longer; the max of
+    the group's `MAX_GROUP_ROWS` partial results, and of the leftover rows, finishes it (max is
+    exact, so the grouping changes no bit). Measured: benchmarks/results/scoring-grid.md."""
+    tokens, cols = sims.shape
+    whole = tokens - tokens % MAX_GROUP_ROWS
+    if whole == 0:
+        np.max(sims, axis=0, out=out)
+        return
+    grouped = sims.reshape(-1)[: whole * cols].reshape(whole // MAX_GROUP_ROWS, MAX_GROUP_ROWS * cols)
+    np.max(np.max(grouped, axis=0).reshape(MAX_GROUP_ROWS, cols), axis=0, out=out)
+    if whole < tokens:
+        np.maximum(out, np.max(sims[whole:], axis=0), out=out)
+
+
+def _finish_per_page(best: np.ndarray, rows: int, starts: np.ndarray, docs: list[np.ndarray],
+                     floor: np.ndarray | None, first: int) -> np.ndarray:
+    """(Q, pages) scores from the per-page maxima `best` (pages, rows+2) of the query rows and
+    the two sign rows: the pages checked for NaN/inf, the reference's zero rows, the sum over each
+    query's rows."""
     _check_rows_finite(best[:, rows:], docs, first)
     maxima = best[:, :rows]
     if floor is not None and floor.any():
@@ -225,27 +259,51 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     return np.add.reduceat(maxima, starts, axis=1).T
 
 
+def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
+                    floor: np.ndarray | None, first: int) -> np.ndarray:
+    """One GEMM per page against all query rows (BLAS on every core within each call); no copy
+    of the pages. Returns (Q, pages)."""
+    rows = q.shape[0]
+    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2)
+    best = np.empty((len(docs), rows + 2), dtype=np.float32)
+    scratch = np.empty(max(len(d) for d in docs) * (rows + 2), dtype=np.float32)
+    _page_maxima(qt, docs, best, scratch)
+    return _finish_per_page(best, rows, starts, docs, floor, first)
+
+
 def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
                              floor: np.ndarray | None, first: int) -> np.ndarray:
-    """`_numpy_per_page` over contiguous shares of the pages, one per worker thread, each with a
-    single-threaded BLAS (PARALLEL_MAX_QUERY_ROWS); the same products, so the same scores."""
+    """`_numpy_per_page` with the pages dealt out to one worker thread per core, each calling a
+    single-threaded BLAS (PARALLEL_MAX_QUERY_ROWS): the same per-page products, so the same scores.
+
+    The pages are dealt in runs of `PARALLEL_CHUNK_PAGES` that each worker takes from a shared
+    counter when it is free, not in one fixed share per worker: on a shared machine a worker that
+    the OS deschedules for a while then simply takes fewer runs, while with fixed shares the others
+    finished theirs and waited (every block of pages ended on the slowest worker)."""
     workers = _page_workers()
     if workers is None or len(docs) < 2 * workers[0]:
         return _numpy_per_page(q, starts, docs, floor, first)
     count, pool, limit = workers
-    bounds = np.linspace(0, len(docs), count + 1).astype(int)
+    rows = q.shape[0]
+    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2), read by every worker
+    best = np.empty((len(docs), rows + 2), dtype=np.float32)
+    run = max(1, min(PARALLEL_CHUNK_PAGES, len(docs) // (4 * count)))
+    runs = itertools.count()  # next() is atomic under the GIL: each run is taken once
+    longest = max(len(d) for d in docs)
 
-    def share(k: int) -> np.ndarray:
-        a, b = int(bounds[k]), int(bounds[k + 1])
+    def work() -> None:
         previous = limit(1)
         try:
-            return _numpy_per_page(q, starts, docs[a:b], None if floor is None else floor[a:b],
-                                   first + a)
+            scratch = np.empty(longest * (rows + 2), dtype=np.float32)
+            while (a := next(runs) * run) < len(docs):
+                _page_maxima(qt, docs[a:a + run], best[a:a + run], scratch)
         finally:
             limit(previous)
 
-    futures = [pool.submit(share, k) for k in range(count)]
-    return np.concatenate([f.result() for f in futures], axis=1)
+    futures = [pool.submit(work) for _ in range(count)]
+    for f in futures:
+        f.result()
+    return _finish_per_page(best, rows, starts, docs, floor, first)
 
 
 _WORKERS: Any = False  # not looked up yet
@@ -557,7 +615,10 @@ def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
                  floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
                  buffers: dict[str, np.ndarray]) -> None:
     page_row = 4 * q.dim  # the stacked copy of a page row
-    for a, b in q.groups(_max_group_rows(budget, int(lengths.max()), page_row)):
+    workers = _page_workers()
+    # on the worker threads every worker holds its own similarity scratch: a share of the budget
+    share = budget // workers[0] if workers is not None else budget
+    for a, b in q.groups(_max_group_rows(share, int(lengths.max()), page_row)):
         start = int(q.starts[a])
         group = q.vectors[start: start + int(q.lengths[a:b].sum())]
         rel = q.starts[a:b] - start

@@ -1,9 +1,12 @@
-"""Few queries against long pages are scored in page shares on worker threads, each with a
-single-threaded BLAS (scoring.PARALLEL_MAX_QUERY_ROWS; speed in benchmarks/results/scoring*.md).
-These tests hold that the path is taken, gives the serial path's scores, and still names a bad
-page by its index in the whole list."""
+"""Few queries against long pages are scored on worker threads, each with a single-threaded BLAS,
+the pages dealt in runs from a shared counter (scoring.PARALLEL_MAX_QUERY_ROWS,
+PARALLEL_CHUNK_PAGES; speed in benchmarks/results/scoring-grid.md). These tests hold that the path
+is taken, that a stalled worker's pages are taken by the others, that it gives the serial path's
+scores, and that it still names a bad page by its index in the whole list."""
 
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import pytest
@@ -29,16 +32,58 @@ def _serial(qs, docs, monkeypatch, **kw):
         return colembed.score(qs, docs, backend="numpy", **kw)
 
 
-def test_a_search_is_split_between_the_worker_threads(monkeypatch):
+def _recording(monkeypatch):
+    """Patch the per-page kernel to record (thread name, first page, pages) of every run."""
+    calls, lock = [], threading.Lock()
+    original = scoring._page_maxima
+
+    def page_maxima(qt, docs, best, scratch):
+        original(qt, docs, best, scratch)
+        with lock:
+            calls.append((threading.current_thread().name, len(docs)))
+
+    monkeypatch.setattr(scoring, "_page_maxima", page_maxima)
+    return calls
+
+
+def test_a_search_is_dealt_to_the_worker_threads_in_runs(monkeypatch):
     qs, docs = _data()
-    calls = []
-    original = scoring._numpy_per_page
-    monkeypatch.setattr(scoring, "_numpy_per_page",
-                        lambda q, s, d, f, first: calls.append((first, len(d))) or original(q, s, d, f, first))
+    calls = _recording(monkeypatch)
     colembed.score(qs, docs, backend="numpy")
-    workers = scoring._page_workers()[0]
-    assert len(calls) == workers and sum(n for _, n in calls) == len(docs)
-    assert [first for first, _ in calls] == sorted(first for first, _ in calls)
+    assert sum(n for _, n in calls) == len(docs)
+    assert all(name.startswith("colembed-maxsim") for name, _ in calls)
+    # several runs per worker (PARALLEL_CHUNK_PAGES, fewer for a short list), not one share each
+    assert len(calls) >= 4 * scoring._page_workers()[0]
+
+
+def test_a_stalled_worker_does_not_hold_back_the_others(monkeypatch):
+    """The first run taken stalls (as a worker descheduled by a busy machine does) until the
+    other workers have scored every other page: with runs dealt from a shared counter they do;
+    with one fixed share per worker (the old split) the stalled worker's share waits for it."""
+    qs, docs = _data(pages=96)
+    original = scoring._page_maxima
+    lock, state = threading.Lock(), {"stalled": None, "others": 0, "run": 0}
+    released = threading.Event()
+
+    def page_maxima(qt, pages, best, scratch):
+        with lock:
+            stall = state["stalled"] is None
+            if stall:
+                state["stalled"], state["run"] = threading.current_thread().name, len(pages)
+        if stall:
+            released.wait(timeout=20)
+        original(qt, pages, best, scratch)
+        if not stall:
+            with lock:
+                state["others"] += len(pages)
+                if state["others"] + state["run"] == len(docs):
+                    released.set()
+
+    monkeypatch.setattr(scoring, "_page_maxima", page_maxima)
+    got = colembed.score(qs, docs, backend="numpy")
+    assert released.is_set(), (f"the other workers scored {state['others']} of "
+                               f"{len(docs) - state['run']} pages while one worker stalled")
+    np.testing.assert_allclose(got, _serial(qs, docs, monkeypatch), rtol=1e-5, atol=1e-4)
 
 
 @pytest.mark.parametrize("queries", [1, 4])
@@ -68,3 +113,46 @@ def test_a_bad_page_in_a_later_share_is_named_by_its_index():
     docs[37][5, 3] = np.nan
     with pytest.raises(ScoringError, match="document 37"):
         colembed.score(qs, docs, backend="numpy")
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 8, 9, 16, 757, 800])
+@pytest.mark.parametrize("cols", [1, 3, 22, 831])
+def test_the_grouped_column_max_is_numpy_max_bit_for_bit(tokens, cols):
+    rng = np.random.default_rng(tokens * 1000 + cols)
+    sims = rng.standard_normal((tokens, cols)).astype(np.float32)
+    sims[rng.integers(0, tokens), rng.integers(0, cols)] = np.nan  # NaN still propagates
+    out = np.empty(cols, np.float32)
+    scoring._column_max(sims, out)
+    np.testing.assert_array_equal(out, sims.max(axis=0))
+
+
+def test_one_token_pages_and_queries_on_the_worker_threads():
+    """Edge lengths on the parallel path: 1-token queries, 1- to 9-token pages between long ones
+    (shorter than a max group, one group, a group and a row), against a float64 brute force."""
+    rng = np.random.default_rng(7)
+    qs = [rng.standard_normal((n, 128)).astype(np.float32) for n in (1, 1, 2, 19)]
+    lengths = [1, 750, 2, 7, 8, 9, 1, 801, 3, 16, 1] * 4
+    docs = [rng.standard_normal((n, 128)).astype(np.float32) for n in lengths]
+    want = np.array([[(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum()
+                      for d in docs] for q in qs])
+    got = colembed.score(qs, docs, backend="numpy")
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
+
+
+def test_an_empty_page_among_many_is_named():
+    qs, docs = _data()
+    docs[23] = np.zeros((0, 128), np.float32)
+    with pytest.raises(ScoringError, match="document 23: has no tokens"):
+        colembed.score(qs, docs, backend="numpy")
+
+
+def test_a_batch_of_32_queries_is_scored_on_the_worker_threads_too(monkeypatch):
+    """~830 query rows: one multi-threaded BLAS call per page lost to the worker threads under
+    load (PARALLEL_MAX_QUERY_ROWS); the scores stay the serial path's."""
+    qs, docs = _data(pages=24, queries=32, seed=5)
+    calls = _recording(monkeypatch)
+    got = colembed.score(qs, docs, backend="numpy")
+    assert sum(len(q) for q in qs) > 256
+    assert calls and all(name.startswith("colembed-maxsim") for name, _ in calls)
+    assert sum(n for _, n in calls) == len(docs)
+    np.testing.assert_allclose(got, _serial(qs, docs, monkeypatch), rtol=1e-5, atol=1e-4)
