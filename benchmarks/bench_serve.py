@@ -326,8 +326,10 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
     while time.perf_counter() - start < seconds and rec.count < max_requests:
         time.sleep(min(window, max(0.0, seconds - (time.perf_counter() - start))))
         now = time.perf_counter()
-        windows.append({"t_s": round(now - start, 1), **{f"{k}_mib": v for k, v in
-                                                          server_rss_mib(pid).items()},
+        memory = server_rss_mib(pid)
+        processes = memory.pop("processes")
+        windows.append({"t_s": round(now - start, 1), "processes": processes,
+                        **{f"{k}_mib": v for k, v in memory.items()},
                         "requests_per_s": (rec.count - last_count) / (now - last_t)})
         last_count, last_t = rec.count, now
     stop.set()
