@@ -1,8 +1,7 @@
 """`colembed serve` under load, on loopback only: throughput, latency, errors, RSS over a soak, and
 the HTTP layer's cost per search against `Index.search` in-process.
 
-    .venv/bin/python benchmarks/bench_serve.py                   # 10,000 pages, 8 clients, 180 s soak
-    .venv/bin/python benchmarks/bench_serve.py --soak-seconds 600 # the issue's 10-minute soak
+    .venv/bin/python benchmarks/bench_serve.py                   # 10,000 pages, 8 clients, 10 min soak
     .venv/bin/python benchmarks/bench_serve.py --quick            # 500 pages, 30 s (not committed)
 
 Setup: the tiny random-weight model (exported once into $COLEMBED_BENCH_DIR, as soak.py does)
@@ -19,11 +18,15 @@ rendering, not HTTP), clients on other machines.
    `Index.search` (Qdrant Edge allows one process per folder). The same query text goes to both,
    one at a time, the order alternating each round. Reported: p50 of each, their ratio, and the
    p50 of (client latency - the server's own Index.search time from its Server-Timing header).
+1b. /healthz during a search: an exact search (the longest single Edge call) on one connection
+   while another polls /healthz, against the server as shipped (store in a child process) and
+   one started with --store-in-process on the copy, alternating each round.
 2. Soak: `--clients` threads, each with a keep-alive connection, for `--soak-seconds` (or until
    `--max-requests`): 70% `/v1/search` (k=5, two-stage), 28% `/v1/embed/queries` (1-4 texts),
    2% deliberately over a limit (a too-long query: must be 422). Status counts, throughput,
-   p50/p99 per kind, the server's RSS sampled every `--window` seconds (growth: last window vs the
-   first after warm-up).
+   p50/p99 per kind, the memory of the server's process tree (server, store process, render
+   workers) sampled every `--window` seconds: growth (last window vs the first after warm-up) and
+   the least-squares slope after warm-up in MiB/min.
 3. Overload: `--overload-clients` (more than --workers + --queue) for a short phase: the only
    errors allowed are 503 with Retry-After; then SIGTERM, and the server must exit cleanly.
 
@@ -95,25 +98,53 @@ def query_text(rng: np.random.Generator) -> str:
     return " ".join(rng.choice(QUERY_WORDS, size=int(rng.integers(3, 16))))
 
 
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (the server's store process and page-render workers)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo.extend(int(c) for c in (task / "children").read_text().split())
+        except OSError:
+            pass
+    return out
+
+
 def server_rss_mib(pid: int) -> dict[str, float | None]:
-    """The server's resident memory: all (VmRSS), anonymous (RssAnon: heap, arenas; what a leak
-    grows) and file-backed (RssFile: the memory-mapped `page` vectors and libraries, which the
-    kernel pages in and out with the searches and its own memory pressure)."""
+    """The server's resident memory, summed over its process tree (the server, its store process,
+    its render workers): all (VmRSS), anonymous (RssAnon: heap, arenas; what a leak grows) and
+    file-backed (RssFile: the memory-mapped `page` vectors and libraries, which the kernel pages
+    in and out with the searches and its own memory pressure). `processes`: how many."""
     found: dict[str, float | None] = {"rss": None, "anon": None, "file": None}
     keys = {"VmRSS:": "rss", "RssAnon:": "anon", "RssFile:": "file"}
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            key = keys.get(line.split(":")[0] + ":")
-            if key:
-                found[key] = int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    tree = process_tree(pid)
+    for p in tree:
+        try:
+            for line in Path(f"/proc/{p}/status").read_text().splitlines():
+                key = keys.get(line.split(":")[0] + ":")
+                if key:
+                    found[key] = (found[key] or 0.0) + int(line.split()[1]) / 1024
+        except OSError:
+            pass
+    found["processes"] = len(tree)
     return found
 
 
-def start_server(db: Path, model: Path, port: int, log: Path) -> subprocess.Popen:
+def slope_mib_per_min(windows: list[dict], key: str) -> float | None:
+    """Least-squares slope of `key` over the windows after the first (the warm-up), per minute."""
+    points = [(w["t_s"], w[key]) for w in windows[1:] if w.get(key) is not None]
+    if len(points) < 3:
+        return None
+    t, v = np.array(points).T
+    return float(np.polyfit(t / 60, v, 1)[0])
+
+
+def start_server(db: Path, model: Path, port: int, log: Path,
+                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
     command = [sys.executable, "-m", "colembed.cli", "serve", "--db", str(db), "--model",
-               str(model), "--port", str(port)]
+               str(model), "--port", str(port), *extra]
     with open(log, "w") as stream:  # uvicorn's log (an access line per request): a file, not a pipe
         proc = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
     import httpx
@@ -134,6 +165,10 @@ def start_server(db: Path, model: Path, port: int, log: Path) -> subprocess.Pope
 
 def pct(values, p) -> float | None:
     return float(np.percentile(values, p)) * 1000 if len(values) else None
+
+
+def fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
 
 
 # ------------------------------------------------------------------------------- 1. overhead
@@ -180,6 +215,52 @@ def overhead(url: str, copy: Path, model: Path, rounds: int) -> dict:
             "http_layer_p50_ms": pct(gap, 50), "http_layer_p90_ms": pct(gap, 90),
             "ratio_http_to_in_process": http_p50 / local_p50,
             "http_layer_share_of_server_search": pct(gap, 50) / pct(server_side, 50)}
+
+
+# ------------------------------------------------------------- 1b. /healthz during a search
+def healthz_during_search(urls: dict[str, str], rounds: int) -> dict:
+    """`/healthz` latency while an exact search (one query, the longest Edge call a client can
+    ask for) runs on the same server: the server as shipped (its store in a child process)
+    against one started with --store-in-process, alternating each round."""
+    import httpx
+
+    rng = np.random.default_rng(7)
+    found: dict[str, dict[str, list[float]]] = {name: {"healthz": [], "search": []}
+                                                for name in urls}
+    clients = {name: (httpx.Client(base_url=u, timeout=120), httpx.Client(base_url=u, timeout=120))
+               for name, u in urls.items()}
+    try:
+        for r in range(rounds):
+            for name in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+                searcher, prober = clients[name]
+                done = threading.Event()
+
+                def search():
+                    t = time.perf_counter()
+                    searcher.post("/v1/search", json={"query": query_text(rng), "k": K,
+                                                      "mode": "exact"}).raise_for_status()
+                    found[name]["search"].append(time.perf_counter() - t)
+                    done.set()
+
+                thread = threading.Thread(target=search)
+                thread.start()
+                time.sleep(0.02)
+                while not done.is_set():
+                    t = time.perf_counter()
+                    prober.get("/healthz").raise_for_status()
+                    if not done.is_set():  # answered during the search
+                        found[name]["healthz"].append(time.perf_counter() - t)
+                    time.sleep(0.005)
+                thread.join()
+    finally:
+        for pair in clients.values():
+            for c in pair:
+                c.close()
+    return {name: {"rounds": rounds, "healthz_n": len(v["healthz"]),
+                   "healthz_p50_ms": pct(v["healthz"], 50), "healthz_p99_ms": pct(v["healthz"], 99),
+                   "healthz_max_ms": max(v["healthz"]) * 1000 if v["healthz"] else None,
+                   "search_p50_ms": pct(v["search"], 50)}
+            for name, v in found.items()}
 
 
 # ---------------------------------------------------------------------------------- 2. soak
@@ -245,8 +326,10 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
     while time.perf_counter() - start < seconds and rec.count < max_requests:
         time.sleep(min(window, max(0.0, seconds - (time.perf_counter() - start))))
         now = time.perf_counter()
-        windows.append({"t_s": round(now - start, 1), **{f"{k}_mib": v for k, v in
-                                                          server_rss_mib(pid).items()},
+        memory = server_rss_mib(pid)
+        processes = memory.pop("processes")
+        windows.append({"t_s": round(now - start, 1), "processes": processes,
+                        **{f"{k}_mib": v for k, v in memory.items()},
                         "requests_per_s": (rec.count - last_count) / (now - last_t)})
         last_count, last_t = rec.count, now
     stop.set()
@@ -269,6 +352,7 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
             result[f"{kind}_last_mib"] = values[-1]
             result[f"{kind}_max_mib"] = max(values)
             result[f"{kind}_growth_mib"] = values[-1] - values[1]
+            result[f"{kind}_slope_mib_per_min"] = slope_mib_per_min(windows, f"{kind}_mib")
     return result
 
 
@@ -281,7 +365,8 @@ def markdown(results: dict) -> str:
         markdown_header(results["machine"]),
         "- under concurrent load from other engineers' jobs on the same 2 cores (load average "
         "above); tiny random-weight model (query embedding ~ms), synthetic pages "
-        "(benchmarks/bench_serve.py docstring)", "",
+        "(benchmarks/bench_serve.py docstring)",
+        *([f"- note: {results['note']}"] if results.get("note") else []), "",
         "## HTTP overhead per search (interleaved A/B, same query texts, one at a time)", "",
         "| | p50 ms | p90 ms |", "|---|---:|---:|",
         f"| `Index.search` in-process (a copy of the folder) | {o['in_process_p50_ms']:.1f} | "
@@ -294,6 +379,16 @@ def markdown(results: dict) -> str:
         f"HTTP p50 / in-process p50 = **{o['ratio_http_to_in_process']:.3f}**; the HTTP layer is "
         f"{100 * o['http_layer_share_of_server_search']:.1f}% of the server's search time "
         f"(p50s, {o['rounds']} rounds). Target <= 10%.", "",
+        "## /healthz while an exact search runs (interleaved A/B, one search at a time)", "",
+        "| server | searches | /healthz answers during them | p50 ms | p99 ms | max ms | "
+        "search p50 ms |", "|---|---:|---:|---:|---:|---:|---:|",
+        *[f"| {name} | {h['rounds']} | {h['healthz_n']} | {fmt(h['healthz_p50_ms'])} | "
+          f"{fmt(h['healthz_p99_ms'])} | {fmt(h['healthz_max_ms'])} | {fmt(h['search_p50_ms'])} |"
+          for name, h in results["healthz"].items()], "",
+        "qdrant-edge-py holds the GIL for a whole search: with the store in the server's process "
+        "a /healthz sent during a search is answered only after it (few answers, each about a "
+        "search long); with the store in a child process (as shipped) the event loop answers at "
+        "once.", "",
         f"## Soak: {s['clients']} clients, {s['seconds']:.0f} s "
         f"({results['soak_note']})", "",
         f"- {s['requests']:,} requests, {s['requests_per_s']:.1f} req/s; status counts "
@@ -309,8 +404,12 @@ def markdown(results: dict) -> str:
         if f"{kind}_growth_mib" in s:
             lines.append(f"- server {label}: {s[f'{kind}_first_after_warmup_mib']:.0f} MiB after "
                          f"the first window, {s[f'{kind}_last_mib']:.0f} MiB at the end (growth "
-                         f"{s[f'{kind}_growth_mib']:+.0f} MiB, max {s[f'{kind}_max_mib']:.0f})")
-    lines.append(f"- windows of {results['window_s']} s (throughput, memory) in serve.json")
+                         f"{s[f'{kind}_growth_mib']:+.0f} MiB, max {s[f'{kind}_max_mib']:.0f}; "
+                         f"least-squares slope after warm-up "
+                         f"{s[f'{kind}_slope_mib_per_min'] or 0.0:+.2f} MiB/min)")
+    lines.append(f"- memory summed over the server's process tree ({s['windows'][-1].get('processes')} "
+                 "processes: the server, its store process, its page-render workers); windows of "
+                 f"{results['window_s']} s (throughput, memory) in serve.json")
     lines += [
         "", f"## Overload: {v['clients']} clients > --workers 1 + --queue 16, {v['seconds']:.0f} s",
         "", f"- {v['requests']:,} requests; status counts {v['status']}; 5xx other than 503: "
@@ -327,20 +426,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=10_000)
     parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--soak-seconds", type=float, default=180)
+    parser.add_argument("--soak-seconds", type=float, default=600)
     parser.add_argument("--window", type=float, default=15)
     parser.add_argument("--max-requests", type=int, default=200_000)
     parser.add_argument("--overhead-rounds", type=int, default=40)
+    parser.add_argument("--healthz-rounds", type=int, default=6)
     parser.add_argument("--overload-clients", type=int, default=40)
     parser.add_argument("--overload-seconds", type=float, default=20)
     parser.add_argument("--quick", action="store_true", help="500 pages, short phases")
+    parser.add_argument("--note", help="a line for the report (why this run differs)")
     parser.add_argument("--workdir", type=Path,
                         default=Path(os.environ.get("COLEMBED_BENCH_DIR",
                                                     Path(tempfile.gettempdir()) / "colembed-bench")))
     args = parser.parse_args()
     if args.quick:
         args.pages, args.soak_seconds, args.window = 500, 30, 5
-        args.overhead_rounds, args.overload_seconds = 10, 8
+        args.overhead_rounds, args.overload_seconds, args.healthz_rounds = 10, 8, 4
     info = machine_info()
     work = args.workdir / "serve"
     work.mkdir(parents=True, exist_ok=True)
@@ -354,11 +455,23 @@ def main() -> None:
     log = work / "server.log"
     proc = start_server(db, model, port, log)
     try:
-        results = {"pages": args.pages, "machine": info, "window_s": args.window,
+        results = {"pages": args.pages, "machine": info, "window_s": args.window, "note": args.note,
                    "soak_note": ("shortened from the issue's 10 minutes: the machine is shared"
                                  if args.soak_seconds < 600 else "the issue's 10 minutes")}
         print("overhead ...", file=sys.stderr)
         results["overhead"] = overhead(url, copy, model, args.overhead_rounds)
+        print("healthz during searches ...", file=sys.stderr)
+        port_b = free_port()
+        in_process = start_server(copy, model, port_b, work / "server-in-process.log",
+                                  ("--store-in-process",))
+        try:
+            results["healthz"] = healthz_during_search(
+                {"store in a child process (shipped)": url,
+                 "store in the server's process (--store-in-process)":
+                     f"http://127.0.0.1:{port_b}"}, args.healthz_rounds)
+        finally:
+            in_process.send_signal(signal.SIGTERM)
+            in_process.wait(120)
         shutil.rmtree(copy, ignore_errors=True)
         print("soak ...", file=sys.stderr)
         results["soak"] = load_phase(url, proc.pid, args.clients, args.soak_seconds,

@@ -106,7 +106,7 @@ class UsageError(Exception):
     """A command line that cannot mean anything: exit code 2, as argparse's own errors."""
 
 
-def _open_index(args, *, create: bool):
+def _open_index(args, *, create: bool, store_opener=None):
     try:
         from .index import Index
     except ImportError as e:
@@ -118,7 +118,7 @@ def _open_index(args, *, create: bool):
                  collection=args.collection, variant=args.variant,
                  max_image_tokens=args.max_image_tokens, create=create,
                  source=getattr(args, "source", None),
-                 pool_factor=getattr(args, "pool_factor", None))
+                 pool_factor=getattr(args, "pool_factor", None), store_opener=store_opener)
 
 
 def _print_added(result, total, args, where: str = "") -> None:
@@ -366,6 +366,7 @@ def _cmd_serve(args) -> int:
         from .serve.limits import Limits
         from .serve.roots import Roots, parse_roots
         from .serve.run import API_KEY_ENV, check_exposure, serve
+        from .serve.store_process import open_store_in_child
     except ImportError as e:
         raise SystemExit(f"colembed: {SERVE_EXTRA_HINT}\n  ({e})") from None
     api_key = args.api_key or os.environ.get(API_KEY_ENV) or None
@@ -378,8 +379,12 @@ def _cmd_serve(args) -> int:
     settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
                         roots=roots, limits=limits,
                         workers=args.workers, queue=args.queue,
+                        render_workers=args.render_workers,
                         max_queued_jobs=args.max_queued_jobs)
-    with _open_index(args, create=True) as index:  # an empty index is filled by jobs
+    # an empty index is filled by jobs; a folder's store runs in a child process
+    # (serve/store_process.py: an Edge search holds the GIL, the event loop must not wait)
+    opener = None if args.store_in_process else open_store_in_child
+    with _open_index(args, create=True, store_opener=opener) as index:
         serve(index, settings, host=args.host, port=args.port, insecure=args.insecure,
               log_level="warning" if args.quiet else "info")
     return 0

@@ -44,10 +44,12 @@ K = 4
 def server(tmp_path_factory, exported_tiny):
     from colembed.index import Index
     from colembed.serve.app import Settings, create_app
+    from colembed.serve.store_process import open_store_in_child
 
     base = tmp_path_factory.mktemp("browser")
     good_folder(base / "docs")
-    index = Index(base / "db", model=colembed.load(exported_tiny.folder, max_image_tokens=64))
+    index = Index(base / "db", model=colembed.load(exported_tiny.folder, max_image_tokens=64),
+                  store_opener=open_store_in_child)  # as `colembed serve` opens it
     index.add([base / "docs"], progress=False)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # a free port, held by us until uvicorn takes the socket

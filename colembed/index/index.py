@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -55,13 +56,15 @@ class Index:
     pool factor other than its own (ModelMismatchError). `create=False` opens an existing index only
     (IndexNotFoundError otherwise: `colembed search` never creates one). `source` names the
     writer (default: $COLEMBED_SOURCE, else the host name): replacing a changed file's pages and
-    `prune` touch only pages this source wrote."""
+    `prune` touch only pages this source wrote. `store_opener` replaces `backends.open_store`
+    (same arguments): colembed serve opens an Edge folder in a child process that owns it."""
 
     def __init__(self, location: str | os.PathLike | None = None, *, model: Any = None,
                  url: str | None = None, api_key: str | None = None,
                  collection: str | None = None, variant: str | None = None,
                  max_image_tokens: int | None = None, local: bool = False, create: bool = True,
                  source: str | None = None, pool_factor: int | None = None,
+                 store_opener: Callable[..., Any] | None = None,
                  **load_options: Any) -> None:
         self._model_arg = model
         self._pool_factor = None if pool_factor is None else check_pool_factor(pool_factor)
@@ -71,13 +74,14 @@ class Index:
         self.store = None  # the model, if loaded before the store is open, has nothing to check
         self._stored: dict[str, Any] = {}  # what the index was built with (records.options_of)
         where = dict(url=url, api_key=api_key, collection=collection, local=local)
+        opener = store_opener or open_store
         try:
-            self.store = open_store(location, create=False, **where)
+            self.store = opener(location, create=False, **where)
         except IndexNotFoundError as e:
             if not create or model is None:
                 hint = "" if not create else " (give a model to create one)"
                 raise IndexNotFoundError(f"{e}{hint}") from None
-            self.store = open_store(location, dim=self.model.embedding_size, **where)
+            self.store = opener(location, dim=self.model.embedding_size, **where)
         try:
             self._stored = options_of(self.store.any_payload())
             if self._pool_factor is not None and self._stored \
@@ -143,12 +147,20 @@ class Index:
     # ---------------------------------------------------------------------------------- writes
     def add(self, paths: Iterable[str | os.PathLike] | str | os.PathLike, *,
             dpi: float | None = None, prune: bool = False, batch_size: int = 4,
-            progress: bool | None = None) -> AddResult:
+            progress: bool | None = None,
+            on_progress: Callable[[int, int, AddResult], None] | None = None,
+            stop: threading.Event | None = None) -> AddResult:
         """Index PDFs and images (files or folders, walked). Stored pages are skipped; a changed
         file's old pages are replaced; `prune` drops pages of files that no longer exist under
         the folders and files given here (never under one that is missing), written by this
         index's `source`. A bad file is reported in `.failed` with its reason and never stops the
-        run. `dpi` must be the index's own (ModelMismatchError otherwise: never mixed)."""
+        run. `dpi` must be the index's own (ModelMismatchError otherwise: never mixed).
+
+        `on_progress(pages_stored, pages_planned, result)` is called from the writer thread after
+        every batch of pages stored and every file reported (`result` fills in as it goes), so a
+        caller shows progress per page, not per call. `stop` set: the run ends after the pages
+        being embedded are written (each page whole), without the remaining files' reports; the
+        next run does the rest (colembed serve cancels a job this way)."""
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         paths = list(paths)
@@ -159,16 +171,24 @@ class Index:
         result = AddResult.of_discovery(found.ignored, found.missing)
         bar = _progress_bar(progress, f"indexing {len(found.documents)} file(s)")
         already = len(result.skipped) + len(result.failed)
+        counts = {"stored": 0, "planned": 0}
 
         def on_pages(n: int) -> None:
             done = len(result.added) + len(result.skipped) + len(result.failed) - already
             bar.set_postfix_str(f"files {done}/{len(found.documents)}", refresh=False)
             bar.update(n)
+            counts["stored"] += n
+            if on_progress is not None:
+                on_progress(counts["stored"], counts["planned"], result)
+
+        def on_total(n: int) -> None:
+            counts["planned"] += n
+            _grow(bar, n)
 
         try:
             ingest(found.documents, self.store, self.model, identity,
                    dpi=dpi_of(identity.render), batch_size=batch_size, result=result,
-                   on_pages=on_pages, on_total=lambda n: _grow(bar, n), source=self.source)
+                   on_pages=on_pages, on_total=on_total, source=self.source, stop=stop)
             on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
@@ -274,14 +294,12 @@ class Index:
 
     def page_image(self, hit: Hit):
         """The hit's page, rendered again at its indexed size (SourceError if the file changed)."""
-        from .sources import file_sha256
+        return render_stored_page(hit.file, hit.page, hit.payload, **self.render_options())
 
-        path = Path(hit.file)
-        if file_sha256(path) != hit.payload.get("sha256"):
-            raise SourceError(path, "file changed since it was indexed")
-        with Document(path, max_pixels=self.model.config.max_pixels,
-                      dpi=self._stored.get("dpi")) as doc:
-            return doc.render(hit.page, (hit.payload["width"], hit.payload["height"]))
+    def render_options(self) -> dict[str, Any]:
+        """How this index renders a page again: `render_stored_page`'s keyword arguments (plain
+        values: colembed serve renders in worker processes of its own)."""
+        return {"max_pixels": self.model.config.max_pixels, "dpi": self._stored.get("dpi")}
 
     def save_map(self, hit: Hit, path: str | os.PathLike) -> Path:
         """Write the hit's similarity overlay (needs `search(..., explain=True)`) as a PNG."""
@@ -300,6 +318,19 @@ class Index:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def render_stored_page(file: str, page: int, payload: dict[str, Any], *, max_pixels: int,
+                       dpi: float | None):
+    """A stored page rendered again at its indexed size, only while the file's sha256 is the one
+    indexed (SourceError otherwise): `Index.page_image`, as a function of plain values."""
+    from .sources import file_sha256
+
+    path = Path(file)
+    if file_sha256(path) != payload.get("sha256"):
+        raise SourceError(path, "file changed since it was indexed")
+    with Document(path, max_pixels=max_pixels, dpi=dpi) as doc:
+        return doc.render(page, (payload["width"], payload["height"]))
 
 
 def _under(path: Path, target: Path) -> bool:

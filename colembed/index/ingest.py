@@ -260,15 +260,20 @@ class _Writer(threading.Thread):
         file_report(self.result, str(plan.path), pages=plan.pages, stored=plan.stored,
                     had=len(plan.have), errors=plan.errors, stale=bool(plan.stale),
                     reused=plan.reused, reused_from=plan.reused_from)
+        self.on_pages(0)  # a progress callback sees the file's report now
 
     def _failed(self, path: Path, reason: str) -> None:
         self.result.failed.append(FileReport(str(path), reason=reason))
+        self.on_pages(0)
 
 
 def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: float | None,
            batch_size: int, result: AddResult, on_pages: Callable[[int], None],
-           on_total: Callable[[int], None], source: str) -> None:
-    """Index `files` into `store` with `model`, filling `result` (see the module docstring)."""
+           on_total: Callable[[int], None], source: str,
+           stop: threading.Event | None = None) -> None:
+    """Index `files` into `store` with `model`, filling `result` (see the module docstring).
+    `stop` set: the pages already embedded are written and the run ends (files not finished
+    get no report; their stored pages are whole, and the next run does the rest)."""
     renderer = _Renderer(files, Catalog.of(store.payloads()), max_pixels=model.config.max_pixels,
                          dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source)
     writer = _Writer(store, identity, source, result, on_pages)
@@ -279,6 +284,9 @@ def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: flo
     failure: BaseException | None = None
     try:
         for event in renderer.iter_events():
+            if stop is not None and stop.is_set():
+                pending, held = [], []  # unembedded pages and unfinished files: the next run's
+                break
             kind = event[0]
             if kind == "page":
                 pending.append(event[1:])

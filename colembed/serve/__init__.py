@@ -7,9 +7,13 @@
   `workers` at once with `queue` more waiting; past that a request gets 503 + Retry-After.
 - `roots.py` confines index-job paths to the `--allow-root` folders (no absolute paths, no `..`,
   no symlink out) and shows stored paths relative to their root.
-- `jobs.py` runs index jobs one at a time on a thread of their own, file by file through
-  `Index.add`, with progress; shutdown cancels between files (the index's own guarantees hold:
-  a page is stored whole or not at all).
+- `jobs.py` runs index jobs one at a time on a thread of their own, one `Index.add` call each,
+  with progress per page; shutdown stops a job once the pages being embedded are written (the
+  index's own guarantees hold: a page is stored whole or not at all).
+- `store_process.py` runs an index folder's store in a child process (qdrant-edge-py holds the
+  GIL during a search: in-process, the event loop would wait for every search).
+- `render.py` renders page images again in worker processes (pdfium is not thread-safe, and an
+  index job is using it in this process).
 - `encoding.py` turns multivectors into JSON (nested lists, or base64 little-endian float32 with
   the shape).
 - `run.py` is what the CLI calls: the start-up checks (host, key) and uvicorn.

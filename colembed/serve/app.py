@@ -7,7 +7,8 @@ Content-Length), image bytes and pixels (413, read from the image header before 
 a decompression bomb is never decoded), batch sizes, query length, k (422). Errors colembed raises
 on purpose map to 4xx with their message; anything else is a 500 that is logged and leaves the
 process running. Page images and maps are served only for points stored in the index, by id, and
-only while the file's sha256 still matches what was indexed (410 otherwise).
+only while the file's sha256 still matches what was indexed (410 otherwise); they are rendered in
+worker processes (render.py), never waiting for an index job's pdfium.
 """
 
 from __future__ import annotations
@@ -42,13 +43,13 @@ from .encoding import ENCODINGS, encode
 from .jobs import JobQueueFull, JobRunner
 from .limits import Limits
 from .pool import Busy, WorkerPool
+from .render import PageRenderer
 from .roots import PathMissing, PathRefused, Roots
 
 log = logging.getLogger("colembed.serve")
 lifecycle = logging.getLogger("uvicorn.error")  # printed with uvicorn's own start/stop lines
 
 API_KEY_HEADER = "X-API-Key"
-RENDER_WAIT_S = 30.0  # a page-image request waits this long for pdfium, then 503
 QUERY_CACHE = 256  # query texts whose vectors are kept for the page maps
 
 
@@ -60,6 +61,7 @@ class Settings:
     limits: Limits = field(default_factory=Limits)
     workers: int = 1
     queue: int = 16
+    render_workers: int = 2
     retry_after: int = 2
     max_queued_jobs: int = 8
 
@@ -162,9 +164,8 @@ class Service:
         self.index, self.settings = index, settings
         self.model = index.model  # loaded now: the first request does not pay for it
         self.pool = WorkerPool(settings.workers, settings.queue, settings.retry_after)
-        self.render_lock = threading.Lock()
-        self.jobs = JobRunner(index, settings.roots, render_lock=self.render_lock,
-                              max_queued=settings.max_queued_jobs)
+        self.renderer = PageRenderer(settings.render_workers, index.render_options())
+        self.jobs = JobRunner(index, settings.roots, max_queued=settings.max_queued_jobs)
         self._queries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._queries_lock = threading.Lock()
 
@@ -202,16 +203,8 @@ class Service:
         return out
 
     def render(self, hit, width: int | None, query: str | None) -> bytes:
-        """The page (or its overlay for `query`) as PNG; pdfium is taken under `render_lock`."""
-        pdf = hit.file.lower().endswith(".pdf")
-        if pdf and not self.render_lock.acquire(timeout=RENDER_WAIT_S):
-            raise Busy(1, self.settings.retry_after, "an index job is rendering a PDF (pdfium "
-                       f"serves one thread at a time); retry after {self.settings.retry_after} s")
-        try:
-            image = self.index.page_image(hit)
-        finally:
-            if pdf:
-                self.render_lock.release()
+        """The page (or its overlay for `query`) as PNG, rendered in a worker process."""
+        image = self.renderer.render(hit)
         if query is not None:
             image = overlay(image, self.index.explain_page(self.query_vectors(query), hit).map)
         if width and width < image.width:
@@ -224,6 +217,7 @@ class Service:
     def close(self) -> None:
         self.jobs.shutdown(timeout=None)
         self.pool.shutdown()
+        self.renderer.shutdown()
 
 
 def check_images(blobs: list[bytes], limits: Limits) -> None:
@@ -269,7 +263,7 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        service.close()  # queued jobs cancelled, the running one stops after its current Index.add call
+        service.close()  # queued jobs cancelled, the running one stops once its embedded pages are written
         if close_index:
             index.close()  # flushed; the folder's lock released
             lifecycle.info("colembed serve: jobs stopped, index closed")

@@ -1,15 +1,17 @@
 """Index jobs: `POST /v1/index` queues one, a thread of its own runs them one at a time.
 
-A job is the same ingestion as `colembed index` (`Index.add`: resumable, stored pages skipped,
-moved files copied, a bad file reported and the rest indexed), called `FILES_PER_CALL` files at a
-time so that the job reports progress (files done, pages added, pages/s, the files at work) and
-can stop between calls: shutdown cancels a job at the next call's boundary, and a killed
-process loses at most the pages not yet written (the index stores a page whole or not at all;
-running the job again does the rest). Paths were confined to their roots when the job was
+A job is the same ingestion as `colembed index`: one `Index.add` call over the job's files
+(resumable, stored pages skipped, moved files copied, a bad file reported and the rest indexed;
+the store's catalog read once). `Index.add`'s `on_progress` callback updates the job after every
+batch of pages stored and every file reported, so `GET /v1/jobs/{id}` advances per page: pages
+stored and planned, pages/s, files done, failures with their reasons as they happen. Shutdown
+sets the call's `stop` event: the pages being embedded are written (each whole) and the job ends
+`cancelled`; running it again does the rest. Paths were confined to their roots when the job was
 accepted (`roots.py`); the job hands `Index.add` resolved paths only.
 
-pdfium is not thread-safe: while a job indexes a PDF it holds `render_lock`, which page-image
-requests for PDFs also take (`app.py`), so two threads never render at once.
+pdfium is not thread-safe, and the job's renderer is the only thread of this process that calls
+it: page images are rendered in worker processes of their own (`app.py`), so they never wait for
+a job.
 """
 
 from __future__ import annotations
@@ -26,10 +28,6 @@ from typing import Any
 from .roots import Root, Roots
 
 KEEP_FINISHED = 100  # finished jobs remembered for GET /v1/jobs/{id}
-# Files per `Index.add` call: progress and cancellation happen between calls, and each call reads
-# the store's catalog (every payload: 1.5-2 s at 10,000 pages on this loaded 2-core machine), so
-# one file per call would cost that per file; 8 keeps it to a fraction of embedding a page.
-FILES_PER_CALL = 8
 
 
 @dataclass
@@ -42,9 +40,10 @@ class Job:
     finished: float | None = None
     files_total: int | None = None
     files_done: int = 0
-    pages_added: int = 0
+    pages_stored: int = 0  # pages written so far (embedded or copied), per batch
+    pages_planned: int = 0  # pages the files seen so far need (grows as files are opened)
+    pages_added: int = 0  # of finished files, from their reports
     pages_reused: int = 0
-    current: str | None = None
     added: list[dict] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     failed: list[dict] = field(default_factory=list)
@@ -57,10 +56,11 @@ class Job:
             "id": self.id, "state": self.state, "created": self.created, "started": self.started,
             "finished": self.finished, "elapsed_s": round(elapsed, 3),
             "files_total": self.files_total, "files_done": self.files_done,
+            "pages_stored": self.pages_stored, "pages_planned": self.pages_planned,
             "pages_added": self.pages_added, "pages_reused": self.pages_reused,
-            "pages_per_s": round(self.pages_added / elapsed, 3) if elapsed > 0 else 0.0,
-            "current_file": self.current, "added": self.added, "skipped": self.skipped,
-            "failed": self.failed, "error": self.error,
+            "pages_per_s": round(self.pages_stored / elapsed, 3) if elapsed > 0 else 0.0,
+            "added": list(self.added), "skipped": list(self.skipped),
+            "failed": list(self.failed), "error": self.error,
         }
 
 
@@ -69,15 +69,15 @@ class JobQueueFull(Exception):
 
 
 class JobRunner:
-    def __init__(self, index, roots: Roots, *, render_lock: threading.Lock,
-                 max_queued: int = 8) -> None:
-        self.index, self.roots, self.render_lock = index, roots, render_lock
+    def __init__(self, index, roots: Roots, *, max_queued: int = 8) -> None:
+        self.index, self.roots = index, roots
         self.max_queued = max_queued
         self.jobs: dict[str, Job] = {}
         self._finished: collections.deque[str] = collections.deque()
         self._queue: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._stopping = False
+        self._stop = threading.Event()  # Index.add's: set at shutdown
         self._thread = threading.Thread(target=self._loop, name="colembed-serve-jobs", daemon=True)
         self._thread.start()
 
@@ -119,44 +119,46 @@ class JobRunner:
                 job.skipped.extend({"file": self.roots.display(p), "reason": r} for p, r in left)
             files = list(dict.fromkeys(files))
             job.files_total = len(files)
-            for start in range(0, len(files), FILES_PER_CALL):
-                if self._stopping:
-                    job.state = "cancelled"
-                    job.error = "the server shut down; run the job again to index the rest"
-                    return
-                batch = files[start:start + FILES_PER_CALL]
-                job.current = self.roots.display(batch[0]) + (
-                    f" (+{len(batch) - 1} more)" if len(batch) > 1 else "")
-                self._add_some(job, batch)
-                job.files_done += len(batch)
-            job.state = "done"
+            seen = {"added": 0, "skipped": 0, "failed": 0}  # reports already copied to the job
+            skipped_before = len(job.skipped)
+
+            def on_progress(stored: int, planned: int, result) -> None:
+                """Called by Index.add's writer thread per batch of pages and per file."""
+                job.pages_stored, job.pages_planned = stored, planned
+                for report in result.added[seen["added"]:]:
+                    job.pages_added += report.pages
+                    job.pages_reused += report.reused
+                    job.added.append({"file": self.roots.display(report.path),
+                                      "pages": report.pages})
+                for report in result.skipped[seen["skipped"]:]:
+                    job.skipped.append({"file": self.roots.display(report.path),
+                                        "reason": report.reason})
+                for report in result.failed[seen["failed"]:]:
+                    job.failed.append({"file": self.roots.display(report.path),
+                                       "reason": report.reason})
+                seen.update(added=len(result.added), skipped=len(result.skipped),
+                            failed=len(result.failed))
+                job.files_done = (len(job.added) + len(job.skipped) - skipped_before
+                                  + len(job.failed))
+
+            if files and not self._stop.is_set():
+                result = self.index.add(files, progress=False, on_progress=on_progress,
+                                        stop=self._stop)
+                on_progress(job.pages_stored, job.pages_planned, result)
+            if self._stop.is_set() and job.files_done < len(files):
+                job.state = "cancelled"
+                job.error = "the server shut down; run the job again to index the rest"
+            else:
+                job.state = "done"
         except Exception as e:  # noqa: BLE001 (a job must never take the server down)
             job.state, job.error = "failed", f"{type(e).__name__}: {e}"
             traceback.print_exc()
         finally:
-            job.current, job.finished = None, time.time()
+            job.finished = time.time()
 
     def _own_folders(self) -> tuple[Path, ...]:
         location = Path(str(self.index.store.location))
         return (location,) if location.is_dir() else ()  # a server's url is no folder
-
-    def _add_some(self, job: Job, paths: list[Path]) -> None:
-        pdf = any(p.suffix.lower() == ".pdf" for p in paths)
-        if pdf:
-            self.render_lock.acquire()
-        try:
-            result = self.index.add(paths, progress=False)
-        finally:
-            if pdf:
-                self.render_lock.release()
-        for report in result.added:
-            job.pages_added += report.pages
-            job.pages_reused += report.reused
-            job.added.append({"file": self.roots.display(report.path), "pages": report.pages})
-        for report in result.skipped:
-            job.skipped.append({"file": self.roots.display(report.path), "reason": report.reason})
-        for report in result.failed:
-            job.failed.append({"file": self.roots.display(report.path), "reason": report.reason})
 
     def _remember(self, job: Job) -> None:
         self._finished.append(job.id)
@@ -164,9 +166,11 @@ class JobRunner:
             self.jobs.pop(self._finished.popleft(), None)
 
     def shutdown(self, timeout: float | None = None) -> None:
-        """Cancel queued jobs, stop the running one after its current call, wait for it."""
+        """Cancel queued jobs, stop the running one once the pages being embedded are written,
+        wait for it."""
         with self._wake:
             self._stopping = True
+            self._stop.set()
             for job in self._queue:
                 job.state, job.finished = "cancelled", time.time()
                 job.error = "the server shut down before the job started"

@@ -29,6 +29,12 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
                       help="model/store calls run at once (default 1: each already uses every core)")
     work.add_argument("--queue", type=int, default=16,
                       help="calls waiting for a worker before 503 + Retry-After (default 16)")
+    work.add_argument("--render-workers", type=int, default=2,
+                      help="processes that render page images again (default 2; pdfium is not "
+                           "thread-safe, so they never wait for an index job's renders)")
+    work.add_argument("--store-in-process", action="store_true",
+                      help="open an index folder's store in the server's own process (for "
+                           "measurement: an Edge search then holds up the event loop)")
     work.add_argument("--max-queued-jobs", type=int, default=8,
                       help="index jobs waiting behind the running one (default 8)")
     for f in fields(Limits):

@@ -37,8 +37,9 @@ def check_exposure(host: str, api_key: str | None, insecure: bool) -> None:
 def serve(index, settings, *, host: str = "127.0.0.1", port: int = 8000,
           log_level: str = "info", insecure: bool = False, on_ready=None) -> None:
     """Run until SIGINT/SIGTERM; then open requests get `GRACEFUL_SHUTDOWN_S` to finish, index
-    jobs stop after their current batch of files and the index is closed (a page is stored whole or not at all,
-    so even a SIGKILL leaves a consistent index that the next job completes)."""
+    jobs stop once the pages being embedded are written and the index is closed (a page is stored
+    whole or not at all, so even a SIGKILL leaves a consistent index that the next job
+    completes)."""
     import uvicorn
 
     from .app import create_app
