@@ -79,12 +79,15 @@ def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int]) -> dict:
+def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int],
+                 baseline: dict | None = None) -> dict:
     """Index-time pooling: per pool factor a store of the same pages (factor 1: unpooled), its
     default two-stage plan and its exact scan; quality against the unpooled store's exact top 10
-    (`index_report.pooling_markdown`). One store on disk at a time."""
-    results = {}
-    for factor in sorted(set(factors) | {1}):
+    (`index_report.pooling_markdown`). One store on disk at a time. `baseline`: the factor-1
+    results of an earlier run of this function on the same set and size (the data are
+    deterministic), so pooled stores can be measured in parallel runs beside it."""
+    results = dict(baseline or {})
+    for factor in sorted(set(factors) | (set() if baseline else {1})):
         folder = scratch / f"edge-{data}-{pages}-pool{factor}"
         extra = ("--set", data, "--pool-factor", str(factor))
         build = _sub("build:edge", pages, folder, extra)
@@ -151,6 +154,9 @@ def main() -> None:
     parser.add_argument("--pool-factor", type=int, action="append",
                         help="measure index-time token pooling at these factors beside 1 "
                              "(writes index-pooling.{md,json})")
+    parser.add_argument("--baseline", type=Path,
+                        help="with --pool-factor: a JSON of the factor-1 stores' results from an "
+                             "earlier run (same set and size) instead of building that store")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -167,11 +173,14 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="colembed-bench-pool-", dir=BENCH_WORKDIR) as tmp:
             for pages in args.pages or [10000]:
                 for data in args.set:
+                    baseline = json.loads(args.baseline.read_text()) if args.baseline else None
                     results["pooling"][f"{data}:{pages}"] = bench_pooled(
-                        pages, Path(tmp), data, args.pool_factor)
+                        pages, Path(tmp), data, args.pool_factor, baseline)
         results["load_after"] = load_average()
         sets = "" if len(args.set) > 1 else f"-{args.set[0]}"
-        return write_results(results, f"index-pooling{sets}-{max(args.pages or [10000])}")
+        factors = "-".join(map(str, sorted(set(args.pool_factor))))
+        return write_results(results, f"index-pooling{sets}-{max(args.pages or [10000])}"
+                                      f"-pool{factors}")
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
