@@ -18,6 +18,9 @@ Where each value comes from (what the pinned reference, transformers 4.57.1, rea
   `hidden_size` (Qwen2-VL's `hidden_size` is the merger's output; never one for the other).
 - `preprocessor_config.json`: `min_pixels`/`max_pixels` (or `size.shortest_edge`/`longest_edge`),
   patch/merge/temporal sizes, mean, std, rescale factor.
+- the checkpoint layout (`layouts_qwen3`, by config.json's model_type): what a ColQwen3 layout's
+  own processor does beyond the files. TomoroAI's strips queries (`query_strip`) and replaces the
+  file's longest edge by its `max_num_visual_tokens` default (1280 image tokens).
 
 Deliberate deviations from the reference, both about malformed or unusual folders:
 
@@ -43,6 +46,8 @@ from colembed.errors import ModelFolderError
 from colembed.families import family_of_backbone
 from colembed.layout import TOKENIZER_FILE
 from colembed.preprocess.config import UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, PreprocessConfig
+
+from .layouts_qwen3 import layout_of
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:
@@ -85,6 +90,10 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     preprocessor_path = folder / "preprocessor_config.json"
     _check_supported_pipeline(image_config, preprocessor_path)
     min_pixels, max_pixels = _pixel_bounds(image_config, preprocessor_path)
+    geometry = _patch_geometry(image_config, vision_config, folder)
+    layout = layout_of(raw_config)  # a ColQwen3 layout's processor differences, else None
+    if layout is not None and layout.max_visual_tokens is not None:
+        max_pixels = layout.max_visual_tokens * (geometry["patch_size"] * geometry["merge_size"]) ** 2
     defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
     values = dict(
         query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
@@ -104,7 +113,8 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
         rescale_factor=float(image_config.get("rescale_factor", defaults["rescale_factor"])),
         vision_head_dim=family.vision_head_dim(vision_config, folder / "config.json"),
         vision_rope_theta=VISION_ROPE_THETA,
-        **_patch_geometry(image_config, vision_config, folder),
+        query_strip=bool(layout is not None and layout.query_strip),
+        **geometry,
     )
     try:
         return PreprocessConfig(**values)

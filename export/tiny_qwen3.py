@@ -198,4 +198,66 @@ def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
     return out
 
 
-__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_vlm_config"]
+# ------------------------------------------------------------------------- TomoroAI's layout
+# Qwen/Qwen3-VL-*-Instruct's preprocessor_config.json bounds (what TomoroAI's repositories copy;
+# their processor replaces the longest edge by 1280 image tokens, layouts_qwen3.TOMORO).
+QWEN3_VL_SHORTEST_EDGE = 65536
+QWEN3_VL_LONGEST_EDGE = 16777216
+
+
+def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3) -> Path:
+    """The colpali-layout checkpoint `src` (`build_checkpoint_3`) rewritten as TomoroAI's
+    remote code saves it (layouts_qwen3.TOMORO, docs/models-colqwen3.md): the same weights under
+    `vlm.model.visual.*`, `vlm.model.language_model.*`, `embedding_proj_layer.*`, plus a random
+    `vlm.lm_head.weight` when the word embeddings are untied (a `Qwen3VLForConditionalGeneration`
+    saves its head then; unused for embeddings); a `colqwen3` config.json (Qwen3VLConfig's
+    fields at the top as 4.57.1 writes them, `embed_dim` 320, `padding_side` left, an `auto_map`
+    to the remote code); Qwen3-VL's own preprocessor bounds (shortest edge 65536, longest edge
+    16777216). What it does not model: bf16 storage and sharding (the loader reads every
+    safetensors file of the folder), the remote code files themselves (never read or run by
+    colembed), and any processor_config.json field of the published repositories (not found).
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from .layouts_qwen3 import COLPALI, TOMORO
+
+    src, out = Path(src), Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    info = json.loads((src / TINY_INFO).read_text())
+    spec = Qwen3Spec(**{**info["spec"], "deepstack_layers": tuple(info["spec"]["deepstack_layers"]),
+                        "mrope_section": tuple(info["spec"]["mrope_section"])})
+    theirs = {ours: prefix for prefix, ours in TOMORO.backbone_prefixes}
+    tensors = {}
+    for key, value in load_file(str(src / "model.safetensors")).items():
+        part = COLPALI.projection_key(key)
+        if part is not None:
+            tensors[TOMORO.projection_prefixes[0] + part] = value
+        else:
+            name = COLPALI.backbone_key(key)
+            prefix = next(p for p in theirs if name.startswith(p))
+            tensors[theirs[prefix] + name[len(prefix):]] = value
+    if not spec.tie_word_embeddings:
+        generator = torch.Generator().manual_seed(lm_head_seed)
+        tensors["vlm.lm_head.weight"] = torch.randn(spec.vocab_size, spec.text_hidden,
+                                                    generator=generator) * 0.02
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = build_vlm_config(spec).to_dict()
+    for key in ("torch_dtype", "transformers_version", "_name_or_path"):
+        config.pop(key, None)
+    config.update(architectures=["ColQwen3"], model_type=TOMORO.config_model_type,
+                  auto_map={"AutoConfig": "configuration_colqwen3.ColQwen3Config",
+                            "AutoModel": "modeling_colqwen3.ColQwen3"},
+                  embed_dim=EMBEDDING_DIM, padding_side="left", initializer_range=0.02,
+                  dtype="bfloat16")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_processor_files(out, min_pixels=QWEN3_VL_SHORTEST_EDGE, max_pixels=QWEN3_VL_LONGEST_EDGE)
+    image_config = json.loads((out / "preprocessor_config.json").read_text())
+    for key in ("min_pixels", "max_pixels"):  # Qwen3-VL's files state the bounds as `size` only
+        del image_config[key]
+    (out / "preprocessor_config.json").write_text(json.dumps(image_config, indent=2) + "\n")
+    (out / TINY_INFO).write_text(json.dumps({**info, "layout": "tomoro"}, indent=2) + "\n")
+    return out
+
+
+__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_vlm_config", "to_tomoro_layout"]

@@ -139,8 +139,8 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
             n = int(grid[0, 1] * grid[0, 2])
             features.append(visual(batch["pixel_values"][0, :n], grid_thw=grid)[0].numpy())
             pages.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
-        for query in SAMPLE_QUERIES:
-            batch = processor.process_queries([query])
+        for query in SAMPLE_QUERIES:  # TomoroAI's processor strips the text (layouts_qwen3)
+            batch = processor.process_queries([query.strip() if config.query_strip else query])
             queries.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
     return Reference(image_features=features, pages=pages, queries=queries)
 
