@@ -39,9 +39,45 @@ VISION_STEP = "export the vision graph"
 TEXT_STEP = "export the text graph"
 
 
+# preset -> (title, checkpoint sentence, full depth "vision + language", what the count holds)
+PRESET_FACTS = {
+    "qwen2.5-vl-7b": ("ColQwen2.5 7B", "Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
+                      "vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to "
+                      "3584)", "32 + 28", "the untied LM head included; the export holds no head"),
+    "qwen3-vl-4b": ("ColQwen3 4B (Qwen3-VL-4B: TomoroAI/tomoro-colqwen3-embed-4b)",
+                    "Qwen3-VL-4B widths (hidden 2560, GQA 32:8, head dim 128, MLP 9728, vocabulary "
+                    "151936, tied embeddings; vision tower 1024 wide with DeepStack mergers, merger "
+                    "to 2560; 320-wide projection)", "24 + 36",
+                    "tied embeddings once, the projection included, no LM head"),
+}
+
+
+def checkpoint_bytes_3(preset: str, vision_depth: int | None = None,
+                       text_layers: int | None = None) -> tuple[int, int]:
+    """fp32 bytes of the ColQwen3 preset's checkpoint (Qwen3VLModel + projection, as
+    `tiny_qwen3.build_checkpoint_3` writes it), and of its tower."""
+    import torch
+    from transformers import Qwen3VLModel
+
+    from benchmark_specs import reduced_spec
+    from colembed_export.tiny_qwen3 import EMBEDDING_DIM, PRESETS_3, build_vlm_config
+
+    spec = PRESETS_3[preset]
+    if vision_depth or text_layers:
+        spec = reduced_spec("colqwen3", preset, vision_depth or spec.vision_depth,
+                            text_layers or spec.text_layers)
+    with torch.device("meta"):
+        model = Qwen3VLModel(build_vlm_config(spec))
+    vision = sum(p.numel() for p in model.visual.parameters())
+    total = sum(p.numel() for p in model.parameters()) + (spec.text_hidden + 1) * EMBEDDING_DIM
+    return 4 * total, 4 * vision
+
+
 def checkpoint_bytes(preset: str, vision_depth: int | None = None,
                      text_layers: int | None = None) -> tuple[int, int]:
     """fp32 bytes of the preset's ColQwen2ForRetrieval (tied tensors once), and of its tower."""
+    if preset.startswith("qwen3"):
+        return checkpoint_bytes_3(preset, vision_depth, text_layers)
     import torch
     from transformers import ColQwen2Config, ColQwen2ForRetrieval
 
@@ -105,27 +141,28 @@ def project(small: dict, large: dict | None, preset: str,
             "projected_peak_gb": max(s["projected_gb"] for s in steps)}
 
 
-def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float) -> str:
+def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float,
+             preset: str = "qwen2.5-vl-7b") -> str:
     from machine import markdown_header
 
+    title, widths, full_depth, counted = PRESET_FACTS[preset]
     a, b = small["architecture"], large["architecture"]
     fits = result["projected_peak_gb"] <= ram_gb
     lines = [
-        "# ColQwen2.5 7B export: peak memory, measured at reduced depth, projected to full depth",
+        f"# {title} export: peak memory, measured at reduced depth, projected to full depth",
         "",
         markdown_header(large["machine"]),
         f"- projection: `{command}`" + ("" if a is b else f" over that run and the same at "
                                          f"{a['text_layers']} language layers "
                                          f"({small['machine']['date']})"),
         "",
-        f"Checkpoints: random weights, Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
-        f"vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to 3584), "
+        f"Checkpoints: random weights, {widths}, "
         f"{a['vision_depth']} vision blocks + "
         + (f"{a['text_layers']}" if a is b else f"{a['text_layers']} / {b['text_layers']}")
         + f" language layers: {result['weights_small_gb']:.2f}"
         + ("" if a is b else f" / {result['weights_large_gb']:.2f}") + " GB of fp32 weights. "
-        f"Full depth (32 + 28): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
-        "(counted on the config, the untied LM head included; the export holds no head). Export "
+        f"Full depth ({full_depth}): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
+        f"(counted on the config, {counted}). Export "
         "with the check on (defaults of `colembed export`). "
         + ("Slope 1 for every step that holds weights (one measured depth; see the script's "
            "docstring)." if a is b else "Slopes from the two depths."),
@@ -166,7 +203,7 @@ def main() -> int:
         {"machine": (large or small)["machine"], "small": small, "large": large, **result},
         indent=2) + "\n")
     Path(args.results + ".md").write_text(markdown(result, small, large or small, command,
-                                                   float(ram)))
+                                                   float(ram), args.preset))
     print(Path(args.results + ".md").read_text())
     return 0
 

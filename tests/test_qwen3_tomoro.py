@@ -138,6 +138,30 @@ def test_tomoros_layout_reads_its_processors_differences(tmp_path_factory):
     assert tomoro.min_pixels == 65536 and tomoro.patch_size == 16
 
 
+def test_query_strip_reaches_the_encoder_and_the_manifest_only_when_set(tmp_path_factory):
+    """The text encoder strips a Tomoro folder's queries and no other; the manifest field exists
+    only when set (other folders' manifests, and older ones, read as before)."""
+    from dataclasses import replace
+
+    from colembed.errors import ManifestError
+    from colembed.preprocess.config import PreprocessConfig
+    from colembed.preprocess.text import TextEncoder
+    from colembed_export.preprocess_config import read_preprocess_config
+
+    folder = tomoro_checkpoint(tmp_path_factory)
+    tomoro = read_preprocess_config(folder)
+    colpali = replace(tomoro, query_strip=False)
+    for config, stripped in ((tomoro, True), (colpali, False)):
+        encoder = TextEncoder.from_file(folder / "tokenizer.json", config)
+        padded, bare = encoder.encode_queries([" \tinvoice total\n ", "invoice total"])
+        assert (padded.shape == bare.shape and (padded == bare).all()) == stripped
+    assert tomoro.to_dict()["query_strip"] is True and "query_strip" not in colpali.to_dict()
+    assert PreprocessConfig.from_dict(tomoro.to_dict()) == tomoro
+    assert PreprocessConfig.from_dict(colpali.to_dict()) == colpali
+    with pytest.raises(ManifestError, match="query_strip: expected bool"):
+        PreprocessConfig.from_dict({**tomoro.to_dict(), "query_strip": 1})
+
+
 def test_tomoros_layout_loads_the_same_model_as_colpalis(tmp_path_factory):
     """The same weights under both layouts' names load to the same embeddings, bit for bit."""
     import torch
