@@ -23,7 +23,9 @@ table interpolated per grid (host-made indices and weights, `preprocess.vision_p
 image-graph inputs) and DeepStack (the image graph also returns `deepstack_layers` merged features
 that the text graph adds to its first layers at image-token positions: one more output and one
 more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor), ColQwen2's
-"Query: ".
+"Query: ". Two checkpoint layouts: colpali-engine's bare `qwen3_vl` config and TomoroAI's
+`colqwen3` one (which names no backbone of its own, so `family_of_backbone` reads the declared
+layouts first); what differs between them is the exporter's `layouts_qwen3`.
 
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` / `preprocess.vision_positions` only when a

@@ -74,13 +74,15 @@ class TomoroReference:
         self.proj = torch.nn.Linear(vlm_config.text_config.hidden_size, config["embed_dim"])
         self.proj.load_state_dict({"weight": weights["embedding_proj_layer.weight"],
                                    "bias": weights["embedding_proj_layer.bias"]})
+        # Their `from_pretrained(max_num_visual_tokens=1280)` sets the longest edge; the shortest
+        # is the file's `size.shortest_edge`, which 4.57.1's slow processor would replace by its
+        # default (colembed honours the file: docs/models-colqwen3.md), hence min_pixels here.
         tile = image["patch_size"] * image["merge_size"]
         self.image_processor = Qwen2VLImageProcessor(
             patch_size=image["patch_size"], merge_size=image["merge_size"],
             temporal_patch_size=image["temporal_patch_size"], image_mean=image["image_mean"],
-            image_std=image["image_std"],
-            size={"shortest_edge": image["size"]["shortest_edge"],
-                  "longest_edge": 1280 * tile * tile})
+            image_std=image["image_std"], min_pixels=image["size"]["shortest_edge"],
+            max_pixels=1280 * tile * tile)
         self.tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
         self.tokenizer.padding_side = "left"
 
@@ -243,17 +245,15 @@ def test_the_exported_tomoro_layout_gives_tomoros_embeddings(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_queries_are_stripped_only_in_tomoros_layout(tmp_path_factory):
-    """What TomoroAI's processor does to a query colembed does: "  x  " is "x" there, and
-    colpali-engine's layout (same weights) keeps the spaces."""
+def test_the_exported_folder_strips_queries(tmp_path_factory):
+    """What TomoroAI's processor does to a query the exported folder does: "  x\n" is "x"
+    (the encoder-level test shows the unstripped ids differ)."""
     import colembed
-    from qwen3_fixtures import exported
 
-    tomoro = colembed.load(tomoro_exported(tmp_path_factory))
-    colpali = colembed.load(exported(tmp_path_factory, "tiny-3"))
-    for model, equal in ((tomoro, True), (colpali, False)):
-        padded, bare = model.embed_queries(["  spaces around\n", "spaces around"])
-        assert (padded.shape == bare.shape and np.array_equal(padded, bare)) == equal
+    model = colembed.load(tomoro_exported(tmp_path_factory))
+    assert model.config.query_strip
+    padded, bare = model.embed_queries(["  spaces around\n", "spaces around"])
+    np.testing.assert_array_equal(padded, bare)
 
 
 @pytest.mark.slow
@@ -278,6 +278,31 @@ def test_the_exported_tomoro_layout_gives_colpali_engines_embeddings(tmp_path_fa
     assert len(figures) >= 9
     bad = {k: v for k, v in figures.items() if not v <= PARITY_TOLERANCE}
     assert not bad, bad
+
+
+@pytest.mark.slow
+def test_an_index_refuses_a_model_of_another_family_by_name(exported_tiny, tmp_path,
+                                                            tmp_path_factory):
+    """A ColQwen3 index (320-dim pages) opened with a ColQwen2 model (128-dim) is refused with an
+    error naming both widths and the family, whether it holds pages or is still empty."""
+    import colembed
+    from colembed.index import Index, ModelMismatchError
+    from colembed_export.reference_qwen3 import reference_pages
+
+    qwen3 = colembed.load(tomoro_exported(tmp_path_factory))
+    qwen2 = colembed.load(exported_tiny.folder)
+    reference_pages()[0].save(tmp_path / "page.png")
+    with Index(tmp_path / "empty", model=qwen3):
+        pass
+    with Index(tmp_path / "db", model=qwen3) as index:
+        index.add([tmp_path / "page.png"])
+        assert len(index) == 1
+    for name in ("db", "empty"):
+        with pytest.raises(ModelMismatchError, match=r"holds 320-dim page vectors.*ColQwen2 model "
+                                                     r".* makes 128-dim ones.*another model family"):
+            Index(tmp_path / name, model=qwen2)
+    with Index(tmp_path / "db", model=qwen3) as index:  # the refusal left the index usable
+        assert len(index) == 1
 
 
 # ------------------------------------------------------------------------------------ by name
