@@ -15,7 +15,8 @@ L2-normalised, times the attention mask; docs/reference-colqwen3.md, docs/models
   `embed_dim`, `padding_side`), the backbone a `Qwen3VLForConditionalGeneration` at `vlm.` (keys
   `vlm.model.visual.*`, `vlm.model.language_model.*`, `vlm.lm_head.*` when the word embeddings
   are untied: unused for embeddings) and the projection `embedding_proj_layer`. Its processor
-  strips the query text (`str.strip`) before `"" + text + pad_token * 10`, and its
+  strips the query text (`str.strip`) before `"" + text + pad_token * 10`, writes a page as
+  `visual_prompt_prefix + visual_prompt_suffix` (together ColQwen2's page prompt), and its
   `from_pretrained(max_num_visual_tokens=1280)` sets the image processor's longest edge to
   1280 * (patch * merge)**2 pixels whatever the file says (the caller may pass another value:
   `colembed.load(..., max_image_tokens=K)` is the same choice).
@@ -37,7 +38,7 @@ class Qwen3Layout:
     `dim_key`: the config key that states the projection's width (checked against the weight),
     None when the code hard-codes it. `query_strip`: the processor strips query text.
     `max_visual_tokens`: the processor's default image-token budget replacing the file's
-    longest edge (None: the file's bounds hold).
+    longest edge (None: the file's bounds hold). `page_prompt_parts`: see the field.
     """
 
     name: str
@@ -48,6 +49,10 @@ class Qwen3Layout:
     dim_key: str | None = None
     query_strip: bool = False
     max_visual_tokens: int | None = None
+    # (prefix, suffix) defaults of a processor whose page prompt is `visual_prompt_prefix +
+    # visual_prompt_suffix` (processor_config.json may set either); None: ColQwen2Processor's
+    # whole prompt in `visual_prompt_prefix`
+    page_prompt_parts: tuple[str, str] | None = None
 
     def backbone_key(self, key: str) -> str | None:
         """`key`'s name in `Qwen3VLModel`'s state dict (None: not a backbone tensor)."""
@@ -82,6 +87,8 @@ TOMORO = Qwen3Layout(
     dim_key="embed_dim",
     query_strip=True,
     max_visual_tokens=1280,
+    page_prompt_parts=("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the "
+                       "image.", "<|im_end|><|endoftext|>"),
 )
 LAYOUTS = (COLPALI, TOMORO)
 

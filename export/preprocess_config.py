@@ -4,8 +4,9 @@ checkpoint).
 
 Where each value comes from (what the pinned reference, transformers 4.57.1, reads):
 
-- `processor_config.json`: `query_prefix`, `visual_prompt_prefix` (the page prompt); when absent,
-  the defaults of `ColQwen2Processor.__init__`.
+- `processor_config.json`: `query_prefix`, `visual_prompt_prefix` (the page prompt; for a layout
+  whose processor splits it, `visual_prompt_prefix + visual_prompt_suffix`); when absent, the
+  defaults of `ColQwen2Processor.__init__` (or of the layout's processor).
 - `tokenizer_config.json` (else `special_tokens_map.json`): the pad token, which is also the query
   augmentation token (`ColQwen2Processor.query_augmentation_token`); the image token string
   (`extra_special_tokens.image_token`, else the processor's default).
@@ -99,7 +100,7 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
         query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
         query_augmentation_token=pad_token,
         query_augmentation_count=QUERY_AUGMENTATION_COUNT,
-        page_prompt=_value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT),
+        page_prompt=_page_prompt(processor_config, layout),
         image_token=image_token,
         image_token_id=_token_id(tokenizer, image_token, model_config, "image_token_id", folder),
         vision_start_token_id=_token_id(
@@ -120,6 +121,17 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
         return PreprocessConfig(**values)
     except ValueError as e:
         raise ModelFolderError(str(e), path=folder) from e
+
+
+def _page_prompt(processor_config: dict[str, Any], layout) -> str:
+    """ColQwen2Processor's `visual_prompt_prefix` is the whole page prompt; a layout whose
+    processor splits it (TomoroAI's: prefix + suffix) joins its two parts, each the file's or the
+    processor's default."""
+    if layout is None or layout.page_prompt_parts is None:
+        return _value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT)
+    prefix, suffix = layout.page_prompt_parts
+    return (_value_or(processor_config.get("visual_prompt_prefix"), prefix)
+            + _value_or(processor_config.get("visual_prompt_suffix"), suffix))
 
 
 def _read_json(path: Path, *, required: bool = True) -> dict[str, Any]:

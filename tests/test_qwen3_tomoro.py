@@ -140,6 +140,24 @@ def test_tomoros_layout_reads_its_processors_differences(tmp_path_factory):
     assert tomoro.min_pixels == 65536 and tomoro.patch_size == 16
 
 
+def test_tomoros_page_prompt_is_prefix_plus_suffix(tmp_path_factory, tmp_path):
+    """TomoroAI's processor writes `visual_prompt_prefix + visual_prompt_suffix`: a
+    processor_config.json stating its prefix still gives the whole prompt (ColQwen2's reading
+    would drop the suffix), and a stated suffix is used."""
+    import shutil
+
+    from colembed_export.preprocess_config import UPSTREAM_PAGE_PROMPT, read_preprocess_config
+
+    folder = shutil.copytree(tomoro_checkpoint(tmp_path_factory), tmp_path / "with-processor")
+    assert read_preprocess_config(folder).page_prompt == UPSTREAM_PAGE_PROMPT
+    prefix = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image."
+    (folder / "processor_config.json").write_text(json.dumps({"visual_prompt_prefix": prefix}))
+    assert read_preprocess_config(folder).page_prompt == UPSTREAM_PAGE_PROMPT
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"visual_prompt_prefix": prefix, "visual_prompt_suffix": "<|im_end|>"}))
+    assert read_preprocess_config(folder).page_prompt == prefix + "<|im_end|>"
+
+
 def test_query_strip_reaches_the_encoder_and_the_manifest_only_when_set(tmp_path_factory):
     """The text encoder strips a Tomoro folder's queries and no other; the manifest field exists
     only when set (other folders' manifests, and older ones, read as before)."""
