@@ -98,7 +98,7 @@ def checkpoint_bytes(preset: str, vision_depth: int | None = None,
 
 
 def project(small: dict, large: dict | None, preset: str,
-            full_vision_step: float | None) -> dict:
+            full_vision_step: float | None, whole_model_per_graph: bool = False) -> dict:
     """Per step: measured peaks, slope per GB of weights, projected GB at the preset's depth.
     The vision graph grows with the tower's weights, the text graph with the rest, the other
     steps with all of them."""
@@ -121,6 +121,8 @@ def project(small: dict, large: dict | None, preset: str,
                                            ran["architecture"]["text_layers"])
         added = {VISION_STEP: (full_vision - run_vision) / 1e9,
                  TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
+        if whole_model_per_graph:  # the loader copies every tensor in: each graph step holds all
+            added = {}
         holds_weights = b > 0.3 * ran["weights_gb"]  # steps that hold no weights stay put
         if alone or step["step"] == VISION_STEP:  # the runs differ in language layers only
             slope = 1.0 if holds_weights else 0.0
@@ -187,6 +189,10 @@ def main() -> int:
     parser.add_argument("large", nargs="?", help="a second depth (else slope 1, see above)")
     parser.add_argument("--preset", default="qwen2.5-vl-7b")
     parser.add_argument("--full-3b", help="a full-depth bench_export JSON of the same vision tower")
+    parser.add_argument("--whole-model-per-graph", action="store_true",
+                        help="each graph step holds the whole model (a loader that copies every "
+                             "tensor in, as ColQwen3's does, not a memory map): project both graph "
+                             "steps along all added weights")
     parser.add_argument("--results", required=True, help="output path without extension")
     args = parser.parse_args()
 
@@ -196,7 +202,7 @@ def main() -> int:
     if args.full_3b:
         full = json.loads(Path(args.full_3b).read_text())
         full_vision = next(s["peak_rss_gb"] for s in full["steps"] if s["step"] == VISION_STEP)
-    result = project(small, large, args.preset, full_vision)
+    result = project(small, large, args.preset, full_vision, args.whole_model_per_graph)
     ram = ((large or small)["machine"].get("memory_gib") or 24.0) * 2**30 / 1e9  # GiB -> GB
     command = "python benchmarks/project_export.py " + " ".join(sys.argv[1:])
     Path(args.results + ".json").write_text(json.dumps(
