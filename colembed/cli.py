@@ -117,7 +117,8 @@ def _open_index(args, *, create: bool):
     return Index(args.db, model=args.model, url=args.qdrant_url, api_key=api_key,
                  collection=args.collection, variant=args.variant,
                  max_image_tokens=args.max_image_tokens, create=create,
-                 source=getattr(args, "source", None))
+                 source=getattr(args, "source", None),
+                 pool_factor=getattr(args, "pool_factor", None))
 
 
 def _print_added(result, total, args, where: str = "") -> None:
@@ -162,6 +163,9 @@ def _cmd_index_parquet(args) -> int:
 
     if args.paths or args.prune:
         raise UsageError("--from-parquet takes no PATH and no --prune")
+    if args.pool_factor is not None:
+        raise UsageError("--from-parquet stores the rows' vectors as they are, at their own "
+                         "pool factor: --pool-factor does not apply")
     points = parquet_points(args.from_parquet)
     if args.db is not None:
         open_for_embedded(args.db, parquet_dim(points))
@@ -182,6 +186,9 @@ def _cmd_index_ray(args) -> int:
     """`colembed index --ray [ADDRESS]`: the same job on a Ray cluster (colembed.distributed)."""
     if args.model is None or args.prune:
         raise UsageError("--ray needs --model (a folder every node reads) and has no --prune")
+    if args.pool_factor is not None:
+        raise UsageError("--ray writes pages at the target index's own pool factor; create a "
+                         "pooled index with `colembed index --pool-factor N` first")
     if sum(x is not None for x in (args.db, args.qdrant_url, args.parquet)) != 1:
         raise UsageError("give exactly one of --db DIR, --qdrant-url URL, --parquet DIR")
     try:
@@ -269,9 +276,8 @@ def _cmd_upgrade(args) -> int:
         from .index.index import upgrade_with_progress
     except ImportError as e:
         raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
-    copied = upgrade_with_progress(args.db, progress=False if args.quiet else None)
-    print(f"{args.db}: " + (f"rewrote {copied} page(s) at the current schema (nothing embedded "
-                            "again)" if copied else "already at the current schema"))
+    done = upgrade_with_progress(args.db, progress=False if args.quiet else None)
+    print(f"{args.db}: {done.describe()}")
     return EXIT_OK
 
 
@@ -322,6 +328,10 @@ def _add_index_commands(sub) -> None:
                                         "files and --prune touch only this source's pages")
     index.add_argument("--batch-size", type=_positive_int, default=4,
                        help="pages per model call (default 4)")
+    index.add_argument("--pool-factor", type=_positive_int,
+                       help="store each page's image tokens hierarchically pooled to 1/N as many "
+                            "(smaller index, some recall lost: docs/index.md); a new index only, "
+                            "default: the index's own, 1 (no pooling) for a new one")
     _index_options(index)
     _ray_options(index)
     index.set_defaults(func=_cmd_index)

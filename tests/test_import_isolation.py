@@ -19,7 +19,7 @@ from pathlib import Path
 import colembed
 
 PACKAGE = Path(colembed.__file__).parent
-HEAVY = ("torch", "transformers", "onnxruntime", "fastembed", "onnx", "peft")
+HEAVY = ("torch", "transformers", "onnxruntime", "fastembed", "onnx", "peft", "scipy")
 
 # argv[1]: the code to run first; prints one JSON line: the heavy modules loaded.
 PROBE = """
@@ -105,6 +105,7 @@ OWNERS = {
     "qdrant_client": {"index.server"},
     "pypdfium2": {"index.sources"},
     "tqdm": {"index.index"},
+    "scipy": {"index.pooling"},  # Ward linkage for index-time token pooling, on first use
     "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
     "pyarrow": {"distributed.targets", "distributed.pipeline"},
     # the serve extra: the web framework lives in colembed.serve.app, the server in serve.run

@@ -127,14 +127,79 @@ def test_a_folder_without_a_current_token_table_warns_and_upgrade_rebuilds_it(tm
         gated, = store.search([query], 3, "two-stage")
     assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in gated}
     store.close()
-    assert upgrade_index(tmp_path / "db") == N_PAGES
+    assert upgrade_index(tmp_path / "db").tokens_rebuilt == N_PAGES
     store = open_store(tmp_path / "db")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hits, = store.search([query], 3, "two-stage")
     assert hits[0].payload["sha256"] == f"{NEEDLE:064x}" and store.count() == N_PAGES
     store.close()
-    assert upgrade_index(tmp_path / "db") == 0
+    assert not upgrade_index(tmp_path / "db")
+
+
+def test_upgrade_says_it_rebuilt_the_table_and_not_that_it_rewrote_pages(tmp_path, capsys):
+    pages, _ = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
+    store.close()
+    for f in (tmp_path / "db" / TOKENS_DIR).iterdir():
+        f.unlink()
+    assert main(["upgrade", "--db", str(tmp_path / "db"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert f"rebuilt the token table of {N_PAGES} page(s)" in out and "rewrote" not in out
+    assert main(["upgrade", "--db", str(tmp_path / "db"), "--quiet"]) == 0
+    assert "already at the current schema" in capsys.readouterr().out
+
+
+def test_a_table_of_the_right_size_but_other_pages_is_not_current(tmp_path):
+    pages, query = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    store.upsert(points)
+    # a page gone from the shard and another's row in the table only (as a kill between the
+    # shard write and the table write of a replacement can leave it): the counts still agree
+    TokenTable.delete(store.tokens, [points[NEEDLE].id])
+    store.tokens.append(["00000000-0000-0000-0000-0000000000aa"], [np.zeros((16, DIM), np.float32)])
+    store.close()
+    store = open_store(tmp_path / "db")
+    assert len(store.tokens) == store.count()
+    with pytest.warns(OldIndexWarning, match="token table"):
+        assert not store.has_tokens()
+    store.close()
+    assert upgrade_index(tmp_path / "db").tokens_rebuilt == N_PAGES
+    store = open_store(tmp_path / "db")
+    assert store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == \
+        points[NEEDLE].id
+    store.close()
+
+
+def test_a_mostly_dead_table_is_compacted_on_open_and_a_killed_compaction_undone(tmp_path):
+    from colembed.index.tokens import COMPACTING, SET_ASIDE, TABLE_FILE
+
+    pages, query = _local_pages()
+    store = open_store(tmp_path / "db", dim=DIM)
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    for _ in range(3):  # the same pages stored again: their older rows are dead
+        store.upsert(points)
+    store.delete([p.id for p in points[:4]])
+    table = tmp_path / "db" / TOKENS_DIR / TABLE_FILE
+    row = 16 * DIM * 4
+    assert table.stat().st_size == (3 * N_PAGES + 4) * row
+    store.close()
+    store = open_store(tmp_path / "db")
+    assert table.stat().st_size == (N_PAGES - 4) * row  # the live rows only
+    assert store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == \
+        points[NEEDLE].id
+    store.close()
+    # a kill between the compaction's two renames: the old table is aside, the folder missing
+    folder = tmp_path / "db" / TOKENS_DIR
+    aside = folder.with_name(folder.name + SET_ASIDE)
+    folder.rename(aside)
+    (folder.with_name(folder.name + COMPACTING)).mkdir()
+    store = open_store(tmp_path / "db")
+    assert store.has_tokens() and not aside.exists()
+    assert not folder.with_name(folder.name + COMPACTING).exists()
+    store.close()
 
 
 IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,

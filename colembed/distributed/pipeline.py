@@ -97,7 +97,8 @@ def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int =
         dpi = dpi if dpi is not None else built.get("dpi")
         identity = ModelIdentity.of_folder(folder, variant=variant,
                                            max_image_tokens=max_image_tokens, dpi=dpi,
-                                           schema=target.schema)
+                                           schema=target.schema,
+                                           pool_factor=built.get("pool_factor", 1))
         identity.check(stored[0][1] if stored else None, target.location)
         pages = documents and _pipeline(
             documents, actors=actors, actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor),

@@ -38,10 +38,11 @@ def open_store(location: str | os.PathLike | None = None, *, url: str | None = N
 
 
 def upgrade_index(location: str | os.PathLike,
-                  progress: Callable[[int, int], None] | None = None) -> int:
-    """Rewrite an older-schema Qdrant Edge index folder at this schema from its stored vectors,
-    in place (`edge.upgrade_index`); returns the pages copied, 0 when it is already current.
-    `progress(pages_copied, total)` is called as it goes."""
+                  progress: Callable[[int, int], None] | None = None):
+    """Bring a Qdrant Edge index folder up to date from its stored vectors, in place
+    (`edge.upgrade_index`: an older schema rewritten, a stale token table rebuilt, a mostly-dead
+    one compacted); returns `edge.Upgraded` (false when it was already current).
+    `progress(pages_done, total)` is called as it goes."""
     from .edge import upgrade_index as upgrade_edge
 
     return upgrade_edge(Path(location), progress)

@@ -12,7 +12,7 @@ every reopen read all of them again although a two-stage search reads at most 20
 mapped, the open reads the small vectors only and a search faults in the pages it reranks
 (measured: benchmarks/results/index-10k.md). Folders created before keep their in-RAM storage.
 `<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
-write and checked against the shard's page count on open: a folder without a current table (made
+write and checked against the shard's page ids on open (and compacted there when mostly dead rows): a folder without a current table (made
 by an older colembed, or a kill between the two writes) searches with the mean-gated plan and
 says so; `colembed upgrade` rebuilds the table from the stored page vectors.
 """
@@ -29,6 +29,7 @@ import time
 import uuid
 import warnings
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -189,10 +190,29 @@ class EdgeStore(Store):
         self._open_tokens()
 
     def _open_tokens(self) -> None:
-        """The centroid table, current when it holds exactly the shard's pages."""
+        """The centroid table, current when its live rows are exactly the shard's pages (by id:
+        a count alone would take a kill between a delete and its replacement's write for a
+        current table); compacted first when it is mostly dead rows (tokens.MAX_DEAD_FRACTION)."""
         self.tokens = TokenTable(self.folder / TOKENS_DIR, self.dim, CENTROIDS)
         with _edge_errors("read the token table", self.folder):
-            self._tokens_current = len(self.tokens) == self.count()
+            self.tokens.compact_if_due()
+            self._tokens_current = self._table_matches()
+
+    def _table_matches(self) -> bool:
+        table = self.tokens.ids()
+        return len(table) == self.count() and set(table) == set(self.ids())
+
+    def ids(self) -> list[str]:
+        """Every stored page's id (no payload, no vectors)."""
+        out: list[str] = []
+        offset = None
+        while True:
+            with _edge_errors("list pages", self.folder):
+                records, offset = self.shard.scroll(qe.ScrollRequest(
+                    offset=offset, limit=4096, with_payload=False, with_vector=False))
+            out.extend(str(r.id) for r in records)
+            if offset is None:
+                return out
 
     def has_tokens(self) -> bool:
         if not self._tokens_current and self.schema == SCHEMA_VERSION and not getattr(
@@ -406,18 +426,47 @@ def _recover_interrupted_swap(folder: Path) -> None:
     (folder / STAGING_MARKER).unlink(missing_ok=True)
 
 
-def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = None) -> int:
-    """Rewrite an older-schema index folder at this schema from its stored vectors (no page is
-    embedded again; the `mean` vector comes from each page's vectors and payload): a new shard is
-    filled in a staging folder beside it, then replaces it. Returns the pages copied (0: already
-    current); `progress(pages_copied, total)` after each batch. Edge cannot add a vector to an
-    existing shard, hence the copy: 58 pages/s measured at 1,000 synthetic pages on 2 loaded cores
-    (storing them took 81 pages/s), ~3 min at 10,000."""
+@dataclass(frozen=True)
+class Upgraded:
+    """What `upgrade_index` did: `rewritten` pages copied into a new shard at this schema,
+    `tokens_rebuilt` pages whose token-table rows were computed again (a current shard with a
+    missing or stale table), `rows_compacted` dead table rows dropped. All 0: already current."""
+
+    rewritten: int = 0
+    tokens_rebuilt: int = 0
+    rows_compacted: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.rewritten or self.tokens_rebuilt or self.rows_compacted)
+
+    def describe(self) -> str:
+        """One line for `colembed upgrade` (what was done, never more)."""
+        if self.rewritten:
+            return (f"rewrote {self.rewritten} page(s) at the current schema (nothing embedded "
+                    "again)")
+        if self.tokens_rebuilt:
+            return (f"rebuilt the token table of {self.tokens_rebuilt} page(s) from their stored "
+                    "vectors (the pages were not rewritten)")
+        if self.rows_compacted:
+            return f"compacted the token table ({self.rows_compacted} dead row(s) dropped)"
+        return "already at the current schema"
+
+
+def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = None) -> Upgraded:
+    """Bring an index folder up to date from its stored vectors (no page is embedded again):
+    an older schema is rewritten (the `mean` vector comes from each page's vectors and payload;
+    a new shard is filled in a staging folder beside it, then replaces it); at this schema, a
+    missing or stale token table is rebuilt and one with dead rows compacted. Returns what was
+    done (`Upgraded`); `progress(pages_done, total)` after each batch. Edge cannot add a vector
+    to an existing shard, hence the copy: 58 pages/s measured at 1,000 synthetic pages on 2
+    loaded cores (storing them took 81 pages/s), ~3 min at 10,000."""
     folder = Path(folder)
     old = EdgeStore(folder)
     try:
         if old.schema == SCHEMA_VERSION:
-            return 0 if old._tokens_current else rebuild_tokens(old, progress)
+            if not old._tokens_current:
+                return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress))
+            return Upgraded(rows_compacted=old.tokens.compact())
         staging = staging_folder(folder, "colembed index upgrade")
         try:
             new = EdgeStore(staging, dim=old.dim)
@@ -431,7 +480,7 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
             raise
     finally:
         old.close()
-    return copied
+    return Upgraded(rewritten=copied)
 
 
 def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
@@ -446,7 +495,7 @@ def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None
 
     with _edge_errors("rebuild the token table", store.folder):
         done = store.tokens.rebuild(pages(), progress and (lambda n: progress(n, len(ids))))
-    store._tokens_current = len(store.tokens) == store.count()
+    store._tokens_current = store._table_matches()
     if progress is not None:
         progress(done, len(ids))
     return done

@@ -22,7 +22,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from ..errors import InputError
-from .records import ModelIdentity
+from .pooling import CLUSTERS_FIELD, decode_clusters
+from .records import ModelIdentity, identity_mismatches
 from .schema import PAGE_VECTOR, PagePoint, make_point, point_id
 from .errors import ModelMismatchError
 from .store import UPSERT_BATCH, Store
@@ -32,9 +33,7 @@ IDENTITY_FIELDS = (*ModelIdentity.CHECKED, "model_source")  # what pages carry o
 
 def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]:
     """`ModelIdentity.mismatches` between two payloads (a field one side predates is not one)."""
-    return [f"{f}: the index has {stored.get(f)!r}, these pages {ours.get(f)!r}"
-            for f in ModelIdentity.CHECKED if stored.get(f) != ours.get(f)
-            and not (f in ModelIdentity.LATER and (f not in stored or f not in ours))]
+    return identity_mismatches(stored, ours, "these pages")
 
 
 TOKEN_PX = 28  # patch 14 x merge 2: the pixels one merged image token saw (every family so far)
@@ -113,7 +112,16 @@ def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -
     if point.id != point_id(p["sha256"], p["page"], p["path"]):
         raise InputError(f"{where}: point id {point.id} is not the one its path, page and "
                          "sha256 make")
-    check_vectors(point.vectors.get(PAGE_VECTOR), dim, p["grid"], p["image_start"], where)
+    if p.get(CLUSTERS_FIELD):  # a pooled page: the grid's tokens went into fewer rows
+        clusters = decode_clusters(p[CLUSTERS_FIELD])
+        rows, cols = (int(x) for x in p["grid"])
+        if len(clusters) != rows * cols:
+            raise InputError(f"{where}: {len(clusters)} pooled token assignments for a "
+                             f"{rows} x {cols} grid")
+        check_vectors(point.vectors.get(PAGE_VECTOR), dim, (1, int(clusters.max()) + 1),
+                      p["image_start"], where)
+    else:
+        check_vectors(point.vectors.get(PAGE_VECTOR), dim, p["grid"], p["image_start"], where)
     if identity is not None:
         problems = identity_mismatch(p, identity)
         if problems:

@@ -27,6 +27,7 @@ from .ingest import ingest
 from .maps import SimilarityMap, explain, overlay
 from .records import (AddResult, FileReport, ModelIdentity, default_source, dpi_of,  # noqa: F401
                       manifest_sha256, options_of, owned)
+from .pooling import CLUSTERS_FIELD, DEFAULT_POOL_FACTOR, check_pool_factor, decode_clusters
 from .sources import Document, discover
 from .store import DEFAULT_SEARCH_MODE, check_mode
 
@@ -48,7 +49,10 @@ class Index:
     """Create or open an index (see the module docstring).
 
     `variant` and `max_image_tokens` default to the ones the index was built with (fp32 and the
-    model's own budget for a new index); `create=False` opens an existing index only
+    model's own budget for a new index); so does `pool_factor` (1, no pooling, for a new index:
+    >= 2 stores each page's image tokens hierarchically pooled to 1/pool_factor as many,
+    pooling.py; what that costs in recall, size and speed: docs/index.md). An index refuses a
+    pool factor other than its own (ModelMismatchError). `create=False` opens an existing index only
     (IndexNotFoundError otherwise: `colembed search` never creates one). `source` names the
     writer (default: $COLEMBED_SOURCE, else the host name): replacing a changed file's pages and
     `prune` touch only pages this source wrote."""
@@ -57,8 +61,10 @@ class Index:
                  url: str | None = None, api_key: str | None = None,
                  collection: str | None = None, variant: str | None = None,
                  max_image_tokens: int | None = None, local: bool = False, create: bool = True,
-                 source: str | None = None, **load_options: Any) -> None:
+                 source: str | None = None, pool_factor: int | None = None,
+                 **load_options: Any) -> None:
         self._model_arg = model
+        self._pool_factor = None if pool_factor is None else check_pool_factor(pool_factor)
         self._model = model if hasattr(model, "embed_pages") else None
         self._requested = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
         self.source = source or default_source()
@@ -74,6 +80,13 @@ class Index:
             self.store = open_store(location, dim=self.model.embedding_size, **where)
         try:
             self._stored = options_of(self.store.any_payload())
+            if self._pool_factor is not None and self._stored \
+                    and self._stored["pool_factor"] != self._pool_factor:
+                raise ModelMismatchError(
+                    f"{self.store.location}: this index stores pages pooled with pool factor "
+                    f"{self._stored['pool_factor']} (1: not pooled), not {self._pool_factor}; its "
+                    "pages would not be comparable: open it without pool_factor (it keeps its "
+                    "own), or use another index")
             if self._model_arg is not None:  # a model given: refused now, not at the first add
                 self._check(self.model_identity(), self.model)
         except BaseException:
@@ -100,7 +113,8 @@ class Index:
             model = colembed.load(source, **options)
             if self.store is not None:
                 self._check(ModelIdentity.of_model(model, schema=self.store.schema,
-                                                   dpi=stored.get("dpi")), model)
+                                                   dpi=stored.get("dpi"),
+                                                   pool_factor=self.pool_factor), model)
             self._model = model
         return self._model
 
@@ -108,7 +122,16 @@ class Index:
         """What this index's pages are stamped with for a run at `dpi` (None: the index's own
         render policy, or the pixel budget)."""
         dpi = self._stored.get("dpi") if dpi is None else dpi
-        return ModelIdentity.of_model(self.model, schema=self.store.schema, dpi=dpi)
+        return ModelIdentity.of_model(self.model, schema=self.store.schema, dpi=dpi,
+                                      pool_factor=self.pool_factor)
+
+    @property
+    def pool_factor(self) -> int:
+        """The hierarchical token pooling factor of this index's pages (1: none): the one asked
+        for, else the one it was built with, else 1."""
+        if self._pool_factor is not None:
+            return self._pool_factor
+        return int(self._stored.get("pool_factor", DEFAULT_POOL_FACTOR))
 
     @property
     def identity(self) -> dict[str, Any]:
@@ -177,6 +200,8 @@ class Index:
 
         if identity is None and self._model_arg is not None:
             identity = self.identity
+        elif identity is not None:
+            identity = {"pool_factor": self.pool_factor, **identity}
         return add_embedded(self.store, pages, identity, self.source)
 
     def remove(self, paths: Iterable[str | os.PathLike] | str | os.PathLike) -> int:
@@ -231,10 +256,15 @@ class Index:
         out = []
         for h in hits:
             page = stored[h.id]
+            clusters = (decode_clusters(h.payload[CLUSTERS_FIELD])
+                        if h.payload.get(CLUSTERS_FIELD) else None)
             layout = PageLayout(grid_rows=h.payload["grid"][0], grid_cols=h.payload["grid"][1],
-                                image_start=h.payload["image_start"], num_tokens=len(page),
+                                image_start=h.payload["image_start"],
+                                num_tokens=len(page) if clusters is None else
+                                len(page) - int(clusters.max()) - 1 + len(clusters),
                                 token_px=self.model.config.resize_factor)
-            out.append(Hit(h.file, h.page, h.score, h.payload, h.id, explain(query, page, layout)))
+            out.append(Hit(h.file, h.page, h.score, h.payload, h.id,
+                           explain(query, page, layout, clusters)))
         return out
 
     def page(self, page_id: str) -> Hit | None:

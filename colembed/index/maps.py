@@ -36,19 +36,33 @@ class SimilarityMap:
         return int(r), int(c)
 
 
-def explain(query: np.ndarray, page: np.ndarray, layout) -> SimilarityMap:
-    """Split the MaxSim score of `query` (Lq, d) against `page` (Lp, d) over the page's rows."""
+def explain(query: np.ndarray, page: np.ndarray, layout,
+            clusters: np.ndarray | None = None) -> SimilarityMap:
+    """Split the MaxSim score of `query` (Lq, d) against `page` (Lp, d) over the page's rows.
+    A page stored pooled (pooling.py) gives `clusters` (per grid cell, its pooled row): a cell
+    then shows its pooled row's similarity, and a pooled row's contribution is shared equally by
+    its cells (the map still sums to the score)."""
     sims = query.astype(np.float32) @ page.astype(np.float32).T  # (Lq, Lp)
     best = sims.argmax(axis=1)
     per_row = np.zeros(page.shape[0], dtype=np.float64)
     np.add.at(per_row, best, sims[np.arange(len(best)), best])
-    rows = layout.image_rows
     grid = (layout.grid_rows, layout.grid_cols)
+    if clusters is None:
+        rows = layout.image_rows
+        image_part = per_row[rows]
+        contribution, similarity = image_part, sims[:, rows].max(axis=0)
+    else:
+        start = layout.image_start
+        pooled = slice(start, start + int(clusters.max()) + 1)
+        image_part = per_row[pooled]
+        share = np.bincount(clusters, minlength=pooled.stop - start)
+        contribution = (image_part / share)[clusters]
+        similarity = sims[:, pooled].max(axis=0)[clusters]
     return SimilarityMap(
         score=float(per_row.sum()),
-        contribution=per_row[rows].reshape(grid).astype(np.float32),
-        similarity=sims[:, rows].max(axis=0).reshape(grid).astype(np.float32),
-        prompt_contribution=float(per_row.sum() - per_row[rows].sum()),
+        contribution=contribution.reshape(grid).astype(np.float32),
+        similarity=similarity.reshape(grid).astype(np.float32),
+        prompt_contribution=float(per_row.sum() - image_part.sum()),
         layout=layout)
 
 

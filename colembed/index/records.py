@@ -68,22 +68,28 @@ class ModelIdentity:
     render: str
     schema: int
     model_source: str = ""
+    pool_factor: int = 1  # hierarchical token pooling of the image tokens (pooling.py); 1: none
 
-    CHECKED = ("model", "variant", "manifest_sha256", "max_image_tokens", "render", "schema")
+    CHECKED = ("model", "variant", "manifest_sha256", "max_image_tokens", "render", "schema",
+               "pool_factor")
     # Recorded since colembed 0.2: a page written before lacks them, and is not refused for it.
     LATER = ("max_image_tokens", "render")
+    # Recorded since pooling: a page without it was stored unpooled, and is compared as such.
+    ABSENT_MEANS = {"pool_factor": 1}
 
     @classmethod
-    def of_model(cls, model: Any, *, schema: int, dpi: float | None) -> ModelIdentity:
+    def of_model(cls, model: Any, *, schema: int, dpi: float | None,
+                 pool_factor: int = 1) -> ModelIdentity:
         """The identity of a loaded `ColQwen2Model` (its effective image budget)."""
         return cls(model=model.name, variant=model.variant,
                    manifest_sha256=manifest_sha256(model.folder),
                    max_image_tokens=int(model.max_image_tokens), render=render_policy(dpi),
-                   schema=schema, model_source=str(Path(model.folder).resolve()))
+                   schema=schema, model_source=str(Path(model.folder).resolve()),
+                   pool_factor=pool_factor)
 
     @classmethod
     def of_folder(cls, folder: str | os.PathLike, *, variant: str, max_image_tokens: int | None,
-                  dpi: float | None, schema: int) -> ModelIdentity:
+                  dpi: float | None, schema: int, pool_factor: int = 1) -> ModelIdentity:
         """The identity of a model folder, read without loading it (the Ray driver)."""
         from ..manifest import read_manifest
 
@@ -93,7 +99,8 @@ class ModelIdentity:
         return cls(model=manifest.model.name, variant=variant,
                    manifest_sha256=manifest_sha256(folder),
                    max_image_tokens=config.max_pixels // config.pixels_per_image_token,
-                   render=render_policy(dpi), schema=schema, model_source=str(folder))
+                   render=render_policy(dpi), schema=schema, model_source=str(folder),
+                   pool_factor=pool_factor)
 
     def payload(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,9 +108,7 @@ class ModelIdentity:
     def mismatches(self, stored: dict[str, Any]) -> list[str]:
         """The fields on which a stored page and this run disagree ("field: index has a, this run
         b")."""
-        return [f"{f}: the index has {stored.get(f)!r}, this run {getattr(self, f)!r}"
-                for f in self.CHECKED
-                if stored.get(f) != getattr(self, f) and not (f in self.LATER and f not in stored)]
+        return identity_mismatches(stored, self.payload(), "this run")
 
     def check(self, stored: dict[str, Any] | None, location: str) -> None:
         """Raise ModelMismatchError naming both sides when `stored` (any stored page's payload)
@@ -116,14 +121,33 @@ class ModelIdentity:
                 "another index")
 
 
+def identity_field(payload: dict[str, Any], name: str) -> Any:
+    """A page's identity field as compared: a field recorded only by later colembeds
+    (`ModelIdentity.ABSENT_MEANS`) has its meaning when absent."""
+    return payload.get(name, ModelIdentity.ABSENT_MEANS.get(name))
+
+
+def identity_mismatches(stored: dict[str, Any], ours: dict[str, Any], who: str) -> list[str]:
+    """The identity fields on which two payloads disagree ("field: the index has a, `who` b"); a
+    `ModelIdentity.LATER` field one side predates is not a disagreement."""
+    out = []
+    for f in ModelIdentity.CHECKED:
+        a, b = identity_field(stored, f), identity_field(ours, f)
+        if a != b and not (f in ModelIdentity.LATER and (f not in stored or f not in ours)):
+            out.append(f"{f}: the index has {a!r}, {who} {b!r}")
+    return out
+
+
 def options_of(stored: dict[str, Any] | None) -> dict[str, Any]:
     """What reopening an index loads and renders with: the stored model folder, variant, image
-    budget and render dpi (empty for an empty index; fields an older index lacks are left out)."""
+    budget, render dpi and pool factor (empty for an empty index; fields an older index lacks are
+    left out, but for the pool factor: absent means 1)."""
     if not stored:
         return {}
     out = {k: stored[k] for k in ("model_source", "variant", "max_image_tokens") if k in stored}
     if "render" in stored:
         out["dpi"] = dpi_of(stored["render"])
+    out["pool_factor"] = identity_field(stored, "pool_factor")
     return out
 
 

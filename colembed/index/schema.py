@@ -79,9 +79,12 @@ def mean_vector(vectors: np.ndarray, layout) -> np.ndarray:
 
 
 def image_tokens(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
-    """The image-token rows of a page known by its `page` vectors and payload (grid, image_start)."""
-    (rows, cols), start = payload["grid"], payload["image_start"]
-    return page[start:start + rows * cols]
+    """The stored image-token rows of a page known by its `page` vectors and payload (grid,
+    image_start; on a pooled page, its pooled rows: pooling.image_row_count)."""
+    from .pooling import image_row_count
+
+    start = payload["image_start"]
+    return page[start:start + image_row_count(payload)]
 
 
 def mean_from_payload(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
@@ -96,13 +99,24 @@ def schema_of(names) -> int | None:
 
 
 def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoint:
-    """The point of one embedded page; `payload` must hold every field but the grid's."""
+    """The point of one embedded page; `payload` must hold every field but the grid's. A payload
+    whose `pool_factor` (records.ModelIdentity) is above 1 stores the page's image tokens
+    hierarchically pooled (pooling.py) as its `page` vectors, with which token went where; the
+    rows / cols / mean vectors are always those of the unpooled page."""
+    from .pooling import CLUSTERS_FIELD, check_pool_factor, encode_clusters, pool_page
+
     payload = dict(payload, grid=[layout.grid_rows, layout.grid_cols],
                    image_start=layout.image_start)
     missing = [f for f in PAYLOAD_FIELDS if f not in payload]
     if missing:
         raise ValueError(f"page payload lacks {missing}")
     rows, cols = pooled_vectors(vectors, layout)
+    mean = mean_vector(vectors, layout)
+    factor = check_pool_factor(payload.get("pool_factor", 1))
+    page = np.asarray(vectors, dtype=np.float32)
+    if factor > 1:
+        page, clusters = pool_page(page, layout, factor)
+        payload[CLUSTERS_FIELD] = encode_clusters(clusters)
     return PagePoint(point_id(payload["sha256"], payload["page"], payload["path"]),
-                     {PAGE_VECTOR: vectors, ROWS_VECTOR: rows, COLS_VECTOR: cols,
-                      MEAN_VECTOR: mean_vector(vectors, layout)}, payload)
+                     {PAGE_VECTOR: page, ROWS_VECTOR: rows, COLS_VECTOR: cols,
+                      MEAN_VECTOR: mean}, payload)

@@ -20,6 +20,7 @@ between the two writes, a folder written by an older colembed). numpy only.
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -31,6 +32,12 @@ KMEANS_ROUNDS = 6
 TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
 IDS_FILE = "tokens.ids"  # 17 bytes a row: uuid bytes + 1 (live) / 0 (deleted), appended
 _ID_BYTES = 17
+# Replaced and deleted pages leave dead rows (the files only grow). Past this fraction of dead
+# rows the table is rewritten with its live rows only (`compact`, on open and by `colembed
+# upgrade`): every query scans every row, dead ones included, so the bound is also the most
+# the scan is slowed by them (2x), and a rewrite costs one sequential copy of the live rows.
+MAX_DEAD_FRACTION = 0.5
+COMPACTING, SET_ASIDE = ".compacting", ".replaced"  # sibling folders of a compaction
 
 
 def page_centroids(image_tokens: np.ndarray, k: int = CENTROIDS) -> np.ndarray:
@@ -79,6 +86,7 @@ class TokenTable:
 
     def __init__(self, folder: Path, dim: int, k: int = CENTROIDS) -> None:
         self.folder, self.dim, self.k = Path(folder), dim, k
+        TokenTable.recover(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._table: np.ndarray | None = None
         self._live: np.ndarray | None = None  # row -> id string (None when dead)
@@ -137,6 +145,53 @@ class TokenTable:
         if self._dirty:
             self._load()
         return self._ids
+
+    def dead_fraction(self) -> float:
+        """The share of the table's rows that no live page reads (replaced, deleted, torn)."""
+        ids = self.ids()
+        return 1.0 - len(ids) / len(self._table) if len(self._table) else 0.0
+
+    def compact(self) -> int:
+        """Rewrite the table with its live rows only; returns the rows dropped. The live rows go
+        to a sibling folder, which then takes the table folder's place by two renames (the old
+        folder set aside first): a kill between them leaves the old folder aside, put back by
+        `recover` on the next open (a table's two files are never mixed). Derived data: the
+        pages are never touched."""
+        ids = self.ids()
+        dropped = len(self._table) - len(ids)
+        if dropped <= 0:
+            return 0
+        work, aside = self._sibling(COMPACTING), self._sibling(SET_ASIDE)
+        shutil.rmtree(work, ignore_errors=True)
+        fresh = TokenTable(work, self.dim, self.k)
+        for lo in range(0, len(ids), 4096):
+            rows = self._rows[lo:lo + 4096]
+            fresh.append(ids[lo:lo + 4096], list(np.asarray(self._table[rows])))
+        self._table = None  # the old mapping closes before its folder moves
+        shutil.rmtree(aside, ignore_errors=True)
+        os.replace(self.folder, aside)
+        os.replace(work, self.folder)
+        shutil.rmtree(aside, ignore_errors=True)
+        self._dirty = True
+        return dropped
+
+    def _sibling(self, suffix: str) -> Path:
+        return self.folder.with_name(self.folder.name + suffix)
+
+    @staticmethod
+    def recover(folder: Path) -> None:
+        """Undo a compaction killed midway: the old table set aside comes back when the folder
+        is missing; a half-written new one is dropped."""
+        folder = Path(folder)
+        aside = folder.with_name(folder.name + SET_ASIDE)
+        if aside.is_dir() and not folder.exists():
+            os.replace(aside, folder)
+        for leftover in (aside, folder.with_name(folder.name + COMPACTING)):
+            shutil.rmtree(leftover, ignore_errors=True)
+
+    def compact_if_due(self) -> int:
+        """`compact` when more than `MAX_DEAD_FRACTION` of the rows are dead; the rows dropped."""
+        return self.compact() if self.dead_fraction() > MAX_DEAD_FRACTION else 0
 
     def __len__(self) -> int:
         return len(self.ids())
