@@ -137,10 +137,11 @@ class Index:
     def identity(self) -> dict[str, Any]:
         return self.model_identity().payload()
 
-    def _check(self, identity: ModelIdentity, model: Any) -> None:
-        """`model` may write to and search this index: vectors of the store's width (a model of
+    def _check(self, identity: ModelIdentity, model: Any = None) -> None:
+        """`model` (default: this index's) may write to and search this index: vectors of the store's width (a model of
         another family, e.g. a 320-dim ColQwen3 against a 128-dim ColQwen2 index, is refused by
         name even while the index is empty) made the way its pages were (`ModelIdentity`)."""
+        model = self.model if model is None else model
         if self.store.dim != model.embedding_size:
             stored = self.store.any_payload() or {}
             held = f" by model {stored['model']!r}" if stored.get("model") else ""
