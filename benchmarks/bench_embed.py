@@ -4,12 +4,14 @@
     python benchmarks/bench_embed.py                         # 4+4 layers (default)
     python benchmarks/bench_embed.py --vision-depth 32 --text-layers 28   # the real depth
     python benchmarks/bench_embed.py --family colqwen2.5 --quick      # ColQwen2.5, 2+2 layers
+    python benchmarks/bench_embed.py --family colqwen3 --quick        # ColQwen3 (Qwen3-VL-4B widths)
 
 What it does, in one run:
 1. builds a random-weight checkpoint of the `--family` with its published model's widths, heads and
    vocabulary at the requested depth (colqwen2: Qwen2-VL-2B, export/tiny.py preset "qwen2-vl-2b";
    colqwen2.5: Qwen2.5-VL-3B, export/tiny_qwen2_5.py preset "qwen2.5-vl-3b", both attention kinds
-   kept, benchmarks/benchmark_specs.py) and exports it with `--variants` (cached in `--workdir`,
+   kept; colqwen3: Qwen3-VL-4B, export/tiny_qwen3.py preset "qwen3-vl-4b", the DeepStack blocks
+   that fit the depth; benchmarks/benchmark_specs.py) and exports it with `--variants` (cached in `--workdir`,
    keyed by family and depth);
 2. measures the machine's fp32 GEMM peak (numpy sgemm) and int8 matmul peak (onnxruntime
    MatMulInteger, u8 x s8) with the same threads;
@@ -58,14 +60,14 @@ from flops import Shapes  # noqa: E402
 from colembed.layout import MANIFEST_NAME  # noqa: E402
 from colembed.sessions import physical_cores  # noqa: E402
 
-WIDTHS = {"colqwen2": "Qwen2-VL-2B", "colqwen2.5": "Qwen2.5-VL-3B"}
-RESULT_STEMS = {"colqwen2": "embed", "colqwen2.5": "embed-colqwen2_5"}
+WIDTHS = {"colqwen2": "Qwen2-VL-2B", "colqwen2.5": "Qwen2.5-VL-3B", "colqwen3": "Qwen3-VL-4B"}
+RESULT_STEMS = {"colqwen2": "embed", "colqwen2.5": "embed-colqwen2_5", "colqwen3": "embed-colqwen3"}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", choices=("colqwen2", "colqwen2.5"), default="colqwen2",
-                        help="model family (widths of Qwen2-VL-2B or Qwen2.5-VL-3B)")
+    parser.add_argument("--family", choices=tuple(WIDTHS), default="colqwen2",
+                        help="model family (widths of Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-4B)")
     parser.add_argument("--quick", action="store_true",
                         help="small setting: 2+2 layers, few repeats, 40 retrieval pages")
     parser.add_argument("--vision-depth", type=int, help="vision layers (real: 32; default 4)")

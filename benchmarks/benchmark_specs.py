@@ -42,11 +42,9 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
 def build(family: str, out: Path, spec: Any, *, stress: bool = False) -> Path:
     """Write the random-weight (or stress) checkpoint of `spec` with the family's builder."""
     if family == "colqwen3":
-        if stress:
-            raise NotImplementedError("no ColQwen3 stress checkpoint yet")
-        from colembed_export.tiny_qwen3 import build_checkpoint_3
+        from colembed_export.tiny_qwen3 import build_checkpoint_3, build_stress_checkpoint_3
 
-        return build_checkpoint_3(out, spec, seed=0)
+        return (build_stress_checkpoint_3 if stress else build_checkpoint_3)(out, spec, seed=0)
     if family == "colqwen2.5":
         from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, build_stress_checkpoint_2_5
 

@@ -26,7 +26,7 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
 
     spec = reduced_spec(args.family, FAMILY_PRESETS[args.family], args.vision_depth,
                         args.text_layers)
-    size = {"colqwen2": "2b", "colqwen2.5": "2.5-3b"}[args.family]
+    size = {"colqwen2": "2b", "colqwen2.5": "2.5-3b", "colqwen3": "3-4b"}[args.family]
     tag = f"{'stress-' if stress else ''}{size}-v{args.vision_depth}-t{args.text_layers}"
     ckpt = work / f"ckpt-{tag}"
     if not (ckpt / "colembed_tiny.json").is_file():

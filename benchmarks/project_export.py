@@ -39,9 +39,45 @@ VISION_STEP = "export the vision graph"
 TEXT_STEP = "export the text graph"
 
 
+# preset -> (title, checkpoint sentence, full depth "vision + language", what the count holds)
+PRESET_FACTS = {
+    "qwen2.5-vl-7b": ("ColQwen2.5 7B", "Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
+                      "vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to "
+                      "3584)", "32 + 28", "the untied LM head included; the export holds no head"),
+    "qwen3-vl-4b": ("ColQwen3 4B (Qwen3-VL-4B: TomoroAI/tomoro-colqwen3-embed-4b)",
+                    "Qwen3-VL-4B widths (hidden 2560, GQA 32:8, head dim 128, MLP 9728, vocabulary "
+                    "151936, tied embeddings; vision tower 1024 wide with DeepStack mergers, merger "
+                    "to 2560; 320-wide projection)", "24 + 36",
+                    "tied embeddings once, the projection included, no LM head"),
+}
+
+
+def checkpoint_bytes_3(preset: str, vision_depth: int | None = None,
+                       text_layers: int | None = None) -> tuple[int, int]:
+    """fp32 bytes of the ColQwen3 preset's checkpoint (Qwen3VLModel + projection, as
+    `tiny_qwen3.build_checkpoint_3` writes it), and of its tower."""
+    import torch
+    from transformers import Qwen3VLModel
+
+    from benchmark_specs import reduced_spec
+    from colembed_export.tiny_qwen3 import EMBEDDING_DIM, PRESETS_3, build_vlm_config
+
+    spec = PRESETS_3[preset]
+    if vision_depth or text_layers:
+        spec = reduced_spec("colqwen3", preset, vision_depth or spec.vision_depth,
+                            text_layers or spec.text_layers)
+    with torch.device("meta"):
+        model = Qwen3VLModel(build_vlm_config(spec))
+    vision = sum(p.numel() for p in model.visual.parameters())
+    total = sum(p.numel() for p in model.parameters()) + (spec.text_hidden + 1) * EMBEDDING_DIM
+    return 4 * total, 4 * vision
+
+
 def checkpoint_bytes(preset: str, vision_depth: int | None = None,
                      text_layers: int | None = None) -> tuple[int, int]:
     """fp32 bytes of the preset's ColQwen2ForRetrieval (tied tensors once), and of its tower."""
+    if preset.startswith("qwen3"):
+        return checkpoint_bytes_3(preset, vision_depth, text_layers)
     import torch
     from transformers import ColQwen2Config, ColQwen2ForRetrieval
 
@@ -62,7 +98,7 @@ def checkpoint_bytes(preset: str, vision_depth: int | None = None,
 
 
 def project(small: dict, large: dict | None, preset: str,
-            full_vision_step: float | None) -> dict:
+            full_vision_step: float | None, whole_model_per_graph: bool = False) -> dict:
     """Per step: measured peaks, slope per GB of weights, projected GB at the preset's depth.
     The vision graph grows with the tower's weights, the text graph with the rest, the other
     steps with all of them."""
@@ -85,6 +121,8 @@ def project(small: dict, large: dict | None, preset: str,
                                            ran["architecture"]["text_layers"])
         added = {VISION_STEP: (full_vision - run_vision) / 1e9,
                  TEXT_STEP: (full - full_vision - run + run_vision) / 1e9}
+        if whole_model_per_graph:  # the loader copies every tensor in: each graph step holds all
+            added = {}
         holds_weights = b > 0.3 * ran["weights_gb"]  # steps that hold no weights stay put
         if alone or step["step"] == VISION_STEP:  # the runs differ in language layers only
             slope = 1.0 if holds_weights else 0.0
@@ -105,27 +143,28 @@ def project(small: dict, large: dict | None, preset: str,
             "projected_peak_gb": max(s["projected_gb"] for s in steps)}
 
 
-def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float) -> str:
+def markdown(result: dict, small: dict, large: dict, command: str, ram_gb: float,
+             preset: str = "qwen2.5-vl-7b") -> str:
     from machine import markdown_header
 
+    title, widths, full_depth, counted = PRESET_FACTS[preset]
     a, b = small["architecture"], large["architecture"]
     fits = result["projected_peak_gb"] <= ram_gb
     lines = [
-        "# ColQwen2.5 7B export: peak memory, measured at reduced depth, projected to full depth",
+        f"# {title} export: peak memory, measured at reduced depth, projected to full depth",
         "",
         markdown_header(large["machine"]),
         f"- projection: `{command}`" + ("" if a is b else f" over that run and the same at "
                                          f"{a['text_layers']} language layers "
                                          f"({small['machine']['date']})"),
         "",
-        f"Checkpoints: random weights, Qwen2.5-VL-7B widths (hidden 3584, GQA 28:4, MLP 18944, "
-        f"vocabulary 152064, untied embeddings; vision tower 1280 wide, merger to 3584), "
+        f"Checkpoints: random weights, {widths}, "
         f"{a['vision_depth']} vision blocks + "
         + (f"{a['text_layers']}" if a is b else f"{a['text_layers']} / {b['text_layers']}")
         + f" language layers: {result['weights_small_gb']:.2f}"
         + ("" if a is b else f" / {result['weights_large_gb']:.2f}") + " GB of fp32 weights. "
-        f"Full depth (32 + 28): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
-        "(counted on the config, the untied LM head included; the export holds no head). Export "
+        f"Full depth ({full_depth}): **{result['weights_full_gb']:.2f} GB** of fp32 weights "
+        f"(counted on the config, {counted}). Export "
         "with the check on (defaults of `colembed export`). "
         + ("Slope 1 for every step that holds weights (one measured depth; see the script's "
            "docstring)." if a is b else "Slopes from the two depths."),
@@ -150,6 +189,10 @@ def main() -> int:
     parser.add_argument("large", nargs="?", help="a second depth (else slope 1, see above)")
     parser.add_argument("--preset", default="qwen2.5-vl-7b")
     parser.add_argument("--full-3b", help="a full-depth bench_export JSON of the same vision tower")
+    parser.add_argument("--whole-model-per-graph", action="store_true",
+                        help="each graph step holds the whole model (a loader that copies every "
+                             "tensor in, as ColQwen3's does, not a memory map): project both graph "
+                             "steps along all added weights")
     parser.add_argument("--results", required=True, help="output path without extension")
     args = parser.parse_args()
 
@@ -159,14 +202,14 @@ def main() -> int:
     if args.full_3b:
         full = json.loads(Path(args.full_3b).read_text())
         full_vision = next(s["peak_rss_gb"] for s in full["steps"] if s["step"] == VISION_STEP)
-    result = project(small, large, args.preset, full_vision)
+    result = project(small, large, args.preset, full_vision, args.whole_model_per_graph)
     ram = ((large or small)["machine"].get("memory_gib") or 24.0) * 2**30 / 1e9  # GiB -> GB
     command = "python benchmarks/project_export.py " + " ".join(sys.argv[1:])
     Path(args.results + ".json").write_text(json.dumps(
         {"machine": (large or small)["machine"], "small": small, "large": large, **result},
         indent=2) + "\n")
     Path(args.results + ".md").write_text(markdown(result, small, large or small, command,
-                                                   float(ram)))
+                                                   float(ram), args.preset))
     print(Path(args.results + ".md").read_text())
     return 0
 

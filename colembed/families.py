@@ -23,7 +23,9 @@ table interpolated per grid (host-made indices and weights, `preprocess.vision_p
 image-graph inputs) and DeepStack (the image graph also returns `deepstack_layers` merged features
 that the text graph adds to its first layers at image-token positions: one more output and one
 more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor), ColQwen2's
-"Query: ".
+"Query: ". Two checkpoint layouts: colpali-engine's bare `qwen3_vl` config and TomoroAI's
+`colqwen3` one (which names no backbone of its own, so `family_of_backbone` reads the declared
+layouts first); what differs between them is the exporter's `layouts_qwen3`.
 
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` / `preprocess.vision_positions` only when a
@@ -295,8 +297,9 @@ COLQWEN3 = Family(
     name="colqwen3",
     display_name="ColQwen3",
     backbone="qwen3_vl",
-    # colpali-engine 0.3.18's layout: a bare qwen3_vl config (`architectures: ["ColQwen3"]`)
-    checkpoint_layouts=(("qwen3_vl", None),),
+    # colpali-engine 0.3.18's layout: a bare qwen3_vl config (`architectures: ["ColQwen3"]`);
+    # TomoroAI's remote code: a `colqwen3` config, a Qwen3VLConfig subclass (not nested)
+    checkpoint_layouts=(("qwen3_vl", None), ("colqwen3", None)),
     vision_names=VisionConfigNames(width="hidden_size", merger_out="out_hidden_size",
                                    mlp="intermediate_size", mlp_is_ratio=False),
     attention_kind=FULL,
@@ -325,7 +328,12 @@ def checkpoint_model_types(config: Mapping[str, Any]) -> tuple[Any, Any]:
 
 def family_of_backbone(config: Mapping[str, Any], source: str = "config.json") -> Family:
     """The family of a checkpoint (or bare Qwen-VL) config, by its backbone's model_type: the
-    nested `vlm_config` when there is one, else the config itself. Never guessed."""
+    nested `vlm_config` when there is one, else the config itself; a checkpoint layout a family
+    declares whose config names no backbone (TomoroAI's `colqwen3`) is that family's. Never
+    guessed."""
+    declared = family_of_checkpoint(config)
+    if declared is not None:
+        return declared
     top, nested = checkpoint_model_types(config)
     backbone = nested if nested is not None else top
     for family in FAMILIES.values():

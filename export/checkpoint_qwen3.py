@@ -1,24 +1,24 @@
-"""Loading a ColQwen3 checkpoint (colpali-engine's layout) strictly, in fp32, in the export environment.
+"""Loading a ColQwen3 checkpoint (either published layout) strictly, in fp32, in the export environment.
 
 The export environment pins transformers 4.57.1 (ColQwen2's reference), whose own `Qwen3VLModel`
 computes what colpali-engine 0.3.18's `ColQwen3` (a `Qwen3VLModel` subclass on transformers 5.x)
 computes: measured on the same weights, docs/reference-colqwen3.md, `tests/test_qwen3_reference.py`.
-So the exporter wraps the checkpoint's weights in 4.57.1's modules and adds the head colpali-engine
-adds (`custom_text_proj`, L2 normalisation, times the mask), nothing else.
+So the exporter wraps the checkpoint's weights in 4.57.1's modules and adds the head both
+published codes add (a linear projection with bias, L2 normalisation, times the mask), nothing else.
 
-Two spellings of the same checkpoint are read:
-- weights `model.visual.*`, `model.language_model.*`, `model.custom_text_proj.*` (what
-  `ColQwen3.save_pretrained` writes under 5.x) or the same without `model.`;
-- the text rope as 5.x's `rope_parameters` (`rope_theta`, `mrope_section`, `mrope_interleaved`) or
-  4.x's `rope_scaling` + `rope_theta` (Qwen/Qwen3-VL-* configs). Nothing else is renamed.
+Which tensor is which comes from the layout (`layouts_qwen3`: colpali-engine's `model.*` /
+`custom_text_proj`, TomoroAI's `vlm.model.*` / `embedding_proj_layer`), picked by the config's
+model_type. The text rope may be 5.x's `rope_parameters` (`rope_theta`, `mrope_section`,
+`mrope_interleaved`) or 4.x's `rope_scaling` + `rope_theta` (Qwen/Qwen3-VL-* configs).
 
-Every missing, unexpected or mis-shaped tensor is an error naming it (a partial checkpoint would
-export random layers).
+Every missing, unexpected, duplicated or mis-shaped tensor is an error naming it (a partial
+checkpoint would export random layers); so is a projection whose width disagrees with the
+config's `embed_dim` (TomoroAI's).
 
-Memory: the model is built (random init), then the file's tensors are loaded and copied in as
-fp32, so a load holds about two fp32 copies of the weights plus the file's. Fine for the tiny and
-reduced-depth checkpoints; a full Qwen3-VL-4B (17.6 GB in fp32) would not fit this 24 GB machine
-this way: it needs a lean load (tensor by tensor), not written yet.
+Memory: the model is built without initialising its weights and each tensor is read from its file
+alone and copied in (one tensor per opening: a file kept open stays mapped, a second copy in RSS),
+so a load holds about one fp32 copy of the weights, as ColQwen2.5's colpali-layout loader does (a
+full Qwen3-VL-4B is 17.6 GB in fp32; reading every tensor first and then copying held two).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any
 
 from colembed.errors import ExportError
 
-PROJECTION = "custom_text_proj"
-_PREFIXES = ("model.", "")
+from .layouts_qwen3 import LAYOUTS, Qwen3Layout, layout_of
+
 
 
 def normalised_config(raw: dict[str, Any]) -> dict[str, Any]:
@@ -95,48 +95,109 @@ def _retrieval_module(backbone, projection, embedding_dim: int):
     return ColQwen3Retrieval().eval()
 
 
+# config.json keys that are not Qwen3VLConfig's: the saving code's (architectures, auto_map,
+# dtype), the layout's (model_type, TomoroAI's embed_dim / padding_side, read from the layout).
+_NOT_BACKBONE_CONFIG = ("architectures", "auto_map", "dtype", "torch_dtype", "model_type",
+                        "transformers_version", "embed_dim", "padding_side")
+
+
+def checkpoint_layout(config: dict[str, Any], folder: Path) -> Qwen3Layout:
+    """The config's ColQwen3 layout, or ExportError naming the ones colembed reads."""
+    layout = layout_of(config)
+    if layout is None:
+        known = ", ".join(f"{l.config_model_type!r} ({l.name})" for l in LAYOUTS)
+        raise ExportError(f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is "
+                          f"no ColQwen3 layout colembed reads ({known})")
+    return layout
+
+
+def tensor_locations(folder: Path, layout: Qwen3Layout) -> tuple[dict, dict, list[str]]:
+    """(backbone name -> (file, key), projection part -> (file, key), problems) over every
+    safetensors file of `folder`; no tensor is read."""
+    from safetensors import safe_open
+
+    backbone: dict[str, tuple[Path, str]] = {}
+    projection: dict[str, tuple[Path, str]] = {}
+    unknown, doubled = [], []
+    for path in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(path), "pt") as f:
+            for key in f.keys():
+                part = layout.projection_key(key)
+                name = layout.backbone_key(key) if part is None else None
+                into, where = (projection, part) if part is not None else (backbone, name)
+                if where is None:
+                    if not layout.ignored(key):
+                        unknown.append(key)
+                elif where in into:
+                    doubled.append(key)
+                else:
+                    into[where] = (path, key)
+    problems = []
+    if unknown:
+        problems.append(f"{len(unknown)} tensor(s) the {layout.name} layout does not name: "
+                        f"{unknown[:5]}")
+    if doubled:
+        problems.append(f"{len(doubled)} tensor(s) stored twice under two names: {doubled[:5]}")
+    if "weight" not in projection:
+        problems.append(f"no projection weight ({' or '.join(p + 'weight' for p in layout.projection_prefixes)})")
+    return backbone, projection, problems
+
+
 def load_colqwen3(folder: Path):
-    """The checkpoint as a strict fp32 retrieval module (4.57.1's Qwen3VLModel + the projection)."""
+    """The checkpoint as a strict fp32 retrieval module (4.57.1's Qwen3VLModel + the projection),
+    loaded tensor by tensor (module docstring)."""
     import torch
-    from safetensors.torch import load_file
+    from safetensors import safe_open
     from transformers import Qwen3VLConfig, Qwen3VLModel
+    from transformers.modeling_utils import no_init_weights
 
     folder = Path(folder)
-    config = normalised_config(json.loads((folder / "config.json").read_text()))
-    weights: dict[str, Any] = {}
-    for path in sorted(folder.glob("*.safetensors")):
-        weights.update(load_file(str(path)))
-    prefix = next((p for p in _PREFIXES if f"{p}{PROJECTION}.weight" in weights), None)
-    if prefix is None:
-        raise ExportError(f"{folder}: no {PROJECTION}.weight (with or without 'model.'): not a "
-                          "colpali-engine ColQwen3 checkpoint")
-    vlm_config = Qwen3VLConfig(**{k: v for k, v in config.items()
-                                  if k not in ("architectures", "dtype", "model_type")})
-    backbone = Qwen3VLModel(vlm_config).to(torch.float32).eval()
-    projection_weight = weights[f"{prefix}{PROJECTION}.weight"]
-    projection = torch.nn.Linear(projection_weight.shape[1], projection_weight.shape[0],
-                                 bias=f"{prefix}{PROJECTION}.bias" in weights)
-    state = {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}
-    stray = sorted(k for k in weights if not k.startswith(prefix))
-    projection_state = {k[len(PROJECTION) + 1:]: state.pop(k) for k in list(state)
-                        if k.startswith(PROJECTION + ".")}
-    problems = [f"{len(stray)} tensor(s) outside '{prefix}': {stray[:5]}"] if stray else []
-    try:
-        result = backbone.load_state_dict({k: v.to(torch.float32) for k, v in state.items()},
-                                          strict=False)
-        projection.load_state_dict({k: v.to(torch.float32) for k, v in projection_state.items()})
-    except RuntimeError as e:
-        raise ExportError(f"{folder}: the checkpoint does not load ({e})") from e
-    if result.missing_keys:
-        problems.append(f"{len(result.missing_keys)} missing tensor(s): {result.missing_keys[:10]}")
-    if result.unexpected_keys:
-        problems.append(f"{len(result.unexpected_keys)} unexpected tensor(s): "
-                        f"{result.unexpected_keys[:10]}")
+    raw = json.loads((folder / "config.json").read_text())
+    layout = checkpoint_layout(raw, folder)
+    config = normalised_config(raw)
+    where, projection_where, problems = tensor_locations(folder, layout)
+    if problems:
+        raise ExportError(f"{folder}: not a {layout.name} checkpoint: " + "; ".join(problems))
+
+    def read(location: tuple[Path, str]):
+        with safe_open(str(location[0]), "pt") as f:  # one tensor per opening (docstring)
+            return f.get_tensor(location[1])
+
+    def shape(location: tuple[Path, str]) -> tuple[int, ...]:
+        with safe_open(str(location[0]), "pt") as f:
+            return tuple(f.get_slice(location[1]).get_shape())
+
+    width, hidden = shape(projection_where["weight"])
+    if layout.dim_key is not None and raw.get(layout.dim_key) != width:
+        raise ExportError(f"{folder / 'config.json'}: {layout.dim_key} {raw.get(layout.dim_key)!r} "
+                          f"disagrees with the projection's {width} rows")
+    vlm_config = Qwen3VLConfig(**{k: v for k, v in config.items() if k not in _NOT_BACKBONE_CONFIG})
+    with no_init_weights():  # every tensor is overwritten below or refused as missing
+        backbone = Qwen3VLModel(vlm_config).to(torch.float32)
+        projection = torch.nn.Linear(hidden, width, bias="bias" in projection_where)
+    params = backbone.state_dict()  # shares storage with the parameters
+    missing = sorted(k for k in params if k not in where)
+    unexpected = sorted(k for k in where if k not in params)
+    misfit = [f"{where[k][1]} {shape(where[k])}, expected {tuple(params[k].shape)}"
+              for k in where if k in params and shape(where[k]) != tuple(params[k].shape)]
+    if missing:
+        problems.append(f"{len(missing)} missing tensor(s): {missing[:10]}")
+    if unexpected:
+        problems.append(f"{len(unexpected)} unexpected tensor(s): "
+                        f"{[where[k][1] for k in unexpected[:10]]}")
+    if misfit:
+        problems.append(f"{len(misfit)} mis-shaped tensor(s): {misfit[:5]}")
     if problems:
         raise ExportError(f"{folder}: refusing a partial checkpoint, it would export random "
                           "layers: " + "; ".join(problems))
-    return _retrieval_module(backbone, projection.to(torch.float32).eval(),
-                             projection_weight.shape[0])
+    with torch.no_grad():
+        for name, location in where.items():
+            tensor = read(location)
+            params[name].copy_(tensor)
+            del tensor
+        for part, location in projection_where.items():
+            getattr(projection, part).copy_(read(location))
+    return _retrieval_module(backbone.eval(), projection.eval(), width)
 
 
-__all__ = ["load_colqwen3", "normalised_config"]
+__all__ = ["checkpoint_layout", "load_colqwen3", "normalised_config", "tensor_locations"]

@@ -11,7 +11,8 @@ code path for every family.
 | colqwen2   | `checkpoint.load_strict` (transformers only)  | `ImageGraph`       | as loaded |
 | colqwen2.5 | `load_strict` (transformers layout),          | `WindowedImageGraph` | + `get_dtype` |
 |            | `checkpoint_qwen2_5.load_colqwen2_5` (colpali) |                    | shim      |
-| colqwen3   | `checkpoint_qwen3.load_colqwen3` (colpali)    | `DeepStackImageGraph` | as loaded |
+| colqwen3   | `checkpoint_qwen3.load_colqwen3` (colpali,    | `DeepStackImageGraph` | as loaded |
+|            | TomoroAI: `layouts_qwen3`)                    |                    |           |
 
 ColQwen3 also has its own text graph (`DeepStackTextGraph`: DeepStack's extra input) and its own
 reference run for the check (`verify.reference_outputs_qwen3`: colpali-engine's ColQwen3Processor
@@ -43,6 +44,10 @@ class ExportFamily:
     prepare_reference: Callable[[Any], Any]  # retrieval model -> itself, runnable as reference
     text_graph: Callable[[Any], Any] | None = None  # None: graphs.TextGraph
     reference_outputs: Callable[[Any, Path], Any] | None = None  # None: verify.reference_outputs
+    # folder -> (processor, PreprocessConfig) for a checkpoint transformers' ColQwen2Processor
+    # does not read itself (None: `ColQwen2Processor.from_pretrained(folder)` reads it); the
+    # benchmarks' torch reference then runs `load(folder)`'s model
+    reference_processor: Callable[[Path], Any] | None = None
 
     def text_graph_of(self, model: Any):
         from .graphs import TextGraph
@@ -120,6 +125,12 @@ def _reference_qwen3(model: Any, folder: Path):
     return reference_outputs_qwen3(model, folder)
 
 
+def _reference_processor_qwen3(folder: Path):
+    from .verify import reference_processor_qwen3
+
+    return reference_processor_qwen3(folder)
+
+
 def _load_colqwen2(folder: Path):
     from .checkpoint import load_strict
 
@@ -132,7 +143,8 @@ EXPORT_FAMILIES = {
                                   _with_dtype_shim),
     COLQWEN3.name: ExportFamily(COLQWEN3, _load_colqwen3, _deepstack_image_graph, _as_is,
                                 text_graph=_deepstack_text_graph,
-                                reference_outputs=_reference_qwen3),
+                                reference_outputs=_reference_qwen3,
+                                reference_processor=_reference_processor_qwen3),
 }
 
 

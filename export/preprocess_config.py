@@ -4,8 +4,9 @@ checkpoint).
 
 Where each value comes from (what the pinned reference, transformers 4.57.1, reads):
 
-- `processor_config.json`: `query_prefix`, `visual_prompt_prefix` (the page prompt); when absent,
-  the defaults of `ColQwen2Processor.__init__`.
+- `processor_config.json`: `query_prefix`, `visual_prompt_prefix` (the page prompt; for a layout
+  whose processor splits it, `visual_prompt_prefix + visual_prompt_suffix`); when absent, the
+  defaults of `ColQwen2Processor.__init__` (or of the layout's processor).
 - `tokenizer_config.json` (else `special_tokens_map.json`): the pad token, which is also the query
   augmentation token (`ColQwen2Processor.query_augmentation_token`); the image token string
   (`extra_special_tokens.image_token`, else the processor's default).
@@ -18,6 +19,9 @@ Where each value comes from (what the pinned reference, transformers 4.57.1, rea
   `hidden_size` (Qwen2-VL's `hidden_size` is the merger's output; never one for the other).
 - `preprocessor_config.json`: `min_pixels`/`max_pixels` (or `size.shortest_edge`/`longest_edge`),
   patch/merge/temporal sizes, mean, std, rescale factor.
+- the checkpoint layout (`layouts_qwen3`, by config.json's model_type): what a ColQwen3 layout's
+  own processor does beyond the files. TomoroAI's strips queries (`query_strip`) and replaces the
+  file's longest edge by its `max_num_visual_tokens` default (1280 image tokens).
 
 Deliberate deviations from the reference, both about malformed or unusual folders:
 
@@ -43,6 +47,8 @@ from colembed.errors import ModelFolderError
 from colembed.families import family_of_backbone
 from colembed.layout import TOKENIZER_FILE
 from colembed.preprocess.config import UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, PreprocessConfig
+
+from .layouts_qwen3 import layout_of
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:
@@ -85,12 +91,16 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     preprocessor_path = folder / "preprocessor_config.json"
     _check_supported_pipeline(image_config, preprocessor_path)
     min_pixels, max_pixels = _pixel_bounds(image_config, preprocessor_path)
+    geometry = _patch_geometry(image_config, vision_config, folder)
+    layout = layout_of(raw_config)  # a ColQwen3 layout's processor differences, else None
+    if layout is not None and layout.max_visual_tokens is not None:
+        max_pixels = layout.max_visual_tokens * (geometry["patch_size"] * geometry["merge_size"]) ** 2
     defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
     values = dict(
         query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
         query_augmentation_token=pad_token,
         query_augmentation_count=QUERY_AUGMENTATION_COUNT,
-        page_prompt=_value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT),
+        page_prompt=_page_prompt(processor_config, layout),
         image_token=image_token,
         image_token_id=_token_id(tokenizer, image_token, model_config, "image_token_id", folder),
         vision_start_token_id=_token_id(
@@ -104,12 +114,24 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
         rescale_factor=float(image_config.get("rescale_factor", defaults["rescale_factor"])),
         vision_head_dim=family.vision_head_dim(vision_config, folder / "config.json"),
         vision_rope_theta=VISION_ROPE_THETA,
-        **_patch_geometry(image_config, vision_config, folder),
+        query_strip=bool(layout is not None and layout.query_strip),
+        **geometry,
     )
     try:
         return PreprocessConfig(**values)
     except ValueError as e:
         raise ModelFolderError(str(e), path=folder) from e
+
+
+def _page_prompt(processor_config: dict[str, Any], layout) -> str:
+    """ColQwen2Processor's `visual_prompt_prefix` is the whole page prompt; a layout whose
+    processor splits it (TomoroAI's: prefix + suffix) joins its two parts, each the file's or the
+    processor's default."""
+    if layout is None or layout.page_prompt_parts is None:
+        return _value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT)
+    prefix, suffix = layout.page_prompt_parts
+    return (_value_or(processor_config.get("visual_prompt_prefix"), prefix)
+            + _value_or(processor_config.get("visual_prompt_suffix"), suffix))
 
 
 def _read_json(path: Path, *, required: bool = True) -> dict[str, Any]:

@@ -25,7 +25,10 @@ import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .tiny import TOKENIZER_FILES, perturb_vectors, qwen_tokenizer_dir
+from typing import Any, Callable
+
+from .tiny import (TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
+                   qwen_tokenizer_dir, vision_probe)
 
 TINY_INFO = "colembed_tiny.json"
 PATCH_SIZE = 16
@@ -168,11 +171,14 @@ def save_processor_files(out: Path, *, min_pixels: int, max_pixels: int) -> None
 
 def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *, seed: int = 0,
                        min_pixels: int = DEFAULT_MIN_PIXELS,
-                       max_pixels: int = DEFAULT_MAX_PIXELS) -> Path:
+                       max_pixels: int = DEFAULT_MAX_PIXELS,
+                       edit: Callable[[Any], dict[str, Any]] | None = None) -> Path:
     """Write a random-weight ColQwen3 checkpoint in colpali-engine's layout; return the folder.
 
     Deterministic for a spec and seed. Every 1-D parameter (norms, biases) is perturbed away from
-    its init so that a graph that dropped one shows up in the parity tests.
+    its init so that a graph that dropped one shows up in the parity tests. `edit(backbone)`, if
+    given, changes the backbone's weights in place before saving (the stress traits); what it
+    returns is recorded in colembed_tiny.json.
     """
     import torch
     from safetensors.torch import save_file
@@ -186,6 +192,10 @@ def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
     projection = torch.nn.Linear(spec.text_hidden, EMBEDDING_DIM)
     holder = torch.nn.ModuleDict({"backbone": backbone, "projection": projection})
     perturb_vectors(holder, seed)
+    edited = None
+    if edit is not None:
+        with torch.no_grad():
+            edited = edit(backbone)
     tensors = {f"model.{k}": v.contiguous() for k, v in backbone.state_dict().items()}
     tensors.update({f"model.custom_text_proj.{k}": v.contiguous()
                     for k, v in projection.state_dict().items()})
@@ -193,9 +203,173 @@ def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
     (out / "config.json").write_text(json.dumps(colpali_config_json(spec), indent=2) + "\n")
     save_processor_files(out, min_pixels=min_pixels, max_pixels=max_pixels)
     (out / TINY_INFO).write_text(json.dumps(
-        {"random_weights": True, "seed": seed, "layout": "colpali", "spec": asdict(spec)},
-        indent=2) + "\n")
+        {"random_weights": True, "seed": seed, "layout": "colpali", "spec": asdict(spec),
+         **({"stress": edited} if edited is not None else {})}, indent=2) + "\n")
     return out
 
 
-__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_vlm_config"]
+# ------------------------------------------------------------------------------ stress checkpoint
+def _inject_text_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
+    """Massive residual channels on every token, compensated by every RMSNorm (`StressTraits`).
+
+    Qwen3's attention and MLPs have no biases, so the two channels cannot be written by layer 0's
+    attention as in ColQwen2's stress checkpoint: they sit in every row of the embedding table
+    (text tokens) and in the merger's output bias (image tokens), i.e. in the residual stream
+    from the first layer's input on. Every norm that reads the residual (both of each layer, the
+    final one) scales them down, as trained norms do."""
+    import math
+
+    lm = backbone.language_model
+    hidden = lm.config.hidden_size
+    channels = list(traits.massive_channels(hidden))
+    embed = lm.embed_tokens.weight
+    embed.mul_(traits.text_typical / embed[:4096].abs().median())
+    massive = traits.massive_ratio * traits.text_typical
+    embed[:, channels[0]], embed[:, channels[1]] = massive, -massive
+    plain = traits.text_typical / 0.67  # |N(0, s)| has median 0.67 s
+    full = math.sqrt(plain**2 + 2 * massive**2 / hidden)
+    norms = [n for layer in lm.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    for norm, outlier in [(n, traits.norm_outlier) for n in norms] + [(lm.norm, 1.0)]:
+        weight = norm.weight
+        weight.mul_(full / plain)  # the other channels keep their usual size after the norm
+        weight[channels] = outlier * 0.8 * full / massive * weight[channels].sign()
+    return {"text_massive_channels": channels, "text_massive_value": massive,
+            "text_norm_rescale": full / plain}
+
+
+def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
+    """A vision residual stream at `vision_typical` per element with two channels offset past
+    fp16's range (`vision_peak`) through the biases of every block's attention output and MLP
+    output, each LayerNorm that reads it compensating (the blocks', the merger's and the
+    DeepStack mergers', whose post-shuffle norms see the channels once per merged patch); image
+    features (merger and DeepStack outputs) reaching `feature_peak`."""
+    import math
+
+    visual = backbone.visual
+    dim = visual.config.hidden_size
+    channels, _, grid, patches = vision_probe(visual, dim, traits, side=8)
+    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
+    for module in (visual.patch_embed.proj, visual.pos_embed):  # LayerNorm is scale-invariant
+        for param in module.parameters():
+            param.mul_(scale)
+    for block in visual.blocks:
+        for linear in (block.attn.proj, block.mlp.linear_fc2):
+            linear.weight.mul_(scale)
+            linear.bias.mul_(scale)
+    offset = traits.vision_peak / (2 * len(visual.blocks))
+    norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.norm]
+    deepstack = list(zip(visual.deepstack_visual_indexes, visual.deepstack_merger_list))
+    sigmas = norm_input_std(visual, patches, grid, norms + [m.norm for _, m in deepstack])
+    for block in visual.blocks:
+        for linear in (block.attn.proj, block.mlp.linear_fc2):
+            linear.bias[channels] += offset
+    # sublayers written before each norm: block i's norm1 sees 2i, norm2 2i + 1, the merger all;
+    # the DeepStack merger after block `index` sees 2 (index + 1)
+    seen = [(norm, sigma, i * offset) for i, (norm, sigma) in enumerate(zip(norms, sigmas))]
+    seen += [(merger.norm, sigma, 2 * (index + 1) * offset)
+             for (index, merger), sigma in zip(deepstack, sigmas[len(norms):])]
+    for norm, sigma, offset_seen in seen:
+        if not offset_seen:
+            continue
+        width = norm.weight.numel()
+        on = [c + k * dim for k in range(width // dim) for c in channels]
+        off = [c for c in range(width) if c not in set(on)]
+        norm.weight[off] *= math.sqrt(sigma**2 + 2 * offset_seen**2 / dim) / sigma
+        norm.weight[on] = traits.small_norm_weight
+    factors = []
+    for merger in [visual.merger, *visual.deepstack_merger_list]:
+        found = {}
+        hook = merger.register_forward_hook(lambda m, a, out: found.setdefault("peak", float(out.abs().max())))
+        visual(patches, grid_thw=grid)
+        hook.remove()
+        factor = traits.feature_peak / found["peak"]
+        merger.linear_fc2.weight.mul_(factor)
+        merger.linear_fc2.bias.mul_(factor)
+        factors.append(factor)
+    return {"vision_offset_channels": channels, "vision_scale": scale,
+            "vision_offset_per_sublayer": offset, "feature_scales": factors}
+
+
+def build_stress_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
+                              seed: int = 0, traits: StressTraits = StressTraits()) -> Path:
+    """`build_checkpoint_3` plus trained-model activation traits (`StressTraits`, export/tiny.py:
+    what they imitate and their limits), placed where Qwen3-VL's modules allow
+    (`_inject_text_traits_3`, `_inject_vision_traits_3`). The image tokens carry the massive text
+    channels too (the merger's output bias), set after the features are scaled."""
+
+    def edit(backbone: Any) -> dict[str, Any]:
+        vision = _inject_vision_traits_3(backbone, traits)
+        text = _inject_text_traits_3(backbone, traits)
+        bias = backbone.visual.merger.linear_fc2.bias
+        first, second = text["text_massive_channels"]
+        bias[first] += text["text_massive_value"]
+        bias[second] -= text["text_massive_value"]
+        return {**asdict(traits), **text, **vision}
+
+    return build_checkpoint_3(out_dir, spec, seed=seed, edit=edit)
+
+
+# ------------------------------------------------------------------------- TomoroAI's layout
+# Qwen/Qwen3-VL-*-Instruct's preprocessor_config.json bounds (what TomoroAI's repositories copy;
+# their processor replaces the longest edge by 1280 image tokens, layouts_qwen3.TOMORO).
+QWEN3_VL_SHORTEST_EDGE = 65536
+QWEN3_VL_LONGEST_EDGE = 16777216
+
+
+def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3) -> Path:
+    """The colpali-layout checkpoint `src` (`build_checkpoint_3`) rewritten as TomoroAI's
+    remote code saves it (layouts_qwen3.TOMORO, docs/models-colqwen3.md): the same weights under
+    `vlm.model.visual.*`, `vlm.model.language_model.*`, `embedding_proj_layer.*`, plus a random
+    `vlm.lm_head.weight` when the word embeddings are untied (a `Qwen3VLForConditionalGeneration`
+    saves its head then; unused for embeddings); a `colqwen3` config.json (Qwen3VLConfig's
+    fields at the top as 4.57.1 writes them, `embed_dim` 320, `padding_side` left, an `auto_map`
+    to the remote code); Qwen3-VL's own preprocessor bounds (shortest edge 65536, longest edge
+    16777216). What it does not model: bf16 storage and sharding (the loader reads every
+    safetensors file of the folder), the remote code files themselves (never read or run by
+    colembed), and any processor_config.json field of the published repositories (not found).
+    """
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from .layouts_qwen3 import COLPALI, TOMORO
+
+    src, out = Path(src), Path(dst)
+    out.mkdir(parents=True, exist_ok=True)
+    info = json.loads((src / TINY_INFO).read_text())
+    spec = Qwen3Spec(**{**info["spec"], "deepstack_layers": tuple(info["spec"]["deepstack_layers"]),
+                        "mrope_section": tuple(info["spec"]["mrope_section"])})
+    theirs = {ours: prefix for prefix, ours in TOMORO.backbone_prefixes}
+    tensors = {}
+    for key, value in load_file(str(src / "model.safetensors")).items():
+        part = COLPALI.projection_key(key)
+        if part is not None:
+            tensors[TOMORO.projection_prefixes[0] + part] = value
+        else:
+            name = COLPALI.backbone_key(key)
+            prefix = next(p for p in theirs if name.startswith(p))
+            tensors[theirs[prefix] + name[len(prefix):]] = value
+    if not spec.tie_word_embeddings:
+        generator = torch.Generator().manual_seed(lm_head_seed)
+        tensors["vlm.lm_head.weight"] = torch.randn(spec.vocab_size, spec.text_hidden,
+                                                    generator=generator) * 0.02
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    config = build_vlm_config(spec).to_dict()
+    for key in ("torch_dtype", "transformers_version", "_name_or_path"):
+        config.pop(key, None)
+    config.update(architectures=["ColQwen3"], model_type=TOMORO.config_model_type,
+                  auto_map={"AutoConfig": "configuration_colqwen3.ColQwen3Config",
+                            "AutoModel": "modeling_colqwen3.ColQwen3"},
+                  embed_dim=EMBEDDING_DIM, padding_side="left", initializer_range=0.02,
+                  dtype="bfloat16")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_processor_files(out, min_pixels=QWEN3_VL_SHORTEST_EDGE, max_pixels=QWEN3_VL_LONGEST_EDGE)
+    image_config = json.loads((out / "preprocessor_config.json").read_text())
+    for key in ("min_pixels", "max_pixels"):  # Qwen3-VL's files state the bounds as `size` only
+        del image_config[key]
+    (out / "preprocessor_config.json").write_text(json.dumps(image_config, indent=2) + "\n")
+    (out / TINY_INFO).write_text(json.dumps({**info, "layout": "tomoro"}, indent=2) + "\n")
+    return out
+
+
+__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_stress_checkpoint_3",
+           "build_vlm_config", "to_tomoro_layout"]

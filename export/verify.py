@@ -106,6 +106,29 @@ def reference_outputs(model, checkpoint_folder: Path) -> Reference:
     return Reference(image_features=features, pages=pages, queries=queries)
 
 
+def reference_processor_qwen3(checkpoint_folder: Path):
+    """(processor, the folder's PreprocessConfig): colpali-engine 0.3.18 ColQwen3Processor's
+    semantics from 4.57.1's classes (ColQwen2Processor's prompts with query prefix "", the PIL
+    Qwen2VLImageProcessor at the folder's patch, mean/std and bounds). The folder's constants
+    are colembed's reading of it (bounds from min/max_pixels or size, a layout's processor
+    differences), so the reference and the runtime see the same pixel budget. Used by the check
+    and by the benchmarks' torch reference."""
+    from transformers import ColQwen2Processor, Qwen2TokenizerFast
+    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
+
+    from .preprocess_config import read_preprocess_config
+
+    config = read_preprocess_config(checkpoint_folder)
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=config.patch_size, merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size, image_mean=list(config.image_mean),
+        image_std=list(config.image_std), min_pixels=config.min_pixels,
+        max_pixels=config.max_pixels)
+    processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
+                                  tokenizer=Qwen2TokenizerFast.from_pretrained(checkpoint_folder))
+    return processor, config
+
+
 def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     """`reference_outputs` for ColQwen3: the checkpoint's Qwen3-VL tower and retrieval forward
     (`checkpoint_qwen3`), fed by colpali-engine 0.3.18 ColQwen3Processor's semantics built from
@@ -115,21 +138,8 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     `tests/test_qwen3_reference.py` pins. The tower returns (features, DeepStack features): the
     features are compared here, DeepStack through the final embeddings."""
     import torch
-    from transformers import ColQwen2Processor, Qwen2TokenizerFast
-    from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-    from .preprocess_config import read_preprocess_config
-
-    # The folder's constants as colembed reads them (bounds from min/max_pixels or size), so the
-    # reference and the runtime see the same pixel budget whichever spelling the folder uses.
-    config = read_preprocess_config(checkpoint_folder)
-    image_processor = Qwen2VLImageProcessor(
-        patch_size=config.patch_size, merge_size=config.merge_size,
-        temporal_patch_size=config.temporal_patch_size, image_mean=list(config.image_mean),
-        image_std=list(config.image_std), min_pixels=config.min_pixels,
-        max_pixels=config.max_pixels)
-    processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
-                                  tokenizer=Qwen2TokenizerFast.from_pretrained(checkpoint_folder))
+    processor, config = reference_processor_qwen3(checkpoint_folder)
     visual = model.vlm.model.visual
     features, pages, queries = [], [], []
     with torch.no_grad():
@@ -139,8 +149,8 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
             n = int(grid[0, 1] * grid[0, 2])
             features.append(visual(batch["pixel_values"][0, :n], grid_thw=grid)[0].numpy())
             pages.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
-        for query in SAMPLE_QUERIES:
-            batch = processor.process_queries([query])
+        for query in SAMPLE_QUERIES:  # TomoroAI's processor strips the text (layouts_qwen3)
+            batch = processor.process_queries([query.strip() if config.query_strip else query])
             queries.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
     return Reference(image_features=features, pages=pages, queries=queries)
 

@@ -92,7 +92,7 @@ class Index:
                     "pages would not be comparable: open it without pool_factor (it keeps its "
                     "own), or use another index")
             if self._model_arg is not None:  # a model given: refused now, not at the first add
-                self._check(self.model_identity())
+                self._check(self.model_identity(), self.model)
         except BaseException:
             self.store.close()  # a refused index is not left locked
             raise
@@ -118,7 +118,7 @@ class Index:
             if self.store is not None:
                 self._check(ModelIdentity.of_model(model, schema=self.store.schema,
                                                    dpi=stored.get("dpi"),
-                                                   pool_factor=self.pool_factor))
+                                                   pool_factor=self.pool_factor), model)
             self._model = model
         return self._model
 
@@ -141,7 +141,19 @@ class Index:
     def identity(self) -> dict[str, Any]:
         return self.model_identity().payload()
 
-    def _check(self, identity: ModelIdentity) -> None:
+    def _check(self, identity: ModelIdentity, model: Any = None) -> None:
+        """`model` (default: this index's) may write to and search this index: vectors of the store's width (a model of
+        another family, e.g. a 320-dim ColQwen3 against a 128-dim ColQwen2 index, is refused by
+        name even while the index is empty) made the way its pages were (`ModelIdentity`)."""
+        model = self.model if model is None else model
+        if self.store.dim != model.embedding_size:
+            stored = self.store.any_payload() or {}
+            held = f" by model {stored['model']!r}" if stored.get("model") else ""
+            raise ModelMismatchError(
+                f"{self.store.location}: this index holds {self.store.dim}-dim page vectors{held}; "
+                f"{model.family.display_name} model {model.name!r} makes "
+                f"{model.embedding_size}-dim ones: pages of another model family are not "
+                "comparable. Open it with the model it was built with, or use another index")
         identity.check(self.store.any_payload(), self.store.location)
 
     # ---------------------------------------------------------------------------------- writes

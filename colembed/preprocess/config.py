@@ -52,6 +52,10 @@ class PreprocessConfig:
     rescale_factor: float
     vision_head_dim: int
     vision_rope_theta: float
+    # TomoroAI's ColQwen3 processor strips the query text before adding prefix and suffix
+    # (colembed_export.layouts_qwen3); every other processor keeps it as given. Written to the
+    # manifest only when set, so other folders' manifests are unchanged.
+    query_strip: bool = False
 
     def __post_init__(self) -> None:
         problems = _validate(self)
@@ -110,6 +114,9 @@ class PreprocessConfig:
         out = asdict(self)
         out["image_mean"] = list(self.image_mean)
         out["image_std"] = list(self.image_std)
+        for name in _WRITTEN_WHEN_SET:
+            if not out[name]:
+                del out[name]
         return out
 
     @classmethod
@@ -118,18 +125,28 @@ class PreprocessConfig:
         if not isinstance(d, dict):
             raise ManifestError(f"preprocess: expected a JSON object, got {type(d).__name__}")
         names = {f.name for f in fields(cls)}
-        missing, unknown = sorted(names - d.keys()), sorted(d.keys() - names)
+        missing = sorted(names - d.keys() - set(_WRITTEN_WHEN_SET))
+        unknown = sorted(d.keys() - names)
         if missing or unknown:
             raise ManifestError(f"preprocess: missing keys {missing}, unknown keys {unknown}")
-        values = {f.name: _typed(d[f.name], f.type, f"preprocess.{f.name}") for f in fields(cls)}
+        values = {f.name: _typed(d[f.name], f.type, f"preprocess.{f.name}") for f in fields(cls)
+                  if f.name in d}
         try:
             return cls(**values)
         except ValueError as e:
             raise ManifestError(f"preprocess: {e}") from e
 
+# Fields with a default that `to_dict` leaves out when they hold it (older manifests lack them).
+_WRITTEN_WHEN_SET = ("query_strip",)
+
+
 def _typed(value: Any, annotation: str, where: str) -> Any:
-    """A JSON value of a field annotated `str`, `int`, `float` or a tuple of floats, or
+    """A JSON value of a field annotated `str`, `int`, `float`, `bool` or a tuple of floats, or
     ManifestError naming the field (bool is not an int; an int is a float)."""
+    if annotation == "bool":
+        if not isinstance(value, bool):
+            raise ManifestError(f"{where}: expected bool, got {type(value).__name__} {value!r:.60}")
+        return value
     if annotation.startswith("tuple"):
         if not isinstance(value, list) or not all(
                 isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):

@@ -3,7 +3,8 @@
 Owns what `ColQwen2Processor.process_queries` and the text half of `process_images` do
 (transformers 4.57.1):
 
-- a query becomes `query_prefix + text + augmentation_token * count`, tokenised as one string
+- a query becomes `query_prefix + text + augmentation_token * count` (`text.strip()` when the
+  folder's processor strips queries: TomoroAI's ColQwen3, `PreprocessConfig.query_strip`), tokenised as one string
   (added special tokens written in the text are matched, as the reference does; no BOS, no
   truncation). `encode_queries` returns one int64 vector per query, unpadded.
 - a page becomes `page_prompt` with its single image token expanded to one copy per image token.
@@ -88,6 +89,8 @@ class TextEncoder:
         texts = _check_texts(texts, start_index)
         prefix, suffix = self.config.query_prefix, self._suffix
         encode_batch = getattr(self._tokenizer, "encode_batch_fast", self._tokenizer.encode_batch)
+        if self.config.query_strip:
+            texts = [t.strip() for t in texts]
         encodings = encode_batch([prefix + t + suffix for t in texts])  # fast: no char offsets
         ids = [np.asarray(e.ids, dtype=ID_DTYPE) for e in encodings]
         return [self._bounded(row, start_index + i) for i, row in enumerate(ids)]
