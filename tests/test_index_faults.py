@@ -206,3 +206,94 @@ def test_a_full_disk_stops_clearly_keeps_the_pages_and_the_next_run_resumes(
     with Index(db) as resumed, Index(tmp_path / "clean", model=small_model) as clean:
         clean.add([docs], progress=False)
         assert _contents(resumed, docs) == _contents(clean, docs) and len(resumed) == 100
+
+
+# ------------------------------------------------------------------------ a fault at pooling
+def test_a_failure_at_the_pooling_step_fails_that_page_and_a_rerun_completes(
+        tmp_path, small_model, clean, monkeypatch):
+    """Pooling a page (its row, column and mean vectors, in the writer thread) runs out of
+    memory: that page fails, as a page the model refuses does (its file reported failed naming
+    it), every other page is stored, and a re-run ends with the uninterrupted run's index."""
+    from colembed.index import schema
+
+    docs = _documents(tmp_path / "docs")
+    db = tmp_path / "db"
+    real, calls = schema.pooled_vectors, []
+
+    def out_of_memory(vectors, layout):
+        calls.append(1)
+        if len(calls) == 2:
+            raise MemoryError("Unable to allocate 1.2 GiB for an array")
+        return real(vectors, layout)
+
+    monkeypatch.setattr(schema, "pooled_vectors", out_of_memory)
+    with Index(db, model=small_model) as index:
+        result = index.add([docs], batch_size=1, progress=False)
+        assert [os.path.basename(r.path) for r in result.failed] == ["a.pdf"]
+        assert "page 2" in result.failed[0].reason and "MemoryError" in result.failed[0].reason
+        assert len(index) == len(clean) - 1
+    monkeypatch.setattr(schema, "pooled_vectors", real)
+    with Index(db, model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+        assert _contents(index, docs) == clean
+
+
+# ------------------------------------------------------------- a second Ctrl-C during the first
+SLOW_WRITER = textwrap.dedent("""
+    import sys, time
+    from colembed.cli import main
+    from colembed.index import edge
+
+    real, calls = edge.EdgeStore.upsert, []
+
+    def slow(self, points):  # the second write meets a slow disk: the writer's queue fills
+        calls.append(1)
+        print(f"upsert {len(points)}", flush=True)
+        if len(calls) == 2:
+            print("slow", flush=True)
+            time.sleep(float(sys.argv[4]))
+        return real(self, points)
+
+    edge.EdgeStore.upsert = slow
+    sys.exit(main(["index", sys.argv[3], "--db", sys.argv[2], "--model", sys.argv[1],
+                   "--max-image-tokens", "64", "--batch-size", "1", "--quiet"]))
+""")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child")
+def test_a_second_ctrl_c_while_the_first_is_handled_keeps_every_page_handed_to_the_writer(
+        tmp_path, exported_tiny, small_model, clean):
+    """`colembed index` in a child, Ctrl-C (SIGINT) while the writer is slow and its queue full,
+    then Ctrl-C again while the first is being handled (the run is waiting for the writer): it
+    still waits, every page the writer was handed is stored, it exits 130 saying how to resume,
+    the index opens, and a re-run ends with the uninterrupted run's index."""
+    import time
+
+    docs = _documents(tmp_path / "docs")
+    db = tmp_path / "db"
+    slow_s, first_after_s, second_after_s = 6.0, 1.5, 1.5  # both Ctrl-Cs within the slow write
+    child = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(exported_tiny.folder),
+                              str(db), str(docs), str(slow_s)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    while (line := child.stdout.readline()) and line.strip() != "slow":
+        seen.append(line)
+    assert line.strip() == "slow", child.communicate()[1]
+    time.sleep(first_after_s)  # the embedding thread fills the writer's queue and waits
+    child.send_signal(signal.SIGINT)
+    time.sleep(second_after_s)  # the first is being handled: waiting for the writer
+    assert child.poll() is None
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=300)
+    seen += out.splitlines()
+    assert child.returncode == 130, err
+    assert "resume by re-running the same command" in err and "Traceback" not in err
+    handed = sum(int(line.split()[1]) for line in seen if line.startswith("upsert "))
+    # the pages queued behind the slow write were written too (were the wait cut short by the
+    # second Ctrl-C, the process would exit with them in the queue), and the run stopped early
+    assert 2 < handed < len(clean)
+    with Index(db) as index:
+        assert len(index) == handed
+    with Index(db, model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+        assert _contents(index, docs) == clean
