@@ -38,6 +38,8 @@ sys.path.insert(0, str(HERE))
 from common import (load_average, load_caveat, machine_info, make_pdfs,  # noqa: E402
                     markdown_header, rss_mib)
 
+from colembed.layout import BASE_VARIANT  # noqa: E402
+
 OBJECT_STORE_BYTES = 300 * 2**20
 CONFIGS = {"single": None, "ray x1": dict(actors=1, cpus_per_actor=2),
            "ray x2": dict(actors=2, cpus_per_actor=1)}
@@ -215,7 +217,7 @@ def projection(r: dict, nodes: tuple[int, ...] = (1, 10, 100, 1000)) -> list[str
     per page measured here, in CPU seconds; bounded by Qdrant's ingestion."""
     overhead = r["configs"]["ray x1"]["cpu_s_per_page"] - r["configs"]["single"]["cpu_s_per_page"]
     embed = json.loads((HERE / "results" / "embed.json").read_text())
-    wide_cpu = CORES_PER_MACHINE / embed["runtimes"]["fp32"]["pages_per_s"]
+    wide_cpu = CORES_PER_MACHINE / embed["runtimes"][BASE_VARIANT]["pages_per_s"]
     setting = embed["setting"]
     per_machine = {"tiny (measured)": CORES_PER_MACHINE / r["configs"]["ray x1"]["cpu_s_per_page"],
                    f"2B widths, {setting['vision_depth']}+{setting['text_layers']} layers, fp32 "
@@ -224,7 +226,7 @@ def projection(r: dict, nodes: tuple[int, ...] = (1, 10, 100, 1000)) -> list[str
     lines = [f"Ray's measured overhead, {overhead:.3f} CPU s per page, is "
              f"{100 * overhead / wide_cpu:.1f}% of a 2B-width {setting['vision_depth']}+"
              f"{setting['text_layers']}-layer page ({wide_cpu:.1f} CPU s: bench_embed's "
-             f"{embed['runtimes']['fp32']['pages_per_s']:.3f} pages/s on 2 threads) and less "
+             f"{embed['runtimes'][BASE_VARIANT]['pages_per_s']:.3f} pages/s on 2 threads) and less "
              "at full depth.", "",
              "| model | machines | pages/s | Qdrant nodes to keep up | 1M pages take |",
              "|---|---:|---:|---:|---:|"]

@@ -57,7 +57,7 @@ from embed_report import accuracy, derive, markdown  # noqa: E402
 from embed_worker import gemm_peaks, spawn  # noqa: E402
 from flops import Shapes  # noqa: E402
 
-from colembed.layout import MANIFEST_NAME  # noqa: E402
+from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 from colembed.sessions import physical_cores  # noqa: E402
 
 WIDTHS = {"colqwen2": "Qwen2-VL-2B", "colqwen2.5": "Qwen2.5-VL-3B", "colqwen3": "Qwen3-VL-4B"}
@@ -125,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     args.vision_depth = args.vision_depth or (2 if shallow else 4)
     args.text_layers = args.text_layers or (2 if shallow else 4)
     args.threads = threads
-    args.variants = ["fp32"] + [v for v in args.variants.split(",") if v and v != "fp32"]
+    args.variants = [BASE_VARIANT] + [v for v in args.variants.split(",")
+                                     if v and v != BASE_VARIANT]
     repeats = ({"page_repeats": 2, "query_repeats": 3, "batch_repeats": 1, "retrieval_pages": 0}
                if args.full else
                {"page_repeats": 2, "query_repeats": 12, "batch_repeats": 2, "retrieval_pages": 100}
@@ -140,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.against:
         from embed_against import run_against
 
-        args.variants = ["fp32", "int8"]
+        args.variants = [BASE_VARIANT, "int8"]
         ckpt, folder, _ = prepare_model(args, work, progress)
         return run_against(args, ckpt, folder, work, progress)
     ckpt, folder, spec = prepare_model(args, work, progress)
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             jobs[INT8_BASELINE] = {"runtime": "colembed", "variant": INT8_BASELINE,
                                    "folder": str(folder)}
     if args.arena_off:
-        jobs["fp32 (arena off)"] = {"runtime": "colembed", "variant": "fp32", "folder": str(folder),
+        jobs["fp32 (arena off)"] = {"runtime": "colembed", "variant": BASE_VARIANT, "folder": str(folder),
                                     "cpu_mem_arena": False}
     rows: dict[str, dict[str, Any]] = {}
     for name, job in jobs.items():
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                     "model": f"{WIDTHS[args.family]} widths, random weights"},
         "peaks": peaks,
         "runtimes": rows,
-        "accuracy": accuracy(work, [v for v in args.variants if v != "fp32"]),
+        "accuracy": accuracy(work, [v for v in args.variants if v != BASE_VARIANT]),
         "gate_misses": GATE_MISSES,
         "gates": gate_figures(gate_folders),
     }

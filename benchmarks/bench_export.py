@@ -37,6 +37,8 @@ sys.path.insert(0, str(HERE))
 
 from machine import machine_info, markdown_header  # noqa: E402
 
+from colembed.layout import BASE_VARIANT  # noqa: E402
+
 RESULTS = HERE / "results"
 TARGET_PEAK_RATIO = 1.5
 # family -> (default preset, default vision depth, default text layers, results file, widths)
@@ -79,7 +81,7 @@ def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
     peak = max(step["peak_rss_gb"] for step in report.steps)
     return {"weights_gb": round(weights / 1e9, 3), "seconds": round(seconds, 1),
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
-            "steps": report.steps, "check": report.check.get("fp32", {}),
+            "steps": report.steps, "check": report.check.get(BASE_VARIANT, {}),
             "variants": list(variants),
             "variant_buckets": {v: report.check[v].get("buckets") for v in variants},
             "architecture": report.manifest.architecture.to_dict()}

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from colembed.layout import MANIFEST_NAME  # noqa: E402
+from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 
 
 def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[Path, Path, Any]:
@@ -42,7 +42,7 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
 
         from colembed.errors import ExportError
 
-        variants = sorted(wanted - {"fp32", INT8_BASELINE})
+        variants = sorted(wanted - {BASE_VARIANT, INT8_BASELINE})
         while True:
             progress(f"exporting {tag} with variants {variants}")
             start = time.perf_counter()
@@ -85,7 +85,7 @@ def add_int8_baseline(folder: Path, progress) -> None:
     progress("writing the plain int8 baseline")
     entries = {}
     with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        for role, fp32 in manifest["variants"]["fp32"].items():
+        for role, fp32 in manifest["variants"][BASE_VARIANT].items():
             model = quantize_int8(folder / fp32["file"], Path(tmp), calibration=None)
             finish(model)
             file, data = save_graph(model, folder, f"{role}.{INT8_BASELINE}.onnx",
@@ -104,7 +104,7 @@ def gate_figures(folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
     for label, folder in folders.items():
         checks = json.loads((folder / "colembed_manifest.json").read_text())["checks"]
         for name, figures in checks.items():
-            if name != "fp32" and "mean_cosine" in figures:
+            if name != BASE_VARIANT and "mean_cosine" in figures:
                 out.setdefault(name, {})[label] = {k: figures.get(k) for k in (
                     "mean_cosine", "min_cosine", "finite", "ranking", "gate", "tokens",
                     "non_finite_tokens", "fp16_gemm_peak", "fp16_gemm_peak_at", "fp16_kept_fp32")}

@@ -16,7 +16,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from colembed.layout import MANIFEST_NAME  # noqa: E402
+from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 from colembed.sessions import Session  # noqa: E402
 from common import timed as _timed  # noqa: E402
 
@@ -63,7 +63,7 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
     model_types = {"vision": "clip", "text": "bert"}  # the fusion sets that match our patterns
     with tempfile.TemporaryDirectory(prefix="colembed-opt-") as tmp:
         for role in ("vision", "text"):
-            src = folder / manifest["variants"]["fp32"][role]["file"]
+            src = folder / manifest["variants"][BASE_VARIANT][role]["file"]
             before = collections.Counter(n.op_type for n in
                                          onnx.load(str(src), load_external_data=False).graph.node)
             opt_path = Path(tmp) / f"{role}.opt.onnx"

@@ -21,7 +21,7 @@ from common import BUDGET_TOKENS, LETTER_150DPI, markdown_header  # noqa: E402
 from embed_worker import QUANTISED_GEMM_OPS  # noqa: E402
 from flops import Shapes, page_flops, text_flops  # noqa: E402
 
-from colembed.layout import MANIFEST_NAME, TOKENIZER_FILE  # noqa: E402
+from colembed.layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE  # noqa: E402
 
 
 def folder_bytes(folder: Path, variant: str) -> int:
@@ -124,7 +124,7 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
                                                         key=lambda k: int(k[len(prefix):]))]
         return {"letter": data["letter"], "q": group("q"), "rp": group("rp"), "rq": group("rq")}
 
-    ref = load("fp32")
+    ref = load(BASE_VARIANT)
     out: dict[str, Any] = {}
     if ref is None:
         return out
@@ -218,7 +218,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 
 # Speed targets against the torch reference, per page (744 image tokens), in the same run.
-TARGETS = {"fp32": 1.0, "int8": 2.5}
+TARGETS = {BASE_VARIANT: 1.0, "int8": 2.5}
 # ... and against torch bf16 SDPA (pages, single-query latency), issue 25's full-depth targets
 TARGETS_VS_BF16 = {"int8": (1.5, 2.0)}
 

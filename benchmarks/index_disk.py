@@ -43,6 +43,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import load_average, machine_info, markdown_header  # noqa: E402
 
+from colembed.layout import BASE_VARIANT  # noqa: E402
+
 DIM = 128
 GRID = 27  # 27 x 27 = 729 image tokens
 PROMPT_ROWS = 31  # 729 + 31 = 760 rows
@@ -92,7 +94,7 @@ def pages(start: int, count: int, seed: int = 0):
         out.append(make_point(v, layout, {
             "path": f"/archive/doc-{n // 10:05d}.pdf", "page": n % 10 + 1, "pages": 10,
             "sha256": f"{n // 10:064x}", "width": 756, "height": 980, "model": "colqwen2",
-            "variant": "fp32", "manifest_sha256": "0" * 64, "schema": 2, "max_image_tokens": 768,
+            "variant": BASE_VARIANT, "manifest_sha256": "0" * 64, "schema": 2, "max_image_tokens": 768,
             "render": "pixel budget", "source": "bench", "model_source": "/models/colqwen2"}))
     return out
 

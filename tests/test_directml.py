@@ -112,8 +112,13 @@ def test_opset_above_20_and_allowzero_fail_the_check(folder, tmp_path):
     assert "Reshape 'rz' has allowzero=1" in problems[1]
 
 
-def test_directml_sessions_get_their_options(folder, monkeypatch):
-    """onnxruntime-directml is Windows-only: the session it would get is recorded instead."""
+def test_directml_sessions_get_their_options(tmp_path, monkeypatch):
+    """onnxruntime-directml is Windows-only: the session it would get is recorded instead (the
+    graph is never read: the recorder stands in for onnxruntime's session), and
+    two threads calling `run` on it at once are seen one at a time by onnxruntime (DirectML allows
+    one Run per session at a time); on the CPU provider the same two calls overlap."""
+    import threading
+
     import onnxruntime as ort
 
     from colembed import sessions
@@ -121,20 +126,47 @@ def test_directml_sessions_get_their_options(folder, monkeypatch):
     seen = {}
 
     class Recorder:
+        """onnxruntime's session as DirectML would be given it: its options, and how many
+        `run` calls are inside it at once (each waits, up to 2 s, for the other to enter)."""
+
         def __init__(self, path, sess_options, providers):
             seen["options"], seen["providers"] = sess_options, providers
+            self.providers, self.inside, self.most = providers, 0, 0
+            self.count, self.both_inside = threading.Lock(), threading.Event()
 
         def get_providers(self):
-            return [sessions.DIRECTML, sessions.CPU]
+            return list(self.providers)
+
+        def run(self, output_names, feeds, run_options=None):
+            with self.count:
+                self.inside += 1
+                self.most = max(self.most, self.inside)
+                if self.inside == 2:
+                    self.both_inside.set()
+            self.both_inside.wait(timeout=2)
+            with self.count:
+                self.inside -= 1
+            return []
+
+    def most_runs_at_once(session):
+        threads = [threading.Thread(target=session.run, args=({},)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        return session.session.most
 
     monkeypatch.setattr(ort, "InferenceSession", Recorder)
-    session = sessions.Session(str(folder / "text.fp16.onnx"), [sessions.DIRECTML, sessions.CPU])
+    graph = str(tmp_path / "text.fp16.onnx")
+    session = sessions.Session(graph, [sessions.DIRECTML, sessions.CPU])
     options = seen["options"]
     assert seen["providers"] == [sessions.DIRECTML, sessions.CPU]
     assert options.enable_mem_pattern is False
     assert options.execution_mode == ort.ExecutionMode.ORT_SEQUENTIAL
     assert options.get_session_config_entry("ep.dml.enable_dynamic_graph_fusion") == "1"
-    assert session._lock is not None  # one run at a time per DirectML session
+    assert most_runs_at_once(session) == 1
+    cpu = sessions.Session(graph, [sessions.CPU])
+    assert most_runs_at_once(cpu) == 2
 
 
 def test_auto_picks_fp16_on_directml_unless_a_variant_is_named(folder, monkeypatch):

@@ -2,7 +2,8 @@
 
 - The base variant's name: `"fp32"` is spelled once, as `layout.BASE_VARIANT` (the variant every
   export holds and the one that runs when none is named); every other module of colembed and
-  colembed_export names it through that constant, so a reader finds the decision by its name.
+  colembed_export names it through that constant, so a reader finds the decision by its name;
+  so does every benchmark (benchmarks/), but the one `SPELLED_ELSEWHERE` names with its reason.
   Docstrings may say "fp32" in prose.
 """
 
@@ -12,7 +13,13 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [ROOT / "colembed", ROOT / "export"]
+SOURCES = [ROOT / "colembed", ROOT / "export", ROOT / "benchmarks"]
+# a file that may spell the base variant itself, and why it cannot import the constant
+SPELLED_ELSEWHERE = {
+    "benchmarks/embed_against.py": "runs as the worker of other colembed versions (bench_embed.py "
+                                   "--against REF), whose colembed may have no layout.BASE_VARIANT "
+                                   "(0.1.0 has none)",
+}
 
 
 def literal_uses(path: Path, value: str) -> list[int]:
@@ -31,7 +38,8 @@ def literal_uses(path: Path, value: str) -> list[int]:
 def test_the_base_variant_is_spelled_once():
     uses = {str(path.relative_to(ROOT)): lines for folder in SOURCES
             for path in sorted(folder.rglob("*.py")) if (lines := literal_uses(path, "fp32"))}
-    assert list(uses) == ["colembed/layout.py"] and len(uses["colembed/layout.py"]) == 1
+    assert sorted(set(uses) - set(SPELLED_ELSEWHERE)) == ["colembed/layout.py"]
+    assert len(uses["colembed/layout.py"]) == 1
 
 
 def test_the_check_sees_a_literal_but_not_a_docstring(tmp_path):

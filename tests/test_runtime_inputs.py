@@ -228,7 +228,9 @@ def test_any_decoder_failure_is_the_items_image_error(tiny_model, error):
     assert len(caught.value.completed) == 2
 
 
-def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder):
+def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder, tiny_checkpoint):
+    from tokenizers import Tokenizer
+
     from colembed.errors import QueryTruncatedWarning
 
     limit = encoder.max_query_tokens
@@ -238,7 +240,10 @@ def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder):
     with pytest.warns(QueryTruncatedWarning, match=rf"item 1: query of \d+ tokens cut to {limit}"):
         ids = encoder.encode_queries(["short", long])
     assert len(ids[1]) == limit
-    full = np.asarray(encoder._tokenizer.encode(encoder.config.query_prefix + long).ids)
+    # the uncut ids, from the checkpoint's tokenizer file read afresh (not the encoder's own)
+    untouched = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    untouched.no_truncation()  # a tokenizer.json may carry its own cut
+    full = np.asarray(untouched.encode(encoder.config.query_prefix + long).ids)
     pad = encoder.config.pad_token_id
     count = encoder.config.query_augmentation_count
     np.testing.assert_array_equal(ids[1][:-count], full[:limit - count])

@@ -177,6 +177,7 @@ class _Writer(threading.Thread):
         self.result, self.on_pages = result, on_pages
         self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self.error: BaseException | None = None
+        self.end_sent = False
 
     def put(self, job: tuple) -> None:
         if self.error is not None:
@@ -192,36 +193,37 @@ class _Writer(threading.Thread):
                     self.error = e
 
     def finish(self) -> None:
-        """Let the writer finish its queue and stop. A second Ctrl-C while waiting does not
-        leave it running (the store would be closed under it): the wait goes on, then the
-        interrupt is raised."""
-        interrupted = None
+        """Let the writer finish its queue and stop. Idempotent: `_to_the_end` runs it again
+        when a Ctrl-C interrupts it."""
         self._put_end()
-        while self.is_alive():
-            try:
-                self.join()
-            except KeyboardInterrupt as e:
-                interrupted = e
-        if interrupted is not None:
-            raise interrupted
+        self.join()
 
     def _put_end(self) -> None:
-        while True:
+        while not self.end_sent:
             try:
                 self.jobs.put(("end",), timeout=0.1)
-                return
+                self.end_sent = True
             except queue.Full:
                 if not self.is_alive():
                     return
 
     def _points(self, embedded: list[tuple[_Plan, int, Any, Any]]) -> None:
-        self.store.upsert([make_point(vectors, layout, page_payload(
-            self.identity, path=str(plan.path), page=page, pages=plan.pages, sha256=plan.sha256,
-            size=plan.size[page], source=self.source))
-            for plan, page, vectors, layout in embedded])
-        for plan, *_ in embedded:
+        """Pool and store embedded pages. A page whose pooling fails (a MemoryError on a huge
+        grid, say) is that page's failure, as an embedding failure is: its file is reported
+        failed naming it, the other pages are stored, a re-run tries it again."""
+        points = []
+        for plan, page, vectors, layout in embedded:
+            try:
+                points.append((plan, make_point(vectors, layout, page_payload(
+                    self.identity, path=str(plan.path), page=page, pages=plan.pages,
+                    sha256=plan.sha256, size=plan.size[page], source=self.source))))
+            except Exception as e:  # noqa: BLE001 (that page fails, the run goes on)
+                plan.errors[page] = page_failure(page, e)
+        if points:
+            self.store.upsert([point for _, point in points])
+        for plan, _ in points:
             plan.stored += 1
-        self.on_pages(len(embedded))
+        self.on_pages(len(points))
 
     def _copy(self, plan: _Plan) -> None:
         """Store `plan`'s pages from stored points of the same content under its ids and path."""
@@ -309,8 +311,7 @@ def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: flo
         failure = e
         raise
     finally:
-        renderer.finish()
-        writer.finish()
+        interrupted = _to_the_end(renderer.finish, writer.finish)
         try:
             store.flush()
         except Exception as e:  # noqa: BLE001 (never hide the error that ended the run)
@@ -318,10 +319,28 @@ def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: flo
                 raise
             (failure or writer.error or renderer.error).add_note(f"flushing the index then "
                                                                  f"failed too: {e}")
+        if interrupted is not None and failure is None:
+            raise interrupted
     if writer.error is not None:
         raise writer.error
     if renderer.error is not None:
         raise renderer.error
+
+
+def _to_the_end(*steps: Callable[[], None]) -> KeyboardInterrupt | None:
+    """Run each cleanup step to its end, in order, through any Ctrl-C: an interrupted step is
+    run again (each is idempotent) and the interrupt is returned, to be raised once the threads
+    have stopped. So a second Ctrl-C while the first is being handled can neither leave the
+    writer running while the store is closed under it nor drop the pages already handed to it."""
+    interrupted = None
+    for step in steps:
+        while True:
+            try:
+                step()
+                break
+            except KeyboardInterrupt as e:
+                interrupted = e
+    return interrupted
 
 
 def _embed(pending: list[tuple[_Plan, int, Any]], model, writer: _Writer, batch_size: int) -> None:
