@@ -176,20 +176,26 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
     return synthetic_queries(pages, count), query_targets(pages, count)
 
 
+def bench_point(data: str, i: int):
+    """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF)."""
+    from colembed.index.schema import make_point
+
+    vectors, layout = page_of(data, i)
+    return make_point(vectors, layout, {
+        "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
+        "width": 683, "height": 883, "model": "synthetic", "variant": "fp32",
+        "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i})
+
+
 def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess)."""
-    from colembed.index.schema import make_point
     from colembed.index.backends import open_store
 
     store = open_store(folder, dim=DIM, local=backend == "client-local")
     t = time.perf_counter()
     batch = []
     for i in range(pages):
-        vectors, layout = page_of(data, i)
-        batch.append(make_point(vectors, layout, {
-            "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
-            "width": 683, "height": 883, "model": "synthetic", "variant": "fp32",
-            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i}))
+        batch.append(bench_point(data, i))
         if len(batch) == 64:
             store.upsert(batch)
             batch = []
@@ -273,12 +279,193 @@ def worker_numpy(pages: int) -> dict:
             "memory_mib": sum(d.nbytes for d in docs) / 2**20}
 
 
+# ------------------------------------------------------------------ long runs (issue #26)
+LONG_BATCH = 64  # pages handed to Store.upsert at a time by the long-run writer
+LONG_REPORT_EVERY = 64  # pages between the writer's progress lines (the driver kills on one)
+
+
+def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = None) -> dict:
+    """Store pages 0..pages-1 of `data` into the Edge folder, resuming where a killed run left
+    off (every stored page has its token-table row: a chunk stored but not yet in the table is
+    written again; an upsert of the same id replaces it). A progress line after every batch:
+    `stored N unflushed U rss_peak_mib R` (what the driver kills on). `log_bytes`: the flush
+    cadence's FLUSH_MAX_LOG_BYTES for this writer (inf: the cadence before it existed)."""
+    from colembed.index import edge
+    from colembed.index.backends import open_store
+
+    if log_bytes is not None:
+        edge.FLUSH_MAX_LOG_BYTES = log_bytes
+
+    store = open_store(folder, dim=DIM)
+    start = min(store.count(), len(store.tokens))
+    t = time.perf_counter()
+    for lo in range(start, pages, LONG_BATCH):
+        store.upsert([bench_point(data, i) for i in range(lo, min(lo + LONG_BATCH, pages))])
+        print(f"stored {min(lo + LONG_BATCH, pages)} unflushed {store._unflushed} rss_peak_mib "
+              f"{_peak_rss_mib():.0f}", flush=True)
+    store.flush()
+    wrote = time.perf_counter() - t
+    out = {"resumed_from": start, "stored": store.count(), "write_s": wrote,
+           "flushes": store.flushes, "flush_s": store.flush_seconds,
+           "peak_rss_mib": _peak_rss_mib()}
+    store.close()
+    return out
+
+
+def worker_reopen(pages: int, folder: Path, data: str) -> dict:
+    """Open the folder in this fresh process (a killed run's log is replayed here), count, and
+    time the first search; then close (which flushes: the next open is a clean one)."""
+    from colembed.index.backends import open_store
+
+    t = time.perf_counter()
+    store = open_store(folder)
+    opened = time.perf_counter() - t
+    count = store.count()
+    current = store.has_tokens()
+    queries, _ = queries_of(data, max(count, 1), 1)
+    t = time.perf_counter()
+    store.search(queries, K, "two-stage")
+    first = time.perf_counter() - t
+    store.close()
+    return {"open_s": opened, "pages": count, "token_table_current": current,
+            "first_query_ms": first * 1000, "peak_rss_mib": _peak_rss_mib()}
+
+
+def long_run(pages: int, kill_at: list[int], folder: Path, data: str, queries: bool,
+             ab: bool = False) -> dict:
+    """One long build of `pages` pages into `folder`, SIGKILLed once at each of `kill_at` (pages
+    stored), each kill followed by: the log left (allocated bytes), a fresh process opening the
+    folder (the replay), a second fresh open of the same folder (now clean: the like-for-like
+    uninterrupted open at the same page count), then the build resumed. Disk of the folder
+    sampled throughout (allocated blocks); build time = the writers' wall time, kills included.
+    A kill lands past its point at the first progress line whose unflushed pages are at least
+    3/4 of the most seen so far under that cadence (near the worst case, not just after a flush).
+    `ab`: the legs alternate between the cadence without its byte bound (FLUSH_MAX_LOG_BYTES =
+    inf: as before it) and the current one, so the two are compared in one run, interleaved."""
+    import signal
+
+    from index_disk import Sampler, allocated, wal_bytes
+
+    from colembed.index import edge
+
+    if folder.exists():
+        raise SystemExit(f"{folder}: exists; the long run builds a new index (remove it first)")
+    sampler = Sampler(folder, every=1.0)
+    folder.mkdir(parents=True)
+    sampler.start()
+    legs, kills, build_s, rss = [], [], 0.0, 0.0
+    extra = ["--set", data]
+    most = {"current": 0, "no byte bound": 0}
+    for leg, point in enumerate([*sorted(kill_at), None]):
+        cadence = "no byte bound" if ab and point is not None and leg % 2 == 0 else "current"
+        cmd = [sys.executable, __file__, "--worker", "long", "--pages", str(pages),
+               "--folder", str(folder), *extra,
+               *(["--log-bytes", "inf"] if cadence != "current" else [])]
+        t = time.perf_counter()
+        child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        last, done, killed = None, None, False
+        for line in child.stdout:
+            if line.startswith("stored "):
+                words = line.split()
+                last = {"stored": int(words[1]), "unflushed": int(words[3])}
+                rss = max(rss, float(words[5]))
+                if (point is not None and last["stored"] >= point
+                        and last["unflushed"] >= max(1, 0.75 * most[cadence])):
+                    os.kill(child.pid, signal.SIGKILL)
+                    killed = True
+                    break
+                most[cadence] = max(most[cadence], last["unflushed"])
+            elif line.startswith("{"):
+                done = json.loads(line)
+        child.wait()
+        build_s += time.perf_counter() - t
+        print("leg", point, last, done, file=sys.stderr, flush=True)
+        if not killed:  # the last leg, or a kill point the run never reached
+            if done is None:
+                raise SystemExit(f"the writer failed (exit {child.returncode}): {cmd}")
+            legs.append(done)
+            rss = max(rss, done["peak_rss_mib"])
+            break
+        wal = wal_bytes(folder)
+        replay = _sub("reopen", pages, folder, tuple(extra))
+        clean = _sub("reopen", pages, folder, tuple(extra))
+        kills.append({"cadence": cadence, "killed_at": last, "wal_mb": wal / 2**20, "after_kill": replay,
+                      "clean": clean, "wal_after_clean_close_mb": wal_bytes(folder) / 2**20,
+                      "open_over_clean_s": replay["open_s"] - clean["open_s"]})
+        print("kill", kills[-1], file=sys.stderr, flush=True)
+    sampler.done.set()
+    sampler.join()
+    final = allocated(folder)
+    result = {"pages": pages, "set": data, "folder": str(folder), "build_s": build_s,
+              "insert_pages_per_s": pages / build_s, "build_peak_rss_mib": rss,
+              "peak_disk_mib": max(sampler.peak, final) / 2**20, "final_disk_mib": final / 2**20,
+              "final_leg": legs[-1], "kills": kills,
+              "reopen": _sub("reopen", pages, folder, tuple(extra)),
+              "cadence": {k: getattr(edge, k) for k in (
+                  "FLUSH_FRACTION", "FLUSH_MIN_PAGES", "FLUSH_MAX_PAGES", "FLUSH_SECONDS",
+                  "FLUSH_MAX_LOG_BYTES")}}
+    if queries:
+        result["queries"] = {b: _sub(f"query:{b}", pages, folder, tuple(extra))
+                             for b in ("edge-two-stage", "edge-exact")}
+    return result
+
+
+def long_markdown(r: dict) -> str:
+    lines = [f"# Long index run: {r['pages']:,} pages ({r['set']} set), killed and resumed", "",
+             markdown_header(r["machine"]), "",
+             f"Load average before / after: {r['load_before']} / {r['load_after']} on "
+             f"{os.cpu_count()} cores" + load_caveat(r), "",
+             "One build through `Store.upsert` (64 pages a call, `bench_point` payloads; the "
+             "store's own flush cadence), SIGKILLed at each kill point and resumed from what "
+             "was stored. After a kill: the write-ahead log left (allocated MB), a fresh process "
+             "opening the folder (Edge replays the log; open = `open_store`, then count and a "
+             "first two-stage query), then a second fresh open of the same folder, which the "
+             "first closed cleanly: the uninterrupted open at the same page count "
+             "(like-for-like). Disk = allocated blocks of the folder, sampled every second.", "",
+             f"Flush cadence: {r['cadence']}.", "",
+             f"Build: {r['pages']:,} pages in {r['build_s']:.0f} s ({r['insert_pages_per_s']:.1f} "
+             f"pages/s, kills and resumes included); writer peak RSS "
+             f"{r['build_peak_rss_mib']:.0f} MiB; flushes in the last leg "
+             f"{r['final_leg']['flushes']} costing {r['final_leg']['flush_s']:.1f} s of its "
+             f"{r['final_leg']['write_s']:.0f} s. Peak disk during the build "
+             f"{r['peak_disk_mib']:.0f} MiB, final {r['final_disk_mib']:.0f} MiB "
+             f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).", "",
+             "| cadence | killed at pages | unflushed pages then | log left MB | open after kill s | "
+             "clean open, same pages s | difference s | pages after reopen | first query ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for k in r["kills"]:
+        lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | {k['killed_at']['unflushed']} | "
+                     f"{k['wal_mb']:.0f} | {k['after_kill']['open_s']:.2f} | "
+                     f"{k['clean']['open_s']:.2f} | {k['open_over_clean_s']:+.2f} | "
+                     f"{k['after_kill']['pages']:,} | {k['after_kill']['first_query_ms']:.0f} |")
+    o = r["reopen"]
+    lines += ["", f"Reopen of the finished index ({o['pages']:,} pages): {o['open_s']:.2f} s, "
+              f"first query {o['first_query_ms']:.0f} ms, peak RSS {o['peak_rss_mib']:.0f} MiB.",
+              ""]
+    for name, q in (r.get("queries") or {}).items():
+        lines.append(f"- {name}: reopen {q['reopen_s']:.2f} s, first query "
+                     f"{q['first_query_ms']:.0f} ms, 1 query p50 / p90 {q['q1_p50_ms']:.0f} / "
+                     f"{q['q1_p90_ms']:.0f} ms, 16 queries p50 / p90 {q['q16_p50_ms']:.0f} / "
+                     f"{q['q16_p90_ms']:.0f} ms, peak RSS {q['peak_rss_mib']:.0f} MiB")
+    two = (r.get("queries") or {}).get("edge-two-stage", {})
+    if "needle_at_10" in two:
+        n = two["needle_at_10"]
+        lines += ["", f"Needle in top 10 over {two['needle_queries']} queries: two-stage "
+                  f"{100 * n['edge-two-stage']:.0f}%, exact {100 * n['edge-exact']:.0f}%; "
+                  f"recall@10 vs exact {two['recall_at_10']:.3f}."]
+    return "\n".join(lines) + "\n"
+
+
 def run_worker(args) -> None:
     folder = Path(args.folder) if args.folder else None
     if args.worker == "numpy":
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
         out = worker_build(args.worker[6:], args.pages, folder, args.set[0])
+    elif args.worker == "long":
+        out = worker_long(args.pages, folder, args.set[0], args.log_bytes)
+    elif args.worker == "reopen":
+        out = worker_reopen(args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
         out = bench_ingest(args.worker[7:], args.model, folder)
     else:
@@ -566,6 +753,17 @@ def main() -> None:
     parser.add_argument("--store", type=Path,
                         help="query this Edge folder (built before by this script with one --set "
                              "and one --pages) instead of building one")
+    parser.add_argument("--long-run", type=Path, metavar="FOLDER",
+                        help="one long build of --pages pages into FOLDER (new), killed at each "
+                             "--kill-at and resumed (issue #26); writes index-long-N.{md,json}")
+    parser.add_argument("--kill-at", type=int, action="append", default=[],
+                        help="with --long-run: SIGKILL the writer once this many pages are stored")
+    parser.add_argument("--ab-cadence", action="store_true",
+                        help="with --long-run: alternate the legs between the cadence without its "
+                             "byte bound and the current one (an interleaved A/B of the kills)")
+    parser.add_argument("--log-bytes", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--long-queries", action="store_true",
+                        help="with --long-run: then time two-stage and exact queries on it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -573,6 +771,18 @@ def main() -> None:
     if args.worker:
         args.pages = args.pages[0]
         return run_worker(args)
+    if args.long_run:
+        pages = (args.pages or [10000])[0]
+        result = {"machine": machine_info(), "load_before": load_average()}
+        result.update(long_run(pages, args.kill_at, args.long_run, args.set[0],
+                               args.long_queries, args.ab_cadence))
+        result["load_after"] = load_average()
+        result["command"] = "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])
+        name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
+        (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (HERE / "results" / f"{name}.md").write_text(long_markdown(result))
+        print(long_markdown(result))
+        return
     sizes = [] if args.ingest_only else [200] if args.quick else (args.pages or [1000, 10000])
     results = {"machine": machine_info(), "load_before": load_average(), "stores": {}, "ingest": {}}
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
