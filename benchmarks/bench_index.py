@@ -410,6 +410,21 @@ def long_run(pages: int, kill_at: list[int], folder: Path, data: str, queries: b
     return result
 
 
+def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) -> dict:
+    """The kills of a --long-run stopped before its end, from the `kill {...}` lines its driver
+    wrote to stderr (each written once that kill's reopens were measured)."""
+    import ast
+
+    from colembed.index import edge
+
+    kills = [ast.literal_eval(line[5:]) for line in log.read_text().splitlines()
+             if line.startswith("kill {")]
+    return {"pages": pages, "set": data, "kills": kills, "stopped": stopped, "command": command,
+            "cadence": {k: getattr(edge, k) for k in (
+                "FLUSH_FRACTION", "FLUSH_MIN_PAGES", "FLUSH_MAX_PAGES", "FLUSH_SECONDS",
+                "FLUSH_MAX_LOG_BYTES")}}
+
+
 def long_markdown(r: dict) -> str:
     lines = [f"# Long index run: {r['pages']:,} pages ({r['set']} set), killed and resumed", "",
              markdown_header(r["machine"]), "",
@@ -422,24 +437,31 @@ def long_markdown(r: dict) -> str:
              "first two-stage query), then a second fresh open of the same folder, which the "
              "first closed cleanly: the uninterrupted open at the same page count "
              "(like-for-like). Disk = allocated blocks of the folder, sampled every second.", "",
-             f"Flush cadence: {r['cadence']}.", "",
+             f"Flush cadence: {r['cadence']}.", ""]
+    if "stopped" in r:
+        lines += [f"**Stopped before the end** ({r['stopped']}): the kills below are the ones the "
+                  "run made before it was stopped; no finished-build figures.", ""]
+    else:
+        lines += [
              f"Build: {r['pages']:,} pages in {r['build_s']:.0f} s ({r['insert_pages_per_s']:.1f} "
              f"pages/s, kills and resumes included); writer peak RSS "
              f"{r['build_peak_rss_mib']:.0f} MiB; flushes in the last leg "
              f"{r['final_leg']['flushes']} costing {r['final_leg']['flush_s']:.1f} s of its "
              f"{r['final_leg']['write_s']:.0f} s. Peak disk during the build "
              f"{r['peak_disk_mib']:.0f} MiB, final {r['final_disk_mib']:.0f} MiB "
-             f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).", "",
-             "| cadence | killed at pages | unflushed pages then | log left MB | open after kill s | "
-             "clean open, same pages s | difference s | pages after reopen | first query ms |",
+             f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).", ""]
+    lines += ["| cadence | killed at pages | unflushed pages then | log left MB | open after "
+              "kill s | clean open, same pages s | difference s | pages after reopen | first query ms |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in r["kills"]:
-        lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | {k['killed_at']['unflushed']} | "
+        lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | "
+                     f"{k['killed_at']['unflushed']} | "
                      f"{k['wal_mb']:.0f} | {k['after_kill']['open_s']:.2f} | "
                      f"{k['clean']['open_s']:.2f} | {k['open_over_clean_s']:+.2f} | "
                      f"{k['after_kill']['pages']:,} | {k['after_kill']['first_query_ms']:.0f} |")
-    o = r["reopen"]
-    lines += ["", f"Reopen of the finished index ({o['pages']:,} pages): {o['open_s']:.2f} s, "
+    o = r.get("reopen")
+    lines += [""] if o is None else [
+              "", f"Reopen of the finished index ({o['pages']:,} pages): {o['open_s']:.2f} s, "
               f"first query {o['first_query_ms']:.0f} ms, peak RSS {o['peak_rss_mib']:.0f} MiB.",
               ""]
     for name, q in (r.get("queries") or {}).items():
@@ -762,6 +784,9 @@ def main() -> None:
                         help="with --long-run: alternate the legs between the cadence without its "
                              "byte bound and the current one (an interleaved A/B of the kills)")
     parser.add_argument("--log-bytes", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--long-from-log", nargs=3, metavar=("LOG", "WHY", "COMMAND"),
+                        help="write the results of a --long-run stopped early from its stderr LOG "
+                             "(its kill lines), saying WHY it stopped and its COMMAND")
     parser.add_argument("--long-queries", action="store_true",
                         help="with --long-run: then time two-stage and exact queries on it")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -771,6 +796,17 @@ def main() -> None:
     if args.worker:
         args.pages = args.pages[0]
         return run_worker(args)
+    if args.long_from_log:
+        log, stopped, command = args.long_from_log
+        pages = (args.pages or [10000])[0]
+        result = {"machine": dict(machine_info(), command=command), "load_before": None,
+                  **long_from_log(Path(log), command, pages, args.set[0], stopped),
+                  "load_after": load_average()}
+        name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
+        (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (HERE / "results" / f"{name}.md").write_text(long_markdown(result))
+        print(long_markdown(result))
+        return
     if args.long_run:
         pages = (args.pages or [10000])[0]
         result = {"machine": machine_info(), "load_before": load_average()}
