@@ -6,6 +6,15 @@ embedding alone.
     .venv/bin/python benchmarks/bench_index.py --pages 1000    # one size
     .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
     .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
+    .venv/bin/python benchmarks/bench_index.py --long-run /tmp/x --pages 10000 --set local \
+        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence]   # issue #26: kill, reopen
+
+Long run (`--long-run`, issue #26): one build of the local-answer pages through `Store.upsert`
+with the store's flush cadence, SIGKILLed at each `--kill-at` (near the most unflushed pages
+seen so far, not just after a flush) and resumed; per kill the write-ahead log left, a fresh
+process's open (which replays it) and a second fresh open of the same, now cleanly closed folder:
+the uninterrupted open at the same page count. Peak disk sampled every second beside the final
+disk; build time, flush cost, writer peak RSS. Writes benchmarks/results/index-long-N.{md,json}.
 
 Data: synthetic pages of real shape, grid-structured: a 26-30 x 25-29 image-token grid (~750
 tokens) of dim 128 plus 15 prompt rows shared by every page; each page has a topic vector and 6

@@ -69,7 +69,7 @@ FLUSH_SECONDS = 60.0
 # page bounds alone let a kill at 100,000 pages leave FLUSH_MAX_PAGES (1,000 pages, ~550 MB) to
 # replay, ~25 s on top of a clean open (issue #26's target: within 5 s); 64 MiB is ~145 such
 # pages (~4 s at most, less on an idle core), and a page of more tokens counts for more. Measured:
-# benchmarks/bench_index.py --long-run, benchmarks/results/index-long-10k.md.
+# benchmarks/bench_index.py --long-run, benchmarks/results/index-long-6k.md.
 FLUSH_MAX_LOG_BYTES = 64 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
 # while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
