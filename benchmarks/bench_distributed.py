@@ -4,9 +4,9 @@ per page against the single-process indexer, same pages, same model, one run.
     .venv/bin/python benchmarks/bench_distributed.py                # tiny random-weight model
     .venv/bin/python benchmarks/bench_distributed.py --model DIR    # any exported model folder
 
-Method. `--files` PDFs of `--pages` letter pages at 150 dpi (as bench_index.py makes them), each
-configuration indexing all of them into a new Qdrant Edge folder (the single-process indexer's own
-target and writer), then indexing them again (everything skipped); the mean of `--rounds`:
+Method. `--files` PDFs of `--pages` letter pages at 150 dpi (`common.make_pdfs`, as bench_index.py
+makes them), each configuration indexing all of them into a new Qdrant Edge folder (the
+single-process indexer's own target and writer), then indexing them again (everything skipped); the mean of `--rounds`:
 - single: `colembed.Index(...).add(...)`, the model loaded once beforehand (2 threads);
 - ray x1: `index_with_ray`, 1 actor holding the model with 2 threads (cpus_per_actor=2);
 - ray x2: 2 actors with 1 thread each.
@@ -35,8 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_index import load_caveat, make_pdfs  # noqa: E402
-from machine import load_average, machine_info, markdown_header, rss_mib  # noqa: E402
+from common import (load_average, load_caveat, machine_info, make_pdfs,  # noqa: E402
+                    markdown_header, rss_mib)
 
 OBJECT_STORE_BYTES = 300 * 2**20
 CONFIGS = {"single": None, "ray x1": dict(actors=1, cpus_per_actor=2),

@@ -6,9 +6,9 @@ the HTTP layer's cost per search against `Index.search` in-process.
     .venv/bin/python benchmarks/bench_serve.py --quick            # 500 pages, 30 s (not committed)
 
 Setup: the tiny random-weight model (exported once into $COLEMBED_BENCH_DIR, as soak.py does)
-and an index of `--pages` synthetic pages written through the store directly (bench_index.py's
-generator: ~750 grid-structured 128-d tokens a page, the tiny model's identity in the payload, so
-`colembed serve` opens it with that model). What it models: a served index of real size and a
+and an index of `--pages` synthetic pages written through the store directly (synthetic_pages.py,
+bench_index.py's page-wide set: ~750 grid-structured 128-d tokens a page, the tiny model's
+identity in the payload, so `colembed serve` opens it with that model). What it models: a served index of real size and a
 query embedding that is cheap (the tiny model: ~ms, where a 2B model takes ~50-100 ms), so the
 search and the HTTP layer dominate and the overhead ratio is the least favourable case for HTTP.
 What it does not model: trained-model score distributions, page-image requests (their cost is
@@ -49,9 +49,8 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench_index import synthetic_page  # noqa: E402
-from machine import machine_info, markdown_header  # noqa: E402
-from soak import QUERY_WORDS, tiny_folder  # noqa: E402
+from common import QUERY_WORDS, machine_info, markdown_header, tiny_folder  # noqa: E402
+from synthetic_pages import synthetic_page  # noqa: E402
 
 K = 5
 SEARCH_SHARE, EMBED_SHARE = 0.70, 0.28  # the rest: over-limit requests (422)

@@ -3,14 +3,17 @@
 - machine facts: `machine.py` (CPU, instruction sets, load, versions, command), re-exported here so
   a benchmark needs one import;
 - documents: a letter page at 150 dpi (1275x1650 px -> 744 image tokens under ColQwen2's bound), the
-  same page at a token budget, and 20 report-style queries. They model what a retrieval user sends
-  (a text-heavy scanned page with a chart; short questions and keyword queries); they do not model
-  photos, very long queries or other languages;
+  same page at a token budget, 20 report-style queries, `QUERY_WORDS` (a vocabulary for queries of
+  any length) and `make_pdfs` (multi-page PDFs of text lines, what `colembed index` reads). They
+  model what a retrieval user sends (text-heavy scanned pages, a chart; short questions and keyword
+  queries); they do not model photos, very long queries or other languages;
+- models: `BENCH_WORKDIR` (where benchmark checkpoints and exports are cached between runs) and
+  `tiny_folder` (the tiny random-weight model, exported once);
 - `run_json_subprocess`: one job in a fresh interpreter (its own peak RSS), answer on a RESULT line;
 - `Worker`: a long-lived interpreter that answers JSON commands line by line, so two runtimes (two
   versions of colembed, or colembed and torch) stay loaded side by side and one driver can time them
   interleaved (A B A B ...) on the same machine state;
-- `markdown_table`, `timed`, `spread`: the table and timing conventions.
+- `markdown_table`, `timed`, `spread`, `load_caveat`: the table and timing conventions.
 
 Imports only the standard library at module level (the documents import numpy and PIL when made).
 """
@@ -56,6 +59,9 @@ QUERIES = [
     "customer concentration risk",
     "What accounting standards were adopted?",
 ]
+QUERY_WORDS = "what was the total revenue growth of the company in 2023 by region".split()
+# checkpoints and exports the benchmarks build are cached here (bench_embed.py's --workdir default)
+BENCH_WORKDIR = Path(os.environ.get("COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench"))
 # The environment every benchmark subprocess gets: no tokenizer threads competing with the
 # measured ones, no network look-ups by transformers.
 SUBPROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
@@ -107,6 +113,38 @@ def budget_page(page, tokens: int, config):
     return page.resize((w, h), Image.BICUBIC)
 
 
+def make_pdfs(folder: Path, files: int, pages: int) -> None:
+    """`files` PDFs `doc{f}.pdf` of `pages` letter pages at 150 dpi, 40 lines of text each (the
+    text is rendered as an image: a scanned document, what the index's render thread reads)."""
+    from PIL import Image, ImageDraw
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for f in range(files):
+        images = []
+        for p in range(pages):
+            im = Image.new("RGB", LETTER_150DPI, "white")
+            draw = ImageDraw.Draw(im)
+            for line in range(40):
+                draw.text((100, 100 + 36 * line), f"file {f} page {p} line {line} " * 4, fill="black")
+            images.append(im)
+        images[0].save(folder / f"doc{f}.pdf", save_all=True, append_images=images[1:], resolution=150)
+
+
+# ------------------------------------------------------------------------------------ models
+def tiny_folder(work: Path) -> Path:
+    """The tiny random-weight model, exported into `work` on first use (needs the export extra),
+    in a child process so that torch never counts in this process's RSS."""
+    folder = work / "tiny"
+    if not (folder / "colembed_manifest.json").is_file():
+        script = ("import sys; from pathlib import Path\n"
+                  "from colembed_export.exporter import export_model\n"
+                  "from colembed_export.tiny import build_checkpoint\n"
+                  "w = Path(sys.argv[1])\n"
+                  "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n")
+        subprocess.run([sys.executable, "-c", script, str(work)], check=True)
+    return folder
+
+
 # ------------------------------------------------------------------------------------ timing
 def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
@@ -120,6 +158,16 @@ def spread(values: Sequence[float]) -> dict[str, float]:
     return {"median": med, "min": min(values), "max": max(values),
             "half_range": (max(values) - min(values)) / 2 / med if med else 0.0,
             "n": len(values)}
+
+
+def load_caveat(results: dict) -> str:
+    """Say that absolute times are inflated only when the load average (`results["load_before"]`,
+    `["load_after"]`, from `load_average()`) shows other work ran."""
+    loads = [max(results.get(key) or [0.0]) for key in ("load_before", "load_after")]
+    if max(loads) <= 0.75 * (os.cpu_count() or 1):
+        return " (a quiet machine)."
+    return (" (other processes held the cores during the run: absolute times are inflated and "
+            "matter less than the ratios between rows of one table).")
 
 
 # ------------------------------------------------------------------------------------ processes

@@ -120,7 +120,9 @@ def ref_export(path: Path, ckpt: Path, out: Path, progress) -> Path:
     progress(f"exporting {ckpt.name} with the other version's exporter")
     code = ("import sys; from colembed_export.exporter import export_model; "
             "export_model(sys.argv[1], sys.argv[2], overwrite=True, variants=['int8'])")
-    subprocess.run([sys.executable, "-c", code, str(ckpt), str(out)], check=True,
+    # `-P`: no current folder on sys.path, or a run from this checkout would import its own
+    # colembed instead of the other version's
+    subprocess.run([sys.executable, "-P", "-c", code, str(ckpt), str(out)], check=True,
                    env=dict(os.environ, PYTHONPATH=str(path)))
     return out
 

@@ -2,7 +2,7 @@
 
 What it models (the shape of a trained ColQwen2 page embedding, not its values):
 - A page is a 26-30 x 25-29 grid of image tokens (~750) of dim 128 between the 15 prompt rows
-  every page shares (bench_index.shared_rows), L2-normalised as the model's output is.
+  every page shares (synthetic_pages.shared_rows), L2-normalised as the model's output is.
 - Most of the grid is background (blank paper, margins, layout): tokens near one direction shared
   by every page (cosine ~0.9 with it), with a small per-page offset and per-token noise, so the
   background of any two pages looks alike, as white paper does to a trained model.
@@ -12,7 +12,7 @@ What it models (the shape of a trained ColQwen2 page embedding, not its values):
   direction of its own: token = topic + line + noise, with a little background mixed in.
 - A query is about 1-2 rows of one block of one page (1-3% of the page's image tokens): its
   tokens are those rows' tokens with noise, plus the 10 query-independent augmentation rows every
-  query carries (bench_index.shared_rows). The page it was drawn from is the needle.
+  query carries (synthetic_pages.shared_rows). The page it was drawn from is the needle.
 
 What it does not model: the language side of a real query (a trained query token is not a noisy
 copy of a page token; exact MaxSim finds the needle here for every query, a trained model not
@@ -20,7 +20,7 @@ always); reading order, fonts, figures; pages with no text; near-duplicate pages
 report); how often a topic recurs in a real corpus (here each of the `TOPICS` topics is equally
 likely, so at 100,000 pages a topic sits on ~200 pages). Rankings measured on it say which
 search plans can find a local answer at all and at what cost; they are not a trained model's nDCG.
-The page-wide-topic set (bench_index.synthetic_page) stays beside it: there the mean vector alone
+The page-wide-topic set (synthetic_pages.py) stays beside it: there the mean vector alone
 finds the page, here it cannot.
 """
 
@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import numpy as np
 
-DIM = 128
+from synthetic_pages import DIM, PROMPT_HEAD, PROMPT_ROWS, shared_rows, unit
+
 TOPICS = 2000  # shared topic vocabulary
 BLOCKS = (3, 7)  # blocks per page: 3..6
 BACKGROUND_NOISE = 0.45  # per-token noise of a background token, relative to the direction (~0.9 cos)
@@ -36,16 +37,11 @@ PAGE_OFFSET = 0.15  # per-page shift of the background (scanner, paper, layout)
 LINE_WEIGHT = 1.0  # a text line's own direction against its block's topic (1.0)
 TOKEN_NOISE = 0.6  # per-token noise of a text token
 QUERY_NOISE = 0.3  # noise added to the page tokens a query is made of (relative to a unit token)
-PROMPT_HEAD = 4  # prompt rows before the grid (bench_index.synthetic_page's layout)
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
 
 
 def _globals(seed: int = 424242) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
-    return _unit(rng.standard_normal(DIM)), _unit(rng.standard_normal((TOPICS, DIM)))
+    return unit(rng.standard_normal(DIM)), unit(rng.standard_normal((TOPICS, DIM)))
 
 
 _BACKGROUND, _TOPIC_VECTORS = _globals()
@@ -71,8 +67,6 @@ def _blocks(rng, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
 def local_page(i: int):
     """(vectors (tokens, 128) float32, layout, blocks) of page i, deterministic in i; `blocks` is
     a list of (r0, c0, height, width, topic)."""
-    from bench_index import PROMPT_ROWS, shared_rows
-
     from colembed.model import PageLayout
 
     rng = np.random.default_rng(9_000_011 + i)
@@ -91,7 +85,7 @@ def local_page(i: int):
     prompt, _ = shared_rows()
     head = prompt[:PROMPT_HEAD] + 0.05 * rng.standard_normal((PROMPT_HEAD, DIM))
     tail = prompt[PROMPT_HEAD:] + 0.05 * rng.standard_normal((PROMPT_ROWS - PROMPT_HEAD, DIM))
-    vectors = np.concatenate([_unit(head), _unit(grid.reshape(-1, DIM)), _unit(tail)])
+    vectors = np.concatenate([unit(head), unit(grid.reshape(-1, DIM)), unit(tail)])
     layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=PROMPT_HEAD,
                         num_tokens=len(vectors), token_px=28)
     return vectors, layout, blocks
@@ -103,8 +97,6 @@ def query_targets(n_pages: int, count: int, seed: int = 17) -> np.ndarray:
 
 def local_queries(n_pages: int, count: int, seed: int = 17) -> list[np.ndarray]:
     """`count` queries, query j about 1-2 rows of one block of page query_targets(...)[j]."""
-    from bench_index import shared_rows
-
     rng = np.random.default_rng(seed + 1)
     _, augmentation = shared_rows()
     out = []
@@ -119,5 +111,5 @@ def local_queries(n_pages: int, count: int, seed: int = 17) -> list[np.ndarray]:
                              0.03 * layout.num_image_tokens))
         picked = picked[rng.choice(len(picked), min(budget, len(picked)), replace=False)]
         noise = QUERY_NOISE * rng.standard_normal(picked.shape) / np.sqrt(DIM)
-        out.append(np.concatenate([_unit(picked + noise), augmentation]))
+        out.append(np.concatenate([unit(picked + noise), augmentation]))
     return out

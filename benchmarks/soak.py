@@ -28,29 +28,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info, markdown_header, rss_mib  # noqa: E402
+from common import QUERY_WORDS, machine_info, markdown_header, rss_mib, tiny_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 PAGE_SIZES = [(420, 560), (560, 420), (300, 800), (640, 640), (210, 297)]
-QUERY_WORDS = "what was the total revenue growth of the company in 2023 by region".split()
 STORE = 64  # pages kept for scoring (filled before the clock starts)
 BAD_EVERY = 5  # rounds between deliberate bad items
 WARMUP_WINDOWS = 1
-
-
-def tiny_folder(work: Path) -> Path:
-    """The tiny random-weight model, exported into `work` on first use (needs the export extra),
-    in a child process so that torch never counts in this process's RSS."""
-    folder = work / "tiny"
-    if not (folder / "colembed_manifest.json").is_file():
-        script = ("import sys; from pathlib import Path\n"
-                  "from colembed_export.exporter import export_model\n"
-                  "from colembed_export.tiny import build_checkpoint\n"
-                  "w = Path(sys.argv[1])\n"
-                  "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n")
-        subprocess.run([sys.executable, "-c", script, str(work)], check=True)
-    return folder
 
 
 def make_page(rng: np.random.Generator):

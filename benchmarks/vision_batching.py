@@ -23,8 +23,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bench_embed import budget_page, letter_page  # noqa: E402
-from machine import rss_mib  # noqa: E402
+from common import budget_page, letter_page, rss_mib  # noqa: E402
 
 from colembed.layout import MANIFEST_NAME  # noqa: E402
 

@@ -1,0 +1,71 @@
+"""bench_index.py's jobs run end to end at a few pages and its tables are written from what they
+return, so a helper moved between benchmarks/ modules, or a figure renamed on one side only, fails
+here rather than at the end of an hour-long run. No timing is checked (speed lives in results/);
+what is checked is that each job's result carries what the report reads, and the quality figures
+a search plan must reach on a store this small (every plan finds the needle among 8 pages)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    """benchmarks/ on the path as its scripts put it there; its modules (`common`, `machine`...)
+    are taken out of sys.modules afterwards so no other test can import them by accident."""
+    before = set(sys.modules)
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import index_ingest
+        import index_report
+        import index_stores
+
+        yield index_stores, index_ingest, index_report
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+        stems = {p.stem for p in BENCHMARKS.glob("*.py")}
+        for name in set(sys.modules) - before:
+            if name in stems:
+                del sys.modules[name]
+
+
+def test_the_store_jobs_feed_the_report(bench, tmp_path, monkeypatch):
+    """Every Edge plan on the local-answer set (local_answer.py over synthetic_pages.py's rows),
+    and the numpy scorer on the page-wide set (synthetic_pages.py), in one table."""
+    stores, _, report = bench
+    data = "local"
+    from common import machine_info
+
+    monkeypatch.setattr(stores, "NEEDLE_QUERIES", 4)  # a smoke run: few queries, few rounds
+    monkeypatch.setattr(stores, "QUERY_ROUNDS", {1000: (2, 1)})
+    pages, folder = 8, tmp_path / "edge"
+    build = stores.worker_build("edge", pages, folder, data)
+    assert build["insert_s"] > 0 and build["disk_mib"] > 0
+    by_backend = {b: {**build, **stores.worker_query(b, pages, folder, data)}
+                  for b in stores.EDGE_BACKENDS}
+    quality = by_backend["edge-two-stage"]
+    assert quality["needle_at_10"] == {b: 1.0 for b in stores.EDGE_BACKENDS}
+    assert quality["score_max_abs_diff_vs_numpy"] < 1e-2  # float16 storage
+    by_backend["numpy"] = stores.worker_numpy(pages)
+    table = report.markdown({"machine": machine_info(), "load_before": [0.0], "load_after": [0.0],
+                             "stores": {f"{data}:{pages}": by_backend}, "ingest": {}})
+    for backend in by_backend:
+        assert f"| {backend} |" in table
+    assert f"## {pages:,} pages, {data} set" in table
+
+
+def test_the_ingest_job_feeds_the_report(bench, tmp_path, exported_tiny, monkeypatch):
+    _, ingest, report = bench
+    label, _, _ = ingest.INGEST_MODELS["tiny"]
+    monkeypatch.setitem(ingest.INGEST_MODELS, "tiny", (label, 2, 2))  # 4 pages, one round
+    monkeypatch.setattr(ingest, "INGEST_ROUNDS", 1)
+    result = ingest.bench_ingest("tiny", exported_tiny.folder, tmp_path)
+    assert result["pages"] == 4 and 0 < result["bound"] <= 1
+    assert set(result["ms_per_page"]) == {"hash", "render", "store", "embed", "index"}
+    table = "\n".join(report.ingest_markdown("tiny", result))
+    assert "`Index.add` (all of it, pipelined)" in table and "Bound" in table
