@@ -233,8 +233,9 @@ def long_markdown(r: dict) -> str:
               "kill s | clean open, same pages s | difference s | pages after reopen | first query ms |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for k in r["kills"]:
+        unflushed = k["killed_at"]["unflushed"]  # None: a kill made by hand (writer unseen)
         lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | "
-                     f"{k['killed_at']['unflushed']} | "
+                     f"{'?' if unflushed is None else unflushed} | "
                      f"{k['wal_mb']:.0f} | {k['after_kill']['open_s']:.2f} | "
                      f"{k['clean']['open_s']:.2f} | {k['open_over_clean_s']:+.2f} | "
                      f"{k['after_kill']['pages']:,} | {k['after_kill']['first_query_ms']:.0f} |")
