@@ -67,10 +67,12 @@ FLUSH_SECONDS = 60.0
 # (the log holds ~1.15x that). Why bytes as well as pages: a killed run's next open replays the
 # log at about the speed Edge stores pages (~25 ms a page of ~750 tokens on one core), so the
 # page bounds alone let a kill at 100,000 pages leave FLUSH_MAX_PAGES (1,000 pages, ~550 MB) to
-# replay, ~25 s on top of a clean open (issue #26's target: within 5 s); 64 MiB is ~145 such
-# pages (~4 s at most, less on an idle core), and a page of more tokens counts for more. Measured:
-# benchmarks/bench_index.py --long-run, benchmarks/results/index-long-6k.md.
-FLUSH_MAX_LOG_BYTES = 64 << 20
+# replay (issue #26's target: within 5 s of a clean open). Measured under load ~23 on 2 cores:
+# a kill with 80 pages unflushed cost +6.3 s over the clean open of the same folder (~80 ms a
+# page; ~25 ms on an idle core, Edge's store rate); 32 MiB is ~72 such pages (~1.8 s idle, ~6 s
+# at that load), and a page of more tokens counts for more. Measured: benchmarks/bench_index.py
+# --long-run (benchmarks/index_long.py), benchmarks/results/index-long-6k.md.
+FLUSH_MAX_LOG_BYTES = 32 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
 # while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
 # batch carries until the next flush (log ~1.2x, float16 segments 0.5x), and opening a shard
