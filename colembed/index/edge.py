@@ -69,8 +69,8 @@ FLUSH_SECONDS = 60.0
 # page bounds alone let a kill at 100,000 pages leave FLUSH_MAX_PAGES (1,000 pages, ~550 MB) to
 # replay (issue #26's target: within 5 s of a clean open). Measured under load ~23 on 2 cores:
 # a kill with 80 pages unflushed cost +6.3 s over the clean open of the same folder (~80 ms a
-# page; ~25 ms on an idle core, Edge's store rate); 32 MiB is ~72 such pages (~1.8 s idle, ~6 s
-# at that load), and a page of more tokens counts for more. Measured: benchmarks/bench_index.py
+# page); 32 MiB is ~72 such pages (~5 s at that load, less on a quiet machine), and a page of
+# more tokens counts for more. Measured: benchmarks/bench_index.py
 # --long-run (benchmarks/index_long.py), benchmarks/results/index-long-6k.md.
 FLUSH_MAX_LOG_BYTES = 32 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
