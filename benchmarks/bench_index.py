@@ -6,6 +6,8 @@ embedding alone.
     .venv/bin/python benchmarks/bench_index.py --pages 1000    # one size
     .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
     .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
+    .venv/bin/python benchmarks/bench_index.py --long-run /tmp/x --pages 10000 --set local \
+        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence]   # issue #26 (index_long.py)
 
 Data (`--set`): synthetic page embeddings of real shape, what each models and does not said in
 its module: `synthetic_pages.py` (a topic spanning the page, grid-structured) and
@@ -32,7 +34,8 @@ that bench_embed.py --quick builds (cached in its --workdir; what users run has 
 Writes benchmarks/results/index.{md,json} (--quick: index-quick.*, --ingest-only: index-ingest.*).
 
 The code: this driver (options, one subprocess per job), `index_stores.py` (the store jobs),
-`index_ingest.py` (the ingest job), `index_report.py` (tables), over `common.py`.
+`index_ingest.py` (the ingest job), `index_report.py` (tables), `index_long.py` (long runs killed
+and resumed), over `common.py`.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import BENCH_WORKDIR, load_average, machine_info  # noqa: E402
 from index_ingest import INGEST_MODELS, bench_ingest  # noqa: E402
+from index_long import long_from_log, long_markdown, long_run, worker_long, worker_reopen  # noqa: E402
 from index_report import write_results  # noqa: E402
 from index_stores import (CLIENT_LOCAL_MAX_PAGES, EDGE_BACKENDS, NUMPY_MAX_PAGES, SETS,  # noqa: E402
                           disk_mib, worker_build, worker_numpy, worker_query)
@@ -63,6 +67,10 @@ def run_worker(args) -> None:
     elif args.worker.startswith("build:"):
         out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
                            (args.pool_factor or [1])[0])
+    elif args.worker == "long":
+        out = worker_long(args.pages, folder, args.set[0], args.log_bytes)
+    elif args.worker == "reopen":
+        out = worker_reopen(args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
         out = bench_ingest(args.worker[7:], args.model, folder)
     else:
@@ -135,6 +143,25 @@ def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
     return results
 
 
+def long_main(args) -> None:
+    """--long-run / --long-from-log: index_long.py's results, written as index-long-N.*"""
+    pages = (args.pages or [10000])[0]
+    if args.long_from_log:
+        log, stopped, command = args.long_from_log
+        result = {"machine": dict(machine_info(), command=command), "load_before": None,
+                  **long_from_log(Path(log), command, pages, args.set[0], stopped)}
+    else:
+        result = {"machine": machine_info(), "load_before": load_average(),
+                  **long_run(Path(__file__), _sub, pages, args.kill_at, args.long_run,
+                             args.set[0], args.long_queries, args.ab_cadence),
+                  "command": "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])}
+    result["load_after"] = load_average()
+    name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
+    (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (HERE / "results" / f"{name}.md").write_text(long_markdown(result))
+    print(long_markdown(result))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, action="append", help="store sizes (default 1000, 10000)")
@@ -157,6 +184,21 @@ def main() -> None:
     parser.add_argument("--baseline", type=Path,
                         help="with --pool-factor: a JSON of the factor-1 stores' results from an "
                              "earlier run (same set and size) instead of building that store")
+    parser.add_argument("--long-run", type=Path, metavar="FOLDER",
+                        help="one long build of --pages pages into FOLDER (new), killed at each "
+                             "--kill-at and resumed (issue #26; index_long.py); writes "
+                             "index-long-N.{md,json}")
+    parser.add_argument("--kill-at", type=int, action="append", default=[],
+                        help="with --long-run: SIGKILL the writer once this many pages are stored")
+    parser.add_argument("--ab-cadence", action="store_true",
+                        help="with --long-run: alternate the legs between the cadence without its "
+                             "byte bound and the current one (an interleaved A/B of the kills)")
+    parser.add_argument("--long-queries", action="store_true",
+                        help="with --long-run: then time two-stage and exact queries on it")
+    parser.add_argument("--long-from-log", nargs=3, metavar=("LOG", "WHY", "COMMAND"),
+                        help="write the results of a --long-run stopped early from its stderr LOG "
+                             "(its kill lines), saying WHY it stopped and its COMMAND")
+    parser.add_argument("--log-bytes", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -164,6 +206,8 @@ def main() -> None:
     if args.worker:
         args.pages = args.pages[0]
         return run_worker(args)
+    if args.long_run or args.long_from_log:
+        return long_main(args)
     sizes = [] if args.ingest_only else [200] if args.quick else (args.pages or [1000, 10000])
     results = {"machine": machine_info(), "load_before": load_average(), "stores": {}, "ingest": {}}
     if args.pool_factor:

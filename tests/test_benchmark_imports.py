@@ -35,7 +35,7 @@ SHARED = {
 PARTS = {
     "bench_embed": {"embed_worker", "embed_report", "embed_against", "embed_optimiser",
                     "torch_reference"},
-    "bench_index": {"index_stores", "index_ingest", "index_report"},
+    "bench_index": {"index_stores", "index_ingest", "index_report", "index_long"},
 }
 
 

@@ -160,6 +160,51 @@ def test_the_cadence_bounds_the_log_by_what_is_stored():
     assert edge.FLUSH_MIN_PAGES <= edge.FLUSH_MAX_PAGES and 0 < edge.FLUSH_FRACTION <= 0.1
 
 
+def _real_shape_points(count):
+    """`count` points of pages of 8 x 8 image tokens at dim 128 (as `Index.add` stores them)."""
+    import numpy as np
+
+    from colembed.index.schema import make_point
+    from colembed.model import PageLayout
+
+    layout = PageLayout(grid_rows=8, grid_cols=8, image_start=2, num_tokens=70, token_px=28)
+    rng = np.random.default_rng(0)
+    out = []
+    for n in range(count):
+        v = rng.standard_normal((layout.num_tokens, 128)).astype(np.float32)
+        out.append(make_point(v / np.linalg.norm(v, axis=1, keepdims=True), layout, {
+            "path": f"/docs/{n}.pdf", "page": 1, "pages": 1, "sha256": f"{n:064x}", "width": 224,
+            "height": 224, "model": "m", "variant": "fp32", "manifest_sha256": "0" * 64,
+            "schema": 2}))
+    return out
+
+
+def test_the_cadence_bounds_the_log_by_bytes_as_well(tmp_path, monkeypatch):
+    """Long after FLUSH_MIN_PAGES, 8% of a large index is up to FLUSH_MAX_PAGES pages of log for
+    a killed run to replay: a flush is also due once the batches since the last one carried
+    FLUSH_MAX_LOG_BYTES of vectors (lowered here to 2.5 pages' worth, the page bounds out of
+    reach), so the log a kill leaves is bounded in bytes whatever the pages' size."""
+    from colembed.index import open_store
+
+    monkeypatch.setattr(edge, "FLUSH_SECONDS", float("inf"))
+    points = _real_shape_points(6)
+    store = open_store(tmp_path / "db", dim=128)
+    try:
+        page_bytes = sum(4 * v.size for v in store.stored_vectors(points[0]).values())
+        monkeypatch.setattr(edge, "FLUSH_MAX_LOG_BYTES", int(2.5 * page_bytes))
+        for p in points:
+            store.upsert([p])
+        assert store.flushes == 2  # after the 3rd page's bytes and after the 6th's
+        assert store._unflushed == 0 and store.flush_seconds > 0
+    finally:
+        store.close()
+    again = open_store(tmp_path / "db")
+    try:
+        assert again.count() == 6
+    finally:
+        again.close()
+
+
 # --------------------------------------------------------------------------------- disk full
 @pytest.fixture
 def small_disk(tmp_path):

@@ -64,6 +64,16 @@ FLUSH_FRACTION = 0.08
 FLUSH_MIN_PAGES = 64
 FLUSH_MAX_PAGES = 1000
 FLUSH_SECONDS = 60.0
+# ... or once the batches since the last flush carried FLUSH_MAX_LOG_BYTES of float32 vectors
+# (the log holds ~1.15x that). Why bytes as well as pages: a killed run's next open replays the
+# log at about the speed Edge stores pages (~25 ms a page of ~750 tokens on one core), so the
+# page bounds alone let a kill at 100,000 pages leave FLUSH_MAX_PAGES (1,000 pages, ~550 MB) to
+# replay (issue #26's target: within 5 s of a clean open). Measured under load ~23 on 2 cores:
+# a kill with 80 pages unflushed cost +6.3 s over the clean open of the same folder (~80 ms a
+# page); 32 MiB is ~72 such pages (~5 s at that load, less on a quiet machine), and a page of
+# more tokens counts for more. Measured: benchmarks/bench_index.py
+# --long-run (benchmarks/index_long.py), benchmarks/results/index-long-6k.md.
+FLUSH_MAX_LOG_BYTES = 32 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
 # while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
 # batch carries until the next flush (log ~1.2x, float16 segments 0.5x), and opening a shard
@@ -290,13 +300,16 @@ class EdgeStore(Store):
     def _cadence_start(self) -> None:
         self._finalizer = weakref.finalize(self, _release, self.shard, self.lock)
         self._unflushed, self._flushed_at = 0, time.monotonic()
+        self._unflushed_bytes = 0  # float32 vector bytes upserted since the last flush
         self._stored = None  # pages at the last flush, counted when first needed
         self.flushes = 0
+        self.flush_seconds = 0.0  # spent in flush() since the open (what the cadence costs)
 
     def _flush_due(self) -> bool:
         if self._unflushed == 0:
             return False
-        if time.monotonic() - self._flushed_at >= FLUSH_SECONDS:
+        if (time.monotonic() - self._flushed_at >= FLUSH_SECONDS
+                or self._unflushed_bytes >= FLUSH_MAX_LOG_BYTES):
             return True
         if self._unflushed < FLUSH_MIN_PAGES:
             return False
@@ -319,19 +332,20 @@ class EdgeStore(Store):
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
+            chunk = points[lo:lo + UPSERT_BATCH]
+            stored = [self.stored_vectors(p) for p in chunk]
             # Edge takes lists: tolist() is exact and ~25% cheaper than its reading numpy rows
             batch = [qe.Point(id=p.id, payload=p.payload, vector={
-                k: v.tolist() for k, v in self.stored_vectors(p).items()})
-                for p in points[lo:lo + UPSERT_BATCH]]
-            self._check_space(points[lo:lo + UPSERT_BATCH])
+                k: v.tolist() for k, v in vectors.items()}) for p, vectors in zip(chunk, stored)]
+            self._check_space(chunk)
             with _edge_errors("store pages", self.folder):
                 self.shard.update(qe.UpdateOperation.upsert_points(batch))
-            chunk = points[lo:lo + UPSERT_BATCH]
             with _edge_errors("store the token table", self.folder):
                 self.tokens.append([p.id for p in chunk], [
                     page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload), CENTROIDS)
                     for p in chunk])
             self._unflushed += len(batch)
+            self._unflushed_bytes += sum(4 * v.size for vectors in stored for v in vectors.values())
             if self._flush_due():
                 self.flush()
 
@@ -384,12 +398,14 @@ class EdgeStore(Store):
         return {str(r.id): as_point(r) for r in records}
 
     def flush(self) -> None:
+        started = time.perf_counter()
         with _edge_errors("flush", self.folder):
             self.shard.flush()
         if self._stored is not None:
             self._stored += self._unflushed
-        self._unflushed, self._flushed_at = 0, time.monotonic()
+        self._unflushed, self._unflushed_bytes, self._flushed_at = 0, 0, time.monotonic()
         self.flushes += 1
+        self.flush_seconds += time.perf_counter() - started
 
     def close(self) -> None:
         if getattr(self, "_finalizer", None) is not None:
