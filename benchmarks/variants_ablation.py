@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from colembed.layout import BASE_VARIANT
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -61,14 +63,14 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
             w = node.inputs[1]
             w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
                                       name=w.name)
-        schemes[node.name] = "fp32" if kept else "row"
+        schemes[node.name] = BASE_VARIANT if kept else "row"  # quantise.SCHEMES: BASE_VARIANT keeps fp32
     quantise_matmuls(model, schemes, factors, outliers=outliers)
     finish(model)
     file, data = save_graph(model, fp32, "text.ablation.onnx", external=True)
     manifest = read_manifest(arm)
     d = manifest.to_dict()
-    vision = manifest.graph("fp32", "vision").to_dict()
-    text = dict(manifest.graph("fp32", "text").to_dict(), file=file, data_file=data)
+    vision = manifest.graph(BASE_VARIANT, "vision").to_dict()
+    text = dict(manifest.graph(BASE_VARIANT, "text").to_dict(), file=file, data_file=data)
     d["variants"]["int8"] = {"vision": vision, "text": text}
     d["files"].update({f: describe_file(fp32 / f) for f in (file, data)})
     Manifest.from_dict(d).write(fp32)

@@ -33,6 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from colembed.layout import BASE_VARIANT
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
@@ -90,7 +92,7 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
         shutil.rmtree(staging)
     shutil.copytree(folder, staging)
     manifest = read_manifest(staging)
-    graphs = {role: manifest.graph("fp32", role) for role in ("vision", "text")}
+    graphs = {role: manifest.graph(BASE_VARIANT, role) for role in ("vision", "text")}
     quiet_quantisers()
     meter = StepMeter(lambda m: print(m, file=sys.stderr, flush=True))
     start = time.perf_counter()
