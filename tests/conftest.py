@@ -45,7 +45,7 @@ EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "expor
 # pair), so neither waits for the other's build, and no long file is handed out last. Every other
 # file follows in its usual order.
 HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_qwen3_reference.py",
-               "test_variants_stress.py",
+               "test_variants_stress.py", "test_qwen3_variants_stress.py",
                "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
                "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py",
                "test_demo.py", "test_fastembed.py",
