@@ -37,9 +37,10 @@ RANKING_SIZE = (112, 140)
 # ~1 each against any page; and whatever direction a checkpoint gives all its vectors), whose
 # share grows with the image tokens per page and with how alike a checkpoint makes tokens. On
 # ColQwen3's stress checkpoint (image tokens of different pages at cosine 0.989, 72 of them) every
-# query's own page won by 13-17 spreads, yet by only 0.13-0.22% of the score, which the relative
+# query's own page won by 13-25 spreads, yet by only 0.13-0.22% of the score, which the relative
 # margin this replaced (0.5% of the score) refused as no winner at all. The spread is the scale
-# a variant must keep the winner clear of; the fixtures' smallest leads are 8.6-14 spreads.
+# a variant must keep the winner clear of; the fixtures' smallest leads are 8.6-14 spreads
+# (docs/reference-colqwen3.md, "Why the ranking gate refused it before").
 CLEAR_SPREADS = 3.0
 MIN_CLEAR_QUERIES = 16
 # One sentence repeated to reach a length (the issue's 221-token query was one sentence x 8).
