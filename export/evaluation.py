@@ -319,15 +319,14 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     return results, failures
 
 
-def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
-    """The fp32 graphs' feeds for the sample pages and queries, per role (for smoothing)."""
-    import colembed
+def recording_feeds(runtime: Any) -> dict[str, list[dict[str, np.ndarray]]]:
+    """Make `runtime` (a loaded colembed model) record what it feeds its graphs: the returned
+    {role: [feeds, ...]} fills with one dict per graph run, in order, as the runtime embeds.
 
-    from .verify import SAMPLE_QUERIES, sample_pages
-
-    runtime = colembed.load(folder, verify=False)
+    The runtime builds feeds from its contracts (prompts, padding, positions); recording them at
+    the session boundary gives exactly what the graphs see, for calibration and for benchmarks
+    that rerun a graph's inside on its real inputs, without rebuilding any feed by hand."""
     recorded: dict[str, list[dict[str, np.ndarray]]] = {}
-    # The runtime builds feeds from its contracts; record them at the session boundary.
     for role, session in runtime._sessions.items():
         recorded[role] = []
 
@@ -336,6 +335,17 @@ def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
             return _run(feeds, run_options)
 
         session.run = run
+    return recorded
+
+
+def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The fp32 graphs' feeds for the sample pages and queries, per role (for smoothing)."""
+    import colembed
+
+    from .verify import SAMPLE_QUERIES, sample_pages
+
+    runtime = colembed.load(folder, verify=False)
+    recorded = recording_feeds(runtime)
     import warnings
 
     from colembed.errors import QueryTruncatedWarning

@@ -237,11 +237,14 @@ def exported_alt_from_hub(exported_tiny, tiny_alt_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported_tiny_2_5(tmp_path_factory):
     """ColQwen2.5 "tiny-2.5" (windows of 2x2 merged tokens) exported from colpali-engine's
-    published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on."""
+    published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on, and with every
+    variant (int8, int4, fp16, each gated by the exporter): one export serves the family's fp32
+    tests and its variant tests (test_qwen2_5_variants.py), which exported it again before."""
     from qwen2_5_fixtures import checkpoint
 
     return _shared_export(tmp_path_factory, "exported-tiny-2.5",
-                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5")
+                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5",
+                          variants=["int8", "int4", "fp16"])
 
 
 @pytest.fixture(scope="session")
