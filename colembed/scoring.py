@@ -229,14 +229,34 @@ def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarra
 def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
                  scratch: np.ndarray) -> None:
     """`best[j]` = max over the rows of page `j` of its similarities to every column of `qt`
-    (dim, rows): one sgemm per page on the caller's array (no copy of the page), its (tokens,
-    rows) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
-    (longest page) x rows floats."""
-    cols = qt.shape[1]
+    (dim, cols): one sgemm per page on the caller's array (no copy of the page), its (tokens,
+    cols) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
+    `_group_padded(longest page) * cols` floats.
+
+    The max is `_column_max`'s grouping without its leftover rows: a page's similarities are
+    followed by -inf rows up to a multiple of MAX_GROUP_ROWS, so every page takes one grouped max
+    (MAX_GROUP_ROWS rows viewed as one long row) into `partial`, and one call finishes the
+    partial maxima of all the pages. Each numpy call holds the GIL while it starts, and the
+    worker threads run this loop side by side: on a busy machine a worker descheduled while it
+    holds the GIL stops the others at their next call, so the calls per page are kept few (3,
+    was 6-7 with the leftover rows). Max is exact and -inf never wins, so the result is bit for
+    bit `sims.max(0)` (NaN propagates)."""
+    cols, group = qt.shape[1], MAX_GROUP_ROWS
+    partial = np.empty((len(docs), group * cols), dtype=np.float32)
     for j, d in enumerate(docs):
-        sims = scratch[: len(d) * cols].reshape(len(d), cols)
-        np.matmul(d, qt, out=sims, dtype=np.float32)
-        _column_max(sims, best[j])
+        tokens = len(d)
+        padded = _group_padded(tokens)
+        sims = scratch[: padded * cols].reshape(padded, cols)
+        np.matmul(d, qt, out=sims[:tokens], dtype=np.float32)
+        if padded > tokens:
+            sims[tokens:] = -np.inf
+        np.max(sims.reshape(padded // group, group * cols), axis=0, out=partial[j])
+    np.max(partial.reshape(len(docs), group, cols), axis=1, out=best)
+
+
+def _group_padded(tokens: int) -> int:
+    """`tokens` rounded up to a multiple of MAX_GROUP_ROWS (`_page_maxima`'s scratch rows)."""
+    return -(-tokens // MAX_GROUP_ROWS) * MAX_GROUP_ROWS
 
 
 def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
@@ -277,7 +297,7 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     rows = q.shape[0]
     qt = _query_columns(q)  # (dim, rows+2 rounded up to QUERY_COLUMN_MULTIPLE)
     best = np.empty((len(docs), qt.shape[1]), dtype=np.float32)
-    scratch = np.empty(max(len(d) for d in docs) * qt.shape[1], dtype=np.float32)
+    scratch = np.empty(_group_padded(max(len(d) for d in docs)) * qt.shape[1], dtype=np.float32)
     _page_maxima(qt, docs, best, scratch)
     return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
 
@@ -301,7 +321,7 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
     best = np.empty((len(docs), cols), dtype=np.float32)
     run = max(1, min(PARALLEL_CHUNK_PAGES, len(docs) // (4 * count)))
     runs = itertools.count()  # next() is atomic under the GIL: each run is taken once
-    longest = max(len(d) for d in docs)
+    longest = _group_padded(max(len(d) for d in docs))
 
     def work() -> None:
         previous = limit(1)

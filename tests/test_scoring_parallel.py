@@ -213,3 +213,23 @@ def test_a_list_of_pages_is_one_block_and_an_iterable_is_read_in_blocks(monkeypa
     passes.clear()
     colembed.score(qs, docs, backend="numpy", reference_padding=True, reference_batch_size=12)
     assert passes == [40]  # one block of 48 (a whole number of reference batches of 12)
+
+
+@pytest.mark.parametrize("cols", [8, 40])
+def test_page_maxima_is_numpy_max_bit_for_bit_at_every_group_edge(cols):
+    """`_page_maxima` pads each page's similarities with -inf rows to a multiple of MAX_GROUP_ROWS:
+    page lengths around the multiples, 1 row, all-negative pages and a NaN give `sims.max(0)`."""
+    rng = np.random.default_rng(cols)
+    g = scoring.MAX_GROUP_ROWS
+    lengths = [1, g - 1, g, g + 1, 2 * g - 1, 2 * g, 3, 757, 800, 1]
+    docs = [rng.standard_normal((n, 16)).astype(np.float32) for n in lengths]
+    docs[2] = -np.abs(docs[2]) - 1  # with a positive query column: every similarity negative
+    docs[7] = docs[7].copy()
+    docs[7][100, 3] = np.nan
+    qt = np.ascontiguousarray(np.abs(rng.standard_normal((16, cols)).astype(np.float32)))
+    best = np.empty((len(docs), cols), np.float32)
+    scratch = np.full(scoring._group_padded(max(lengths)) * cols, 123.0, np.float32)  # stale
+    scoring._page_maxima(qt, docs, best, scratch)
+    want = np.stack([(d @ qt).max(axis=0) for d in docs])
+    np.testing.assert_array_equal(best, want)
+    assert np.isnan(best[7]).all() and (best[2] < 0).all()
