@@ -97,10 +97,6 @@ PARALLEL_CHUNK_PAGES = 8
 # 700-800-token pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost
 # more and were up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too.
 QUERY_COLUMN_MULTIPLE = 8
-# `_page_maxima` keeps up to this many bytes of similarities (several pages' for few query columns,
-# at least one page's; within the memory budget's share of a worker) for one reduction: 8 pages'
-# for one query, so a page costs the GIL about 1.25 releases (see there).
-SIMS_SCRATCH_BYTES = 1 << 20
 # `_column_max` views this many similarity rows as one row (see there).
 MAX_GROUP_ROWS = 8
 _F32 = np.dtype(np.float32)
@@ -233,47 +229,29 @@ def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarra
 def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
                  scratch: np.ndarray) -> None:
     """`best[j]` = max over the rows of page `j` of its similarities to every column of `qt`
-    (dim, cols): one sgemm per page on the caller's array (no copy of the page), the (tokens,
-    cols) similarities of consecutive pages side by side in `scratch` (in cache) for the max.
-    `scratch` holds at least `_group_padded(longest page) * cols` floats (`_sims_scratch`).
+    (dim, cols): one sgemm per page on the caller's array (no copy of the page), its (tokens,
+    cols) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
+    `_group_padded(longest page) * cols` floats.
 
-    The max is `_column_max`'s grouping without its leftover rows: each page's similarities are
-    followed by -inf rows up to a multiple of MAX_GROUP_ROWS, so MAX_GROUP_ROWS rows are viewed
-    as one long row throughout, one `maximum.reduceat` takes the grouped max of every page that
-    fits in `scratch` at once, and one call finishes them. Why so few calls: every numpy call
-    that runs long releases the GIL and takes it back, and the worker threads run this loop side
-    by side; when one wants the GIL while the other holds it, it sleeps, and on a busy machine
-    waking it waits for a core. Counted per page for one query: the sgemm and about a quarter
-    of a reduction (the fill of the -inf rows is too short to release the GIL), was the sgemm,
-    the grouped max and 4-5 short calls for the leftover rows. Max is exact and -inf never wins:
-    bit for bit `sims.max(0)`, NaN propagating."""
+    The max is `_column_max`'s grouping without its leftover rows: a page's similarities are
+    followed by -inf rows up to a multiple of MAX_GROUP_ROWS, so every page takes one grouped max
+    (MAX_GROUP_ROWS rows viewed as one long row) into `partial`, and one call finishes the
+    partial maxima of all the pages. Each numpy call holds the GIL while it starts, and the
+    worker threads run this loop side by side: on a busy machine a worker descheduled while it
+    holds the GIL stops the others at their next call, so the calls per page are kept few (3,
+    was 6-7 with the leftover rows). Max is exact and -inf never wins, so the result is bit for
+    bit `sims.max(0)` (NaN propagates)."""
     cols, group = qt.shape[1], MAX_GROUP_ROWS
-    capacity = len(scratch) // cols  # rows of similarities that fit
-    padded = [_group_padded(len(d)) for d in docs]
-    a = 0
-    while a < len(docs):
-        b, rows = a + 1, padded[a]
-        while b < len(docs) and rows + padded[b] <= capacity:
-            rows += padded[b]
-            b += 1
-        sims = scratch[: rows * cols].reshape(rows, cols)
-        firsts, at = [], 0  # each page's first group
-        for d, n in zip(docs[a:b], padded[a:b]):
-            tokens = len(d)
-            np.matmul(d, qt, out=sims[at: at + tokens], dtype=np.float32)
-            if n > tokens:
-                sims[at + tokens: at + n] = -np.inf
-            firsts.append(at // group)
-            at += n
-        partial = np.maximum.reduceat(sims.reshape(rows // group, group * cols), firsts, axis=0)
-        np.max(partial.reshape(b - a, group, cols), axis=1, out=best[a:b])
-        a = b
-
-
-def _sims_scratch(longest: int, cols: int, scratch_bytes: int) -> np.ndarray:
-    """`_page_maxima`'s scratch: the longest page's padded similarities, or `scratch_bytes`
-    (several pages' for few query columns), whichever is larger."""
-    return np.empty(max(_group_padded(longest) * cols, scratch_bytes // 4), dtype=np.float32)
+    partial = np.empty((len(docs), group * cols), dtype=np.float32)
+    for j, d in enumerate(docs):
+        tokens = len(d)
+        padded = _group_padded(tokens)
+        sims = scratch[: padded * cols].reshape(padded, cols)
+        np.matmul(d, qt, out=sims[:tokens], dtype=np.float32)
+        if padded > tokens:
+            sims[tokens:] = -np.inf
+        np.max(sims.reshape(padded // group, group * cols), axis=0, out=partial[j])
+    np.max(partial.reshape(len(docs), group, cols), axis=1, out=best)
 
 
 def _group_padded(tokens: int) -> int:
@@ -313,21 +291,19 @@ def _finish_per_page(best: np.ndarray, rows: int, starts: np.ndarray, docs: list
 
 
 def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                    floor: np.ndarray | None, first: int,
-                    scratch_bytes: int = SIMS_SCRATCH_BYTES) -> np.ndarray:
+                    floor: np.ndarray | None, first: int) -> np.ndarray:
     """One GEMM per page against all query rows (BLAS on every core within each call); no copy
     of the pages. Returns (Q, pages)."""
     rows = q.shape[0]
     qt = _query_columns(q)  # (dim, rows+2 rounded up to QUERY_COLUMN_MULTIPLE)
     best = np.empty((len(docs), qt.shape[1]), dtype=np.float32)
-    scratch = _sims_scratch(max(len(d) for d in docs), qt.shape[1], scratch_bytes)
+    scratch = np.empty(_group_padded(max(len(d) for d in docs)) * qt.shape[1], dtype=np.float32)
     _page_maxima(qt, docs, best, scratch)
     return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
 
 
 def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                             floor: np.ndarray | None, first: int,
-                             scratch_bytes: int = SIMS_SCRATCH_BYTES) -> np.ndarray:
+                             floor: np.ndarray | None, first: int) -> np.ndarray:
     """`_numpy_per_page` with the pages dealt out to one worker thread per core, each calling a
     single-threaded BLAS (PARALLEL_MAX_QUERY_ROWS): the same per-page products, so the same scores.
 
@@ -337,7 +313,7 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
     finished theirs and waited (every block of pages ended on the slowest worker)."""
     workers = _page_workers()
     if workers is None or len(docs) < 2 * workers[0]:
-        return _numpy_per_page(q, starts, docs, floor, first, scratch_bytes)
+        return _numpy_per_page(q, starts, docs, floor, first)
     count, pool, limit = workers
     rows = q.shape[0]
     qt = _query_columns(q)  # read by every worker
@@ -345,13 +321,13 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
     best = np.empty((len(docs), cols), dtype=np.float32)
     run = max(1, min(PARALLEL_CHUNK_PAGES, len(docs) // (4 * count)))
     runs = itertools.count()  # next() is atomic under the GIL: each run is taken once
-    longest = max(len(d) for d in docs)
+    longest = _group_padded(max(len(d) for d in docs))
 
     def work() -> None:
         previous = limit(1)
         # numpy's error state is per thread: the caller's (`_iter_scores`) does not reach here
         try:
-            scratch = _sims_scratch(longest, cols, scratch_bytes)
+            scratch = np.empty(longest * cols, dtype=np.float32)
             with np.errstate(over="ignore", invalid="ignore"):
                 while (a := next(runs) * run) < len(docs):
                     _page_maxima(qt, docs[a:a + run], best[a:a + run], scratch)
@@ -678,7 +654,7 @@ def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
         if len(group) > STACKED_MAX_QUERY_TOKENS or lengths.mean() > STACKED_MAX_PAGE_TOKENS:
             per_page = (_numpy_per_page_parallel if len(group) <= PARALLEL_MAX_QUERY_ROWS
                         else _numpy_per_page)
-            out[a:b] = per_page(group, rel, docs, floor, first, min(share, SIMS_SCRATCH_BYTES))
+            out[a:b] = per_page(group, rel, docs, floor, first)
             continue
         qx = _with_sign_rows(group)
         per_row = page_row + 4 * len(qx)
