@@ -381,11 +381,15 @@ def markdown(report: dict) -> str:
               "(> 1: colembed ahead), with the range of the per-round ratios; `of roofline` = the "
               "roofline time (slower of reading the pages at the measured read bandwidth and the "
               "work at the measured sgemm peak) over the best time.", "",
+              "`CPU s` = this process's CPU time (every thread) in the contender's best round: "
+              "the work done, which background load inflates far less than the wall time (a "
+              "contender descheduled by other jobs loses wall time, not CPU time).", "",
               "| cell | bound | roofline s | " + " | ".join(f"{c} s" for c in contenders)
+              + " | " + " | ".join(f"{c} CPU s" for c in contenders)
               + (" | numpy x fast-maxsim (rounds) | best colembed x fast-maxsim" if peer else "")
               + "".join(f" | numpy x numpy {c[15:]} (rounds)" for c in olds)
               + " | " + " | ".join(f"{c} of roofline" for c in contenders) + " | load |",
-              "|---|---|---:|" + "---:|" * len(contenders) + ("---:|---:|" if peer else "")
+              "|---|---|---:|" + "---:|" * (2 * len(contenders)) + ("---:|---:|" if peer else "")
               + "---:|" * len(olds)
               + "---:|" * len(contenders) + "---:|"]
     for case in cases:
@@ -393,6 +397,7 @@ def markdown(report: dict) -> str:
         row = [f"{case['queries']} x {case['documents']:,}", case["bound"],
                f"{case['roofline_s']:.3f}"] + [f"{by[c]['best_s']:.3f}" if c in by else "-"
                                                for c in contenders]
+        row += [f"{cpu_seconds(by[c], m):.2f}" if c in by else "-" for c in contenders]
         if peer:
             rr = by["colembed numpy"]["per_round_vs_fast_maxsim"]
             ours = min((r for k, r in by.items() if k.startswith("colembed") and "@" not in k),
@@ -448,6 +453,11 @@ def markdown(report: dict) -> str:
     for t in report["targets"]:
         lines.append(f"- {t['target']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}")
     return "\n".join(lines) + "\n"
+
+
+def cpu_seconds(row: dict, machine: dict) -> float:
+    """CPU seconds of the process in a contender's best round (its CPU share x wall x cores)."""
+    return row["cpu_share_best_round"] * row["best_s"] * (machine.get("logical_cpus") or 1)
 
 
 def targets(cases: list[dict]) -> list[dict]:
