@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -116,10 +115,9 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
 
 def markdown(info: dict, runs: dict[str, dict]) -> str:
     from colembed_export.recipes import GATES
-    from machine import markdown_header
+    from common import results_markdown
 
-    lines = ["# Variant fidelity to fp32, per length bucket", "", markdown_header(info), "",
-             "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
+    lines = ["Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
              "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
              "from one word to the query bound, pages from 20x20 to the full image-token "
              "budget and aspect-50 strips, each alone and in mixed batches). Gates: "
@@ -158,7 +156,7 @@ def markdown(info: dict, runs: dict[str, dict]) -> str:
             lines += [f"- {f}" for f in run["failures"]] + [""]
         else:
             lines += ["Every variant meets its gate.", ""]
-    return "\n".join(lines)
+    return results_markdown("Variant fidelity to fp32, per length bucket", info, lines)
 
 
 def main() -> int:
@@ -169,7 +167,7 @@ def main() -> int:
     parser.add_argument("--results", default=str(RESULTS), help="path without extension")
     args = parser.parse_args()
 
-    from machine import machine_info
+    from common import machine_info, write_results
 
     info = machine_info()
     root = Path(os.environ.get("COLEMBED_BENCH_DIR", "/tmp/colembed-bench-variants")) / "fidelity"
@@ -183,9 +181,7 @@ def main() -> int:
         runs[config] = measure(folder, variants, root / f"{config}-work")
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
     text = markdown(info, runs)
-    Path(args.results + ".md").write_text(text)
-    Path(args.results + ".json").write_text(json.dumps({"machine": info, "runs": runs}, indent=1,
-                                                       default=str) + "\n")
+    write_results(args.results, text, info, {"runs": runs})
     print(text)
     return 0
 
