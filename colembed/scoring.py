@@ -238,8 +238,8 @@ def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
     (MAX_GROUP_ROWS rows viewed as one long row) into `partial`, and one call finishes the
     partial maxima of all the pages. Each numpy call holds the GIL while it starts, and the
     worker threads run this loop side by side: on a busy machine a worker descheduled while it
-    holds the GIL stops the others at their next call, so the calls per page are kept few (3,
-    was 6-7 with the leftover rows). Max is exact and -inf never wins, so the result is bit for
+    holds the GIL stops the others at their next call (plausible, not measured apart), so the
+    calls per page are kept few (3, was 6-7 with the leftover rows). Max is exact and -inf never wins, so the result is bit for
     bit `sims.max(0)` (NaN propagates)."""
     cols, group = qt.shape[1], MAX_GROUP_ROWS
     partial = np.empty((len(docs), group * cols), dtype=np.float32)
