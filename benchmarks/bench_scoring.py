@@ -41,6 +41,11 @@ STREAM copy (bytes read + written) is reported beside it. sgemm peak: numpy `mat
 of one page against every query row (what colembed's kernel calls) and 2048^3, one BLAS call on
 every core, into preallocated outputs; the larger is the roofline's.
 
+A/B against older code: `--against REF` (a git ref, repeatable) adds the column
+`colembed numpy @REF`, colembed/scoring.py as of REF loaded beside today's in the same process
+(`scoring_at`), run in the same rotated rounds on the same arrays; each cell reports the ratio of
+the two per round.
+
 Memory: `--bigmem-lock PATH` takes an exclusive flock on PATH before the pages pass 4 GB (the
 shared machine's rule; 20,000 pages are 7.7 GB) and holds it to the end of the run.
 
@@ -133,7 +138,27 @@ def padded(queries: list[np.ndarray]) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------ contenders
-def contenders(queries, pages, scorer, only, onnx_min_queries=1):
+def scoring_at(ref: str):
+    """colembed/scoring.py as it was at git ref `ref`, loaded beside the current one as the module
+    `colembed._scoring_at_REF` (its relative imports resolve in today's package: errors/sessions),
+    so both run in one process on the same arrays, interleaved (the A/B of `--against`)."""
+    import importlib.util
+    import subprocess
+
+    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:colembed/scoring.py"],
+                            check=True, capture_output=True, text=True).stdout
+    name = "colembed._scoring_at_" + "".join(c if c.isalnum() else "_" for c in ref)
+    path = Path(os.environ.get("COLEMBED_BENCH_DIR", "/tmp")) / f"{name}.py"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def contenders(queries, pages, scorer, only, onnx_min_queries=1, against=None):
     from colembed import scoring
 
     wanted = (lambda key: (only is None or key in only)
@@ -149,6 +174,9 @@ def contenders(queries, pages, scorer, only, onnx_min_queries=1):
             print("fast-maxsim is not installed (pip install 'colembed[bench]'): its column is "
                   "left out", file=sys.stderr)
     found["colembed numpy"] = lambda: scoring.score(queries, pages, backend="numpy")
+    for ref, module in (against or {}).items():
+        found[f"colembed numpy @{ref}"] = \
+            lambda module=module: module.score(queries, pages, backend="numpy")
     if wanted("colembed onnx"):
         found["colembed onnx"] = lambda: scorer.score(queries, pages, backend="onnx")
     if wanted("transformers score_retrieval"):
@@ -241,14 +269,14 @@ def best_gflops(fn, flops: float, seconds: float = 0.3) -> float:
 
 
 # ------------------------------------------------------------------------------------ runs
-def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_queries=1):
+def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_queries=1, against=None):
     from colembed import scoring
 
     lengths = np.array([len(p) for p in pages])
     q_rows = sum(len(q) for q in queries)
     flops = 2.0 * q_rows * float(lengths.sum()) * DIM
     page_bytes = 4.0 * float(lengths.sum()) * DIM
-    fns = contenders(queries, pages, scorer, only, onnx_min_queries)
+    fns = contenders(queries, pages, scorer, only, onnx_min_queries, against)
     peaks = gemm_peaks(q_rows) | stream
     peaks["sgemv_read"] = read_bandwidth(pages)
     times = {k: [] for k in fns}
@@ -279,7 +307,7 @@ def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_querie
     exact_numpy = outputs["colembed numpy"]
     scale = float(np.abs(exact_numpy).max())
     checks: dict = {"auto_backend": scorer.backend_for(queries)}
-    for key in ("colembed onnx", "fast-maxsim"):
+    for key in ["colembed onnx", "fast-maxsim"] + [k for k in outputs if "@" in k]:
         if key in outputs:
             checks[f"{key} vs colembed numpy, max rel"] = float(
                 np.abs(outputs[key] - exact_numpy).max() / scale)
@@ -309,6 +337,9 @@ def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_querie
             # same round, both ways: the ratio of each round's times (interleaved pairs)
             "per_round_vs_fast_maxsim": ([p / t for p, t in zip(times["fast-maxsim"], ts)]
                                          if peer_best else None),
+            # the --against A/B: the older code's time / this contender's, per round
+            "per_round_vs_against": {k: [o / t for o, t in zip(times[k], ts)]
+                                     for k in times if "@" in k and k != key},
             "cpu_share_best_round": shares[key][ts.index(best)],
         })
     return {"case": name, "queries": len(queries), "documents": len(pages),
@@ -344,28 +375,40 @@ def markdown(report: dict) -> str:
     ]
     contenders = list(dict.fromkeys(r["contender"] for c in cases for r in c["results"]))
     peer = "fast-maxsim" in contenders
+    olds = [c for c in contenders if "@" in c]
     lines += ["## Summary", "",
               "Best round per contender (s); `x fast-maxsim` = fast-maxsim's best / colembed's best "
               "(> 1: colembed ahead), with the range of the per-round ratios; `of roofline` = the "
               "roofline time (slower of reading the pages at the measured read bandwidth and the "
               "work at the measured sgemm peak) over the best time.", "",
+              "`CPU s` = this process's CPU time (every thread) in the contender's best round: "
+              "the work done, which background load inflates far less than the wall time (a "
+              "contender descheduled by other jobs loses wall time, not CPU time).", "",
               "| cell | bound | roofline s | " + " | ".join(f"{c} s" for c in contenders)
+              + " | " + " | ".join(f"{c} CPU s" for c in contenders)
               + (" | numpy x fast-maxsim (rounds) | best colembed x fast-maxsim" if peer else "")
+              + "".join(f" | numpy x numpy {c[15:]} (rounds)" for c in olds)
               + " | " + " | ".join(f"{c} of roofline" for c in contenders) + " | load |",
-              "|---|---|---:|" + "---:|" * len(contenders) + ("---:|---:|" if peer else "")
+              "|---|---|---:|" + "---:|" * (2 * len(contenders)) + ("---:|---:|" if peer else "")
+              + "---:|" * len(olds)
               + "---:|" * len(contenders) + "---:|"]
     for case in cases:
         by = {r["contender"]: r for r in case["results"]}
         row = [f"{case['queries']} x {case['documents']:,}", case["bound"],
                f"{case['roofline_s']:.3f}"] + [f"{by[c]['best_s']:.3f}" if c in by else "-"
                                                for c in contenders]
+        row += [f"{cpu_seconds(by[c], m):.2f}" if c in by else "-" for c in contenders]
         if peer:
             rr = by["colembed numpy"]["per_round_vs_fast_maxsim"]
-            ours = min((r for k, r in by.items() if k.startswith("colembed")),
+            ours = min((r for k, r in by.items() if k.startswith("colembed") and "@" not in k),
                        key=lambda r: r["best_s"])
             row += [f"{by['colembed numpy']['speedup_vs_fast_maxsim']:.2f}x "
                     f"({min(rr):.2f}-{max(rr):.2f})",
                     f"{ours['speedup_vs_fast_maxsim']:.2f}x ({ours['contender'][9:]})"]
+        for c in olds:
+            rr = by["colembed numpy"]["per_round_vs_against"].get(c)
+            row.append(f"{by[c]['best_s'] / by['colembed numpy']['best_s']:.2f}x "
+                       f"({min(rr):.2f}-{max(rr):.2f})" if rr else "-")
         row += [f"{by[c]['fraction_of_roofline']:.0%}" if c in by else "-" for c in contenders]
         loads = [x for x in case["load_1min_per_round"] if x is not None]
         row.append(f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?")
@@ -398,6 +441,11 @@ def markdown(report: dict) -> str:
                 f"{r['fraction_of_read_bandwidth']:.0%} | {r['fraction_of_roofline']:.0%} | "
                 + (f"{r['speedup_vs_fast_maxsim']:.2f}x (" + ", ".join(f"{x:.2f}" for x in rr)
                    + ")" if rr else "-") + f" | {r['cpu_share_best_round']:.0%} |")
+        ab = next((r["per_round_vs_against"] for r in case["results"]
+                   if r["contender"] == "colembed numpy"), {})
+        for k, rr in ab.items():
+            lines += ["", f"A/B, {k}'s time / colembed numpy's, per round (> 1: today's code "
+                      "faster): " + ", ".join(f"{x:.2f}" for x in rr)]
         c = case["checks"]
         lines += ["", "Checks: " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
                                             for k, v in c.items()), ""]
@@ -407,13 +455,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def cpu_seconds(row: dict, machine: dict) -> float:
+    """CPU seconds of the process in a contender's best round (its CPU share x wall x cores)."""
+    return row["cpu_share_best_round"] * row["best_s"] * (machine.get("logical_cpus") or 1)
+
+
 def targets(cases: list[dict]) -> list[dict]:
     """colembed's best backend ahead of fast-maxsim in every cell (issue 25), and >= 2x
     score_retrieval where that ran."""
     out = []
     for case in cases:
         by = {r["contender"]: r for r in case["results"]}
-        ours = min((r for k, r in by.items() if k.startswith("colembed")), key=lambda r: r["best_s"])
+        ours = min((r for k, r in by.items() if k.startswith("colembed") and "@" not in k), key=lambda r: r["best_s"])
         cell = f"{case['queries']} x {case['documents']:,}"
         if ours["speedup_vs_fast_maxsim"]:
             out.append({"target": f"{cell}: colembed ahead of fast-maxsim",
@@ -442,6 +495,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="run colembed onnx only in cells of at least this many queries "
                              "(colembed.score's default scorer has no graph; auto picks the "
                              f"graph from {640} query tokens)")
+    parser.add_argument("--against", action="append", default=[], metavar="REF",
+                        help="also run colembed/scoring.py as of this git ref (an A/B in the same "
+                             "rounds: the column 'colembed numpy @REF'); repeatable")
     parser.add_argument("--bigmem-lock", type=Path, default=None,
                         help="flock this file before the pages pass 4 GB (e.g. /work/wt/bigmem.lock)")
     args = parser.parse_args(argv)
@@ -462,6 +518,7 @@ def main(argv: list[str] | None = None) -> int:
     grid = [tuple(int(x) for x in case.split("x")) for case in cells.split(",")]
     pages = Pages(seed=0, lock_path=args.bigmem_lock)
     scorer = MaxSimScorer.with_built_graph()
+    against = {ref: scoring_at(ref) for ref in args.against}
     only = set(args.only.split(",")) if args.only else None
     stream = stream_bandwidth(os.cpu_count() or 1)
     cases = []
@@ -471,7 +528,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds = args.big_rounds if args.big_rounds and flop > args.big_gflop else args.rounds
         print(f"cell {q} x {n}: {rounds} rounds", file=sys.stderr)
         cases.append(run_case(f"{q} x {n:,}", queries, pages.first(n), scorer, rounds, only,
-                              stream, args.onnx_min_queries))
+                              stream, args.onnx_min_queries, against))
         # each cell's figures as soon as they exist (a long grid keeps what it finished)
         report = {"machine": info | {"load_average_at_end": load_average()}, "cases": cases,
                   "targets": targets(cases)}

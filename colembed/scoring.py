@@ -57,8 +57,13 @@ DEFAULT_MEMORY_BUDGET_BYTES = 32 << 20
 # transformers' ColQwen2Processor.score_retrieval(batch_size=128): its zero-padding unit.
 REFERENCE_BATCH_SIZE = 128
 BACKENDS = ("auto", "numpy", "onnx")
-# Pages read (and validated) from the input at a time; the onnx path sorts each block by length.
+# Pages read (and validated) from an iterable at a time; the onnx path sorts each block by length.
 BLOCK_DOCUMENTS = 512
+# A list or tuple of pages is already in memory, so blocking it saves no memory: it is taken in
+# blocks of up to this many pages instead. Each block ends on a barrier (every worker thread waits
+# for the last run, then the main thread validates the next block while the workers sleep); on a
+# busy machine each barrier also waits for descheduled threads to be woken, so fewer is faster.
+BLOCK_DOCUMENTS_IN_MEMORY = 1 << 16
 # numpy kernel choice (measured on a 2-core AVX-512 Xeon, dim 128, OpenBLAS): one GEMM per page on
 # the caller's array (no copy; its similarities stay in cache) wins for 700-800-token pages at every
 # query count tried (26 to 2,496 query tokens: 1.5x at 26, even at 832+). Stacking the pages of a
@@ -86,6 +91,12 @@ PARALLEL_MAX_QUERY_ROWS = 1 << 30
 # gets several runs): small enough that the last run of a block costs little waiting, large enough
 # that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
 PARALLEL_CHUNK_PAGES = 8
+# The per-page kernels pad the query columns (query rows + 2 sign rows) with zero columns to a
+# multiple of this: OpenBLAS's sgemm (Haswell kernels, as on this AVX2 EPYC) runs the query
+# dimension in strips of 8, and a partial strip costs about a whole one. Measured single-threaded on
+# 700-800-token pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost
+# more and were up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too.
+QUERY_COLUMN_MULTIPLE = 8
 # `_column_max` views this many similarity rows as one row (see there).
 MAX_GROUP_ROWS = 8
 _F32 = np.dtype(np.float32)
@@ -218,14 +229,34 @@ def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarra
 def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
                  scratch: np.ndarray) -> None:
     """`best[j]` = max over the rows of page `j` of its similarities to every column of `qt`
-    (dim, rows): one sgemm per page on the caller's array (no copy of the page), its (tokens,
-    rows) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
-    (longest page) x rows floats."""
-    cols = qt.shape[1]
+    (dim, cols): one sgemm per page on the caller's array (no copy of the page), its (tokens,
+    cols) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
+    `_group_padded(longest page) * cols` floats.
+
+    The max is `_column_max`'s grouping without its leftover rows: a page's similarities are
+    followed by -inf rows up to a multiple of MAX_GROUP_ROWS, so every page takes one grouped max
+    (MAX_GROUP_ROWS rows viewed as one long row) into `partial`, and one call finishes the
+    partial maxima of all the pages. Each numpy call holds the GIL while it starts, and the
+    worker threads run this loop side by side: on a busy machine a worker descheduled while it
+    holds the GIL stops the others at their next call (plausible, not measured apart), so the
+    calls per page are kept few (3, was 6-7 with the leftover rows). Max is exact and -inf never wins, so the result is bit for
+    bit `sims.max(0)` (NaN propagates)."""
+    cols, group = qt.shape[1], MAX_GROUP_ROWS
+    partial = np.empty((len(docs), group * cols), dtype=np.float32)
     for j, d in enumerate(docs):
-        sims = scratch[: len(d) * cols].reshape(len(d), cols)
-        np.matmul(d, qt, out=sims, dtype=np.float32)
-        _column_max(sims, best[j])
+        tokens = len(d)
+        padded = _group_padded(tokens)
+        sims = scratch[: padded * cols].reshape(padded, cols)
+        np.matmul(d, qt, out=sims[:tokens], dtype=np.float32)
+        if padded > tokens:
+            sims[tokens:] = -np.inf
+        np.max(sims.reshape(padded // group, group * cols), axis=0, out=partial[j])
+    np.max(partial.reshape(len(docs), group, cols), axis=1, out=best)
+
+
+def _group_padded(tokens: int) -> int:
+    """`tokens` rounded up to a multiple of MAX_GROUP_ROWS (`_page_maxima`'s scratch rows)."""
+    return -(-tokens // MAX_GROUP_ROWS) * MAX_GROUP_ROWS
 
 
 def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
@@ -264,11 +295,11 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     """One GEMM per page against all query rows (BLAS on every core within each call); no copy
     of the pages. Returns (Q, pages)."""
     rows = q.shape[0]
-    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2)
-    best = np.empty((len(docs), rows + 2), dtype=np.float32)
-    scratch = np.empty(max(len(d) for d in docs) * (rows + 2), dtype=np.float32)
+    qt = _query_columns(q)  # (dim, rows+2 rounded up to QUERY_COLUMN_MULTIPLE)
+    best = np.empty((len(docs), qt.shape[1]), dtype=np.float32)
+    scratch = np.empty(_group_padded(max(len(d) for d in docs)) * qt.shape[1], dtype=np.float32)
     _page_maxima(qt, docs, best, scratch)
-    return _finish_per_page(best, rows, starts, docs, floor, first)
+    return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
 
 
 def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
@@ -285,25 +316,28 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
         return _numpy_per_page(q, starts, docs, floor, first)
     count, pool, limit = workers
     rows = q.shape[0]
-    qt = np.ascontiguousarray(_with_sign_rows(q).T)  # (dim, rows+2), read by every worker
-    best = np.empty((len(docs), rows + 2), dtype=np.float32)
+    qt = _query_columns(q)  # read by every worker
+    cols = qt.shape[1]
+    best = np.empty((len(docs), cols), dtype=np.float32)
     run = max(1, min(PARALLEL_CHUNK_PAGES, len(docs) // (4 * count)))
     runs = itertools.count()  # next() is atomic under the GIL: each run is taken once
-    longest = max(len(d) for d in docs)
+    longest = _group_padded(max(len(d) for d in docs))
 
     def work() -> None:
         previous = limit(1)
+        # numpy's error state is per thread: the caller's (`_iter_scores`) does not reach here
         try:
-            scratch = np.empty(longest * (rows + 2), dtype=np.float32)
-            while (a := next(runs) * run) < len(docs):
-                _page_maxima(qt, docs[a:a + run], best[a:a + run], scratch)
+            scratch = np.empty(longest * cols, dtype=np.float32)
+            with np.errstate(over="ignore", invalid="ignore"):
+                while (a := next(runs) * run) < len(docs):
+                    _page_maxima(qt, docs[a:a + run], best[a:a + run], scratch)
         finally:
             limit(previous)
 
     futures = [pool.submit(work) for _ in range(count)]
     for f in futures:
         f.result()
-    return _finish_per_page(best, rows, starts, docs, floor, first)
+    return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
 
 
 _WORKERS: Any = False  # not looked up yet
@@ -346,6 +380,17 @@ def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     if floor is not None and floor.any():
         np.maximum(maxima, 0.0, out=maxima, where=floor[None, :])
     return np.add.reduceat(maxima, starts, axis=0)
+
+
+def _query_columns(q: np.ndarray) -> np.ndarray:
+    """(dim, cols) C-contiguous: the query rows and the two sign rows (`_with_sign_rows`) as
+    columns, then zero columns up to a multiple of QUERY_COLUMN_MULTIPLE (see there). A zero
+    column's similarities are 0 (NaN on a non-finite page row); they are never read."""
+    rows, dim = q.shape
+    cols = -(-(rows + 2) // QUERY_COLUMN_MULTIPLE) * QUERY_COLUMN_MULTIPLE
+    qt = np.zeros((dim, cols), dtype=np.float32)
+    qt[:, :rows + 2] = _with_sign_rows(q).T
+    return qt
 
 
 def _with_sign_rows(q: np.ndarray) -> np.ndarray:
@@ -497,9 +542,12 @@ class MaxSimScorer:
             raise ScoringError(f"reference_batch_size must be a positive int, got "
                                f"{reference_batch_size!r}")
         use_onnx = self._choose_backend(backend, q) == "onnx"
+        block = BLOCK_DOCUMENTS
+        if isinstance(documents, (list, tuple)):
+            block = max(block, min(len(documents), BLOCK_DOCUMENTS_IN_MEMORY))
         # A block is a whole number of reference batches, so the zero rows are the reference's.
-        block = reference_batch_size * max(1, BLOCK_DOCUMENTS // reference_batch_size) \
-            if reference_padding else BLOCK_DOCUMENTS
+        if reference_padding:
+            block = reference_batch_size * max(1, -(-block // reference_batch_size))
         buffers: dict[str, np.ndarray] = {}
         for first, docs in _iter_blocks(documents, q.dim, block):
             lengths = np.array([len(d) for d in docs], dtype=np.int64)

@@ -156,3 +156,80 @@ def test_a_batch_of_32_queries_is_scored_on_the_worker_threads_too(monkeypatch):
     assert calls and all(name.startswith("colembed-maxsim") for name, _ in calls)
     assert sum(n for _, n in calls) == len(docs)
     np.testing.assert_allclose(got, _serial(qs, docs, monkeypatch), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 14, 15, 30, 31, 32])
+def test_query_columns_padded_to_the_kernel_strip_give_the_brute_force(rows):
+    """The query columns (rows + 2 sign rows) are padded with zero columns to a multiple of
+    QUERY_COLUMN_MULTIPLE: lengths just under, at and over a multiple, against float64."""
+    rng = np.random.default_rng(rows)
+    qs = [rng.standard_normal((rows, 128)).astype(np.float32),
+          rng.standard_normal((1, 128)).astype(np.float32)]
+    docs = [rng.standard_normal((int(n), 128)).astype(np.float32)
+            for n in rng.integers(1, 801, 24)]
+    cols = scoring._query_columns(np.concatenate(qs)).shape[1]
+    assert cols % scoring.QUERY_COLUMN_MULTIPLE == 0 and cols >= rows + 3
+    want = np.array([[(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum()
+                      for d in docs] for q in qs])
+    np.testing.assert_allclose(colembed.score(qs, docs, backend="numpy"), want,
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_a_non_finite_page_raises_the_named_error_not_a_warning_from_a_worker():
+    """numpy's error state is per thread: the worker threads set their own, so a page row holding
+    +inf and -inf (its sum is NaN: 'invalid value') gives the ScoringError, not a RuntimeWarning
+    raised inside a worker when warnings are errors."""
+    import warnings
+
+    qs, docs = _data()
+    docs[29] = docs[29].copy()
+    docs[29][4, :2] = [np.inf, -np.inf]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ScoringError, match="document 29: contains NaN or inf"):
+            colembed.score(qs, docs, backend="numpy")
+
+
+def test_a_list_of_pages_is_one_block_and_an_iterable_is_read_in_blocks(monkeypatch):
+    """Pages already in memory (a list) go to the worker threads in one pass, not in blocks of
+    BLOCK_DOCUMENTS with a barrier each (every worker waits for the last run, then sleeps while
+    the next block is validated); an iterable is still read BLOCK_DOCUMENTS at a time."""
+    monkeypatch.setattr(scoring, "BLOCK_DOCUMENTS", 16)
+    qs, docs = _data(pages=40)
+    passes = []
+    original = scoring._numpy_per_page_parallel
+
+    def parallel(q, starts, pages, floor, first):
+        passes.append(len(pages))
+        return original(q, starts, pages, floor, first)
+
+    monkeypatch.setattr(scoring, "_numpy_per_page_parallel", parallel)
+    listed = colembed.score(qs, docs, backend="numpy")
+    assert passes == [40]
+    passes.clear()
+    streamed = colembed.score(qs, iter(docs), backend="numpy")
+    assert passes == [16, 16, 8]
+    np.testing.assert_array_equal(listed, streamed)
+    passes.clear()
+    colembed.score(qs, docs, backend="numpy", reference_padding=True, reference_batch_size=12)
+    assert passes == [40]  # one block of 48 (a whole number of reference batches of 12)
+
+
+@pytest.mark.parametrize("cols", [8, 40])
+def test_page_maxima_is_numpy_max_bit_for_bit_at_every_group_edge(cols):
+    """`_page_maxima` pads each page's similarities with -inf rows to a multiple of MAX_GROUP_ROWS:
+    page lengths around the multiples, 1 row, all-negative pages and a NaN give `sims.max(0)`."""
+    rng = np.random.default_rng(cols)
+    g = scoring.MAX_GROUP_ROWS
+    lengths = [1, g - 1, g, g + 1, 2 * g - 1, 2 * g, 3, 757, 800, 1]
+    docs = [rng.standard_normal((n, 16)).astype(np.float32) for n in lengths]
+    docs[2] = -np.abs(docs[2]) - 1  # with a positive query column: every similarity negative
+    docs[7] = docs[7].copy()
+    docs[7][100, 3] = np.nan
+    qt = np.ascontiguousarray(np.abs(rng.standard_normal((16, cols)).astype(np.float32)))
+    best = np.empty((len(docs), cols), np.float32)
+    scratch = np.full(scoring._group_padded(max(lengths)) * cols, 123.0, np.float32)  # stale
+    scoring._page_maxima(qt, docs, best, scratch)
+    want = np.stack([(d @ qt).max(axis=0) for d in docs])
+    np.testing.assert_array_equal(best, want)
+    assert np.isnan(best[7]).all() and (best[2] < 0).all()
