@@ -8,7 +8,8 @@ outlier channels, decided once on the exporter's calibration feeds) and keeps on
 MatMuls in fp32 (all of one projection kind, or all of one layer); the per-token cosine of the
 final embeddings to fp32 (mean / min) is measured through the colembed runtime on the named gate
 pages. Per-MatMul local errors (variants_matmul_error.py) are ~1e-4 everywhere; this shows how
-they add up to the embedding, which is what the gate judges.
+they add up to the embedding, which is what the gate judges. `--int8-levels W,A` writes every arm
+with other code peaks (weights -W..W, activations -A..A; quantise.py WEIGHT_PEAK / ACTIVATION_PEAK).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict) -> None:
+def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict,
+              levels: tuple[int, int] | None = None) -> None:
     import onnx_ir as ir
 
     from colembed.integrity import describe_file
@@ -64,7 +66,11 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
             w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
                                       name=w.name)
         schemes[node.name] = BASE_VARIANT if kept else "row"  # quantise.SCHEMES: BASE_VARIANT keeps fp32
-    quantise_matmuls(model, schemes, factors, outliers=outliers)
+    from colembed_export.quantise import ACTIVATION_PEAK, WEIGHT_PEAK
+
+    weights, activations = levels or (WEIGHT_PEAK, ACTIVATION_PEAK)
+    quantise_matmuls(model, schemes, factors, outliers=outliers, weight_levels=weights,
+                     activation_levels=activations)
     finish(model)
     file, data = save_graph(model, fp32, "text.ablation.onnx", external=True)
     manifest = read_manifest(arm)
@@ -84,7 +90,10 @@ def main() -> int:
                         "mlp.up_proj,mlp.gate_proj,layers.0.,layers.1.,projection")
     parser.add_argument("--work", type=Path, default=Path("/tmp/colembed-bench-ablation"))
     parser.add_argument("--results")
+    parser.add_argument("--int8-levels", help="W,A: weight and activation code peaks (default: "
+                        "quantise.py's)")
     args = parser.parse_args()
+    levels = tuple(int(v) for v in args.int8_levels.split(",")) if args.int8_levels else None
 
     import colembed
     from colembed_export.evaluation import calibration_feeds, gate_pages, token_cosines
@@ -106,11 +115,11 @@ def main() -> int:
     rows = []
     for arm in args.arms.split(","):
         keep = set() if arm == "none" else {arm}
-        write_arm(args.folder, args.work, keep, calibration, per_feed)
+        write_arm(args.folder, args.work, keep, calibration, per_feed, levels)
         model = colembed.load(args.folder, variant="int8", verify=False)
         for (name, img), w in zip(pages, want):
             cos = token_cosines([model.embed_images([img], batch_size=1)[0]], [w])
-            rows.append({"fp32 kept": arm, "page": name, "mean": float(cos.mean()),
+            rows.append({"fp32 kept": arm, "int8 levels": args.int8_levels or "default", "page": name, "mean": float(cos.mean()),
                          "min": float(cos.min()), "worst_token": int(cos.argmin()),
                          "tokens": int(cos.size)})
             print(rows[-1], flush=True)
@@ -122,8 +131,9 @@ def main() -> int:
         (args.folder / name).unlink(missing_ok=True)
     lines = ["# int8 text graph, vision fp32: which MatMuls cost the pages", "",
              markdown_header(info), "", f"folder: `{args.folder}`", "",
-             "| kept fp32 | page | mean | min | worst token / tokens |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['fp32 kept']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
+             "| kept fp32 | int8 code peaks W,A | page | mean | min | worst token / tokens |",
+             "|---|---|---|---:|---:|---:|"]
+    lines += [f"| {r['fp32 kept']} | {r['int8 levels']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
               f"{r['worst_token']} / {r['tokens']} |" for r in rows]
     text = "\n".join(lines) + "\n"
     print(text)

@@ -18,6 +18,10 @@ activations carry trained-model traits (massive residual channels, large image f
 it does not: trained weights (none can be downloaded here), and the full depth (28 layers): error
 accumulation over depth is not shown by the 2-layer configurations.
 
+`--int8-levels W,A` measures the int8 recipe with other code peaks (weights -W..W, activations
+-A..A around A + 1; quantise.py's WEIGHT_PEAK / ACTIVATION_PEAK) instead of the committed ones,
+e.g. `--int8-levels 127,63` (8-bit weights, 7-bit activations); the exporter is not changed.
+
 Writes benchmarks/results/variants-fidelity.{md,json} (or --results). Work folders live under
 $COLEMBED_BENCH_DIR (default /tmp/colembed-bench-variants) and are reused by a later run.
 """
@@ -115,10 +119,13 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
 
 
 def markdown(info: dict, runs: dict[str, dict]) -> str:
+    from colembed_export import quantise
     from colembed_export.recipes import GATES
     from machine import markdown_header
 
     lines = ["# Variant fidelity to fp32, per length bucket", "", markdown_header(info), "",
+             f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK}, "
+             f"activations -{quantise.ACTIVATION_PEAK}..{quantise.ACTIVATION_PEAK} per token.", "",
              "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
              "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
              "from one word to the query bound, pages from 20x20 to the full image-token "
@@ -167,7 +174,13 @@ def main() -> int:
                         help=f"comma-separated, of {sorted(CONFIGS)}")
     parser.add_argument("--variants", default="int8,int4,fp16")
     parser.add_argument("--results", default=str(RESULTS), help="path without extension")
+    parser.add_argument("--int8-levels", help="W,A: the int8 recipe's weight and activation code "
+                        "peaks for this run (default: quantise.py's)")
     args = parser.parse_args()
+    if args.int8_levels:
+        from colembed_export import quantise
+
+        quantise.WEIGHT_PEAK, quantise.ACTIVATION_PEAK = (int(v) for v in args.int8_levels.split(","))
 
     from machine import machine_info
 
@@ -180,7 +193,8 @@ def main() -> int:
         if config not in CONFIGS:
             parser.error(f"unknown configuration {config!r}; known: {sorted(CONFIGS)}")
         folder = build(config, root)
-        runs[config] = measure(folder, variants, root / f"{config}-work")
+        arm = f"-levels-{args.int8_levels.replace(',', '-')}" if args.int8_levels else ""
+        runs[config] = measure(folder, variants, root / f"{config}-work{arm}")
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
     text = markdown(info, runs)
     Path(args.results + ".md").write_text(text)

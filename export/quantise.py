@@ -46,7 +46,13 @@ INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's 
 # onnxruntime 1.32, AVX2: MatMulInteger with 8-bit weights off by 45877 of 146355; with 7-bit
 # weights exact). 255*63*2 fits. onnxruntime's quantize_dynamic calls this `reduce_range`.
 WEIGHT_PEAK = 63
-ROW_ZERO_POINT = 128  # uint8 activations, symmetric around 128 (MatMulInteger takes one a_zero_point)
+# The "row" scheme's activations: symmetric in -ACTIVATION_PEAK..ACTIVATION_PEAK around the zero
+# point ACTIVATION_PEAK + 1 (uint8; MatMulInteger takes one a_zero_point). The pair-sum bound
+# above is on the stored codes: 8-bit activations (codes 1..255) need 7-bit weights; 7-bit
+# activations (peak 63, codes 1..127) leave 8-bit weights exact (127*127*2 = 32258 fits int16),
+# the trade measured in benchmarks/results/variants-int8-bits.md.
+ACTIVATION_PEAK = 127
+ROW_ZERO_POINT = ACTIVATION_PEAK + 1  # (today's default: codes 1..255 around 128)
 ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
 
 
@@ -91,8 +97,8 @@ def _tensor_activation(b: _Builder, x: Any, base: str) -> tuple[list[Any], dict[
     return [quant], {"q": xq, "scale": xs, "zero_point": xzp}
 
 
-def _row_activation(b: _Builder, x: Any, depth: int, base: str,
-                    outliers: np.ndarray | None) -> tuple[list[Any], dict[str, Any]]:
+def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.ndarray | None,
+                    peak: int = ACTIVATION_PEAK) -> tuple[list[Any], dict[str, Any]]:
     nodes = [
         b.node("Reshape", [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
                f"{base}_rows"),
@@ -112,14 +118,14 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str,
                                       b.init(f"{base}_axis1", np.array([1], np.int64))],
                         f"{base}_peak", keepdims=0))
     nodes.append(b.node("Max", [nodes[-1].outputs[0],
-                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * INT8_PEAK,
+                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
                                                                  np.float32))], f"{base}_floored"))
     nodes.append(b.node("Mul", [nodes[-1].outputs[0],
-                                b.init(f"{base}_inv127", np.array(1.0 / INT8_PEAK, np.float32))],
+                                b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
                         f"{base}_scale"))
     scale = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [scale], f"{base}_count"))
-    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(ROW_ZERO_POINT, np.uint8)),
+    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(peak + 1, np.uint8)),
                                    nodes[-1].outputs[0]], f"{base}_zps"))
     nodes.append(b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant",
                         axis=0))
@@ -129,19 +135,25 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str,
     scale_col = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [x], f"{base}_shape", end=-1))
     return nodes, {"q": xq, "scale": scale_col, "lead_shape": nodes[-1].outputs[0],
-                   "zero_point": b.init(f"{base}_zp", np.array(ROW_ZERO_POINT, np.uint8)), **found}
+                   "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
 
 
 def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      smoothing: Mapping[str, np.ndarray] | None = None, *,
                      outliers: Mapping[str, np.ndarray] | None = None,
-                     weight_levels: int = WEIGHT_PEAK) -> dict[str, int]:
+                     weight_levels: int = WEIGHT_PEAK,
+                     activation_levels: int = ACTIVATION_PEAK) -> dict[str, int]:
     """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
     MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
     are multiplied by before quantising (the norm before it was divided by them already).
     `outliers` maps a "row" MatMul's name to the input channels computed in fp32 beside the int8
     product (LLM.int8()'s decomposition: Y = X[:, rest] W[rest] in int8 + X[:, out] W[out] in
-    fp32); every MatMul reading the same activation must name the same channels."""
+    fp32); every MatMul reading the same activation must name the same channels.
+    `weight_levels` / `activation_levels`: the codes' peaks (see WEIGHT_PEAK: their stored
+    codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits)."""
+    if weight_levels * 2 * (2 * activation_levels + 1) > 32767:
+        raise ExportError(f"int8 weights of peak {weight_levels} with activations of peak "
+                          f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums")
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -186,7 +198,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
             built = (_tensor_activation(b, x, base) if scheme == "tensor"
-                     else _row_activation(b, x, depth, base, split))
+                     else _row_activation(b, x, depth, base, split, activation_levels))
             activations[key] = built
             new += built[0]
         act = activations[key][1]
