@@ -6,7 +6,9 @@
 
 Each configuration is a checkpoint built here (random weights: `tiny.build_checkpoint`; stress:
 `tiny.build_stress_checkpoint` with the traits the recipes were chosen on; held-out stress: the
-same with `tiny.HELD_OUT_STRESS`, other channels and magnitudes), exported to fp32 without the
+same with `tiny.HELD_OUT_STRESS`, other channels and magnitudes; the `tiny-2.5-*` ones the same
+for ColQwen2.5 by `tiny_qwen2_5`, whose stress traits add the gated vision MLP's 2e5 intermediate
+and a vision residual above fp16's maximum), exported to fp32 without the
 torch check, then each variant written by the exporter's own variant step (variants.
 _write_graphs: the committed recipes, calibration included) and judged by the exporter's own gate
 (evaluation.evaluate_variants: the gate's queries from one word to the query bound, pages from
@@ -50,7 +52,13 @@ CONFIGS = {
     "tiny-heldout": ("tiny", None, None, "heldout"),
     "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
     "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
+    # ColQwen2.5 (Qwen2.5-VL: windowed vision attention, RMSNorm + gated-MLP vision blocks),
+    # export/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
+    "tiny-2.5-random": ("tiny-2.5", None, None, "random"),
+    "tiny-2.5-stress": ("tiny-2.5", None, None, "stress"),
+    "tiny-2.5-heldout": ("tiny-2.5", None, None, "heldout"),
 }
+QWEN2_5_PRESETS = ("tiny-2.5",)
 KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTraits())",
                "heldout": "held-out stress traits (HELD_OUT_STRESS)"}
 
@@ -62,19 +70,30 @@ def build(config: str, root: Path) -> Path:
                                       build_stress_checkpoint)
 
     preset, depth, layers, kind = CONFIGS[config]
-    spec = PRESETS[preset]
-    if depth is not None:
-        spec = dataclasses.replace(spec, vision_depth=depth, text_layers=layers)
     folder = root / f"{config}-fp32"
     if (folder / "manifest.json").is_file():
         return folder
     checkpoint = root / f"{config}-checkpoint"
     if not (checkpoint / "config.json").is_file():
-        if kind == "random":
-            build_checkpoint(checkpoint, spec, seed=0)
+        if preset in QWEN2_5_PRESETS:
+            from colembed_export.tiny_qwen2_5 import (Qwen2_5StressTraits, build_checkpoint_2_5,
+                                                      build_stress_checkpoint_2_5)
+
+            if kind == "random":
+                build_checkpoint_2_5(checkpoint, preset, seed=0)
+            else:  # held-out: ColQwen2's held-out text traits, the 2.5 vision traits' defaults
+                traits = Qwen2_5StressTraits(**(dataclasses.asdict(HELD_OUT_STRESS)
+                                                if kind == "heldout" else {}))
+                build_stress_checkpoint_2_5(checkpoint, preset, traits=traits)
         else:
-            traits = HELD_OUT_STRESS if kind == "heldout" else StressTraits()
-            build_stress_checkpoint(checkpoint, spec, traits=traits)
+            spec = PRESETS[preset]
+            if depth is not None:
+                spec = dataclasses.replace(spec, vision_depth=depth, text_layers=layers)
+            if kind == "random":
+                build_checkpoint(checkpoint, spec, seed=0)
+            else:
+                traits = HELD_OUT_STRESS if kind == "heldout" else StressTraits()
+                build_stress_checkpoint(checkpoint, spec, traits=traits)
     export_model(checkpoint, folder, check=False, random_weights=True, overwrite=True)
     return folder
 

@@ -138,6 +138,51 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.nda
                    "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
 
 
+def _row_activation_in_place(b: _Builder, x: Any, depth: int, base: str,
+                             outliers: np.ndarray | None, peak: int = ACTIVATION_PEAK
+                             ) -> tuple[list[Any], dict[str, Any]]:
+    """The "row" scheme on the activation's own shape (batch, tokens, depth): the per-token scale
+    keeps its axis (ReduceMax keepdims), the codes are Div by it and one per-tensor
+    QuantizeLinear (scale 1, scalar zero point), MatMulInteger takes the N-D codes and the
+    fused MatMulIntegerToFloat scales by (batch, tokens, 1) x (width,). Same codes as
+    `_row_activation` (x / scale rounded half to even, then the zero point), without its flattening
+    Reshape, per-row zero-point Expand, Unsqueeze and each MatMul's Shape/Concat/Reshape back:
+    fewer nodes per MatMul, which is what a short input pays for (issue 25's 1-query guard)."""
+    found: dict[str, Any] = {}
+    rows = x
+    nodes: list[Any] = []
+    if outliers is not None and outliers.size:
+        mask = np.ones(depth, np.float32)
+        mask[outliers] = 0.0
+        nodes.append(b.node("Gather", [x, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
+                            f"{base}_outlier_cols", axis=-1))
+        found["outlier_cols"] = nodes[-1].outputs[0]
+        nodes.append(b.node("Mul", [x, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
+        rows = nodes[-1].outputs[0]
+    nodes.append(b.node("Abs", [rows], f"{base}_abs"))
+    nodes.append(b.node("ReduceMax", [nodes[-1].outputs[0],
+                                      b.init(f"{base}_last_axis", np.array([-1], np.int64))],
+                        f"{base}_peak", keepdims=1))
+    nodes.append(b.node("Max", [nodes[-1].outputs[0],
+                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
+                                                                 np.float32))], f"{base}_floored"))
+    nodes.append(b.node("Mul", [nodes[-1].outputs[0],
+                                b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
+                        f"{base}_scale"))
+    scale = nodes[-1].outputs[0]
+    nodes.append(b.node("Div", [rows, scale], f"{base}_in_steps"))
+    zero_point = b.init(f"{base}_zp", np.array(peak + 1, np.uint8))
+    nodes.append(b.node("QuantizeLinear", [nodes[-1].outputs[0],
+                                           b.init(f"{base}_unit", np.array(1.0, np.float32)),
+                                           zero_point], f"{base}_quant"))
+    return nodes, {"q": nodes[-1].outputs[0], "scale": scale, "zero_point": zero_point, **found}
+
+
+# How the "row" scheme's nodes are laid out: "flat" (`_row_activation`, rows flattened to 2-D and
+# reshaped back) or "in place" (`_row_activation_in_place`); the same codes and products.
+ROW_LAYOUT = "flat"
+
+
 def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      smoothing: Mapping[str, np.ndarray] | None = None, *,
                      outliers: Mapping[str, np.ndarray] | None = None,
@@ -197,8 +242,9 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         key = (id(x), scheme)
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
+            row = _row_activation_in_place if ROW_LAYOUT == "in place" else _row_activation
             built = (_tensor_activation(b, x, base) if scheme == "tensor"
-                     else _row_activation(b, x, depth, base, split, activation_levels))
+                     else row(b, x, depth, base, split, activation_levels))
             activations[key] = built
             new += built[0]
         act = activations[key][1]
@@ -221,7 +267,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                                f"{base}_outlier_product")
                 scaled = b.node("Add", [scaled.outputs[0], exact.outputs[0]], f"{base}_joined")
                 new += [exact, scaled]
-        if scheme == "row":
+        if scheme == "row" and "lead_shape" in act:
             shape = b.node("Concat", [act["lead_shape"], b.init(f"{base}_width",
                                                                 np.array([width], np.int64))],
                            f"{base}_out_shape", axis=0)

@@ -54,15 +54,15 @@ def test_integer_kernel_exact_at_the_allowed_code_extremes(weights, activations)
     np.testing.assert_array_equal(_matmul_integer(a, b, zero_point), want)
 
 
-def _single_matmul(weight: np.ndarray):
+def _single_matmul(weight: np.ndarray, lead: tuple = ("T",)):
     import onnx_ir as ir
     from onnx import TensorProto, helper, numpy_helper
 
     depth, width = weight.shape
     graph = helper.make_graph(
         [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", depth])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", width])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, depth])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, width])],
         [numpy_helper.from_array(weight, "w")])
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return ir.from_proto(proto)
@@ -77,18 +77,25 @@ def _emulated_row_product(x, weight, weights, activations):
     return (codes @ wq.astype(np.int64)) * (scale[:, None].astype(np.float64) * ws[None, :])
 
 
+@pytest.mark.parametrize("layout", ["flat", "in place"])
 @pytest.mark.parametrize("weights, activations", [(Q.WEIGHT_PEAK, Q.ACTIVATION_PEAK), (127, 63)])
-def test_row_scheme_graph_equals_its_emulation(weights, activations):
+def test_row_scheme_graph_equals_its_emulation(weights, activations, layout, monkeypatch):
+    """Both node layouts of the row scheme, on a (batch 2, tokens, depth) activation as the text
+    graph feeds it, give the emulated product (per-token codes: the two items do not share)."""
     import onnx_ir as ir
 
+    monkeypatch.setattr(Q, "ROW_LAYOUT", layout)
     rng = np.random.default_rng(1)
     weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
     x = rng.standard_normal((7, 256)).astype(np.float32)
     x[2, 5] = 40.0  # a massive channel in one token only: the other tokens keep their scale
-    model = _single_matmul(weight)
+    model = _single_matmul(weight, lead=("B", "T"))
     assert Q.quantise_matmuls(model, {"mm": "row"}, weight_levels=weights,
                               activation_levels=activations)["row"] == 1
-    got = _session(ir.to_proto(model)).run(None, {"x": x})[0]
+    batched = np.stack([x, x[::-1]])[:, :7]
+    got_batched = _session(ir.to_proto(model)).run(None, {"x": batched})[0]
+    np.testing.assert_array_equal(got_batched[1], got_batched[0][::-1])
+    got = got_batched[0]
     want = _emulated_row_product(x, weight, weights, activations)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
     exact = x.astype(np.float64) @ weight.astype(np.float64)
