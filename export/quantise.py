@@ -138,51 +138,6 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.nda
                    "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
 
 
-def _row_activation_in_place(b: _Builder, x: Any, depth: int, base: str,
-                             outliers: np.ndarray | None, peak: int = ACTIVATION_PEAK
-                             ) -> tuple[list[Any], dict[str, Any]]:
-    """The "row" scheme on the activation's own shape (batch, tokens, depth): the per-token scale
-    keeps its axis (ReduceMax keepdims), the codes are Div by it and one per-tensor
-    QuantizeLinear (scale 1, scalar zero point), MatMulInteger takes the N-D codes and the
-    fused MatMulIntegerToFloat scales by (batch, tokens, 1) x (width,). Same codes as
-    `_row_activation` (x / scale rounded half to even, then the zero point), without its flattening
-    Reshape, per-row zero-point Expand, Unsqueeze and each MatMul's Shape/Concat/Reshape back:
-    fewer nodes per MatMul, which is what a short input pays for (issue 25's 1-query guard)."""
-    found: dict[str, Any] = {}
-    rows = x
-    nodes: list[Any] = []
-    if outliers is not None and outliers.size:
-        mask = np.ones(depth, np.float32)
-        mask[outliers] = 0.0
-        nodes.append(b.node("Gather", [x, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
-                            f"{base}_outlier_cols", axis=-1))
-        found["outlier_cols"] = nodes[-1].outputs[0]
-        nodes.append(b.node("Mul", [x, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
-        rows = nodes[-1].outputs[0]
-    nodes.append(b.node("Abs", [rows], f"{base}_abs"))
-    nodes.append(b.node("ReduceMax", [nodes[-1].outputs[0],
-                                      b.init(f"{base}_last_axis", np.array([-1], np.int64))],
-                        f"{base}_peak", keepdims=1))
-    nodes.append(b.node("Max", [nodes[-1].outputs[0],
-                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
-                                                                 np.float32))], f"{base}_floored"))
-    nodes.append(b.node("Mul", [nodes[-1].outputs[0],
-                                b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
-                        f"{base}_scale"))
-    scale = nodes[-1].outputs[0]
-    nodes.append(b.node("Div", [rows, scale], f"{base}_in_steps"))
-    zero_point = b.init(f"{base}_zp", np.array(peak + 1, np.uint8))
-    nodes.append(b.node("QuantizeLinear", [nodes[-1].outputs[0],
-                                           b.init(f"{base}_unit", np.array(1.0, np.float32)),
-                                           zero_point], f"{base}_quant"))
-    return nodes, {"q": nodes[-1].outputs[0], "scale": scale, "zero_point": zero_point, **found}
-
-
-# How the "row" scheme's nodes are laid out: "flat" (`_row_activation`, rows flattened to 2-D and
-# reshaped back) or "in place" (`_row_activation_in_place`); the same codes and products.
-ROW_LAYOUT = "flat"
-
-
 def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      smoothing: Mapping[str, np.ndarray] | None = None, *,
                      outliers: Mapping[str, np.ndarray] | None = None,
@@ -242,9 +197,8 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         key = (id(x), scheme)
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
-            row = _row_activation_in_place if ROW_LAYOUT == "in place" else _row_activation
             built = (_tensor_activation(b, x, base) if scheme == "tensor"
-                     else row(b, x, depth, base, split, activation_levels))
+                     else _row_activation(b, x, depth, base, split, activation_levels))
             activations[key] = built
             new += built[0]
         act = activations[key][1]
@@ -267,7 +221,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                                f"{base}_outlier_product")
                 scaled = b.node("Add", [scaled.outputs[0], exact.outputs[0]], f"{base}_joined")
                 new += [exact, scaled]
-        if scheme == "row" and "lead_shape" in act:
+        if scheme == "row":
             shape = b.node("Concat", [act["lead_shape"], b.init(f"{base}_width",
                                                                 np.array([width], np.int64))],
                            f"{base}_out_shape", axis=0)
@@ -299,11 +253,30 @@ def quantised_weight_4bit(weight: np.ndarray, block_size: int
     return packed, scales, zero_points
 
 
+def quantised_weight_8bit(weight: np.ndarray, block_size: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed (N, blocks, block) uint8, scales (N, blocks) fp32, zero points (N, blocks) uint8)
+    of a (K, N) fp32 weight: asymmetric 8-bit blocks along K, by onnxruntime's own kernel."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    rows, cols = weight.shape
+    blocks = (rows + block_size - 1) // block_size
+    padded = np.zeros((blocks * block_size, cols), np.float32)
+    padded[:rows] = weight
+    packed = np.zeros((cols, blocks, block_size), np.uint8)
+    zero_points = np.zeros((cols, blocks), np.uint8)
+    scales = np.zeros((cols, blocks), np.float32)
+    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, rows, False)
+    return packed, scales, zero_points
+
+
 def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
-                          accuracy_level: int) -> int:
+                          accuracy_level: int, bits: int = 4) -> int:
     """Replace each MatMul in `nodes` (constant 2-D fp32 weight) by com.microsoft MatMulNBits
     (4 inputs: A, packed weight, scales, zero points; asymmetric), weight by weight, releasing each
-    fp32 mapping after use. Returns how many were replaced."""
+    fp32 mapping after use. Returns how many were replaced. `bits=8` writes 8-bit blocks (with
+    accuracy level 4 the kernel quantises the activation per token and block of K: what
+    benchmarks/results/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
     from .graph_edits import _const_float, _swap_in
@@ -315,7 +288,8 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         if array is None or array.ndim != 2:
             raise ExportError(f"{node.name}: int4 needs a constant 2-D fp32 weight")
         depth, width = array.shape
-        packed, scales, zero_points = quantised_weight_4bit(array, block_size)
+        packed, scales, zero_points = (quantised_weight_8bit if bits == 8
+                                       else quantised_weight_4bit)(array, block_size)
         del array
         if len(w.uses()) == 1:
             release(w)
@@ -323,7 +297,7 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         nbits = b.node("MatMulNBits", [x, b.init(f"{base}_w_q4", packed),
                                        b.init(f"{base}_w_scales", scales),
                                        b.init(f"{base}_w_zero_points", zero_points)],
-                       f"{base}_q4", domain="com.microsoft", K=depth, N=width, bits=4,
+                       f"{base}_q{bits}", domain="com.microsoft", K=depth, N=width, bits=bits,
                        block_size=block_size, accuracy_level=accuracy_level)
         _swap_in(model.graph, node, [nbits])
     if nodes:
