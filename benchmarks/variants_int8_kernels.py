@@ -4,7 +4,7 @@
 
 Arms, on one MatMul with a constant (K, N) weight: quantise.py's "row" scheme (7-bit weights per
 column, one activation scale per token, MatMulIntegerToFloat) and com.microsoft MatMulNBits with
-8-bit asymmetric weight blocks of 32 or 128 along K, accuracy level 4 (the kernel quantises the
+8-bit asymmetric weight blocks of 16, 32 or 128 along K, accuracy level 4 (the kernel quantises the
 activation to int8 per token and per block of K: candidate (b) of issue 24, "an activation scale
 per row per group of input channels", fused in one kernel) or level 1 (fp32 compute). Per arm:
 per-token cosine to the float64 product (min / mean), then time at 20 and 200 tokens,
@@ -78,7 +78,7 @@ def main() -> int:
         x = rng.standard_normal((200, K)).astype(np.float32)
         x[:, rng.integers(0, K, 3)] *= 30  # a few big channels
         arms = {"row": session(row_model(w))}
-        for block, accuracy in [(32, 4), (128, 4), (32, 1)]:
+        for block, accuracy in [(16, 4), (32, 4), (128, 4), (32, 1)]:
             arms[f"nbits8 block {block} acc {accuracy}"] = session(nbits8_model(w, block, accuracy))
         want = x.astype(np.float64) @ w.astype(np.float64)
         for name, s in arms.items():
