@@ -317,33 +317,14 @@ def _page_workers() -> tuple[int, ThreadPoolExecutor, Any] | None:
         _WORKERS = None
         from .sessions import physical_cores
 
-        limit = _openblas_local_threads()
+        from .blas import local_thread_limit
+
+        limit = local_thread_limit()
         cores = physical_cores()
         if limit is not None and cores > 1:
             _WORKERS = (cores, ThreadPoolExecutor(cores, thread_name_prefix="colembed-maxsim"),
                         limit)
     return _WORKERS
-
-
-def _openblas_local_threads() -> Any:
-    """`openblas_set_num_threads_local` of the OpenBLAS numpy loaded (found in /proc/self/maps),
-    or None (another BLAS, another OS, an older OpenBLAS)."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()
-                     and line.split()[-1].startswith("/")}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            fn = ctypes.CDLL(path).openblas_set_num_threads_local
-        except (OSError, AttributeError):
-            continue
-        fn.restype, fn.argtypes = ctypes.c_int, [ctypes.c_int]
-        return fn
-    return None
 
 
 def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],

@@ -156,11 +156,12 @@ def test_a_table_of_the_right_size_but_other_pages_is_not_current(tmp_path):
     store = open_store(tmp_path / "db", dim=DIM)
     points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
     store.upsert(points)
-    # a page gone from the shard and another's row in the table only (as a kill between the
-    # shard write and the table write of a replacement can leave it): the counts still agree
-    TokenTable.delete(store.tokens, [points[NEEDLE].id])
-    store.tokens.append(["00000000-0000-0000-0000-0000000000aa"], [np.zeros((16, DIM), np.float32)])
     store.close()
+    # a page gone from the table and another's row in it only (as a kill between the shard
+    # write and the table write of a replacement can leave it): the counts still agree
+    table = TokenTable(tmp_path / "db" / TOKENS_DIR, DIM)
+    table.delete([points[NEEDLE].id])
+    table.append(["00000000-0000-0000-0000-0000000000aa"], [np.zeros((16, DIM), np.float32)])
     store = open_store(tmp_path / "db")
     assert len(store.tokens) == store.count()
     with pytest.warns(OldIndexWarning, match="token table"):
@@ -252,3 +253,51 @@ def test_from_parquet_loads_what_the_ray_target_writes(tmp_path, capsys):
                                atol=2e-3)
     assert store.has_tokens()
     store.close()
+
+
+def test_a_clean_close_lets_the_next_open_skip_listing_ids_and_any_write_takes_that_back(
+        tmp_path, monkeypatch):
+    """Listing every page's id to check the table costs seconds at 100,000 pages; a clean close
+    that found the table current marks it, and the next open trusts the mark while the folder
+    is as the close left it. A write (here a killed run's: no close) removes the mark first."""
+    from colembed.index import edge
+
+    pages, query = _local_pages()
+    db = tmp_path / "db"
+    store = open_store(db, dim=DIM)
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    store.upsert(points[:-1])
+    store.close()
+    assert (db / TOKENS_DIR / edge.VERIFIED_FILE).is_file()
+
+    listed = []
+    real_ids = edge.EdgeStore.ids
+    monkeypatch.setattr(edge.EdgeStore, "ids", lambda self: listed.append(1) or real_ids(self))
+    store = open_store(db)
+    assert store.has_tokens() and not listed  # trusted the mark
+    store.upsert(points[-1:])  # the first write of this open drops the mark before writing
+    assert not (db / TOKENS_DIR / edge.VERIFIED_FILE).exists()
+    store._finalizer.detach()  # a kill: nothing closes the shard or writes a mark
+    store.lock.release()
+    store.shard.close()
+    store = open_store(db)
+    assert listed and store.has_tokens() and store.count() == N_PAGES  # compared ids again
+    assert store.search([query], 1, "two-stage")[0][0].id == points[NEEDLE].id
+    store.close()
+
+
+def test_a_mark_that_no_longer_describes_the_folder_is_not_trusted(tmp_path):
+    pages, _ = _local_pages()
+    db = tmp_path / "db"
+    store = open_store(db, dim=DIM)
+    store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
+    store.close()
+    # the table changed behind the mark's back (rows appended): sizes differ, ids are compared
+    TokenTable(db / TOKENS_DIR, DIM).append(["00000000-0000-0000-0000-0000000000bb"],
+                                            [np.zeros((16, DIM), np.float32)])
+    store = open_store(db)
+    with pytest.warns(OldIndexWarning, match="token table"):
+        assert not store.has_tokens()
+    store.close()
+    from colembed.index.edge import VERIFIED_FILE
+    assert not (db / TOKENS_DIR / VERIFIED_FILE).exists()  # not current at close: no mark

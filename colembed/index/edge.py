@@ -44,11 +44,12 @@ from .plan import TOKENS_STAGE, Stage, stage_query
 from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
                      PagePoint, image_tokens)
 from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
-from .tokens import CENTROIDS, TokenTable, page_centroids
+from .tokens import CENTROIDS, IDS_FILE, TABLE_FILE, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
 TOKENS_DIR = "tokens"
+VERIFIED_FILE = "verified.json"  # in TOKENS_DIR: the last clean close found the table current
 CREATING_MARKER = ".colembed-creating"  # present from a new folder's first write to its meta file
 _NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
 
@@ -202,11 +203,49 @@ class EdgeStore(Store):
     def _open_tokens(self) -> None:
         """The centroid table, current when its live rows are exactly the shard's pages (by id:
         a count alone would take a kill between a delete and its replacement's write for a
-        current table); compacted first when it is mostly dead rows (tokens.MAX_DEAD_FRACTION)."""
+        current table); compacted first when it is mostly dead rows (tokens.MAX_DEAD_FRACTION).
+        The id comparison lists every page of the shard (~1.5 s at 50,000 pages), so a clean
+        close that found the table current leaves a mark (`VERIFIED_FILE`) and the next open
+        trusts it instead when nothing has been written since (see `_mark_verified`)."""
         self.tokens = TokenTable(self.folder / TOKENS_DIR, self.dim, CENTROIDS)
+        self._verified_dropped = False
         with _edge_errors("read the token table", self.folder):
             self.tokens.compact_if_due()
-            self._tokens_current = self._table_matches()
+            self._tokens_current = self._marked_verified() or self._table_matches()
+        if not self._tokens_current:
+            self._drop_verified()
+
+    def _table_sizes(self) -> dict[str, int]:
+        return {name: (self.folder / TOKENS_DIR / name).stat().st_size
+                if (self.folder / TOKENS_DIR / name).is_file() else 0
+                for name in (TABLE_FILE, IDS_FILE)}
+
+    def _marked_verified(self) -> bool:
+        """The mark of the last clean close, and it still describes the folder: the table files
+        of the sizes it wrote and the shard's page count. A write removes the mark before it
+        touches the shard or the table (`_drop_verified`), so a run killed after any write
+        leaves no mark and its next open compares ids."""
+        try:
+            mark = json.loads((self.folder / TOKENS_DIR / VERIFIED_FILE).read_text())
+        except (OSError, ValueError):
+            return False
+        return mark == {"pages": self.count(), **self._table_sizes()}
+
+    def _drop_verified(self) -> None:
+        """Before the first write of this open: the mark goes (then the shard and the table may
+        change; only a clean close that still finds them matching writes it again)."""
+        if not self._verified_dropped:
+            (self.folder / TOKENS_DIR / VERIFIED_FILE).unlink(missing_ok=True)
+            self._verified_dropped = True
+
+    def _mark_verified(self) -> None:
+        """At a clean close (the shard flushed): the table is current (checked at the open and
+        kept so by every write since), so the next open can trust it without listing ids."""
+        path = self.folder / TOKENS_DIR / VERIFIED_FILE
+        mark = {"pages": self.count(), **self._table_sizes()}
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(mark))
+        os.replace(tmp, path)
 
     def _table_matches(self) -> bool:
         table = self.tokens.ids()
@@ -338,12 +377,15 @@ class EdgeStore(Store):
             batch = [qe.Point(id=p.id, payload=p.payload, vector={
                 k: v.tolist() for k, v in vectors.items()}) for p, vectors in zip(chunk, stored)]
             self._check_space(chunk)
+            centroids = [page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload),
+                                        CENTROIDS) for p in chunk]
+            current, self._tokens_current = self._tokens_current, False  # until both are written
+            self._drop_verified()
             with _edge_errors("store pages", self.folder):
                 self.shard.update(qe.UpdateOperation.upsert_points(batch))
             with _edge_errors("store the token table", self.folder):
-                self.tokens.append([p.id for p in chunk], [
-                    page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload), CENTROIDS)
-                    for p in chunk])
+                self.tokens.append([p.id for p in chunk], centroids)
+            self._tokens_current = current
             self._unflushed += len(batch)
             self._unflushed_bytes += sum(4 * v.size for vectors in stored for v in vectors.values())
             if self._flush_due():
@@ -351,10 +393,13 @@ class EdgeStore(Store):
 
     def delete(self, ids: Sequence[str]) -> None:
         if ids:
+            current, self._tokens_current = self._tokens_current, False  # until both are written
+            self._drop_verified()
             with _edge_errors("delete pages", self.folder):
                 self.shard.update(qe.UpdateOperation.delete_points(list(ids)))
             with _edge_errors("update the token table", self.folder):
                 self.tokens.delete(list(ids))
+            self._tokens_current = current
 
     def count(self) -> int:
         with _edge_errors("count pages", self.folder):
@@ -414,6 +459,8 @@ class EdgeStore(Store):
             if getattr(self, "shard", None) is not None:
                 with _edge_errors("close", self.folder):
                     self.shard.flush()
+                    if getattr(self, "_tokens_current", False):
+                        self._mark_verified()
                     self.shard.close()
                 self.shard = None
         finally:
@@ -509,6 +556,7 @@ def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None
             for p in store.points(ids[lo:lo + SCROLL_PAGE]).values():
                 yield p.id, image_tokens(p.vectors[PAGE_VECTOR], p.payload)
 
+    store._drop_verified()
     with _edge_errors("rebuild the token table", store.folder):
         done = store.tokens.rebuild(pages(), progress and (lambda n: progress(n, len(ids))))
     store._tokens_current = store._table_matches()

@@ -33,6 +33,8 @@ import base64
 
 import numpy as np
 
+from ..blas import one_thread
+
 DEFAULT_POOL_FACTOR = 1  # no pooling; the measured trade-off of 2 and 3: docs/index.md
 CLUSTERS_FIELD = "token_clusters"  # payload: per image token (grid order), its pooled row
 
@@ -74,7 +76,8 @@ def pool_tokens(tokens: np.ndarray, pool_factor: int) -> tuple[np.ndarray, np.nd
         raise ValueError(f"tokens must be (n, dim), got shape {x.shape}")
     if pool_factor == 1 or len(x) < 2:
         return x, np.arange(len(x), dtype=np.int64)
-    clusters = ward_clusters(x, max(len(x) // pool_factor, 1))
+    with one_thread():  # a page's products: run beside the embedding, not sharing its cores
+        clusters = ward_clusters(x, max(len(x) // pool_factor, 1))
     count = int(clusters.max()) + 1
     member = (clusters[None, :] == np.arange(count)[:, None]).astype(np.float32)
     means = (member @ x) / member.sum(axis=1, keepdims=True)

@@ -27,6 +27,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from ..blas import one_thread
+
 CENTROIDS = 16  # per page: 3-6 text blocks + background need a few each (bench: 8/16/32)
 KMEANS_ROUNDS = 6
 TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
@@ -47,6 +49,11 @@ def page_centroids(image_tokens: np.ndarray, k: int = CENTROIDS) -> np.ndarray:
     x = np.asarray(image_tokens, dtype=np.float32)
     if len(x) <= k:
         return _unit(x[np.arange(k) % len(x)])
+    with one_thread():  # products of (tokens x 128) by (128 x k): too small to share (blas.py)
+        return _spherical_kmeans(x, k)
+
+
+def _spherical_kmeans(x: np.ndarray, k: int) -> np.ndarray:
     rng = np.random.default_rng(0)
     centres = [x[rng.integers(len(x))]]
     gap = 1.0 - x @ centres[0]
