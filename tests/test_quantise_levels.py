@@ -107,3 +107,21 @@ def test_code_peaks_that_overflow_the_pair_sums_are_refused():
     model = _single_matmul(np.ones((8, 4), np.float32))
     with pytest.raises(ExportError, match="16-bit pair sums"):
         Q.quantise_matmuls(model, {"mm": "row"}, weight_levels=127, activation_levels=127)
+
+
+def test_8bit_block_writer_runs_in_matmulnbits():
+    """quantise_int4_matmuls(bits=8) (benchmarks only): onnxruntime runs the blocks it writes and
+    the product is the fp32 one to 8-bit precision (a wrong packing or layout would not be)."""
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(2)
+    weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    model = _single_matmul(weight)
+    assert Q.quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],
+                                   block_size=16, accuracy_level=4, bits=8) == 1
+    assert [n.op_type for n in model.graph] == ["MatMulNBits"]
+    got = _session(ir.to_proto(model)).run(None, {"x": x})[0].astype(np.float64)
+    want = x.astype(np.float64) @ weight.astype(np.float64)
+    cos = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cos.min() > 0.9999, cos
