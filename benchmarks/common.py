@@ -13,7 +13,9 @@
 - `Worker`: a long-lived interpreter that answers JSON commands line by line, so two runtimes (two
   versions of colembed, or colembed and torch) stay loaded side by side and one driver can time them
   interleaved (A B A B ...) on the same machine state;
-- `markdown_table`, `timed`, `spread`, `load_caveat`: the table and timing conventions.
+- `markdown_table`, `timed`, `spread`, `load_caveat`: the table and timing conventions;
+- `results_markdown`, `write_results`: a results file pair (NAME.md with the machine header,
+  NAME.json with the machine facts), written the same way by every benchmark that uses them.
 
 Imports only the standard library at module level (the documents import numpy and PIL when made).
 """
@@ -259,3 +261,18 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
            + "|"]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out
+
+
+def results_markdown(title: str, info: dict[str, Any], body: Sequence[str]) -> str:
+    """A results page: `# title`, the machine header (`markdown_header(info)`: command, machine,
+    instruction sets, date, load), then `body`'s lines; ends with one newline."""
+    return "\n".join([f"# {title}", "", markdown_header(info), "", *body]).rstrip("\n") + "\n"
+
+
+def write_results(stem: str | Path, text: str, info: dict[str, Any], data: dict[str, Any]) -> None:
+    """`stem`.md (`text`, from `results_markdown`) and `stem`.json ({"machine": info, **data});
+    `stem` is the path without extension (benchmarks/results/NAME). One home for the pair's
+    shape, so a results file always carries the machine facts its figures were taken on."""
+    Path(f"{stem}.md").write_text(text)
+    Path(f"{stem}.json").write_text(json.dumps({"machine": info, **data}, indent=1, default=str)
+                                    + "\n")

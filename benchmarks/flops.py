@@ -1,4 +1,4 @@
-"""FLOPs of ColQwen2 and ColQwen2.5 work, counted from the architecture and the shapes (2 FLOPs per multiply-add).
+"""FLOPs of ColQwen2, ColQwen2.5 and ColQwen3 work, counted from the architecture and the shapes (2 FLOPs per multiply-add).
 
 Only matrix products are counted (linear layers and the two attention products); norms, rotary,
 activations and softmax are O(width) per token and below 1% of the total at these widths. The
@@ -37,6 +37,12 @@ class Shapes:
     gated_mlp: bool = False
     window_patches: int | None = None
     full_blocks: int = 0
+    # ColQwen3 (Qwen3-VL's DeepStack): this many more mergers, each of the final merger's shapes,
+    # turn the outputs of as many vision blocks into features that are added to the hidden state
+    # of the first language layers at image-token positions. The mergers are matrix work and
+    # counted; the additions are O(width) per image token and not (as norms are not). From the
+    # manifest's `vision_extras` (families.VisionExtras); 0: no DeepStack.
+    deepstack_layers: int = 0
 
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "Shapes":
@@ -48,11 +54,13 @@ class Shapes:
         attention = manifest.get("vision_attention") or {}
         windowed = attention.get("kind") == "windowed"
         side = attention.get("window_size", 0) // config.patch_size if windowed else 0
+        extras = manifest.get("vision_extras") or {}
         return cls(int(a["vision_depth"]), int(a["vision_embed_dim"]), float(a["vision_mlp_ratio"]),
                    int(a["text_layers"]), int(a["text_hidden"]), int(a["text_heads"]),
                    int(a["text_kv_heads"]), int(a["text_intermediate"]), int(a["embedding_dim"]),
                    config.patch_dim, config.merge_size**2, gated_mlp=windowed,
-                   window_patches=side * side if windowed else None)
+                   window_patches=side * side if windowed else None,
+                   deepstack_layers=int(extras.get("deepstack_layers", 0)))
 
     @classmethod
     def from_spec(cls, spec: Any, config: Any) -> "Shapes":
@@ -68,9 +76,16 @@ def vision_flops(s: Shapes, patches: int) -> float:
     mlp = round(d * s.vision_mlp_ratio)
     embed = 2 * p * s.patch_dim * d
     linear = 2 * p * (3 * d * d + d * d + (3 if s.gated_mlp else 2) * d * mlp)
-    merged = p // s.merge
-    merger = 2 * merged * (s.merge * d) * (s.merge * d) + 2 * merged * (s.merge * d) * s.text_hidden
-    return float(embed + s.vision_depth * linear + merger) + vision_attention_flops(s, patches)
+    return float(embed + s.vision_depth * linear + (1 + s.deepstack_layers) * merger_flops(s, patches)
+                 ) + vision_attention_flops(s, patches)
+
+
+def merger_flops(s: Shapes, patches: int) -> float:
+    """One patch merger (the final one, or a DeepStack one: the same shapes) over an image of
+    `patches` patches: `merge` patches' features concatenated, a square linear, a linear to the
+    language model's width."""
+    merged, wide = patches // s.merge, s.merge * s.vision_embed_dim
+    return float(2 * merged * wide * wide + 2 * merged * wide * s.text_hidden)
 
 
 def vision_attention_flops(s: Shapes, patches: int) -> float:

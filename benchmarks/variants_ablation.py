@@ -16,7 +16,6 @@ with other code peaks (weights -W..W, activations -A..A; quantise.py WEIGHT_PEAK
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -109,7 +108,7 @@ def main() -> int:
     from colembed_export.evaluation import calibration_feeds, gate_pages, token_cosines
     from colembed_export.graph_edits import channel_maxima_per_feed
     from colembed_export.recipes import weight_matmuls
-    from machine import machine_info, markdown_header
+    from common import machine_info, results_markdown, write_results
 
     import onnx_ir as ir
 
@@ -140,17 +139,16 @@ def main() -> int:
     shutil.copy(args.work / MANIFEST_NAME, args.folder / MANIFEST_NAME)  # fp32 only again
     for name in ("text.ablation.onnx", "text.ablation.onnx_data"):
         (args.folder / name).unlink(missing_ok=True)
-    lines = ["# int8 text graph, vision fp32: which MatMuls cost the pages", "",
-             markdown_header(info), "", f"folder: `{args.folder}`", "",
+    lines = [f"folder: `{args.folder}`", "",
              "| kept fp32 | int8 code peaks W,A | page | mean | min | worst token / tokens |",
              "|---|---|---|---:|---:|---:|"]
     lines += [f"| {r['fp32 kept']} | {r['int8 levels']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
               f"{r['worst_token']} / {r['tokens']} |" for r in rows]
-    text = "\n".join(lines) + "\n"
+    text = results_markdown("int8 text graph, vision fp32: which MatMuls cost the pages", info,
+                            lines)
     print(text)
     if args.results:
-        Path(args.results + ".md").write_text(text)
-        Path(args.results + ".json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+        write_results(args.results, text, info, {"rows": rows})
     return 0
 
 

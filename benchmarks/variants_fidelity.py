@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -140,10 +139,9 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
 def markdown(info: dict, runs: dict[str, dict]) -> str:
     from colembed_export import quantise
     from colembed_export.recipes import GATES
-    from machine import markdown_header
+    from common import results_markdown
 
-    lines = ["# Variant fidelity to fp32, per length bucket", "", markdown_header(info), "",
-             f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK}, "
+    lines = [f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK}, "
              f"activations -{quantise.ACTIVATION_PEAK}..{quantise.ACTIVATION_PEAK} per token.", "",
              "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
              "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
@@ -184,7 +182,7 @@ def markdown(info: dict, runs: dict[str, dict]) -> str:
             lines += [f"- {f}" for f in run["failures"]] + [""]
         else:
             lines += ["Every variant meets its gate.", ""]
-    return "\n".join(lines)
+    return results_markdown("Variant fidelity to fp32, per length bucket", info, lines)
 
 
 def main() -> int:
@@ -201,7 +199,7 @@ def main() -> int:
 
         quantise.WEIGHT_PEAK, quantise.ACTIVATION_PEAK = (int(v) for v in args.int8_levels.split(","))
 
-    from machine import machine_info
+    from common import machine_info, write_results
 
     info = machine_info()
     root = Path(os.environ.get("COLEMBED_BENCH_DIR", "/tmp/colembed-bench-variants")) / "fidelity"
@@ -216,9 +214,7 @@ def main() -> int:
         runs[config] = measure(folder, variants, root / f"{config}-work{arm}")
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
     text = markdown(info, runs)
-    Path(args.results + ".md").write_text(text)
-    Path(args.results + ".json").write_text(json.dumps({"machine": info, "runs": runs}, indent=1,
-                                                       default=str) + "\n")
+    write_results(args.results, text, info, {"runs": runs})
     print(text)
     return 0
 

@@ -21,7 +21,6 @@ exact, quantise.py), and the propagation of errors between MatMuls.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,17 +37,10 @@ def record_feeds(folder: Path, pages: list[Any], queries: list[str]) -> dict[str
 
     import colembed
     from colembed.errors import QueryTruncatedWarning
+    from colembed_export.evaluation import recording_feeds
 
     runtime = colembed.load(folder, verify=False)
-    recorded: dict[str, list[dict]] = {}
-    for role, session in runtime._sessions.items():
-        recorded[role] = []
-
-        def run(feeds, run_options=None, _run=session.run, _into=recorded[role]):
-            _into.append(dict(feeds))
-            return _run(feeds, run_options)
-
-        session.run = run
+    recorded = recording_feeds(runtime)
     for page in pages:
         runtime.embed_images([page], batch_size=1)
     with warnings.catch_warnings():
@@ -144,7 +136,7 @@ def main() -> int:
 
     import colembed
     from colembed_export.evaluation import calibration_feeds, gate_pages, gate_queries
-    from machine import machine_info, markdown_header
+    from common import machine_info, results_markdown, write_results
 
     info = machine_info()
     reference = colembed.load(args.folder, verify=False)
@@ -163,19 +155,18 @@ def main() -> int:
     rows += matmul_errors(args.folder, "text", feeds["text"],
                           names + [f"query: {n}" for n, _ in queries], calibration["text"],
                           image_token)
-    lines = ["# int8 local error per MatMul (emulated recipe vs fp32, same fp32 input)", "",
-             markdown_header(info), "", f"folder: `{args.folder}`", "",
+    lines = [f"folder: `{args.folder}`", "",
              "| role | MatMul | item | min cos | worst token | min image tok | min text tok | "
              "fp32 outlier ch / depth |", "|---|---|---|---:|---|---:|---:|---:|"]
     for r in sorted(rows, key=lambda r: r["min"])[:60]:
         lines.append(f"| {r['role']} | {r['matmul']} | {r['item']} | {r['min']:.5f} | "
                      f"{r['worst_kind']} {r['worst_token']} | {r.get('min_image', float('nan')):.5f} | "
                      f"{r.get('min_text', float('nan')):.5f} | {r['outliers']} / {r['depth']} |")
-    text = "\n".join(lines) + "\n"
+    text = results_markdown("int8 local error per MatMul (emulated recipe vs fp32, same fp32 "
+                            "input)", info, lines)
     print(text)
     if args.results:
-        Path(args.results + ".md").write_text(text)
-        Path(args.results + ".json").write_text(json.dumps({"machine": info, "rows": rows}, indent=1))
+        write_results(args.results, text, info, {"rows": rows})
     return 0
 
 

@@ -89,14 +89,17 @@ def _fastembed_version() -> tuple[int, ...]:
     return tuple(parts)
 
 
-def _describe(entry: registry.ModelEntry) -> DenseModelDescription:
+def _describe(entry: registry.ModelEntry, name: str) -> DenseModelDescription:
     # FastEmbed requires a source. Until a colembed export is published, it names the checkpoint
     # the export is made from; FastEmbed never downloads it for us (ColQwen2 resolves its folder
     # through colembed.registry). The model file is the manifest: it lists every other file.
+    # FastEmbed finds a model by its description's name, so each alias gets one (registry: an
+    # alias is the same entry, the same cache folder).
+    alias = "" if name == entry.model else f" (the name {name!r} stands for {entry.model})"
     return DenseModelDescription(
-        model=entry.model,
+        model=name,
         dim=entry.dim,
-        description=entry.description,
+        description=entry.description + alias,
         license=entry.license,
         size_in_GB=entry.size_in_GB,
         sources=ModelSource(hf=entry.export_repo or entry.checkpoint),
@@ -178,7 +181,8 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
     # ------------------------------------------------------------------------------ FastEmbed API
     @classmethod
     def _list_supported_models(cls) -> list[DenseModelDescription]:
-        return [_describe(entry) for entry in registry.known_models()]
+        return [_describe(entry, name) for entry in registry.known_models()
+                for name in entry.names]
 
     @classmethod
     def get_embedding_size(cls, model_name: str) -> int:

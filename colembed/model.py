@@ -488,7 +488,7 @@ def load(
     if not path.is_dir():
         from . import registry
 
-        known = {entry.model.lower() for entry in registry.known_models()}
+        known = {name.lower() for name in registry.known_names()}
         if str(source).lower() not in known:
             raise ModelFolderError(
                 "no such model folder, and not a model name from models.json "

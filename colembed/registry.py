@@ -6,7 +6,10 @@
 another family is refused) and where it comes from (`checkpoint`, what `colembed export` reads; for
 a PEFT adapter such as `vidore/colqwen2.5-v0.2`, `base_checkpoint` records the base its
 `adapter_config.json` names; `export_repo`, a Hugging Face repo holding a published colembed
-export, or null while there is none). It names no files: which files a folder
+export, or null while there is none; `aliases`, other names of the same model: a family's
+plain name for the checkpoint its reference library targets, e.g. "colqwen3" for TomoroAI's 4B,
+docs/models-colqwen3.md. An alias resolves to its entry, cache folder and export command
+included, so one export serves every name of the model). It names no files: which files a folder
 needs comes from the folder's own manifest (`layout.required_files`), so an export with inline
 weights (no `.onnx_data`), or one holding only some variants, is complete when it holds what its
 manifest lists for the variant asked for.
@@ -82,6 +85,12 @@ class ModelEntry:
     base_checkpoint: str | None = None
     export_repo: str | None = None
     export_revision: str | None = None
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The entry's name, then its aliases."""
+        return (self.model, *self.aliases)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], *, source: Path) -> "ModelEntry":
@@ -98,6 +107,14 @@ class ModelEntry:
         if not _NAME.fullmatch(name) or ".." in name:
             raise ColembedError(f"{source}: model name {name!r} is not a plain name (letters, "
                                 "digits, . _ -, at most one /)")
+        aliases = d.get("aliases", [])
+        if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
+            raise ColembedError(f"{source}: model {name!r}: 'aliases' must be a list of names, "
+                                f"got {aliases!r:.60}")
+        for alias in aliases:
+            if not _NAME.fullmatch(alias) or ".." in alias:
+                raise ColembedError(f"{source}: model {name!r}: alias {alias!r} is not a plain "
+                                    "name (letters, digits, . _ -, at most one /)")
         family = get("family", str)
         if family not in FAMILIES:
             raise ColembedError(f"{source}: model {name!r} has family {family!r}, not one of "
@@ -114,6 +131,7 @@ class ModelEntry:
             base_checkpoint=get("base_checkpoint", str, optional=True),
             export_repo=get("export_repo", str, optional=True),
             export_revision=get("export_revision", str, optional=True),
+            aliases=tuple(aliases),
         )
 
     @property
@@ -148,9 +166,10 @@ def _read_entries(path: str) -> tuple[ModelEntry, ...]:
         raise ColembedError(f"{source}: format_version {data.get('format_version')!r} is not "
                             f"{FORMAT_VERSION}")
     entries = tuple(ModelEntry.from_dict(d, source=source) for d in data.get("models", []))
-    names = [e.model.lower() for e in entries]
+    names = [n.lower() for e in entries for n in e.names]
     if len(set(names)) != len(names):
-        raise ColembedError(f"{source}: model names must be unique (case-insensitively): {names}")
+        raise ColembedError(f"{source}: model names and aliases must be unique "
+                            f"(case-insensitively): {names}")
     return entries
 
 
@@ -159,14 +178,19 @@ def known_models(path: str | Path | None = None) -> tuple[ModelEntry, ...]:
     return _read_entries(str(Path(path) if path is not None else models_json_path()))
 
 
+def known_names(path: str | Path | None = None) -> tuple[str, ...]:
+    """Every name `get_model` takes: each entry's name, then its aliases."""
+    return tuple(n for entry in known_models(path) for n in entry.names)
+
+
 def get_model(name: str, path: str | Path | None = None) -> ModelEntry:
-    """The entry named `name`, case-insensitively."""
+    """The entry named `name` (its name or one of its aliases), case-insensitively."""
     entries = known_models(path)
     for entry in entries:
-        if entry.model.lower() == str(name).lower():
+        if str(name).lower() in (n.lower() for n in entry.names):
             return entry
     raise UnknownModelError(f"colembed knows no model named {name!r}; it knows "
-                            f"{[e.model for e in entries]}")
+                            f"{list(known_names(path))}")
 
 
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:

@@ -45,7 +45,7 @@ EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "expor
 # pair), so neither waits for the other's build, and no long file is handed out last. Every other
 # file follows in its usual order.
 HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_qwen3_reference.py",
-               "test_variants_stress.py",
+               "test_variants_stress.py", "test_qwen3_variants_stress.py",
                "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
                "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py",
                "test_demo.py", "test_fastembed.py",
@@ -237,11 +237,14 @@ def exported_alt_from_hub(exported_tiny, tiny_alt_checkpoint, tmp_path_factory):
 @pytest.fixture(scope="session")
 def exported_tiny_2_5(tmp_path_factory):
     """ColQwen2.5 "tiny-2.5" (windows of 2x2 merged tokens) exported from colpali-engine's
-    published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on."""
+    published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on, and with every
+    variant (int8, int4, fp16, each gated by the exporter): one export serves the family's fp32
+    tests and its variant tests (test_qwen2_5_variants.py), which exported it again before."""
     from qwen2_5_fixtures import checkpoint
 
     return _shared_export(tmp_path_factory, "exported-tiny-2.5",
-                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5")
+                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5",
+                          variants=["int8", "int4", "fp16"])
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
 SHARED = {
-    "common": "machine facts re-exported, documents, PDFs, the tiny model, runners, tables",
+    "common": "machine facts re-exported, documents, PDFs, the tiny model, runners, tables, the "
+              "results writer",
     "machine": "CPU, instruction sets, load, versions, command (common.py re-exports it)",
     "synthetic_pages": "the page-wide-topic page embeddings (bench_index, bench_serve)",
     "local_answer": "the local-answer page embeddings (bench_index, search_scale)",

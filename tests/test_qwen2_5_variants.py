@@ -33,22 +33,37 @@ def window_feeds(visual, grids):
 
 
 @pytest.fixture(scope="module")
-def stress_vision_graph(stress_2_5, tmp_path_factory):
-    """The stress checkpoint's windowed image graph (fp32 ONNX) and its tower."""
+def stress_export(stress_2_5, tmp_path_factory):
+    """The stress checkpoint exported with the fp16 variant (the exporter's recipe and gate), the
+    check on: one export serves the end-to-end test and, through its fp32 image graph, the
+    recipe's own test (which traced the tower a second time before)."""
+    from colembed_export.exporter import export_model
+
+    return export_model(stress_2_5, tmp_path_factory.mktemp("stress-export") / "stress-2.5",
+                        variants=("fp16",), random_weights=True)
+
+
+@pytest.fixture(scope="module")
+def stress_vision_graph(stress_export, stress_2_5, tmp_path_factory):
+    """The stress checkpoint's windowed image graph (the export's fp32 ONNX, copied so that a
+    test can write its own fp16 graph beside it) and its tower."""
+    import shutil
+
+    import onnxruntime as ort
+
     from colembed.preprocess.windows import windowed_vision_contract
-    from colembed_export.graphs import ONNX_TRANSLATIONS
-    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
-    from colembed_export.onnx_io import export_graph
 
     visual = load_reference(stress_2_5).vlm.model.visual
     config = visual.config
     contract = windowed_vision_contract(3 * 2 * 14 * 14, config.hidden_size // config.num_heads,
                                         config.out_hidden_size)
-    (example,) = window_feeds(visual, [(1, 4, 10)])
-    path = tmp_path_factory.mktemp("stress-onnx") / "vision.onnx"
-    with torch.no_grad():
-        export_graph(WindowedImageGraph(visual).eval(), tuple(torch.from_numpy(v) for v in example.values()),
-                     contract, path, translations=ONNX_TRANSLATIONS)
+    source = stress_export.folder / stress_export.manifest.graph("fp32", "vision").file
+    work = tmp_path_factory.mktemp("stress-onnx")
+    for part in stress_export.folder.glob(f"{source.name}*"):  # the graph and any external data
+        shutil.copy(part, work / part.name)
+    path = work / source.name
+    assert contract.mismatches(ort.InferenceSession(str(path),
+                                                    providers=["CPUExecutionProvider"])) == []
     return path, visual
 
 
@@ -77,7 +92,7 @@ def cosines(got, want):
     return (a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))
 
 
-@pytest.mark.slow  # one dynamo export of the stress tower (~20 s)
+@pytest.mark.slow  # the stress checkpoint's export (shared with the end-to-end test below)
 def test_fp16_vision_graph_keeps_the_overflowing_gemms_fp32(stress_vision_graph):
     """With the recipe's keep rule the down-projections stay fp32, the rest is fp16 and agrees
     with fp32; without it, the gate refuses and names the down-projection."""
@@ -128,17 +143,12 @@ def test_gate_refuses_inf_and_nan_explicitly():
 
 
 @pytest.fixture(scope="module")
-def variants_2_5(tmp_path_factory):
-    """tiny-2.5 (colpali layout) exported with every variant, gated as ColQwen2's are."""
-    from colembed_export.exporter import export_model
-    from qwen2_5_fixtures import checkpoint
-
-    return export_model(checkpoint(tmp_path_factory, "tiny-2.5", "colpali"),
-                        tmp_path_factory.mktemp("variants-2.5") / "tiny-2.5",
-                        variants=("int8", "int4", "fp16"), random_weights=True)
+def variants_2_5(exported_tiny_2_5):
+    """tiny-2.5 (colpali layout) exported with every variant, gated as ColQwen2's are (the
+    session's export: conftest `exported_tiny_2_5`)."""
+    return exported_tiny_2_5
 
 
-@pytest.mark.slow  # one export with three variants
 def test_colqwen2_5_variants_meet_colqwen2s_gates(variants_2_5):
     import colembed
     from colembed_export.recipes import GATES
@@ -164,13 +174,12 @@ def _pages():
 
 
 @pytest.mark.slow  # one export of the stress checkpoint with the fp16 variant
-def test_fp16_variant_of_the_stress_checkpoint_is_finite_and_gated(stress_2_5, tmp_path):
+def test_fp16_variant_of_the_stress_checkpoint_is_finite_and_gated(stress_export, stress_2_5):
     """End to end: the exporter's fp16 recipe keeps the overflowing down-projections fp32, records
     them, and the variant passes the fp16 gate (peak and finiteness included)."""
-    from colembed_export.exporter import export_model
     from colembed_export.recipes import GATES
 
-    report = export_model(stress_2_5, tmp_path / "stress-2.5", variants=("fp16",), random_weights=True)
+    report = stress_export
     figures = report.check["fp16"]
     blocks = len(load_reference(stress_2_5).vlm.model.visual.blocks)
     assert figures["fp16_kept_fp32"]["vision"] == [f"visual.blocks.{i}.mlp.down_proj" for i in range(blocks)]

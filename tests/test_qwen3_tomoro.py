@@ -28,6 +28,10 @@ from conftest import PARITY_TOLERANCE, build_once
 from qwen3_fixtures import checkpoint, reference
 
 TOMORO_NAMES = ("TomoroAI/tomoro-colqwen3-embed-4b", "TomoroAI/tomoro-colqwen3-embed-8b")
+# The family's plain name: an alias of the checkpoint colpali-engine's ColQwen3 targets (its README
+# lists it as the ColQwen3 model, its integration tests load it; docs/models-colqwen3.md).
+PLAIN_NAME = "colqwen3"
+COLQWEN3_NAMES = (*TOMORO_NAMES, PLAIN_NAME)
 # Queries whose text TomoroAI's processor changes (surrounding whitespace of several kinds) and
 # ones it does not.
 QUERIES = ("What was the revenue in 2023?", "  spaces around  ", "\ttab and newline\n",
@@ -334,8 +338,45 @@ def test_both_tomoro_models_are_named():
         assert entry.export_command("OUT") == f"colembed export {name} --out OUT"
 
 
+def test_colqwen3_is_the_4b_under_its_family_name():
+    """"colqwen3" is the same entry as TomoroAI's 4B (any case): one cache folder, one export
+    command, listed to FastEmbed under both names with the entry's width."""
+    from colembed import registry
+    from colembed.fastembed import LateInteractionMultimodalEmbedding
+
+    four_b = registry.get_model(TOMORO_NAMES[0])
+    for name in (PLAIN_NAME, "ColQwen3"):
+        assert registry.get_model(name) is four_b
+    assert four_b.names == (TOMORO_NAMES[0], PLAIN_NAME)
+    assert registry.get_model(TOMORO_NAMES[1]).aliases == ()
+    described = {d["model"]: d for d in LateInteractionMultimodalEmbedding.list_supported_models()}
+    assert described[PLAIN_NAME]["dim"] == 320
+    assert described[PLAIN_NAME]["sources"] == described[TOMORO_NAMES[0]]["sources"]
+    assert TOMORO_NAMES[0] in described[PLAIN_NAME]["description"]
+    assert LateInteractionMultimodalEmbedding.get_embedding_size(PLAIN_NAME) == 320
+
+
+@pytest.mark.parametrize("aliases, error", [
+    (["colqwen2"], "unique"),  # another entry's name
+    (["colqwen3", "COLQWEN3"], "unique"),
+    (["../evil"], "not a plain name"),
+    ("colqwen3", "must be a list"),
+])
+def test_an_alias_that_clashes_or_could_leave_the_cache_is_refused(tmp_path, aliases, error):
+    import colembed
+    from colembed import registry
+
+    data = json.loads(registry.models_json_path().read_text())
+    (four_b,) = [m for m in data["models"] if m["model"] == TOMORO_NAMES[0]]
+    four_b["aliases"] = aliases
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(colembed.ColembedError, match=error):
+        registry.known_models(path)
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", TOMORO_NAMES)
+@pytest.mark.parametrize("name", COLQWEN3_NAMES)
 def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, tmp_path,
                                                         monkeypatch):
     """`LateInteractionMultimodalEmbedding(name)` and `colembed.load(name)`, both found in the
@@ -358,6 +399,7 @@ def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, 
     fe = LateInteractionMultimodalEmbedding(name)
     assert fe.embedding_size == 320
     by_name = colembed.load(name)
+    assert fe.model.model.folder == by_name.folder == cached
     for got in (list(fe.embed_text(queries)) + list(fe.embed_image(pages)),
                 list(by_name.embed_queries(queries)) + list(by_name.embed_images(pages))):
         assert len(got) == len(want)
@@ -365,10 +407,22 @@ def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, 
             np.testing.assert_array_equal(g, w)
 
 
-@pytest.mark.parametrize("name", TOMORO_NAMES)
-def test_a_missing_export_names_the_export_command(name, tmp_path):
+@pytest.mark.parametrize("name", COLQWEN3_NAMES)
+def test_a_missing_export_names_the_export_command(name, tmp_path, monkeypatch):
+    import colembed
+    from colembed import registry
     from colembed.errors import ModelFolderError
     from colembed.fastembed import LateInteractionMultimodalEmbedding
 
-    with pytest.raises(ModelFolderError, match=f"colembed export {name} --out"):
+    checkpoint = registry.get_model(name).checkpoint  # the plain name: the 4B's
+    assert checkpoint in TOMORO_NAMES
+    cached = tmp_path / registry.get_model(name).cache_folder_name
+    command = f"colembed export {checkpoint} --out {cached}"
+    with pytest.raises(ModelFolderError) as refused:
         LateInteractionMultimodalEmbedding(name, cache_dir=str(tmp_path))
+    assert command in str(refused.value)
+    monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelFolderError) as refused:
+        colembed.load(name)
+    assert command in str(refused.value)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -178,6 +179,11 @@ class _Writer(threading.Thread):
         self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self.error: BaseException | None = None
         self.end_sent = False
+        # Set as the last thing run() does. The run waits on this flag, never on Thread.join() or
+        # is_alive(): on CPython 3.11 a Ctrl-C that lands inside join() can mark a running thread
+        # stopped (bpo-45274's handling releases the lock the live thread holds), and the wait
+        # would end with pages still in the queue.
+        self.ended = threading.Event()
 
     def put(self, job: tuple) -> None:
         if self.error is not None:
@@ -185,18 +191,24 @@ class _Writer(threading.Thread):
         self.jobs.put(job)
 
     def run(self) -> None:
-        while (job := self.jobs.get())[0] != "end":
-            if self.error is None:
-                try:
-                    getattr(self, f"_{job[0]}")(*job[1:])
-                except BaseException as e:  # noqa: BLE001 (raised again in the embedding thread)
-                    self.error = e
+        try:
+            while (job := self.jobs.get())[0] != "end":
+                if self.error is None:
+                    try:
+                        getattr(self, f"_{job[0]}")(*job[1:])
+                    except BaseException as e:  # noqa: BLE001 (raised in the embedding thread)
+                        self.error = e
+        finally:
+            self.ended.set()
 
     def finish(self) -> None:
         """Let the writer finish its queue and stop. Idempotent: `_to_the_end` runs it again
-        when a Ctrl-C interrupts it."""
+        when a Ctrl-C interrupts it. The wait polls `ended` with sleeps (only the main thread
+        gets Ctrl-C, and an interrupted sleep leaves no lock or thread state half-changed),
+        so however many Ctrl-Cs arrive, it ends only when the writer's run() has."""
         self._put_end()
-        self.join()
+        while not self.ended.is_set():
+            time.sleep(0.05)
 
     def _put_end(self) -> None:
         while not self.end_sent:
@@ -204,7 +216,7 @@ class _Writer(threading.Thread):
                 self.jobs.put(("end",), timeout=0.1)
                 self.end_sent = True
             except queue.Full:
-                if not self.is_alive():
+                if self.ended.is_set():
                     return
 
     def _points(self, embedded: list[tuple[_Plan, int, Any, Any]]) -> None:
