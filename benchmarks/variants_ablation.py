@@ -8,7 +8,9 @@ outlier channels, decided once on the exporter's calibration feeds) and keeps on
 MatMuls in fp32 (all of one projection kind, or all of one layer); the per-token cosine of the
 final embeddings to fp32 (mean / min) is measured through the colembed runtime on the named gate
 pages. Per-MatMul local errors (variants_matmul_error.py) are ~1e-4 everywhere; this shows how
-they add up to the embedding, which is what the gate judges.
+they add up to the embedding, which is what the gate judges. `--int8-levels W,A` writes every arm
+with other code peaks (weights -W..W, activations -A..A; quantise.py WEIGHT_PEAK / ACTIVATION_PEAK);
+`--nbits8 BLOCK` with onnxruntime's MatMulNBits 8-bit blocks (activation scale per token and block).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 
-def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict) -> None:
+def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict,
+              levels: tuple[int, int] | None = None, nbits8: int | None = None) -> None:
     import onnx_ir as ir
 
     from colembed.integrity import describe_file
@@ -63,7 +66,17 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
             w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
                                       name=w.name)
         schemes[node.name] = BASE_VARIANT if kept else "row"  # quantise.SCHEMES: BASE_VARIANT keeps fp32
-    quantise_matmuls(model, schemes, factors, outliers=outliers)
+    from colembed_export.quantise import ACTIVATION_PEAK, WEIGHT_PEAK, quantise_int4_matmuls
+
+    if nbits8:  # MatMulNBits 8-bit blocks (kept MatMuls fp32, unsmoothed: the kernel's per-block
+        # activation scales do not need SmoothQuant; the smoothed weights above are undone by it)
+        model = ir.load(src)
+        chosen = [n for n in weight_matmuls(model) if not any(k in module_path(n) for k in keep)]
+        quantise_int4_matmuls(model, chosen, block_size=nbits8, accuracy_level=4, bits=8)
+    else:
+        weights, activations = levels or (WEIGHT_PEAK, ACTIVATION_PEAK)
+        quantise_matmuls(model, schemes, factors, outliers=outliers, weight_levels=weights,
+                         activation_levels=activations)
     finish(model)
     file, data = save_graph(model, fp32, "text.ablation.onnx", external=True)
     manifest = read_manifest(arm)
@@ -83,7 +96,13 @@ def main() -> int:
                         "mlp.up_proj,mlp.gate_proj,layers.0.,layers.1.,projection")
     parser.add_argument("--work", type=Path, default=Path("/tmp/colembed-bench-ablation"))
     parser.add_argument("--results")
+    parser.add_argument("--int8-levels", help="W,A: weight and activation code peaks (default: "
+                        "quantise.py's)")
+    parser.add_argument("--nbits8", type=int, metavar="BLOCK", help="write the int8 MatMuls as "
+                        "MatMulNBits 8-bit blocks of BLOCK along K, accuracy level 4 (activations "
+                        "quantised per token and block by the kernel) instead of the row scheme")
     args = parser.parse_args()
+    levels = tuple(int(v) for v in args.int8_levels.split(",")) if args.int8_levels else None
 
     import colembed
     from colembed_export.evaluation import calibration_feeds, gate_pages, token_cosines
@@ -105,11 +124,12 @@ def main() -> int:
     rows = []
     for arm in args.arms.split(","):
         keep = set() if arm == "none" else {arm}
-        write_arm(args.folder, args.work, keep, calibration, per_feed)
+        write_arm(args.folder, args.work, keep, calibration, per_feed, levels, args.nbits8)
         model = colembed.load(args.folder, variant="int8", verify=False)
         for (name, img), w in zip(pages, want):
             cos = token_cosines([model.embed_images([img], batch_size=1)[0]], [w])
-            rows.append({"fp32 kept": arm, "page": name, "mean": float(cos.mean()),
+            rows.append({"fp32 kept": arm, "int8 levels": (f"MatMulNBits 8-bit, block {args.nbits8}" if args.nbits8
+                                         else args.int8_levels or "default"), "page": name, "mean": float(cos.mean()),
                          "min": float(cos.min()), "worst_token": int(cos.argmin()),
                          "tokens": int(cos.size)})
             print(rows[-1], flush=True)
@@ -120,8 +140,9 @@ def main() -> int:
     for name in ("text.ablation.onnx", "text.ablation.onnx_data"):
         (args.folder / name).unlink(missing_ok=True)
     lines = [f"folder: `{args.folder}`", "",
-             "| kept fp32 | page | mean | min | worst token / tokens |", "|---|---|---:|---:|---:|"]
-    lines += [f"| {r['fp32 kept']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
+             "| kept fp32 | int8 code peaks W,A | page | mean | min | worst token / tokens |",
+             "|---|---|---|---:|---:|---:|"]
+    lines += [f"| {r['fp32 kept']} | {r['int8 levels']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
               f"{r['worst_token']} / {r['tokens']} |" for r in rows]
     text = results_markdown("int8 text graph, vision fp32: which MatMuls cost the pages", info,
                             lines)

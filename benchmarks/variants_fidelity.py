@@ -6,7 +6,9 @@
 
 Each configuration is a checkpoint built here (random weights: `tiny.build_checkpoint`; stress:
 `tiny.build_stress_checkpoint` with the traits the recipes were chosen on; held-out stress: the
-same with `tiny.HELD_OUT_STRESS`, other channels and magnitudes), exported to fp32 without the
+same with `tiny.HELD_OUT_STRESS`, other channels and magnitudes; the `tiny-2.5-*` ones the same
+for ColQwen2.5 by `tiny_qwen2_5`, whose stress traits add the gated vision MLP's 2e5 intermediate
+and a vision residual above fp16's maximum), exported to fp32 without the
 torch check, then each variant written by the exporter's own variant step (variants.
 _write_graphs: the committed recipes, calibration included) and judged by the exporter's own gate
 (evaluation.evaluate_variants: the gate's queries from one word to the query bound, pages from
@@ -17,6 +19,10 @@ What it models: what a user's `colembed export --variant ...` checks, on checkpo
 activations carry trained-model traits (massive residual channels, large image features). What
 it does not: trained weights (none can be downloaded here), and the full depth (28 layers): error
 accumulation over depth is not shown by the 2-layer configurations.
+
+`--int8-levels W,A` measures the int8 recipe with other code peaks (weights -W..W, activations
+-A..A around A + 1; quantise.py's WEIGHT_PEAK / ACTIVATION_PEAK) instead of the committed ones,
+e.g. `--int8-levels 127,63` (8-bit weights, 7-bit activations); the exporter is not changed.
 
 Writes benchmarks/results/variants-fidelity.{md,json} (or --results). Work folders live under
 $COLEMBED_BENCH_DIR (default /tmp/colembed-bench-variants) and are reused by a later run.
@@ -45,7 +51,13 @@ CONFIGS = {
     "tiny-heldout": ("tiny", None, None, "heldout"),
     "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
     "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
+    # ColQwen2.5 (Qwen2.5-VL: windowed vision attention, RMSNorm + gated-MLP vision blocks),
+    # export/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
+    "tiny-2.5-random": ("tiny-2.5", None, None, "random"),
+    "tiny-2.5-stress": ("tiny-2.5", None, None, "stress"),
+    "tiny-2.5-heldout": ("tiny-2.5", None, None, "heldout"),
 }
+QWEN2_5_PRESETS = ("tiny-2.5",)
 KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTraits())",
                "heldout": "held-out stress traits (HELD_OUT_STRESS)"}
 
@@ -57,19 +69,30 @@ def build(config: str, root: Path) -> Path:
                                       build_stress_checkpoint)
 
     preset, depth, layers, kind = CONFIGS[config]
-    spec = PRESETS[preset]
-    if depth is not None:
-        spec = dataclasses.replace(spec, vision_depth=depth, text_layers=layers)
     folder = root / f"{config}-fp32"
     if (folder / "manifest.json").is_file():
         return folder
     checkpoint = root / f"{config}-checkpoint"
     if not (checkpoint / "config.json").is_file():
-        if kind == "random":
-            build_checkpoint(checkpoint, spec, seed=0)
+        if preset in QWEN2_5_PRESETS:
+            from colembed_export.tiny_qwen2_5 import (Qwen2_5StressTraits, build_checkpoint_2_5,
+                                                      build_stress_checkpoint_2_5)
+
+            if kind == "random":
+                build_checkpoint_2_5(checkpoint, preset, seed=0)
+            else:  # held-out: ColQwen2's held-out text traits, the 2.5 vision traits' defaults
+                traits = Qwen2_5StressTraits(**(dataclasses.asdict(HELD_OUT_STRESS)
+                                                if kind == "heldout" else {}))
+                build_stress_checkpoint_2_5(checkpoint, preset, traits=traits)
         else:
-            traits = HELD_OUT_STRESS if kind == "heldout" else StressTraits()
-            build_stress_checkpoint(checkpoint, spec, traits=traits)
+            spec = PRESETS[preset]
+            if depth is not None:
+                spec = dataclasses.replace(spec, vision_depth=depth, text_layers=layers)
+            if kind == "random":
+                build_checkpoint(checkpoint, spec, seed=0)
+            else:
+                traits = HELD_OUT_STRESS if kind == "heldout" else StressTraits()
+                build_stress_checkpoint(checkpoint, spec, traits=traits)
     export_model(checkpoint, folder, check=False, random_weights=True, overwrite=True)
     return folder
 
@@ -114,10 +137,13 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
 
 
 def markdown(info: dict, runs: dict[str, dict]) -> str:
+    from colembed_export import quantise
     from colembed_export.recipes import GATES
     from common import results_markdown
 
-    lines = ["Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
+    lines = [f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK}, "
+             f"activations -{quantise.ACTIVATION_PEAK}..{quantise.ACTIVATION_PEAK} per token.", "",
+             "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
              "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
              "from one word to the query bound, pages from 20x20 to the full image-token "
              "budget and aspect-50 strips, each alone and in mixed batches). Gates: "
@@ -165,7 +191,13 @@ def main() -> int:
                         help=f"comma-separated, of {sorted(CONFIGS)}")
     parser.add_argument("--variants", default="int8,int4,fp16")
     parser.add_argument("--results", default=str(RESULTS), help="path without extension")
+    parser.add_argument("--int8-levels", help="W,A: the int8 recipe's weight and activation code "
+                        "peaks for this run (default: quantise.py's)")
     args = parser.parse_args()
+    if args.int8_levels:
+        from colembed_export import quantise
+
+        quantise.WEIGHT_PEAK, quantise.ACTIVATION_PEAK = (int(v) for v in args.int8_levels.split(","))
 
     from common import machine_info, write_results
 
@@ -178,7 +210,8 @@ def main() -> int:
         if config not in CONFIGS:
             parser.error(f"unknown configuration {config!r}; known: {sorted(CONFIGS)}")
         folder = build(config, root)
-        runs[config] = measure(folder, variants, root / f"{config}-work")
+        arm = f"-levels-{args.int8_levels.replace(',', '-')}" if args.int8_levels else ""
+        runs[config] = measure(folder, variants, root / f"{config}-work{arm}")
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
     text = markdown(info, runs)
     write_results(args.results, text, info, {"runs": runs})

@@ -46,7 +46,13 @@ INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's 
 # onnxruntime 1.32, AVX2: MatMulInteger with 8-bit weights off by 45877 of 146355; with 7-bit
 # weights exact). 255*63*2 fits. onnxruntime's quantize_dynamic calls this `reduce_range`.
 WEIGHT_PEAK = 63
-ROW_ZERO_POINT = 128  # uint8 activations, symmetric around 128 (MatMulInteger takes one a_zero_point)
+# The "row" scheme's activations: symmetric in -ACTIVATION_PEAK..ACTIVATION_PEAK around the zero
+# point ACTIVATION_PEAK + 1 (uint8; MatMulInteger takes one a_zero_point). The pair-sum bound
+# above is on the stored codes: 8-bit activations (codes 1..255) need 7-bit weights; 7-bit
+# activations (peak 63, codes 1..127) leave 8-bit weights exact (127*127*2 = 32258 fits int16),
+# the trade measured in benchmarks/results/variants-int8-bits.md.
+ACTIVATION_PEAK = 127
+ROW_ZERO_POINT = ACTIVATION_PEAK + 1  # (today's default: codes 1..255 around 128)
 ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
 
 
@@ -91,8 +97,8 @@ def _tensor_activation(b: _Builder, x: Any, base: str) -> tuple[list[Any], dict[
     return [quant], {"q": xq, "scale": xs, "zero_point": xzp}
 
 
-def _row_activation(b: _Builder, x: Any, depth: int, base: str,
-                    outliers: np.ndarray | None) -> tuple[list[Any], dict[str, Any]]:
+def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.ndarray | None,
+                    peak: int = ACTIVATION_PEAK) -> tuple[list[Any], dict[str, Any]]:
     nodes = [
         b.node("Reshape", [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
                f"{base}_rows"),
@@ -112,14 +118,14 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str,
                                       b.init(f"{base}_axis1", np.array([1], np.int64))],
                         f"{base}_peak", keepdims=0))
     nodes.append(b.node("Max", [nodes[-1].outputs[0],
-                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * INT8_PEAK,
+                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
                                                                  np.float32))], f"{base}_floored"))
     nodes.append(b.node("Mul", [nodes[-1].outputs[0],
-                                b.init(f"{base}_inv127", np.array(1.0 / INT8_PEAK, np.float32))],
+                                b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
                         f"{base}_scale"))
     scale = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [scale], f"{base}_count"))
-    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(ROW_ZERO_POINT, np.uint8)),
+    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(peak + 1, np.uint8)),
                                    nodes[-1].outputs[0]], f"{base}_zps"))
     nodes.append(b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant",
                         axis=0))
@@ -129,19 +135,25 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str,
     scale_col = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [x], f"{base}_shape", end=-1))
     return nodes, {"q": xq, "scale": scale_col, "lead_shape": nodes[-1].outputs[0],
-                   "zero_point": b.init(f"{base}_zp", np.array(ROW_ZERO_POINT, np.uint8)), **found}
+                   "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
 
 
 def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      smoothing: Mapping[str, np.ndarray] | None = None, *,
                      outliers: Mapping[str, np.ndarray] | None = None,
-                     weight_levels: int = WEIGHT_PEAK) -> dict[str, int]:
+                     weight_levels: int = WEIGHT_PEAK,
+                     activation_levels: int = ACTIVATION_PEAK) -> dict[str, int]:
     """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
     MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
     are multiplied by before quantising (the norm before it was divided by them already).
     `outliers` maps a "row" MatMul's name to the input channels computed in fp32 beside the int8
     product (LLM.int8()'s decomposition: Y = X[:, rest] W[rest] in int8 + X[:, out] W[out] in
-    fp32); every MatMul reading the same activation must name the same channels."""
+    fp32); every MatMul reading the same activation must name the same channels.
+    `weight_levels` / `activation_levels`: the codes' peaks (see WEIGHT_PEAK: their stored
+    codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits)."""
+    if weight_levels * 2 * (2 * activation_levels + 1) > 32767:
+        raise ExportError(f"int8 weights of peak {weight_levels} with activations of peak "
+                          f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums")
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -186,7 +198,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
             built = (_tensor_activation(b, x, base) if scheme == "tensor"
-                     else _row_activation(b, x, depth, base, split))
+                     else _row_activation(b, x, depth, base, split, activation_levels))
             activations[key] = built
             new += built[0]
         act = activations[key][1]
@@ -241,11 +253,30 @@ def quantised_weight_4bit(weight: np.ndarray, block_size: int
     return packed, scales, zero_points
 
 
+def quantised_weight_8bit(weight: np.ndarray, block_size: int
+                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(packed (N, blocks, block) uint8, scales (N, blocks) fp32, zero points (N, blocks) uint8)
+    of a (K, N) fp32 weight: asymmetric 8-bit blocks along K, by onnxruntime's own kernel."""
+    from onnxruntime.capi._pybind_state import quantize_matmul_8bits
+
+    rows, cols = weight.shape
+    blocks = (rows + block_size - 1) // block_size
+    padded = np.zeros((blocks * block_size, cols), np.float32)
+    padded[:rows] = weight
+    packed = np.zeros((cols, blocks, block_size), np.uint8)
+    zero_points = np.zeros((cols, blocks), np.uint8)
+    scales = np.zeros((cols, blocks), np.float32)
+    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, rows, False)
+    return packed, scales, zero_points
+
+
 def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
-                          accuracy_level: int) -> int:
+                          accuracy_level: int, bits: int = 4) -> int:
     """Replace each MatMul in `nodes` (constant 2-D fp32 weight) by com.microsoft MatMulNBits
     (4 inputs: A, packed weight, scales, zero points; asymmetric), weight by weight, releasing each
-    fp32 mapping after use. Returns how many were replaced."""
+    fp32 mapping after use. Returns how many were replaced. `bits=8` writes 8-bit blocks (with
+    accuracy level 4 the kernel quantises the activation per token and block of K: what
+    benchmarks/results/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
     from .graph_edits import _const_float, _swap_in
@@ -257,7 +288,8 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         if array is None or array.ndim != 2:
             raise ExportError(f"{node.name}: int4 needs a constant 2-D fp32 weight")
         depth, width = array.shape
-        packed, scales, zero_points = quantised_weight_4bit(array, block_size)
+        packed, scales, zero_points = (quantised_weight_8bit if bits == 8
+                                       else quantised_weight_4bit)(array, block_size)
         del array
         if len(w.uses()) == 1:
             release(w)
@@ -265,7 +297,7 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         nbits = b.node("MatMulNBits", [x, b.init(f"{base}_w_q4", packed),
                                        b.init(f"{base}_w_scales", scales),
                                        b.init(f"{base}_w_zero_points", zero_points)],
-                       f"{base}_q4", domain="com.microsoft", K=depth, N=width, bits=4,
+                       f"{base}_q{bits}", domain="com.microsoft", K=depth, N=width, bits=bits,
                        block_size=block_size, accuracy_level=accuracy_level)
         _swap_in(model.graph, node, [nbits])
     if nodes:

@@ -220,16 +220,19 @@ def outlier_channels(profiles: Sequence[Any], ratio: float | None = None,
 def quantize_int8(src: Path, work: Path | None = None, *,
                   calibration: Sequence[dict[str, Any]] | None = None,
                   scheme: str = INT8_ACTIVATIONS, alpha: float | None = SMOOTHING_ALPHA,
-                  weight_levels: int | None = None) -> tuple[Any, dict[str, Any]]:
+                  weight_levels: int | None = None,
+                  activation_levels: int | None = None) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
-    fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32."""
+    fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32.
+    `weight_levels` / `activation_levels` default to quantise.WEIGHT_PEAK / ACTIVATION_PEAK,
+    read when called (benchmarks/variants_fidelity.py --int8-levels measures other pairs)."""
     import numpy as np
     import onnx_ir as ir
 
     from .gemm_as_matmul import gemms_as_matmuls
     from .graph_edits import channel_maxima_per_feed, module_path, smoothing_factors
-    from .quantise import WEIGHT_PEAK, quantise_matmuls
+    from . import quantise
 
     model = ir.load(src)
     gemms_as_matmuls(model)  # the vision merger's Linears come out as Gemm: int8 them too
@@ -249,10 +252,14 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                 found = outlier_channels(profiles)
                 if found.size:
                     outliers[node.name] = found
-    counts = quantise_matmuls(model, {n.name: scheme for n in matmuls}, factors, outliers=outliers,
-                              weight_levels=weight_levels or WEIGHT_PEAK)
+    levels = {"weights": weight_levels or quantise.WEIGHT_PEAK,
+              "activations": activation_levels or quantise.ACTIVATION_PEAK}
+    counts = quantise.quantise_matmuls(model, {n.name: scheme for n in matmuls}, factors,
+                                       outliers=outliers, weight_levels=levels["weights"],
+                                       activation_levels=levels["activations"])
     paths = {n.name: module_path(n) for n in matmuls}
-    return model, {"int8_activations": scheme, "int8_matmuls": counts, "smoothed": len(factors),
+    return model, {"int8_activations": scheme, "int8_code_peaks": levels,
+                   "int8_matmuls": counts, "smoothed": len(factors),
                    "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()}}
 
 
