@@ -17,7 +17,7 @@ folder at the end (only a folder this script made).
 The export runs with the check on (the torch reference, then onnxruntime on the exported graphs),
 as a user's `colembed export` does. Per step: wall time and the step's own peak RSS (the kernel's
 high-water mark is reset at each step start, colembed_export.measure). The figure that matters is
-the overall peak against the fp32 weights' size: the target is <= 1.5x.
+the overall peak against the fp32 weights' size: the target is <= 1.1x (issue 24: a full-size export with `--variant int8,fp16` within the memory users have).
 
 Writes benchmarks/results/export.{md,json} (ColQwen2) or export-colqwen2_5.{md,json} (the latest
 run of each family only).
@@ -40,7 +40,7 @@ from machine import machine_info, markdown_header  # noqa: E402
 from colembed.layout import BASE_VARIANT  # noqa: E402
 
 RESULTS = HERE / "results"
-TARGET_PEAK_RATIO = 1.5
+TARGET_PEAK_RATIO = 1.1  # issue 24: a full-size export with variants within 1.1x the fp32 weights
 # family -> (default preset, default vision depth, default text layers, results file, widths)
 FAMILIES = {
     "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
@@ -73,18 +73,31 @@ def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
 def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
     from colembed_export.exporter import export_model
 
+    from colembed.errors import ExportError
+
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
-    report = export_model(checkpoint, out, random_weights=True, overwrite=True, variants=variants,
-                          progress=lambda m: print(f"[export] {m}", file=sys.stderr, flush=True))
+    try:
+        report = export_model(checkpoint, out, random_weights=True, overwrite=True,
+                              variants=variants, progress=lambda m: print(f"[export] {m}",
+                                                                          file=sys.stderr, flush=True))
+    except ExportError as e:
+        # A variant refused by its gate is a result (the export's memory and the gate's figures
+        # up to the refusal), not a crash; any other refusal has no steps to report.
+        if not getattr(e, "checks", None):
+            raise
+        steps, checks, refused = e.steps, e.checks, str(e)
+        architecture = json.loads((checkpoint / "colembed_tiny.json").read_text())["spec"]
+    else:
+        steps, checks, refused = report.steps, report.check, None
+        architecture = report.manifest.architecture.to_dict()
     seconds = time.perf_counter() - start
-    peak = max(step["peak_rss_gb"] for step in report.steps)
+    peak = max(step["peak_rss_gb"] for step in steps)
     return {"weights_gb": round(weights / 1e9, 3), "seconds": round(seconds, 1),
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
-            "steps": report.steps, "check": report.check.get(BASE_VARIANT, {}),
-            "variants": list(variants),
-            "variant_buckets": {v: report.check[v].get("buckets") for v in variants},
-            "architecture": report.manifest.architecture.to_dict()}
+            "steps": steps, "check": checks.get(BASE_VARIANT, {}), "variants": list(variants),
+            "variant_buckets": {v: checks[v].get("buckets") for v in variants if v in checks},
+            "refused": refused, "architecture": architecture}
 
 
 def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
@@ -101,9 +114,12 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         "",
         f"**Total {result['seconds'] / 60:.1f} min, peak RSS {result['peak_rss_gb']:.2f} GB = "
         f"{result['peak_over_weights']:.2f}x the fp32 weights** (target <= {TARGET_PEAK_RATIO}x). "
-        f"Check: max abs diff {result['check'].get('max_abs_diff', float('nan')):.1e} on the "
-        "final embeddings.",
+        + (f"Check: max abs diff {result['check']['max_abs_diff']:.1e} on the final embeddings."
+           if "max_abs_diff" in result["check"] else "The fp32 check passed (its figure is "
+           "written only with the folder)."),
         "",
+        *([f"**Refused by the variants' gate** (nothing written; the figures below are up to "
+           f"the refusal): {result['refused']}", ""] if result.get("refused") else []),
         "| step | seconds | peak RSS GB | peak / weights | RSS after GB |",
         "|---|---:|---:|---:|---:|",
     ]

@@ -327,8 +327,10 @@ def export_model(
         manifest = write_manifest()
         with meter.step("commit"):
             written = commit(staging, resolved.out)
-    except BaseException:
+    except BaseException as error:
         safe_fs.discard_staging(staging)
+        if isinstance(error, ExportError):  # what was measured up to the refusal
+            error.steps = meter.as_dicts()
         raise
     say(f"wrote {written} (peak RSS {meter.peak_rss_gb:.2f} GB)")
     return ExportReport(folder=written, manifest=manifest, check=checks, steps=meter.as_dicts())

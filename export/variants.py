@@ -146,8 +146,10 @@ def write_variants(
         say(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
             f"{figures['min_cosine']:.5f}; top-1 agreement {figures['ranking']['top1_agreement']:.3f}")
     if failures:
-        raise ExportError("variant check failed against fp32; nothing was written:\n  "
-                          + "\n  ".join(failures))
+        error = ExportError("variant check failed against fp32; nothing was written:\n  "
+                            + "\n  ".join(failures))
+        error.checks = results  # every variant's figures, for a benchmark that reports a refusal
+        raise error
     return results
 
 

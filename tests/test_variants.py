@@ -251,8 +251,13 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
     impossible = V.VariantSpec("int8", V.VARIANTS["int8"].recipes, V.Gate(mean_cosine=1.5))
     monkeypatch.setitem(V.VARIANTS, "int8", impossible)
     out = tmp_path / "model"
-    with pytest.raises(ExportError, match=r"int8: mean cosine 0\.99\d+ < 1\.5"):
+    with pytest.raises(ExportError, match=r"int8: mean cosine 0\.99\d+ < 1\.5") as refused:
         export_model(tiny_checkpoint, out, check=False, variants=["int8"])
+    # The refusal carries what was measured up to it (bench_export.py reports a refused variant).
+    assert refused.value.checks["int8"]["mean_cosine"] < 1.5
+    assert "buckets" in refused.value.checks["int8"]
+    steps = [s["step"] for s in refused.value.steps]
+    assert "export the text graph" in steps and "variants: gate set through int8" in steps
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
 
