@@ -37,7 +37,7 @@ KMEANS_ROUNDS = 6
 # with a scale per centroid (a quarter): numpy widens float16 to float32 without SIMD here, so a
 # float16 scan took ~4x as long for one query, and int8 saved ~10% of the scan (the product, not
 # the reading, is what costs) while moving a score by up to 0.13
-# (benchmarks/results/search-scan.md). A new format gets a new file name beside this one.
+# (benchmarks/results/search-scan-100k.md; the int8 figures are a scratch measurement at 10,000 pages). A new format gets a new file name beside this one.
 TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
 IDS_FILE = "tokens.ids"  # 17 bytes a row: uuid bytes + 1 (live) / 0 (deleted), appended
 _ID_BYTES = 17
