@@ -149,7 +149,7 @@ def bench_reopen(folders: list[Path], rounds: int) -> dict:
 def markdown(r: dict) -> str:
     lines = [f"# Search parts: {r['title']}", "", markdown_header(r["machine"]), "",
              f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 cores"
-             + load_caveat(r), "", "Medians over the rounds (min-max in brackets); contenders "
+             + load_caveat(r) + (f" {r['note']}" if r.get("note") else ""), "", "Medians over the rounds (min-max in brackets); contenders "
              "interleaved in every round.", ""]
     if "scan" in r:
         s = r["scan"]
@@ -191,9 +191,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scratch", type=Path, help="where the scan's table file is kept")
     parser.add_argument("--out", default="search-parts")
+    parser.add_argument("--note", default="", help="how the run was scheduled (nice, lock), for the report")
     args = parser.parse_args()
     results = {"machine": machine_info(), "load_before": load_average(),
-               "title": args.out}
+               "title": args.out, "note": args.note}
     with tempfile.TemporaryDirectory(prefix="colembed-search-parts-") as tmp:
         if args.scan:
             folder = args.scratch or Path(tmp)
