@@ -33,11 +33,12 @@ from ..blas import one_thread
 
 CENTROIDS = 16  # per page: 3-6 text blocks + background need a few each (bench: 8/16/32)
 KMEANS_ROUNDS = 6
-# The table's on-disk format: float32 rows. Measured against float16 (half the bytes) and int8
-# with a scale per centroid (a quarter): numpy widens float16 to float32 without SIMD here, so a
-# float16 scan took ~4x as long for one query, and int8 saved ~10% of the scan (the product, not
-# the reading, is what costs) while moving a score by up to 0.13
-# (benchmarks/results/search-scan-100k.md; the int8 figures are a scratch measurement at 10,000 pages). A new format gets a new file name beside this one.
+# The table's on-disk format: float32 rows. Measured against float16 (half the bytes): numpy
+# widens float16 to float32 without SIMD here, so the scan took 1.8x as long for one query at
+# 100,000 pages (benchmarks/results/search-scan-100k.md); int8 with a scale per centroid (a
+# quarter) saved ~10% of the scan at 10,000 pages (the product, not the reading, is what costs)
+# while moving a score by up to 0.13 (a scratch measurement, docs/search.md). A new format gets
+# a new file name beside this one, so that old tables still open.
 TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
 IDS_FILE = "tokens.ids"  # 17 bytes a row: uuid bytes + 1 (live) / 0 (deleted), appended
 _ID_BYTES = 17
@@ -53,7 +54,7 @@ COMPACTING, SET_ASIDE = ".compacting", ".replaced"  # sibling folders of a compa
 # each holding its BLAS to one thread (blas.one_thread: numpy releases the GIL in the product).
 SCAN_CHUNK_PAGES = 256
 SCAN_THREADS = max(1, min(os.cpu_count() or 1, 8))
-SCAN_MIN_PAGES_PER_THREAD = 4096  # below this one thread scans alone (a thread costs ~0.1 ms)
+SCAN_MIN_PAGES_PER_THREAD = 4096  # below this one thread scans alone (too little to share)
 
 
 def page_centroids(image_tokens: np.ndarray, k: int = CENTROIDS) -> np.ndarray:
