@@ -165,6 +165,7 @@ class TokenTable:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._table: np.ndarray | None = None
         self._dirty = True
+        self._warmed = False
 
     @property
     def _row_bytes(self) -> int:
@@ -217,7 +218,8 @@ class TokenTable:
         self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
                                  shape=(n_table, self.k, self.dim)) if n_table else
                        np.zeros((0, self.k, self.dim), np.float32))
-        if n_table:
+        if n_table and not self._warmed:  # once an open: later loads follow writes
+            self._warmed = True
             _read_ahead(table_path)
         self._dirty = False
 
