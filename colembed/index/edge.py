@@ -9,8 +9,9 @@ docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim i
 Edge's brute force is fast). Every multivector (`page`, ~90% of the bytes, and the pooled `rows` /
 `cols`) stays on disk, memory-mapped (`on_disk`); only the `mean` vector (256 bytes a page) is
 held in RAM. Why: Edge drops a shard's files from the page cache when it closes, and an in-RAM
-vector is read whole at every open, so the open grew with the index (the `rows` / `cols` of
-100,000 pages, ~1.4 GB, took it to 3.2 s) while a search reads a few hundred pages' worth:
+vector is read whole at every open, so the open grew with the index (in-RAM `rows` / `cols`: 210
+MiB read and 320 MiB more RSS at 10,000 pages, 3.2 s at 100,000) while a search reads a few
+hundred pages' worth:
 mapped, the open reads the `mean` vectors only and a search faults in the pages it touches
 (measured: benchmarks/results/index-10k.md, benchmarks/results/search-reopen.md; the default plan
 reads no `rows` / `cols` at all). The storage is chosen when a shard is created: folders created
