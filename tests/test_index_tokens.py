@@ -301,3 +301,72 @@ def test_a_mark_that_no_longer_describes_the_folder_is_not_trusted(tmp_path):
     store.close()
     from colembed.index.edge import VERIFIED_FILE
     assert not (db / TOKENS_DIR / VERIFIED_FILE).exists()  # not current at close: no mark
+
+
+def test_a_batch_of_queries_is_scanned_in_one_pass_with_each_querys_own_scores():
+    """centroid_scores_many: per query, the sum over its tokens of the best centroid's dot product,
+    whatever the batch, the thread count or the chunking (pages past a chunk's and a thread's
+    share included)."""
+    from colembed.index import tokens
+
+    rng = np.random.default_rng(3)
+    table = _unit(rng.standard_normal((2 * tokens.SCAN_MIN_PAGES_PER_THREAD + 37, 4, DIM)))
+    queries = [_unit(rng.standard_normal((n, DIM))) for n in (1, 5, 3)]
+    want = np.stack([np.einsum("pkd,td->ptk", table, q).max(axis=2).sum(axis=1) for q in queries])
+    for threads in (1, 2):
+        got = tokens.centroid_scores_many(table, queries, threads=threads)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(centroid_scores(table, queries[1]), want[1], rtol=1e-5, atol=1e-5)
+    assert tokens.centroid_scores_many(table, []).shape == (0, len(table))
+
+
+def test_top_many_gives_each_query_the_pages_top_gives_it(tmp_path):
+    rng = np.random.default_rng(4)
+    table = TokenTable(tmp_path, DIM, k=2)
+    ids = [f"00000000-0000-0000-0000-{i:012x}" for i in range(50)]
+    table.append(ids, list(_unit(rng.standard_normal((50, 2, DIM)))))
+    table.delete(ids[:5])  # dead rows are scanned but never returned
+    queries = [_unit(rng.standard_normal((n, DIM))) for n in (2, 4)]
+    many = table.top_many(queries, 7)
+    assert many == [table.top(q, 7) for q in queries]
+    assert all(len(m) == 7 and not set(m) & set(ids[:5]) for m in many)
+
+
+def test_new_shards_map_rows_and_cols_and_a_folder_holding_them_in_ram_still_opens(
+        tmp_path, monkeypatch, small_plans):
+    """New shards keep every multivector memory-mapped (the open reads the `mean` vectors only);
+    a folder created with `rows` / `cols` in RAM (colembed before this) opens, searches with the
+    token plan and keeps its storage (the open passes Edge no config, so nothing is rewritten)."""
+    from colembed.index import edge
+
+    def needle_free(hits, needle):  # the fixture's distractors win the rows / cols pool
+        return needle not in {h.id for h in hits}
+
+    def vector_on_disk(db):
+        config = json.loads((db / edge.SHARD_DIR / "edge_config.json").read_text())
+        return {name: bool(v.get("on_disk")) for name, v in config["vectors"].items()}
+
+    pages, query = _local_pages()
+    points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
+    new = open_store(tmp_path / "new", dim=DIM)
+    new.upsert(points)
+    new.close()
+    assert vector_on_disk(tmp_path / "new") == {"page": True, "rows": True, "cols": True,
+                                                "mean": False}
+    with monkeypatch.context() as m:
+        m.setattr(edge, "MAPPED_VECTORS", (PAGE_VECTOR,))
+        old = open_store(tmp_path / "old", dim=DIM)
+        old.upsert(points)
+        old.close()
+    assert vector_on_disk(tmp_path / "old")["rows"] is False
+    for name in ("old", "new"):
+        store = open_store(tmp_path / name)
+        assert store.has_tokens()
+        hits, = store.search([query], 3, "two-stage")
+        exact, = store.search([query], 3, "exact")
+        assert hits[0].id == exact[0].id == points[NEEDLE].id
+        store.use_tokens = False  # the mean-gated plan reads rows / cols: mapped or in RAM alike
+        gated, = store.search([query], 3, "two-stage")
+        assert len(gated) == 3 and needle_free(gated, points[NEEDLE].id)
+        store.close()
+    assert vector_on_disk(tmp_path / "old")["rows"] is False

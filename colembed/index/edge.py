@@ -6,11 +6,16 @@ so an update that returned survives a killed process) and `<db>/colembed_index.l
 at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
 as float16 (half the disk and page cache, scores moved far below the gaps that order pages:
 docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim is exact and
-Edge's brute force is fast). The `page` vectors (~90% of the bytes) stay on disk, memory-mapped
-(`on_disk`): Edge drops a shard's files from the page cache when it closes, so an in-RAM copy made
-every reopen read all of them again although a two-stage search reads at most 200 pages' worth;
-mapped, the open reads the small vectors only and a search faults in the pages it reranks
-(measured: benchmarks/results/index-10k.md). Folders created before keep their in-RAM storage.
+Edge's brute force is fast). Every multivector (`page`, ~90% of the bytes, and the pooled `rows` /
+`cols`) stays on disk, memory-mapped (`on_disk`); only the `mean` vector (256 bytes a page) is
+held in RAM. Why: Edge drops a shard's files from the page cache when it closes, and an in-RAM
+vector is read whole at every open, so the open grew with the index (in-RAM `rows` / `cols`: 210
+MiB read and 320 MiB more RSS at 10,000 pages, 3.2 s at 100,000) while a search reads a few
+hundred pages' worth:
+mapped, the open reads the `mean` vectors only and a search faults in the pages it touches
+(measured: benchmarks/results/index-10k.md, benchmarks/results/search-reopen.md; the default plan
+reads no `rows` / `cols` at all). The storage is chosen when a shard is created: folders created
+before keep theirs (`page` only mapped, or everything in RAM before that) and open as they did.
 `<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
 write and checked against the shard's page ids on open (and compacted there when mostly dead rows): a folder without a current table (made
 by an older colembed, or a kill between the two writes) searches with the mean-gated plan and
@@ -41,10 +46,10 @@ from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreErro
 from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
 from .plan import TOKENS_STAGE, Stage, stage_query
-from .schema import (MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, VECTOR_NAMES,
-                     PagePoint, image_tokens)
+from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
+                     SCHEMA_VERSION, VECTOR_NAMES, PagePoint, image_tokens)
 from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
-from .tokens import CENTROIDS, IDS_FILE, TABLE_FILE, TokenTable, page_centroids
+from .tokens import CENTROIDS, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
@@ -154,22 +159,28 @@ def _release(shard, lock) -> None:
             lock.release()
 
 
+# The vectors a new shard keeps memory-mapped (the rest, `mean`, in RAM): see the module docstring.
+MAPPED_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)
+
+
 def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
     multi = (None if name == MEAN_VECTOR
              else qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))
     return qe.EdgeVectorParams(
         size=dim, distance=qe.Distance.Dot, multivector_config=multi,
         datatype=qe.VectorStorageDatatype.Float16, hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH),
-        on_disk=name == PAGE_VECTOR)
+        on_disk=name in MAPPED_VECTORS)
 
 
-def _prefetch(query: np.ndarray, stage: Stage, tokens: TokenTable) -> qe.Prefetch:
-    if stage.using == TOKENS_STAGE:  # the centroid scan's pages, passed in by id
-        ids = {uuid.UUID(i) for i in tokens.top(query, stage.limit)}
+def _prefetch(query: np.ndarray, stage: Stage, token_ids: Sequence[str]) -> qe.Prefetch:
+    """A plan stage as Edge's prefetch; `token_ids`: the centroid scan's pages for this query
+    (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id."""
+    if stage.using == TOKENS_STAGE:
+        ids = {uuid.UUID(i) for i in token_ids}
         return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
                            query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR),
                                                   using=MEAN_VECTOR))
-    inner = [_prefetch(query, stage.within, tokens)] if stage.within else None
+    inner = [_prefetch(query, stage.within, token_ids)] if stage.within else None
     return qe.Prefetch(limit=stage.limit, prefetches=inner, query=qe.Query.Nearest(
         stage_query(query, stage.using), using=stage.using))
 
@@ -218,7 +229,7 @@ class EdgeStore(Store):
     def _table_sizes(self) -> dict[str, int]:
         return {name: (self.folder / TOKENS_DIR / name).stat().st_size
                 if (self.folder / TOKENS_DIR / name).is_file() else 0
-                for name in (TABLE_FILE, IDS_FILE)}
+                for name in self.tokens.files()}
 
     def _marked_verified(self) -> bool:
         """The mark of the last clean close, and it still describes the folder: the table files
@@ -423,18 +434,27 @@ class EdgeStore(Store):
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
         check_mode(mode)
-        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode) for q in queries]
+        queries = [np.asarray(q, dtype=np.float32) for q in queries]
+        stages = [] if mode == "exact" else self.plan(k)
+        scans = [s.limit for s in stages if s.using == TOKENS_STAGE]
+        token_ids = (self.tokens.top_many(queries, max(scans)) if scans else
+                     [[] for _ in queries])
+        requests = [self._request(q, k, stages, ids) for q, ids in zip(queries, token_ids)]
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
                 for points in results]
 
-    def _request(self, query: np.ndarray, k: int, mode: str) -> qe.QueryRequest:
+    @staticmethod
+    def _request(query: np.ndarray, k: int, stages: Sequence[Stage],
+                 token_ids: Sequence[str]) -> qe.QueryRequest:
+        """Exact MaxSim over the page vectors, of every page (`stages` empty: exact mode) or of
+        the union of the plan's stages' pages."""
         exact = qe.Query.Nearest(query, using=PAGE_VECTOR)
-        if mode == "exact":
+        if not stages:
             return qe.QueryRequest(limit=k, query=exact, with_payload=True)
-        stages = [_prefetch(query, stage, self.tokens) for stage in self.plan(k)]
-        return qe.QueryRequest(limit=k, query=exact, prefetches=stages, with_payload=True)
+        return qe.QueryRequest(limit=k, query=exact, with_payload=True, prefetches=[
+            _prefetch(query, stage, token_ids) for stage in stages])
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _edge_errors("read pages", self.folder):

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -31,6 +33,12 @@ from ..blas import one_thread
 
 CENTROIDS = 16  # per page: 3-6 text blocks + background need a few each (bench: 8/16/32)
 KMEANS_ROUNDS = 6
+# The table's on-disk format: float32 rows. Measured against float16 (half the bytes): numpy
+# widens float16 to float32 without SIMD here, so the scan took 1.8x as long for one query at
+# 100,000 pages (benchmarks/results/search-scan-100k.md); int8 with a scale per centroid (a
+# quarter) saved ~10% of the scan at 10,000 pages (the product, not the reading, is what costs)
+# while moving a score by up to 0.13 (a scratch measurement, docs/search.md). A new format gets
+# a new file name beside this one, so that old tables still open.
 TABLE_FILE = "tokens.f32"  # (rows, CENTROIDS, dim) float32, appended
 IDS_FILE = "tokens.ids"  # 17 bytes a row: uuid bytes + 1 (live) / 0 (deleted), appended
 _ID_BYTES = 17
@@ -40,6 +48,13 @@ _ID_BYTES = 17
 # the scan is slowed by them (2x), and a rewrite costs one sequential copy of the live rows.
 MAX_DEAD_FRACTION = 0.5
 COMPACTING, SET_ASIDE = ".compacting", ".replaced"  # sibling folders of a compaction
+# The scan: pages per product. 256 pages x 16 centroids x 128 dims is 2 MiB of float32 and its
+# similarities (4,096 x the query tokens) stay in the core's L2 cache while they are reduced, so
+# the table is read from memory once; the scan's chunks are shared among `SCAN_THREADS` threads,
+# each holding its BLAS to one thread (blas.one_thread: numpy releases the GIL in the product).
+SCAN_CHUNK_PAGES = 256
+SCAN_THREADS = max(1, min(os.cpu_count() or 1, 8))
+SCAN_MIN_PAGES_PER_THREAD = 4096  # below this one thread scans alone (too little to share)
 
 
 def page_centroids(image_tokens: np.ndarray, k: int = CENTROIDS) -> np.ndarray:
@@ -75,16 +90,69 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return (x / np.where(n == 0, 1, n)).astype(np.float32)
 
 
-def centroid_scores(table: np.ndarray, query: np.ndarray, chunk: int = 8192) -> np.ndarray:
+def centroid_scores(table: np.ndarray, query: np.ndarray) -> np.ndarray:
     """Per page row of `table` (pages, k, dim): sum over the query's tokens of the best centroid's
     dot product (MaxSim against the centroids)."""
-    q = np.asarray(query, dtype=np.float32).T
-    out = np.empty(len(table), dtype=np.float32)
-    for lo in range(0, len(table), chunk):
-        block = table[lo:lo + chunk]
-        sims = block.reshape(-1, block.shape[-1]) @ q
-        out[lo:lo + len(block)] = sims.reshape(len(block), block.shape[1], -1).max(axis=1).sum(axis=1)
+    return centroid_scores_many(table, [query])[0]
+
+
+def centroid_scores_many(table: np.ndarray, queries: Sequence[np.ndarray],
+                         threads: int | None = None) -> np.ndarray:
+    """(queries, pages) float32: `centroid_scores` of each query, in one pass over the table (one
+    product per chunk for all the queries' tokens: the table is read once however many queries
+    come)."""
+    qs = [np.asarray(q, dtype=np.float32) for q in queries]
+    flat = np.ascontiguousarray(np.concatenate(qs).T) if qs else np.zeros((table.shape[-1], 0),
+                                                                            np.float32)
+    starts = np.cumsum([0] + [len(q) for q in qs])[:-1]
+    out = np.empty((len(qs), len(table)), dtype=np.float32)
+    if not qs or not len(table):
+        return out
+    threads = threads or SCAN_THREADS
+    threads = max(1, min(threads, len(table) // SCAN_MIN_PAGES_PER_THREAD))
+    chunks = [(lo, min(lo + SCAN_CHUNK_PAGES, len(table)))
+              for lo in range(0, len(table), SCAN_CHUNK_PAGES)]
+
+    def scan(part: Sequence[tuple[int, int]]) -> None:
+        with one_thread():
+            for lo, hi in part:
+                block = np.asarray(table[lo:hi], dtype=np.float32)
+                sims = block.reshape(-1, block.shape[-1]) @ flat  # (pages * k, all query tokens)
+                best = sims.reshape(hi - lo, block.shape[1], -1).max(axis=1)
+                out[:, lo:hi] = np.add.reduceat(best, starts, axis=1).T
+
+    if threads == 1:
+        scan(chunks)
+    else:  # contiguous shares: each thread streams its own part of the table
+        shares = np.array_split(np.arange(len(chunks)), threads)
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(lambda share: scan([chunks[i] for i in share]), shares))
     return out
+
+
+def _read_ahead(path: Path) -> None:
+    """Ask the kernel to read the table into the page cache, in a daemon thread, so that the first
+    query after an open (usually preceded by embedding it: model load, tokenising) does not fault
+    the whole table in from disk (820 MB at 100,000 pages; Edge's close drops its own files from
+    the cache, not this one, but another process or a reboot may have). Advisory: no effect where
+    `posix_fadvise` is missing, and any error is ignored."""
+    advise = getattr(os, "posix_fadvise", None)
+    if advise is None:
+        return
+
+    def run() -> None:
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return
+        try:
+            advise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+
+    threading.Thread(target=run, name="colembed-token-table-readahead", daemon=True).start()
 
 
 class TokenTable:
@@ -96,12 +164,16 @@ class TokenTable:
         TokenTable.recover(self.folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._table: np.ndarray | None = None
-        self._live: np.ndarray | None = None  # row -> id string (None when dead)
         self._dirty = True
+        self._warmed = False
 
     @property
     def _row_bytes(self) -> int:
         return self.k * self.dim * 4
+
+    def files(self) -> list[str]:
+        """The names of the table's two files (what a verified mark records the sizes of)."""
+        return [TABLE_FILE, IDS_FILE]
 
     def append(self, ids: Sequence[str], centroids: Sequence[np.ndarray]) -> None:
         if not ids:
@@ -146,6 +218,9 @@ class TokenTable:
         self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
                                  shape=(n_table, self.k, self.dim)) if n_table else
                        np.zeros((0, self.k, self.dim), np.float32))
+        if n_table and not self._warmed:  # once an open: later loads follow writes
+            self._warmed = True
+            _read_ahead(table_path)
         self._dirty = False
 
     def ids(self) -> list[str]:
@@ -205,16 +280,24 @@ class TokenTable:
 
     def top(self, query: np.ndarray, limit: int) -> list[str]:
         """The ids of the `limit` pages whose centroids best match the query."""
+        return self.top_many([query], limit)[0]
+
+    def top_many(self, queries: Sequence[np.ndarray], limit: int) -> list[list[str]]:
+        """`top` of each query, the table scanned once for all of them."""
         ids = self.ids()
         if not ids:
-            return []
-        scores = centroid_scores(self._table, query)[self._rows]
+            return [[] for _ in queries]
+        every = centroid_scores_many(self._table, queries)
         limit = min(limit, len(ids))
-        best = np.argpartition(-scores, limit - 1)[:limit]
-        return [ids[i] for i in best[np.argsort(-scores[best])]]
+        out = []
+        for scores in every:
+            scores = scores[self._rows]
+            best = np.argpartition(-scores, limit - 1)[:limit]
+            out.append([ids[i] for i in best[np.argsort(-scores[best])]])
+        return out
 
     def reset(self) -> None:
-        for name in (TABLE_FILE, IDS_FILE):
+        for name in self.files():
             (self.folder / name).unlink(missing_ok=True)
         self._dirty = True
 
