@@ -32,8 +32,10 @@ least one page, and queries are split into groups when one page against all quer
 So 100,000 pages never materialise a (Q, N, Lq, Ld) tensor.
 
 NaN/inf: every query is checked up front. Pages are checked without an extra pass over them: on
-the numpy path inside the GEMM (two extra query rows of +1 and -1 give each page row's sum and its
-negation, both finite iff the row is), on the onnx path by a sum of squares taken while the page is
+the numpy path inside the GEMM (a NaN/inf page row makes some query row's maximum NaN or +inf
+when every dim has a query value >= 0 and one <= 0; otherwise two extra query rows of +1 and -1
+give each page row's sum and its negation, both finite iff the row is: `_needs_sign_rows`), on
+the onnx path by a sum of squares taken while the page is
 in cache after padding it. A suspect page is confirmed with `np.isfinite` before an error names it
 (a finite page whose sums overflow fp32 passes).
 
@@ -91,11 +93,13 @@ PARALLEL_MAX_QUERY_ROWS = 1 << 30
 # gets several runs): small enough that the last run of a block costs little waiting, large enough
 # that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
 PARALLEL_CHUNK_PAGES = 8
-# The per-page kernels pad the query columns (query rows + 2 sign rows) with zero columns to a
-# multiple of this: OpenBLAS's sgemm (Haswell kernels, as on this AVX2 EPYC) runs the query
-# dimension in strips of 8, and a partial strip costs about a whole one. Measured single-threaded on
-# 700-800-token pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost
-# more and were up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too.
+# The per-page kernels pad the query columns (`_query_columns`) with zero columns to a multiple of
+# this: OpenBLAS's sgemm (Haswell kernels, as on the AVX2 EPYC) runs the query dimension in strips
+# of 8, and a partial strip costs about a whole one. Measured single-threaded on 700-800-token
+# pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost more and were
+# up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too. Its SkylakeX
+# kernels (the AVX-512 EPYC) take strips of 16 with 8/4/2/1 tails: 26-30 padded to 32 cost less
+# than unpadded there, 34 padded to 40 ~10% more (docs/scoring.md); 8 stays.
 QUERY_COLUMN_MULTIPLE = 8
 # `_column_max` views this many similarity rows as one row (see there).
 MAX_GROUP_ROWS = 8
