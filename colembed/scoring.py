@@ -32,8 +32,10 @@ least one page, and queries are split into groups when one page against all quer
 So 100,000 pages never materialise a (Q, N, Lq, Ld) tensor.
 
 NaN/inf: every query is checked up front. Pages are checked without an extra pass over them: on
-the numpy path inside the GEMM (two extra query rows of +1 and -1 give each page row's sum and its
-negation, both finite iff the row is), on the onnx path by a sum of squares taken while the page is
+the numpy path inside the GEMM (a NaN/inf page row makes some query row's maximum NaN or +inf
+when every dim has a query value >= 0 and one <= 0; otherwise two extra query rows of +1 and -1
+give each page row's sum and its negation, both finite iff the row is: `_needs_sign_rows`), on
+the onnx path by a sum of squares taken while the page is
 in cache after padding it. A suspect page is confirmed with `np.isfinite` before an error names it
 (a finite page whose sums overflow fp32 passes).
 
@@ -91,11 +93,13 @@ PARALLEL_MAX_QUERY_ROWS = 1 << 30
 # gets several runs): small enough that the last run of a block costs little waiting, large enough
 # that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
 PARALLEL_CHUNK_PAGES = 8
-# The per-page kernels pad the query columns (query rows + 2 sign rows) with zero columns to a
-# multiple of this: OpenBLAS's sgemm (Haswell kernels, as on this AVX2 EPYC) runs the query
-# dimension in strips of 8, and a partial strip costs about a whole one. Measured single-threaded on
-# 700-800-token pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost
-# more and were up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too.
+# The per-page kernels pad the query columns (`_query_columns`) with zero columns to a multiple of
+# this: OpenBLAS's sgemm (Haswell kernels, as on the AVX2 EPYC) runs the query dimension in strips
+# of 8, and a partial strip costs about a whole one. Measured single-threaded on 700-800-token
+# pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost more and were
+# up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too. Its SkylakeX
+# kernels (the AVX-512 EPYC) take strips of 16 with 8/4/2/1 tails: 26-30 padded to 32 cost less
+# than unpadded there, 34 padded to 40 ~10% more (docs/scoring.md); 8 stays.
 QUERY_COLUMN_MULTIPLE = 8
 # `_column_max` views this many similarity rows as one row (see there).
 MAX_GROUP_ROWS = 8
@@ -208,9 +212,10 @@ def _reference_floor(lengths: np.ndarray, batch: int) -> np.ndarray:
 
 
 def _check_rows_finite(signs: np.ndarray, docs: list[np.ndarray], start: int) -> None:
-    """`signs` holds, per page, max and -min of its rows' sums (from the +1/-1 query rows).
-    Both finite iff every row of the page is finite, except for a sum that overflows fp32; the
-    exact check then decides."""
+    """`signs` holds, per page, maxima of products with its rows that are all finite iff every
+    row of the page is finite (the +1/-1 sign rows' max and -min of each row's sum, or the
+    per-page kernels' column maxima: `_query_columns`), except for a product that overflows fp32;
+    the exact check then decides."""
     bad = np.flatnonzero(~np.isfinite(signs).all(axis=-1))
     for j in bad:
         if not np.isfinite(docs[j]).all():
@@ -280,10 +285,11 @@ def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
 
 def _finish_per_page(best: np.ndarray, rows: int, starts: np.ndarray, docs: list[np.ndarray],
                      floor: np.ndarray | None, first: int) -> np.ndarray:
-    """(Q, pages) scores from the per-page maxima `best` (pages, rows+2) of the query rows and
-    the two sign rows: the pages checked for NaN/inf, the reference's zero rows, the sum over each
-    query's rows."""
-    _check_rows_finite(best[:, rows:], docs, first)
+    """(Q, pages) scores from the per-page maxima `best` (pages, real columns of
+    `_query_columns`): the pages checked for NaN/inf (every real column's maximum is finite on a
+    finite page, and on a page with a NaN/inf row at least one is not: see `_query_columns`),
+    the reference's zero rows, the sum over each query's rows."""
+    _check_rows_finite(best, docs, first)
     maxima = best[:, :rows]
     if floor is not None and floor.any():
         np.maximum(maxima, 0.0, out=maxima, where=floor[:, None])
@@ -295,11 +301,11 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     """One GEMM per page against all query rows (BLAS on every core within each call); no copy
     of the pages. Returns (Q, pages)."""
     rows = q.shape[0]
-    qt = _query_columns(q)  # (dim, rows+2 rounded up to QUERY_COLUMN_MULTIPLE)
+    qt, real = _query_columns(q)
     best = np.empty((len(docs), qt.shape[1]), dtype=np.float32)
     scratch = np.empty(_group_padded(max(len(d) for d in docs)) * qt.shape[1], dtype=np.float32)
     _page_maxima(qt, docs, best, scratch)
-    return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
+    return _finish_per_page(best[:, :real], rows, starts, docs, floor, first)
 
 
 def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
@@ -316,7 +322,7 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
         return _numpy_per_page(q, starts, docs, floor, first)
     count, pool, limit = workers
     rows = q.shape[0]
-    qt = _query_columns(q)  # read by every worker
+    qt, real = _query_columns(q)  # read by every worker
     cols = qt.shape[1]
     best = np.empty((len(docs), cols), dtype=np.float32)
     run = max(1, min(PARALLEL_CHUNK_PAGES, len(docs) // (4 * count)))
@@ -337,7 +343,7 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
     futures = [pool.submit(work) for _ in range(count)]
     for f in futures:
         f.result()
-    return _finish_per_page(best[:, :rows + 2], rows, starts, docs, floor, first)
+    return _finish_per_page(best[:, :real], rows, starts, docs, floor, first)
 
 
 _WORKERS: Any = False  # not looked up yet
@@ -382,15 +388,31 @@ def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     return np.add.reduceat(maxima, starts, axis=0)
 
 
-def _query_columns(q: np.ndarray) -> np.ndarray:
-    """(dim, cols) C-contiguous: the query rows and the two sign rows (`_with_sign_rows`) as
-    columns, then zero columns up to a multiple of QUERY_COLUMN_MULTIPLE (see there). A zero
-    column's similarities are 0 (NaN on a non-finite page row); they are never read."""
+def _query_columns(q: np.ndarray) -> tuple[np.ndarray, int]:
+    """((dim, cols) C-contiguous, real columns): the query rows as columns, the two sign rows
+    (`_with_sign_rows`) after them only when `_needs_sign_rows(q)`, then zero columns up to a
+    multiple of QUERY_COLUMN_MULTIPLE (see there). A zero column's similarities are 0 (NaN on a
+    non-finite page row); they are never read. On a page row holding NaN/inf at least one real
+    column's product is NaN or +inf, so its maximum over the page is not finite."""
     rows, dim = q.shape
-    cols = -(-(rows + 2) // QUERY_COLUMN_MULTIPLE) * QUERY_COLUMN_MULTIPLE
+    real = rows + 2 if _needs_sign_rows(q) else rows
+    cols = -(-real // QUERY_COLUMN_MULTIPLE) * QUERY_COLUMN_MULTIPLE
     qt = np.zeros((dim, cols), dtype=np.float32)
-    qt[:, :rows + 2] = _with_sign_rows(q).T
-    return qt
+    qt[:, :real] = (_with_sign_rows(q) if real > rows else q).T
+    return qt, real
+
+
+def _needs_sign_rows(q: np.ndarray) -> bool:
+    """Whether the query rows alone may miss a NaN/inf page row, so the +1/-1 sign rows must join.
+
+    A product q . d over a page row d holding NaN is NaN. One holding +-inf at dims S (and no
+    NaN) is -inf only if, at every dim k in S, q_k is nonzero with the sign opposite to d_k
+    (a zero q_k gives 0 * inf = NaN, a same-sign one +inf, and +inf beside -inf is NaN). So if at
+    every dim some query row is >= 0 and some is <= 0, some row's product with any NaN/inf page
+    row is NaN or +inf, and that row's maximum over the page shows it: the sign rows (two more
+    columns in every page's GEMM) are needed only when some dim has one strict sign across all
+    the rows (a one-token query, almost never a real multi-token one)."""
+    return not (bool((q.min(axis=0) <= 0).all()) and bool((q.max(axis=0) >= 0).all()))
 
 
 def _with_sign_rows(q: np.ndarray) -> np.ndarray:

@@ -160,19 +160,69 @@ def test_a_batch_of_32_queries_is_scored_on_the_worker_threads_too(monkeypatch):
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 14, 15, 30, 31, 32])
 def test_query_columns_padded_to_the_kernel_strip_give_the_brute_force(rows):
-    """The query columns (rows + 2 sign rows) are padded with zero columns to a multiple of
-    QUERY_COLUMN_MULTIPLE: lengths just under, at and over a multiple, against float64."""
+    """The query columns (rows, + 2 sign rows when `_needs_sign_rows`) are padded with zero
+    columns to a multiple of QUERY_COLUMN_MULTIPLE: lengths just under, at and over a multiple,
+    against float64."""
     rng = np.random.default_rng(rows)
     qs = [rng.standard_normal((rows, 128)).astype(np.float32),
           rng.standard_normal((1, 128)).astype(np.float32)]
     docs = [rng.standard_normal((int(n), 128)).astype(np.float32)
             for n in rng.integers(1, 801, 24)]
-    cols = scoring._query_columns(np.concatenate(qs)).shape[1]
-    assert cols % scoring.QUERY_COLUMN_MULTIPLE == 0 and cols >= rows + 3
+    stacked = np.concatenate(qs)
+    qt, real = scoring._query_columns(stacked)
+    assert real == rows + 1 + 2 * scoring._needs_sign_rows(stacked)
+    assert qt.shape[1] % scoring.QUERY_COLUMN_MULTIPLE == 0 and qt.shape[1] >= real
     want = np.array([[(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum()
                       for d in docs] for q in qs])
     np.testing.assert_allclose(colembed.score(qs, docs, backend="numpy"), want,
                                rtol=1e-5, atol=1e-4)
+
+
+def test_sign_rows_join_only_when_a_dim_has_one_strict_sign():
+    """`_needs_sign_rows`: a dim where every query row is > 0 (or every one < 0) needs them; a
+    zero, or both signs, at every dim does not (a real multi-token query)."""
+    rng = np.random.default_rng(5)
+    mixed = rng.standard_normal((24, 128)).astype(np.float32)
+    mixed[0], mixed[1] = np.abs(mixed[0]), -np.abs(mixed[1])  # both signs at every dim
+    assert not scoring._needs_sign_rows(mixed)
+    one_sign = mixed.copy()
+    one_sign[:, 17] = np.abs(one_sign[:, 17]) + 0.1
+    assert scoring._needs_sign_rows(one_sign) and scoring._needs_sign_rows(-one_sign)
+    with_zero = one_sign.copy()
+    with_zero[3, 17] = 0.0  # 0 * inf is NaN: a zero covers both signs
+    assert not scoring._needs_sign_rows(with_zero)
+    assert scoring._needs_sign_rows(mixed[:1]) and not scoring._needs_sign_rows(np.zeros((1, 128), np.float32))
+
+
+@pytest.mark.parametrize("query_kind", ["mixed", "one strict sign", "one token"])
+@pytest.mark.parametrize("pattern", ["+inf", "-inf", "+inf and -inf", "nan", "-inf in every dim"])
+def test_a_non_finite_page_row_is_caught_with_or_without_the_sign_rows(query_kind, pattern):
+    """Whatever the query's signs: a page row whose products with every query row would be
+    -inf (the -inf at dims where the query rows are all positive) still gives the named error,
+    on the per-page path with (one strict sign, one token) and without (mixed) the sign rows."""
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((20, 128)).astype(np.float32)
+    if query_kind == "one strict sign":
+        q[:, :8] = np.abs(q[:, :8]) + 0.1
+    elif query_kind == "one token":
+        q = np.abs(q[:1]) + 0.1
+    else:
+        q[0], q[1] = np.abs(q[0]), -np.abs(q[1])
+    assert scoring._needs_sign_rows(q) == (query_kind != "mixed")
+    docs = [rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(700, 801, 12)]
+    row = docs[9][123]
+    if pattern == "+inf":
+        row[3] = np.inf
+    elif pattern == "-inf":
+        row[3] = -np.inf  # q[:, 3] > 0 on the one-sign queries: every product is -inf
+    elif pattern == "+inf and -inf":
+        row[2:4] = [np.inf, -np.inf]
+    elif pattern == "nan":
+        row[5] = np.nan
+    else:
+        row[:] = -np.inf
+    with pytest.raises(ScoringError, match="document 9: contains NaN or inf"):
+        colembed.score(q, docs, backend="numpy")
 
 
 def test_a_non_finite_page_raises_the_named_error_not_a_warning_from_a_worker():
