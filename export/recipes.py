@@ -37,7 +37,9 @@ see benchmarks/README.md):
   rounding, ~1.5-2% of its output at 2B widths and dominated on random weights by the 7-bit
   weights' step, adds up over 28 layers. No exact split of the 16-bit pair sums does much
   better (benchmarks/results/variants-int8-code-error.md); a second 7-bit code per weight
-  (quantise.WEIGHT_PASSES = 2) cuts each MatMul's cosine loss ~5x at twice the integer products.
+  (quantise.WEIGHT_PASSES = 2) cuts each MatMul's cosine loss ~5x on random weights at twice
+  the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
+  variants-int8-passes-kernels.md), and almost nothing where activation outliers dominate.
   It stays off here until its cost and its fidelity at depth are measured together
   (docs/variants.md, "int8 at the real depth").
 - int4 is for the language model, where query work is memory-bound; the vision tower is
