@@ -8,7 +8,9 @@ column, one activation scale per token, MatMulIntegerToFloat) and com.microsoft 
 activation to int8 per token and per block of K: candidate (b) of issue 24, "an activation scale
 per row per group of input channels", fused in one kernel) or level 1 (fp32 compute). Per arm:
 per-token cosine to the float64 product (min / mean), then time at 20 and 200 tokens,
-interleaved (order reversed every round), median of 3 rounds, ratio to the row scheme.
+interleaved (order reversed every round), median of 3 rounds (5 with `--row-only`), ratio to the
+row scheme. The "row, 2 weight codes" arm is the row scheme with quantise.WEIGHT_PASSES = 2
+(each weight as two 7-bit codes: twice the integer products, one activation quantisation).
 
 What it models: the MatMul shapes of a 2B-width text layer (1536 -> 8960 up/gate, 8960 -> 1536
 down) and an activation with three channels 30x the rest (no fp32 outlier split in the row arm:
@@ -36,13 +38,13 @@ def _fp32_model(w):
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
-def row_model(w):
+def row_model(w, passes=1):
     import onnx_ir as ir
 
     from colembed_export.quantise import quantise_matmuls
 
     model = ir.from_proto(_fp32_model(w))
-    quantise_matmuls(model, {"mm": "row"})
+    quantise_matmuls(model, {"mm": "row"}, weight_passes=passes)
     return ir.to_proto(model)
 
 
@@ -71,14 +73,20 @@ def cosines(a, b):
 
 
 def main() -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--row-only", action="store_true", help="only the row scheme with one and "
+                        "two weight codes (quantise.WEIGHT_PASSES), no MatMulNBits arms")
+    args = parser.parse_args()
     rng = np.random.default_rng(0)
     print("load average at start", os.getloadavg(), flush=True)
     for K, N in [(1536, 8960), (8960, 1536)]:
         w = (rng.standard_normal((K, N)) * 0.02).astype(np.float32)
         x = rng.standard_normal((200, K)).astype(np.float32)
         x[:, rng.integers(0, K, 3)] *= 30  # a few big channels
-        arms = {"row": session(row_model(w))}
-        for block, accuracy in [(16, 4), (32, 4), (128, 4), (32, 1)]:
+        arms = {"row": session(row_model(w)), "row, 2 weight codes": session(row_model(w, 2))}
+        for block, accuracy in [] if args.row_only else [(16, 4), (32, 4), (128, 4), (32, 1)]:
             arms[f"nbits8 block {block} acc {accuracy}"] = session(nbits8_model(w, block, accuracy))
         want = x.astype(np.float64) @ w.astype(np.float64)
         for name, s in arms.items():
@@ -88,7 +96,7 @@ def main() -> int:
             xs = x[:tokens]
             times = {n: [] for n in arms}
             reps = max(3, 200 // tokens)
-            for r in range(3):
+            for r in range(5 if args.row_only else 3):
                 for n in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
                     start = time.perf_counter()
                     for _ in range(reps):

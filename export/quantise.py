@@ -54,6 +54,11 @@ WEIGHT_PEAK = 63
 ACTIVATION_PEAK = 127
 ROW_ZERO_POINT = ACTIVATION_PEAK + 1  # (today's default: codes 1..255 around 128)
 ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
+# How many int8 codes hold each weight of a "row" MatMul: 1, or 2 (the second quantises what the
+# first left, W ~ s1 Q1 + s2 Q2 with s2 ~ s1 / (2 WEIGHT_PEAK): ~13-bit weights from two 7-bit
+# codes, each exact on AVX2, one activation quantisation shared, twice the integer products).
+# Read when called; the recipe's choice and its measurements are in recipes.py.
+WEIGHT_PASSES = 1
 
 
 def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.ndarray, np.ndarray]:
@@ -63,6 +68,21 @@ def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.
     scale = np.where(peak > 0, peak / levels, 1.0).astype(np.float32)
     quantised = np.clip(np.rint(weight / scale), -levels, levels).astype(np.int8)
     return quantised, scale
+
+
+def quantised_weight_passes(weight: np.ndarray, levels: int = WEIGHT_PEAK, passes: int = 1
+                            ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`passes` (int8 codes, column scales) pairs whose scaled sum approximates `weight`: each
+    pass quantises (per column, `quantised_weight`) what the passes before it left. Every pass's
+    codes stay in -levels..levels, so each product is as exact on AVX2 as one pass's."""
+    out = []
+    rest = np.asarray(weight, np.float32)
+    for i in range(passes):
+        codes, scale = quantised_weight(rest, levels)
+        out.append((codes, scale))
+        if i + 1 < passes:
+            rest = rest - codes.astype(np.float32) * scale[None, :]
+    return out
 
 
 class _Builder:
@@ -142,7 +162,8 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      smoothing: Mapping[str, np.ndarray] | None = None, *,
                      outliers: Mapping[str, np.ndarray] | None = None,
                      weight_levels: int = WEIGHT_PEAK,
-                     activation_levels: int = ACTIVATION_PEAK) -> dict[str, int]:
+                     activation_levels: int = ACTIVATION_PEAK,
+                     weight_passes: int | None = None) -> dict[str, int]:
     """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
     MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
     are multiplied by before quantising (the norm before it was divided by them already).
@@ -150,7 +171,8 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     product (LLM.int8()'s decomposition: Y = X[:, rest] W[rest] in int8 + X[:, out] W[out] in
     fp32); every MatMul reading the same activation must name the same channels.
     `weight_levels` / `activation_levels`: the codes' peaks (see WEIGHT_PEAK: their stored
-    codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits)."""
+    codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits).
+    `weight_passes` (default WEIGHT_PASSES, read when called): int8 codes per "row" weight."""
     if weight_levels * 2 * (2 * activation_levels + 1) > 32767:
         raise ExportError(f"int8 weights of peak {weight_levels} with activations of peak "
                           f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums")
@@ -159,6 +181,9 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
 
     from .graph_edits import _const_float, _swap_in
 
+    passes = WEIGHT_PASSES if weight_passes is None else weight_passes
+    if passes not in (1, 2):
+        raise ExportError(f"weight_passes must be 1 or 2, not {passes}")
     graph = model.graph
     b = _Builder(graph)
     counts = dict.fromkeys(SCHEMES, 0)
@@ -185,7 +210,8 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
             outlier_rows = np.ascontiguousarray(source[split])
             source = source.copy() if source is array else source
             source[split] = 0.0
-        quantised, scale = quantised_weight(source, weight_levels)
+        layers = quantised_weight_passes(source, weight_levels, passes if scheme == "row" else 1)
+        quantised, scale = layers[0]
         del source, array
         if len(w.uses()) == 1:
             release(w)
@@ -212,6 +238,15 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
             columns = b.node("Mul", [act["scale"], ws], f"{base}_columns")
             scaled = b.node("Mul", [as_float.outputs[0], columns.outputs[0]], f"{base}_scaled")
             new += [product, as_float, columns, scaled]
+            for i, (codes, fine) in enumerate(layers[1:], start=2):  # the residual passes
+                extra = b.node("MatMulInteger", [act["q"], b.init(f"{base}_w{i}_int8", codes),
+                                                 act["zero_point"], wzp], f"{base}_int{i}")
+                cast = b.node("Cast", [extra.outputs[0]], f"{base}_float{i}", to=ir.DataType.FLOAT)
+                cols = b.node("Mul", [act["scale"], b.init(f"{base}_w{i}_scale", fine)],
+                              f"{base}_columns{i}")
+                part = b.node("Mul", [cast.outputs[0], cols.outputs[0]], f"{base}_scaled{i}")
+                scaled = b.node("Add", [scaled.outputs[0], part.outputs[0]], f"{base}_sum{i}")
+                new += [extra, cast, cols, part, scaled]
             if outlier_rows is not None:
                 if "outlier_cols" not in act:
                     raise ExportError(f"{node.name}: MatMuls reading one activation name other "

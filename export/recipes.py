@@ -32,6 +32,16 @@ see benchmarks/README.md):
   to measure against (`quantize_int8(..., scheme="tensor")`).
   Not solved: on the 2B-width held-out stress checkpoint the page prompt's text tokens after
   the image tokens still fall to min ~0.83-0.90; the gate refuses such a variant at export.
+  Not solved either: depth. At full Qwen2-VL-2B depth (32 + 28) on random weights this recipe
+  misses the gate in every bucket (mean 0.990, queries as much as pages): each MatMul's
+  rounding, ~1.5-2% of its output at 2B widths and dominated on random weights by the 7-bit
+  weights' step, adds up over 28 layers. No exact split of the 16-bit pair sums does much
+  better (benchmarks/results/variants-int8-code-error.md); a second 7-bit code per weight
+  (quantise.WEIGHT_PASSES = 2) cuts each MatMul's cosine loss ~5x on random weights at twice
+  the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
+  variants-int8-passes-kernels.md), and almost nothing where activation outliers dominate.
+  It stays off here until its cost and its fidelity at depth are measured together
+  (docs/variants.md, "int8 at the real depth").
 - int4 is for the language model, where query work is memory-bound; the vision tower is
   compute-bound, where 4 bits save nothing over int8 compute but cost accuracy, so the int4
   variant reuses the int8 vision graph file.

@@ -125,3 +125,55 @@ def test_8bit_block_writer_runs_in_matmulnbits():
     want = x.astype(np.float64) @ weight.astype(np.float64)
     cos = np.sum(got * want, axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
     assert cos.min() > 0.9999, cos
+
+
+def test_two_weight_codes_stay_in_the_exact_range_and_refine_the_weight():
+    """Each pass's codes stay within the peak the AVX2 pair sums allow (the integer kernels see
+    only such codes, test above), and the second pass cuts the weight's rounding error by about
+    the code range (~2 x WEIGHT_PEAK), which one pass at any exact peak cannot."""
+    rng = np.random.default_rng(3)
+    weight = (rng.standard_normal((512, 96)) * 0.02).astype(np.float32)
+    weight[7, 3] = 0.5  # one large weight sets its column's scale
+    passes = Q.quantised_weight_passes(weight, Q.WEIGHT_PEAK, 2)
+    assert len(passes) == 2
+    for codes, _ in passes:
+        assert codes.dtype == np.int8 and np.abs(codes).max() <= Q.WEIGHT_PEAK
+    (first, s1), (second, s2) = passes
+    assert np.all(s2 <= s1 / (2 * Q.WEIGHT_PEAK) * 1.0001)  # the residual is within half a step
+    one = first * s1.astype(np.float64)
+    two = one + second * s2.astype(np.float64)
+    err1, err2 = np.abs(one - weight).max(), np.abs(two - weight).max()
+    assert err2 < err1 / (Q.WEIGHT_PEAK)  # ~1/(2 peak) in theory; margin for rounding ties
+    assert Q.quantised_weight_passes(weight, Q.WEIGHT_PEAK, 1)[0][0].tobytes() == first.tobytes()
+
+
+def test_row_scheme_with_two_weight_codes_equals_its_emulation():
+    """The graph with two codes per weight (two MatMulIntegers on one activation quantisation)
+    gives the emulated sum of both passes, and is nearer the fp32 product than one pass."""
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(4)
+    weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((2, 9, 256)).astype(np.float32)
+    rows = x.reshape(-1, 256)
+    scale = (np.maximum(np.abs(rows).max(axis=1), Q.ROW_SCALE_FLOOR * Q.ACTIVATION_PEAK)
+             / Q.ACTIVATION_PEAK).astype(np.float32)
+    codes = np.clip(np.rint(rows / scale[:, None]), -Q.ACTIVATION_PEAK, Q.ACTIVATION_PEAK)
+    want = sum((codes.astype(np.int64) @ c.astype(np.int64)) * (scale[:, None].astype(np.float64)
+                                                                * s[None, :])
+               for c, s in Q.quantised_weight_passes(weight, Q.WEIGHT_PEAK, 2))
+    got = {}
+    for passes in (1, 2):
+        model = _single_matmul(weight, lead=("B", "T"))
+        Q.quantise_matmuls(model, {"mm": "row"}, weight_passes=passes)
+        assert sum(n.op_type == "MatMulInteger" for n in model.graph) == passes
+        got[passes] = _session(ir.to_proto(model)).run(None, {"x": x})[0].reshape(-1, 48)
+    np.testing.assert_allclose(got[2], want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
+    exact = rows.astype(np.float64) @ weight.astype(np.float64)
+    assert np.abs(got[2] - exact).max() < np.abs(got[1] - exact).max() / 1.5
+
+
+def test_weight_passes_other_than_one_or_two_are_refused():
+    model = _single_matmul(np.ones((8, 4), np.float32))
+    with pytest.raises(ExportError, match="weight_passes"):
+        Q.quantise_matmuls(model, {"mm": "row"}, weight_passes=3)
