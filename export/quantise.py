@@ -17,10 +17,9 @@ column) and one of three activation schemes, chosen per MatMul by the int8 recip
   with. Why this form: six nodes per activation and two per MatMul, no reshapes (an earlier form
   reshaped every activation to 2-D rows for a per-axis QuantizeLinear and back after every
   product: 61 nodes a text layer against 38, each a kernel launch that a short query pays in
-  full), and
-  the row scaling a Mul that onnxruntime runs on all threads (when the row x column scales were
-  one Mul that onnxruntime fused into MatMulIntegerToFloat, the kernel applied the row scales in
-  a single-threaded pass over the output). A bias Add after the Mul stays a separate node:
+  full), and the row scaling a Mul that onnxruntime runs on all threads (when the row x column
+  scales were one Mul that onnxruntime fused into MatMulIntegerToFloat, the kernel applied the
+  row scales in a single-threaded pass over the output). A bias Add after the Mul stays a separate node:
   onnxruntime fuses a bias into MatMulIntegerToFloat only from MatMulInteger -> Cast -> Mul,
   where it would scale the bias by the row scale too (tests/test_gemm_as_matmul.py).
 - "fp32": the MatMul is left as it is.
