@@ -7,21 +7,12 @@ column) and one of three activation schemes, chosen per MatMul by the int8 recip
   tensor) + MatMulInteger + Cast + Mul, exactly the nodes onnxruntime's `quantize_dynamic` writes;
   its CPU optimiser fuses them into one DynamicQuantizeMatMul kernel. The scale follows the
   largest value anywhere in the tensor: every token of every item of the batch, padding included.
-- "row": one symmetric scale per row (token), from plain ONNX ops in the activation's own shape:
-  the scale max|row| / peak (Abs, ReduceMax over the last axis, a floor), the codes
-  QuantizeLinear(x / scale) with scale 1 and zero point 128 (the same division and rounding as a
-  per-axis QuantizeLinear by that scale, bit for bit), shared by every MatMul reading that tensor
-  (q/k/v, gate/up); each MatMul is then com.microsoft MatMulIntegerToFloat with the weights'
-  column scales inside its integer kernel, and one Mul by the row scales after it. A token's
-  precision no longer depends on the other tokens, the sequence length or what it is batched
-  with. Why this form: six nodes per activation and two per MatMul, no reshapes (an earlier form
-  reshaped every activation to 2-D rows for a per-axis QuantizeLinear and back after every
-  product: 61 nodes a text layer against 38, each a kernel launch that a short query pays in
-  full), and the row scaling a Mul that onnxruntime runs on all threads (when the row x column
-  scales were one Mul that onnxruntime fused into MatMulIntegerToFloat, the kernel applied the
-  row scales in a single-threaded pass over the output). A bias Add after the Mul stays a separate node:
-  onnxruntime fuses a bias into MatMulIntegerToFloat only from MatMulInteger -> Cast -> Mul,
-  where it would scale the bias by the row scale too (tests/test_gemm_as_matmul.py).
+- "row": one symmetric scale per row (token), from plain ONNX ops: ReduceMax(Abs) per row,
+  QuantizeLinear per axis (uint8, zero point 128), MatMulInteger, then the product scaled by
+  row scale x column scale. A token's precision no longer depends on the other tokens, the
+  sequence length or what it is batched with. onnxruntime fuses the product and its scaling
+  into MatMulIntegerToFloat (measured exact against the unfused nodes); the per-row range and
+  QuantizeLinear stay separate element-wise passes over the activation.
 - "fp32": the MatMul is left as it is.
 
 Streaming: the source graph is loaded lazily (onnx_ir memory-maps external data per tensor);
@@ -108,27 +99,24 @@ def _tensor_activation(b: _Builder, x: Any, base: str) -> tuple[list[Any], dict[
 
 def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.ndarray | None,
                     peak: int = ACTIVATION_PEAK) -> tuple[list[Any], dict[str, Any]]:
-    """One symmetric scale per row (token) of `x`, in x's own shape (no reshapes: the codes keep
-    x's leading dimensions, the scale is x's shape with a last dimension of 1). The codes are
-    QuantizeLinear(x / scale) with scale 1 and zero point peak + 1: the division and its rounding
-    are those of a per-axis QuantizeLinear by the same scale (bit for bit), in two passes that
-    onnxruntime parallelises over the whole tensor, and six nodes per activation (see the module
-    docstring for why the node count matters)."""
-    nodes: list[Any] = []
-    rows = x
+    nodes = [
+        b.node("Reshape", [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
+               f"{base}_rows"),
+    ]
+    rows = nodes[-1].outputs[0]
     found: dict[str, Any] = {}
     if outliers is not None and outliers.size:
         mask = np.ones(depth, np.float32)
         mask[outliers] = 0.0
-        nodes.append(b.node("Gather", [x, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
-                            f"{base}_outlier_cols", axis=-1))
+        nodes.append(b.node("Gather", [rows, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
+                            f"{base}_outlier_cols", axis=1))
         found["outlier_cols"] = nodes[-1].outputs[0]
-        nodes.append(b.node("Mul", [x, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
+        nodes.append(b.node("Mul", [rows, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
         rows = nodes[-1].outputs[0]
     nodes.append(b.node("Abs", [rows], f"{base}_abs"))
     nodes.append(b.node("ReduceMax", [nodes[-1].outputs[0],
-                                      b.init(f"{base}_last_axis", np.array([-1], np.int64))],
-                        f"{base}_peak", keepdims=1))
+                                      b.init(f"{base}_axis1", np.array([1], np.int64))],
+                        f"{base}_peak", keepdims=0))
     nodes.append(b.node("Max", [nodes[-1].outputs[0],
                                 b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
                                                                  np.float32))], f"{base}_floored"))
@@ -136,13 +124,18 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.nda
                                 b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
                         f"{base}_scale"))
     scale = nodes[-1].outputs[0]
-    nodes.append(b.node("Div", [rows, scale], f"{base}_in_steps"))
-    zero_point = b.init(f"{base}_zp", np.array(peak + 1, np.uint8))
-    unit = b.init(f"{base}_unit", np.array(1.0, np.float32))
-    nodes.append(b.node("QuantizeLinear", [nodes[-1].outputs[0], unit, zero_point],
-                        f"{base}_quant"))
-    return nodes, {"q": nodes[-1].outputs[0], "scale": scale, "zero_point": zero_point,
-                   "unit": unit, **found}
+    nodes.append(b.node("Shape", [scale], f"{base}_count"))
+    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(peak + 1, np.uint8)),
+                                   nodes[-1].outputs[0]], f"{base}_zps"))
+    nodes.append(b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant",
+                        axis=0))
+    xq = nodes[-1].outputs[0]
+    nodes.append(b.node("Unsqueeze", [scale, b.init(f"{base}_axis1u", np.array([1], np.int64))],
+                        f"{base}_scale_col"))
+    scale_col = nodes[-1].outputs[0]
+    nodes.append(b.node("Shape", [x], f"{base}_shape", end=-1))
+    return nodes, {"q": xq, "scale": scale_col, "lead_shape": nodes[-1].outputs[0],
+                   "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
 
 
 def quantise_matmuls(model: Any, schemes: Mapping[str, str],
@@ -170,7 +163,6 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     b = _Builder(graph)
     counts = dict.fromkeys(SCHEMES, 0)
     activations: dict[tuple[int, str], tuple[list[Any], dict[str, Any]]] = {}
-    uses_contrib_ops = False
     for node in list(graph):
         scheme = schemes.get(node.name)
         if scheme is None or node.op_type != "MatMul":
@@ -201,6 +193,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         base = node.name
         wq = b.init(f"{base}_w_int8", quantised)
         ws = b.init(f"{base}_w_scale", scale)
+        wzp = b.init(f"{base}_w_zp", np.zeros(width, np.int8))
         key = (id(x), scheme)
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
@@ -209,21 +202,16 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
             activations[key] = built
             new += built[0]
         act = activations[key][1]
+        product = b.node("MatMulInteger", [act["q"], wq, act["zero_point"], wzp], f"{base}_int")
+        as_float = b.node("Cast", [product.outputs[0]], f"{base}_float", to=ir.DataType.FLOAT)
         if scheme == "tensor":  # the pattern onnxruntime fuses (into DynamicQuantizeMatMul)
-            wzp = b.init(f"{base}_w_zp", np.zeros(width, np.int8))
-            product = b.node("MatMulInteger", [act["q"], wq, act["zero_point"], wzp], f"{base}_int")
-            as_float = b.node("Cast", [product.outputs[0]], f"{base}_float", to=ir.DataType.FLOAT)
             scales = b.node("Mul", [act["scale"], ws], f"{base}_scales")
             scaled = b.node("Mul", [as_float.outputs[0], scales.outputs[0]], f"{base}_scaled")
             new += [product, as_float, scales, scaled]
-        else:  # the column scales inside the integer kernel, the row scales in one Mul after it
-            # (weights' zero point 0: left out, its default)
-            product = b.node("MatMulIntegerToFloat", [act["q"], wq, act["unit"], ws,
-                                                      act["zero_point"]],
-                             f"{base}_int", domain="com.microsoft")
-            scaled = b.node("Mul", [product.outputs[0], act["scale"]], f"{base}_scaled")
-            new += [product, scaled]
-            uses_contrib_ops = True
+        else:  # row x column scales in one Mul: onnxruntime fuses it into MatMulIntegerToFloat
+            columns = b.node("Mul", [act["scale"], ws], f"{base}_columns")
+            scaled = b.node("Mul", [as_float.outputs[0], columns.outputs[0]], f"{base}_scaled")
+            new += [product, as_float, columns, scaled]
             if outlier_rows is not None:
                 if "outlier_cols" not in act:
                     raise ExportError(f"{node.name}: MatMuls reading one activation name other "
@@ -233,9 +221,13 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                                f"{base}_outlier_product")
                 scaled = b.node("Add", [scaled.outputs[0], exact.outputs[0]], f"{base}_joined")
                 new += [exact, scaled]
+        if scheme == "row":
+            shape = b.node("Concat", [act["lead_shape"], b.init(f"{base}_width",
+                                                                np.array([width], np.int64))],
+                           f"{base}_out_shape", axis=0)
+            new += [shape, b.node("Reshape", [scaled.outputs[0], shape.outputs[0]],
+                                  f"{base}_unrows")]
         _swap_in(graph, node, new)
-    if uses_contrib_ops:
-        model.opset_imports.setdefault("com.microsoft", 1)
     RemoveUnusedNodesPass()(model)
     return counts
 

@@ -61,7 +61,7 @@ def test_int8_vision_graph_has_no_fp32_weight_gemm(exported_variants):
     assert any(n.op_type == "Gemm" for n in weight_gemms)  # the merger, as torch exports it
     int8, int8_inits = graph("vision.int8.onnx")
     assert not [n.name for n in int8.node if n.op_type == "Gemm" and n.input[1] in int8_inits]
-    integer = [n for n in int8.node if n.op_type in ("MatMulInteger", "MatMulIntegerToFloat")]
+    integer = [n for n in int8.node if n.op_type == "MatMulInteger"]
     assert len(integer) == len(weight_gemms)
 
 

@@ -76,20 +76,14 @@ def test_int8_is_dynamic_per_channel_signed(exported_variants):
 
     model = _load_proto(exported_variants.folder, "text.int8.onnx")
     inits = {i.name: i for i in model.graph.initializer}
-    integer = [n for n in model.graph.node
-               if n.op_type in ("MatMulInteger", "MatMulIntegerToFloat")]
+    integer = [n for n in model.graph.node if n.op_type == "MatMulInteger"]
     assert integer and not any(n.op_type == "MatMul" and n.input[1] in inits
                                for n in model.graph.node)
     for node in integer:
         weight = inits[node.input[1]]
         assert weight.data_type == TensorProto.INT8
-        if node.op_type == "MatMulIntegerToFloat":  # the row scheme: column scales in the kernel
-            scale = numpy_helper.to_array(inits[node.input[3]])
-            assert scale.shape == (weight.dims[1],)  # one per output channel
-            assert len(node.input) < 6 or not node.input[5]  # symmetric: zero point 0
-        else:
-            zero_point = numpy_helper.to_array(inits[node.input[3]])
-            assert zero_point.shape == (weight.dims[1],)  # one per output channel
+        zero_point = numpy_helper.to_array(inits[node.input[3]])
+        assert zero_point.shape == (weight.dims[1],)  # one per output channel
 
 
 def test_int4_is_matmulnbits_accuracy_level_4(exported_variants):
