@@ -49,6 +49,13 @@ CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product
 GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
 QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
 PAGE_BUCKETS = (64, 256)
+# How the gate loads each model: sizes checked (the files were just written), and no CPU memory
+# arena. The gate runs every item once, of sizes from one token to the full image budget; an
+# arena keeps each session's high-water mark after the run that set it, so both sessions held
+# their largest runs' memory at once, on top of the weights. Without it a tensor's memory goes
+# back when its last reader ran, and the gate's peak is the largest run's live tensors
+# (measured at Qwen2-VL-2B widths: docs/variants.md, "The variant step's memory").
+GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}  # upper bounds of the page image-token buckets; the last to the budget
 
 
@@ -238,10 +245,29 @@ def embed_ranking_set(model: Any, pages: Sequence[Any], queries: Sequence[Any]) 
     return maxsim(model.embed_images(queries, batch_size=batch), model.embed_images(pages, batch_size=batch))
 
 
+def mixed_page_batches(tokens: Sequence[int]) -> list[list[int]]:
+    """The gate's mixed page batches (indices into the pages): the longest page with the
+    shortest, the second longest with the second shortest, and so on (an odd page joins the last
+    pair). Every page shares a run with a page of another length, the full-budget page with the
+    smallest (the most padding, and with per-tensor activation scales the widest spread of
+    ranges in one run); a batch pads to its longest page, so pairs hold ~2/N of what one batch of
+    all N pages held (docs/variants.md, "The variant step's memory")."""
+    order = sorted(range(len(tokens)), key=lambda i: (tokens[i], i))
+    batches = [[order[-1 - k], order[k]] for k in range(len(order) // 2)]
+    if len(order) % 2:
+        middle = order[len(order) // 2]
+        if batches:
+            batches[-1].append(middle)
+        else:
+            batches.append([middle])
+    return batches
+
+
 def _embed_gate_set(model: Any, queries: Sequence[tuple[str, str]],
                     pages: Sequence[tuple[str, Any]]) -> dict[str, list[np.ndarray]]:
-    """The gate set's vectors by `model`: every item alone, then the mixed batches (all pages in
-    one call; the three longest queries, of similar lengths, in one call)."""
+    """The gate set's vectors by `model`: every item alone, then the mixed batches (the pages in
+    pairs of unlike lengths, `mixed_page_batches`; the three longest queries, of similar lengths,
+    in one call)."""
     import warnings
 
     from colembed.errors import QueryTruncatedWarning
@@ -253,7 +279,11 @@ def _embed_gate_set(model: Any, queries: Sequence[tuple[str, str]],
         alone_queries = [model.embed_queries([t])[0] for t in texts]
         mixed_queries = model.embed_queries(texts[-3:], batch_size=3)
     alone_pages = [model.embed_images([p], batch_size=1)[0] for p in images]
-    mixed_pages = model.embed_images(images, batch_size=len(images))
+    mixed_pages: list[Any] = [None] * len(images)
+    for batch in mixed_page_batches([len(v) for v in alone_pages]):
+        for i, vectors in zip(batch, model.embed_images([images[i] for i in batch],
+                                                        batch_size=len(batch))):
+            mixed_pages[i] = vectors
     return {"queries": alone_queries, "pages": alone_pages, "mixed_queries": mixed_queries,
             "mixed_pages": mixed_pages}
 
@@ -287,7 +317,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     step = step or (lambda name: contextlib.nullcontext())
     rank_pages, rank_queries = ranking_set()
     with step("variants: gate set through fp32"):
-        reference = colembed.load(folder, verify=False)
+        reference = colembed.load(folder, **GATE_LOAD)
         queries, pages = gate_queries(reference), gate_pages(reference)
         want = _embed_gate_set(reference, queries, pages)
         fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
@@ -299,7 +329,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     failures: list[str] = []
     for name in names:
         with step(f"variants: gate set through {name}"):
-            model = colembed.load(folder, variant=name, verify=False)
+            model = colembed.load(folder, variant=name, **GATE_LOAD)
             got = _embed_gate_set(model, queries, pages)
             figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
                                      got["queries"] + got["mixed_queries"],

@@ -215,6 +215,37 @@ def test_gate_figures_cover_lengths_pages_and_mixed_batches(exported_variants):
     assert items[figures["worst_item"]]["min"] == pytest.approx(figures["min_cosine"], abs=1e-9)
 
 
+def test_mixed_page_batches_pair_unlike_lengths():
+    assert E.mixed_page_batches([5, 900, 40, 1, 300]) == [[1, 3], [4, 0, 2]]
+    assert E.mixed_page_batches([7, 3]) == [[0, 1]]
+    assert E.mixed_page_batches([7]) == [[0]]
+    assert E.mixed_page_batches([]) == []
+
+
+def test_gate_runs_without_arena_and_mixes_pages_in_pairs(exported_variants):
+    """What bounds the gate's memory (docs/variants.md, "The variant step's memory"): its models
+    keep no CPU arena, and its mixed page runs hold two or three pages each, every one beside a
+    page of another length (the full-budget page beside the smallest), not every page at once;
+    and a batch still leaves every page's vectors as they are alone."""
+    import colembed
+
+    model = colembed.load(exported_variants.folder, **E.GATE_LOAD)
+    assert not any(s.options.enable_cpu_mem_arena for s in model._sessions.values())
+    recorded = E.recording_feeds(model)
+    pages = E.gate_pages(model)
+    got = E._embed_gate_set(model, E.gate_queries(model)[:1], pages)  # one query: no query batch
+    mask_name = model._contracts["text"].inputs[1].name
+    runs = [f[mask_name].sum(axis=1) for f in recorded["text"] if f[mask_name].shape[0] > 1]
+    tokens = [len(v) for v in got["pages"]]
+    assert sorted(sorted(run.tolist()) for run in runs) == sorted(
+        sorted(tokens[i] for i in batch) for batch in E.mixed_page_batches(tokens))
+    assert all(2 <= len(run) <= 3 and run.min() < run.max() for run in runs)
+    assert any(run.max() == max(tokens) and run.min() == min(tokens) for run in runs)
+    assert sum(len(run) for run in runs) == len(pages)
+    cos = E.token_cosines(got["mixed_pages"], got["pages"])
+    assert cos.min() > 0.9999
+
+
 def test_unknown_variant_names_the_ones_there(exported_variants):
     import colembed
     from colembed.errors import ModelFolderError
