@@ -17,7 +17,9 @@ What it does, in one run:
    MatMulInteger, u8 x s8) with the same threads;
 3. runs each runtime in its own subprocess (so peak RSS is its own): the torch reference
    (transformers 4.57.1 `ColQwen2ForRetrieval`, eager, fp32; for ColQwen2.5 over the
-   Qwen2.5-VL config with the `get_dtype` shim) and colembed fp32 + each variant:
+   Qwen2.5-VL config with the `get_dtype` shim; for ColQwen3 colpali-engine 0.3.18 on
+   transformers 5.24 in the pinned reference's own environment, benchmarks/torch_reference.py)
+   and colembed fp32 + each variant:
    load (time, peak RSS), a letter page at 150 dpi (744 image tokens) and at a 256-token budget
    (pages/s), query latency at batch 1 (median, p90), queries/s at batch 16, peak RSS of
    embedding; then the variant's embeddings of a synthetic retrieval set (100 pages, 20 queries)

@@ -3,6 +3,8 @@
     nice .venv/bin/python benchmarks/bench_export.py                      # Qwen2-VL-2B size (8.8 GB)
     .venv/bin/python benchmarks/bench_export.py --vision-depth 4 --text-layers 4   # reduced depth
     nice .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --clean   # Qwen2.5-VL-3B
+    flock /work/wt/bigmem.lock nice .venv/bin/python benchmarks/bench_export.py --family colqwen3 \
+        --clean                                   # Qwen3-VL-4B, full depth: ~19 GB (projected)
     .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --preset qwen2.5-vl-7b \
         --vision-depth 4 --text-layers 2 --results /tmp/export-7b-t2        # 7B widths, reduced
 
@@ -19,8 +21,8 @@ as a user's `colembed export` does. Per step: wall time and the step's own peak 
 high-water mark is reset at each step start, colembed_export.measure). The figure that matters is
 the overall peak against the fp32 weights' size: the target is <= 1.1x (issue 24: a full-size export with `--variant int8,fp16` within the memory users have).
 
-Writes benchmarks/results/export.{md,json} (ColQwen2) or export-colqwen2_5.{md,json} (the latest
-run of each family only).
+Writes benchmarks/results/export.{md,json} (ColQwen2), export-colqwen2_5.{md,json} or
+export-colqwen3.{md,json} (the latest run of each family only; `--results` elsewhere).
 """
 
 from __future__ import annotations

@@ -195,8 +195,15 @@ def _last_run_kernels(profile: Path) -> dict[str, Any]:
 
 
 def spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """`run_worker(job)` in a fresh interpreter (its own peak RSS)."""
-    return run_json_subprocess([sys.executable, __file__, json.dumps(job)], timeout=timeout)
+    """`run_worker(job)` in a fresh interpreter (its own peak RSS): this Python, or for a torch
+    job the one its family's reference runs in (`torch_reference.interpreter`: ColQwen3's pinned
+    reference has its own environment)."""
+    python = sys.executable
+    if job["runtime"] == "torch":
+        from torch_reference import interpreter
+
+        python = interpreter(job.get("family", "colqwen2"))
+    return run_json_subprocess([python, __file__, json.dumps(job)], timeout=timeout)
 
 
 if __name__ == "__main__":

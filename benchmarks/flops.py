@@ -28,6 +28,7 @@ class Shapes:
     text_hidden: int
     text_heads: int
     text_kv_heads: int
+    text_head_dim: int  # declared, not hidden / heads: Qwen3-VL-4B's 128 is not 2560 / 32
     text_intermediate: int
     embedding_dim: int
     patch_dim: int  # values per vision patch (PreprocessConfig.patch_dim)
@@ -47,18 +48,19 @@ class Shapes:
     @classmethod
     def from_manifest(cls, manifest: Mapping[str, Any]) -> "Shapes":
         """From a model folder's manifest (as a dict): its architecture and its preprocessing."""
+        from colembed.manifest import Architecture
         from colembed.preprocess.config import PreprocessConfig
 
-        a = manifest["architecture"]
+        a = Architecture.from_dict(manifest["architecture"])
         config = PreprocessConfig.from_dict(manifest["preprocess"])
         attention = manifest.get("vision_attention") or {}
         windowed = attention.get("kind") == "windowed"
         side = attention.get("window_size", 0) // config.patch_size if windowed else 0
         extras = manifest.get("vision_extras") or {}
-        return cls(int(a["vision_depth"]), int(a["vision_embed_dim"]), float(a["vision_mlp_ratio"]),
-                   int(a["text_layers"]), int(a["text_hidden"]), int(a["text_heads"]),
-                   int(a["text_kv_heads"]), int(a["text_intermediate"]), int(a["embedding_dim"]),
-                   config.patch_dim, config.merge_size**2, gated_mlp=windowed,
+        return cls(a.vision_depth, a.vision_embed_dim, a.vision_mlp_ratio, a.text_layers,
+                   a.text_hidden, a.text_heads, a.text_kv_heads, a.text_head_dim,
+                   a.text_intermediate, a.embedding_dim, config.patch_dim, config.merge_size**2,
+                   gated_mlp=windowed,
                    window_patches=side * side if windowed else None,
                    deepstack_layers=int(extras.get("deepstack_layers", 0)))
 
@@ -66,8 +68,8 @@ class Shapes:
     def from_spec(cls, spec: Any, config: Any) -> "Shapes":
         """From a tiny-checkpoint `ArchitectureSpec` and the checkpoint's PreprocessConfig."""
         return cls(spec.vision_depth, spec.vision_embed_dim, spec.vision_mlp_ratio, spec.text_layers,
-                   spec.text_hidden, spec.text_heads, spec.text_kv_heads, spec.text_intermediate,
-                   spec.embedding_dim, config.patch_dim, config.merge_size**2)
+                   spec.text_hidden, spec.text_heads, spec.text_kv_heads, spec.text_head_dim,
+                   spec.text_intermediate, spec.embedding_dim, config.patch_dim, config.merge_size**2)
 
 
 def vision_flops(s: Shapes, patches: int) -> float:
@@ -101,16 +103,19 @@ def text_flops(s: Shapes, tokens: int) -> float:
     """One sequence of `tokens` real tokens through the language model and the projection.
 
     Attention is counted over the full (tokens x tokens) product, as eager kernels compute it.
+    q and o are hidden x (heads x head dim), k and v hidden x (kv heads x head dim): with Qwen3's
+    declared head dim these are not square (Qwen3-VL-4B: 2560 x 4096).
     """
     h, t = s.text_hidden, tokens
-    kv = s.text_kv_heads * (h // s.text_heads)
-    linear = 2 * t * (2 * h * h + 2 * h * kv + 3 * h * s.text_intermediate)
+    q, kv = s.text_heads * s.text_head_dim, s.text_kv_heads * s.text_head_dim
+    linear = 2 * t * (2 * h * q + 2 * h * kv + 3 * h * s.text_intermediate)
     return float(s.text_layers * linear + 2 * t * h * s.embedding_dim) + text_attention_flops(s, tokens)
 
 
 def text_attention_flops(s: Shapes, tokens: int) -> float:
-    """The attention products of `text_flops` (full tokens x tokens, as eager kernels compute)."""
-    return float(s.text_layers * 2 * 2 * tokens * tokens * s.text_hidden)
+    """The attention products of `text_flops` (full tokens x tokens, as eager kernels compute),
+    over every query head's width (heads x head dim)."""
+    return float(s.text_layers * 2 * 2 * tokens * tokens * s.text_heads * s.text_head_dim)
 
 
 def page_flops(s: Shapes, image_tokens: int, sequence_tokens: int) -> dict[str, float]:

@@ -157,6 +157,10 @@ class Architecture:
     vision_heads: int
     vision_mlp_ratio: float
     embedding_dim: int
+    # The language model's per-head width as its config declares it: Qwen3's `head_dim` (128 for
+    # Qwen3-VL-4B, not 2560 / 32), Qwen2-VL's and Qwen2.5-VL's hidden / heads. A manifest written
+    # before it was recorded gets it from `mrope_section` (`from_dict`).
+    text_head_dim: int = 0
 
     @property
     def vision_head_dim(self) -> int:
@@ -179,6 +183,10 @@ class Architecture:
                     raise ManifestError(f"{where}.mrope_section: expected 3 positive ints, "
                                         f"got {section!r:.60}")
                 values[f.name] = tuple(section)
+            elif f.name == "text_head_dim" and d.get(f.name) is None:
+                # Written before the field existed: the M-RoPE sections span half of every head
+                # (transformers splits each head's rotary by them; Qwen3-VL's configs keep it).
+                values[f.name] = 2 * sum(values["mrope_section"])
             else:
                 kind = float if f.type in ("float", float) else int
                 values[f.name] = _get(d, f.name, kind, where, positive=True)

@@ -112,6 +112,8 @@ def architecture_facts(config, family: Family) -> dict[str, Any]:
         "text_hidden": text.hidden_size,
         "text_layers": text.num_hidden_layers,
         "text_heads": text.num_attention_heads,
+        # transformers' own rule (Qwen3's attention): the declared `head_dim`, else hidden / heads
+        "text_head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
         "text_kv_heads": text.num_key_value_heads,
         "text_intermediate": text.intermediate_size,
         "mrope_section": list(text.rope_scaling["mrope_section"]),

@@ -3,8 +3,8 @@
 colpali-engine 0.3.18 `ColQwen3` + `ColQwen3Processor` need transformers >= 5.3; colembed's export
 extra pins transformers 4.57.1 for the ColQwen2 reference (docs/reference.md says why 5.x is not
 ColQwen2's reference). So this module is run as a script by the interpreter of the reference
-environment (`export-qwen3-reference` extra; `tests/qwen3_reference.py` creates it) and writes what
-the reference produced to an .npz file that the export environment compares with:
+environment (`tests/qwen3_fixtures.py` creates it) and writes what the reference produced to an
+.npz file that the export environment compares with:
 
     python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz
 
@@ -58,8 +58,11 @@ def _shim_torchvision_free() -> None:
         sys.modules[name] = stub
 
 
-def load_reference(folder: Path):
-    """(model, processor): colpali-engine's ColQwen3 in fp32 eval mode and its processor."""
+def load_reference(folder: Path, dtype=None, attention: str | None = None):
+    """(model, processor): colpali-engine's ColQwen3 in eval mode (fp32 unless `dtype`; the
+    attention implementation `attention`, else transformers' default) and its processor. The
+    parity run uses the defaults; benchmarks/torch_reference.py times it in fp32 eager and bf16
+    SDPA."""
     import json
 
     import torch
@@ -94,7 +97,8 @@ def load_reference(folder: Path):
         size={"shortest_edge": config["min_pixels"], "longest_edge": config["max_pixels"]})
     tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
     processor = ImagesOnlyColQwen3Processor(image_processor=image_processor, tokenizer=tokenizer)
-    model = ColQwen3.from_pretrained(folder, dtype=torch.float32).eval()
+    extra = {} if attention is None else {"attn_implementation": attention}
+    model = ColQwen3.from_pretrained(folder, dtype=dtype or torch.float32, **extra).eval()
     return model, processor
 
 

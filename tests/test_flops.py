@@ -93,3 +93,45 @@ def test_families_without_deepstack_count_none(flops, tiny_checkpoint):
     _, parts = manifest_parts(tiny_checkpoint)
     assert "vision_extras" not in parts
     assert flops.Shapes.from_manifest(parts).deepstack_layers == 0
+
+
+def test_language_model_counts_use_the_declared_head_dim(flops, tmp_path):
+    """Qwen3 declares its head dim (Qwen3-VL-4B: 128, where hidden / heads is 80): q and o are
+    hidden x (heads x head dim), k and v hidden x (kv heads x head dim), and the attention products
+    run over heads x head dim. tiny-3 with the 4B's trait (head dim 32, hidden / heads 16): the
+    language model's count is the linear work its real modules do on a query, and the attention
+    products span q_proj's width; hidden / heads would count less of both."""
+    import dataclasses
+
+    import torch
+    from colembed_export.tiny_qwen3 import PRESETS_3, build_checkpoint_3
+
+    spec = dataclasses.replace(PRESETS_3["tiny-3"], name="tiny-3-wide-heads", text_head_dim=32,
+                               mrope_section=(4, 6, 6))
+    assert spec.text_head_dim != spec.text_hidden // spec.text_heads
+    model, parts = manifest_parts(build_checkpoint_3(tmp_path / "ckpt", spec, seed=0))
+    shapes = flops.Shapes.from_manifest(parts)
+    assert shapes.text_head_dim == 32
+    tokens = 13
+    ids = torch.arange(1000, 1000 + tokens).unsqueeze(0)
+    mask = torch.ones_like(ids)
+    linear = linear_flops([model.vlm.model.language_model, model.embedding_proj_layer],
+                          lambda: model(input_ids=ids, attention_mask=mask))
+    assert flops.text_flops(shapes, tokens) - flops.text_attention_flops(shapes, tokens) == linear
+    q_width = model.vlm.model.language_model.layers[0].self_attn.q_proj.out_features
+    assert q_width == spec.text_heads * spec.text_head_dim
+    assert flops.text_attention_flops(shapes, tokens) == 4 * spec.text_layers * tokens**2 * q_width
+
+
+def test_a_manifest_without_the_head_dim_reads_it_from_the_rotary_sections():
+    """Manifests written before `text_head_dim` was recorded: twice the M-RoPE sections' total,
+    which is hidden / heads for every ColQwen2 and ColQwen2.5 (Qwen2-VL-2B: 2 x 64 = 1536 / 12)."""
+    from colembed.manifest import Architecture
+
+    old = {"text_hidden": 1536, "text_layers": 28, "text_heads": 12, "text_kv_heads": 2,
+           "text_intermediate": 8960, "mrope_section": [16, 24, 24], "rope_theta": 1e6,
+           "vocab_size": 151936, "vision_depth": 32, "vision_embed_dim": 1280, "vision_heads": 16,
+           "vision_mlp_ratio": 4.0, "embedding_dim": 128}
+    assert Architecture.from_dict(old).text_head_dim == 128
+    assert Architecture.from_dict({**old, "text_head_dim": 96}).text_head_dim == 96
+    assert Architecture.from_dict(Architecture.from_dict(old).to_dict()).text_head_dim == 128

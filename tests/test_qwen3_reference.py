@@ -106,24 +106,53 @@ def test_the_exported_folder_gives_the_references_embeddings(qwen3_preset, tmp_p
     assert max(figures.values()) > 0  # a real comparison, not two copies of one array
 
 
-def test_colqwen3_and_colqwen2_in_one_process_equal_each_alone(exported_tiny, tmp_path_factory):
-    """Two families loaded side by side share no state: each gives what it gives alone."""
+ALONE = """
+import sys
+
+import numpy as np
+
+import colembed
+from colembed_export.reference_qwen3 import QUERIES, reference_pages
+
+model = colembed.load(sys.argv[1], threads=1)
+out = [v for page in reference_pages()[:2] for v in model.embed_images([page])]
+out += model.embed_queries(list(QUERIES))
+np.savez(sys.argv[2], *out)
+"""
+
+
+def test_the_three_families_in_one_process_equal_each_alone(exported_tiny, exported_tiny_2_5,
+                                                            tmp_path_factory, tmp_path):
+    """ColQwen2, ColQwen2.5 and ColQwen3 loaded side by side share no state: each family alone in
+    a fresh process, then all three in this one with their calls interleaved, give the same
+    arrays."""
+    import subprocess
+    import sys
+
     import colembed
     from colembed_export.reference_qwen3 import QUERIES, reference_pages
 
-    pages = reference_pages()[:2]
-    qwen3 = colembed.load(exported(tmp_path_factory, "tiny-3"))
-    alone_pages, alone_queries = qwen3.embed_images(pages), qwen3.embed_queries(list(QUERIES))
-    qwen2 = colembed.load(exported_tiny.folder)
-    qwen2_pages = qwen2.embed_images(pages)
-    for got, want in zip(qwen3.embed_images(pages), alone_pages):
-        np.testing.assert_array_equal(got, want)
-    for got, want in zip(qwen3.embed_queries(list(QUERIES)), alone_queries):
-        np.testing.assert_array_equal(got, want)
-    for got, want in zip(qwen2.embed_images(pages), qwen2_pages):
-        np.testing.assert_array_equal(got, want)
-    assert qwen2.family.name == "colqwen2" and qwen2_pages[0].shape[1] == 128
-    assert alone_pages[0].shape[1] == 320
+    folders = {"colqwen2": exported_tiny.folder, "colqwen2.5": exported_tiny_2_5.folder,
+               "colqwen3": exported(tmp_path_factory, "tiny-3")}
+    alone = {}
+    for family, folder in folders.items():
+        out = tmp_path / f"{family}.npz"
+        subprocess.run([sys.executable, "-c", ALONE, str(folder), str(out)], check=True)
+        with np.load(out) as saved:
+            alone[family] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    models = {family: colembed.load(folder, threads=1) for family, folder in folders.items()}
+    assert {f: m.family.name for f, m in models.items()} == {f: f for f in folders}
+    together: dict[str, list] = {family: [] for family in folders}
+    for page in reference_pages()[:2]:  # interleaved: each call between the other families'
+        for family, model in models.items():
+            together[family] += model.embed_images([page])
+    for family, model in models.items():
+        together[family] += model.embed_queries(list(QUERIES))
+    for family in folders:
+        assert len(together[family]) == len(alone[family]) == 2 + len(QUERIES)
+        for got, want in zip(together[family], alone[family]):
+            np.testing.assert_array_equal(got, want)
+    assert together["colqwen3"][0].shape[1] == 320 and together["colqwen2"][0].shape[1] == 128
 
 
 def test_variants_pass_their_gates_and_run(tmp_path_factory):
