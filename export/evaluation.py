@@ -48,7 +48,7 @@ GATE_SENTENCE = "Net revenue in the northern region grew by 12% while operating 
 CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product line? "
 GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
 QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
-PAGE_BUCKETS = (64, 256)
+PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the last to the budget
 # How the gate loads each model: sizes checked (the files were just written), and no CPU memory
 # arena. The gate runs every item once, of sizes from one token to the full image budget; an
 # arena keeps each session's high-water mark after the run that set it, so both sessions held
@@ -56,7 +56,7 @@ PAGE_BUCKETS = (64, 256)
 # back when its last reader ran, and the gate's peak is the largest run's live tensors
 # (measured at Qwen2-VL-2B widths: docs/variants.md, "The variant step's memory").
 GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
-BUCKET_LABELS = {"query": "queries", "page": "pages"}  # upper bounds of the page image-token buckets; the last to the budget
+BUCKET_LABELS = {"query": "queries", "page": "pages"}
 
 
 def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.ndarray:
