@@ -81,6 +81,12 @@ SMOOTHING_ALPHA = 0.5
 # Activation scales of the int8 MatMuls: "row" (one per token) or "tensor" (onnxruntime's
 # dynamic quantisation, one per tensor and batch); see quantise.py and the module docstring.
 INT8_ACTIVATIONS = "row"
+# The vision attention's QK^T and PV as integer products, one head at a time
+# (int8_attention.py). Off: on the VNNI EPYC one attention ran 1.57x faster than fp32
+# MultiHeadAttention on a quiet machine but at par under load, at a per-token min cosine of
+# 0.9990 (0.998 on sharper attention; results/attention-int8.md), and no end-to-end A/B nor gate
+# at depth has said yes yet. On: the int8 vision graph carries it, the fp32 graph never does.
+INT8_VISION_ATTENTION = False
 # An input channel whose max |value| on a calibration item exceeds OUTLIER_RATIO x that item's
 # median channel is computed in fp32 beside the int8 product, at most max(OUTLIER_MIN_CAP,
 # width / OUTLIER_CAP_DIVISOR) channels per MatMul (the largest).
@@ -231,12 +237,15 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                   calibration: Sequence[dict[str, Any]] | None = None,
                   scheme: str = INT8_ACTIVATIONS, alpha: float | None = SMOOTHING_ALPHA,
                   weight_levels: int | None = None,
-                  activation_levels: int | None = None) -> tuple[Any, dict[str, Any]]:
+                  activation_levels: int | None = None,
+                  attention: bool | None = None) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
     fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32.
     `weight_levels` / `activation_levels` default to quantise.WEIGHT_PEAK / ACTIVATION_PEAK,
-    read when called (benchmarks/variants_fidelity.py --int8-levels measures other pairs)."""
+    read when called (benchmarks/variants_fidelity.py --int8-levels measures other pairs).
+    `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
+    products in int8 (int8_attention.py)."""
     import numpy as np
     import onnx_ir as ir
 
@@ -246,6 +255,11 @@ def quantize_int8(src: Path, work: Path | None = None, *,
 
     model = ir.load(src)
     gemms_as_matmuls(model)  # the vision merger's Linears come out as Gemm: int8 them too
+    attentions = 0
+    if INT8_VISION_ATTENTION if attention is None else attention:
+        from .int8_attention import int8_attentions
+
+        attentions = int8_attentions(model)  # the vision tower's MultiHeadAttention nodes
     matmuls = weight_matmuls(model)
     factors: dict[str, Any] = {}
     outliers: dict[str, Any] = {}
@@ -269,7 +283,8 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                                        activation_levels=levels["activations"])
     paths = {n.name: module_path(n) for n in matmuls}
     return model, {"int8_activations": scheme, "int8_code_peaks": levels,
-                   "int8_matmuls": counts, "smoothed": len(factors),
+                   "int8_matmuls": counts, "int8_attentions": attentions,
+                   "smoothed": len(factors),
                    "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()}}
 
 
