@@ -68,7 +68,8 @@ def run_worker(args) -> None:
         out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
                            (args.pool_factor or [1])[0])
     elif args.worker == "long":
-        out = worker_long(args.pages, folder, args.set[0], args.log_bytes)
+        out = worker_long(args.pages, folder, args.set[0], args.log_bytes,
+                          (args.pool_factor or [1])[0])
     elif args.worker == "reopen":
         out = worker_reopen(args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
@@ -153,10 +154,13 @@ def long_main(args) -> None:
     else:
         result = {"machine": machine_info(), "load_before": load_average(),
                   **long_run(Path(__file__), _sub, pages, args.kill_at, args.long_run,
-                             args.set[0], args.long_queries, args.ab_cadence),
+                             args.set[0], args.long_queries, args.ab_cadence,
+                             (args.pool_factor or [1])[0]),
                   "command": "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])}
     result["load_after"] = load_average()
     name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
+    if (args.pool_factor or [1])[0] > 1:
+        name += f"-pool{args.pool_factor[0]}"
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (HERE / "results" / f"{name}.md").write_text(long_markdown(result))
     print(long_markdown(result))
