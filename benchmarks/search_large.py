@@ -14,7 +14,7 @@ store's own exact top 10 and against the unpooled exact top 10; from the build's
 (index_long.py) its time, pages/s, disk and writer peak RSS.
 
 Why not Edge's exact: at 100,000 pages it took 62 s a query and 20 GB RSS on this machine
-(results/index-long-100k.md, the first build). Exact's top 10 is computed in numpy instead, in a
+(results/index-long-100k-killed.md, the first build). Exact's top 10 is computed in numpy instead, in a
 few hundred MB:
 - `generated_exact`: the unpooled exact MaxSim of every page, from the generator's vectors
   (local_answer.py, deterministic) rounded to float16 as Edge stores them, in worker processes
