@@ -155,6 +155,61 @@ def job_edge_exact(folder: Path, pages: int) -> dict:
     return {"top": [[[int(h.payload["serial"]), h.score] for h in r] for r in rows]}
 
 
+PROFILE_QUERIES = 8
+
+
+def _query_parts(store, queries: list[np.ndarray]) -> dict:
+    """Where one query's time goes (medians over `queries`, one at a time): the centroid scan
+    (`TokenTable.top_many`, as search runs it) and the rest (Edge's `mean` stage and the exact
+    rerank of the union, Python around them) = the whole search minus the scan."""
+    from colembed.index.plan import TOKEN_CANDIDATES
+
+    scan, whole = [], []
+    for q in queries:
+        t = time.perf_counter()
+        store.tokens.top_many([q], TOKEN_CANDIDATES)
+        scan.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        store.search([q], K, "two-stage")
+        whole.append(time.perf_counter() - t)
+    med = lambda xs: float(np.median(xs)) * 1000  # noqa: E731
+    return {"scan": med(scan), "whole": med(whole), "rest": med(whole) - med(scan),
+            "queries": len(queries)}
+
+
+# The default plan's candidates (token stage, mean stage) beside fewer: Edge's exact rerank costs
+# about linearly per candidate page, so fewer candidates are the lever on its part of a query
+BUDGETS = ((100, 100), (100, 50), (50, 50), (50, 25))
+BUDGET_TIMED = 10  # single queries timed per budget (after one untimed)
+
+
+def _budgets(store, queries, targets, exact) -> list[dict]:
+    """Per (token, mean) candidate budget: needle@10, recall@10 against `exact`, 1 query p50."""
+    from colembed.index import plan
+
+    saved = plan.TOKEN_CANDIDATES, plan.TOKEN_MEAN_CANDIDATES
+    own = [[s for s, _ in q] for q in exact]
+    out = []
+    try:
+        for tokens, mean in BUDGETS:
+            plan.TOKEN_CANDIDATES, plan.TOKEN_MEAN_CANDIDATES = tokens, mean
+            tops = _serials(store.search(queries, K, "two-stage"))
+            times = []
+            for q in queries[:BUDGET_TIMED + 1]:
+                t = time.perf_counter()
+                store.search([q], K, "two-stage")
+                times.append(time.perf_counter() - t)
+            out.append({"token_candidates": tokens, "mean_candidates": mean,
+                        "needle_at_10": float(np.mean([int(t) in top
+                                                       for top, t in zip(tops, targets)])),
+                        "recall_at_10": float(np.mean([len(set(a) & set(b)) / K
+                                                       for a, b in zip(tops, own)])),
+                        "q1_p50_ms": float(np.median(times[1:])) * 1000})
+    finally:
+        plan.TOKEN_CANDIDATES, plan.TOKEN_MEAN_CANDIDATES = saved
+    return out
+
+
 def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     """Reopen, first query, the default plan's timings, then the plans' needle / recall against
     `exact` (the store's own exact top K) and `reference` (the unpooled exact top K)."""
@@ -167,12 +222,14 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     payload = store.any_payload() or {}
     queries, _ = queries_of(DATA, pages, 64)
     timings = _timed_queries(lambda qs: store.search(qs, K, "two-stage"), queries, pages)
+    parts = _query_parts(store, queries[:PROFILE_QUERIES])
     queries, targets = queries_of(DATA, pages, NEEDLE_QUERIES)
     plans = {}
     for plan in ("edge-two-stage", "edge-mean-gated"):
         _use_plan(store, plan)
         plans[plan] = _serials(store.search(queries, K, "two-stage"))
     _use_plan(store, "edge-two-stage")
+    budgets = _budgets(store, queries, targets, exact)
     count = store.count()
     store.close()
     own = [[s for s, _ in q] for q in exact]
@@ -181,14 +238,14 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     recall = lambda tops, against: float(np.mean([len(set(a) & set(b)) / K  # noqa: E731
                                                   for a, b in zip(tops, against)]))
     return {"pages": count, "pool_factor": int(payload.get("pool_factor", 1)),
-            "reopen_s": reopen, **timings, "peak_rss_mib": peak_rss_mib(),
+            "reopen_s": reopen, **timings, "parts_ms": parts, "peak_rss_mib": peak_rss_mib(),
             "needle_queries": len(targets),
             "needle_at_10": {"exact": needle(own), "unpooled exact": needle(ref),
                              **{p: needle(top) for p, top in plans.items()}},
             "recall_at_10": {p: recall(top, own) for p, top in plans.items()},
             "recall_at_10_vs_unpooled_exact": {"exact": recall(own, ref),
                                                **{p: recall(top, ref) for p, top in plans.items()}},
-            "tops": plans}
+            "budgets": budgets, "tops": plans}
 
 
 # ----------------------------------------------------------------------------------- driver
@@ -327,10 +384,27 @@ def markdown(r: dict) -> str:
                      f"{ru['edge-two-stage']:.3f} |")
     lines.append("")
     for name, s in stores.items():
+        if s.get("parts_ms"):
+            p = s["parts_ms"]
+            lines.append(f"- {name}: one query's parts (medians of {p['queries']}, after the "
+                         f"timings): the whole search {p['whole']:.0f} ms, the centroid scan "
+                         f"{p['scan']:.0f} ms, the rest (Edge: mean stage + exact rerank) "
+                         f"{p['rest']:.0f} ms")
         lines.append(f"- {name}: exact from {s['exact_from']}"
                      + (f"; check against Edge's exact scan: {s['check']}" if s.get("check") else "")
                      + (f"; built by `{s['build']['command']}` from {s['build']['date']} (load "
                         f"before / after {s['build']['load']})" if s.get("build") else ""))
+    for name, s in stores.items():
+        if s.get("budgets"):
+            lines += ["", f"{name}, the default plan's candidate budget (token stage + mean stage; "
+                      f"the default is {s['budgets'][0]['token_candidates']} + "
+                      f"{s['budgets'][0]['mean_candidates']}), same queries, one process:", "",
+                      "| token + mean candidates | needle@10 | recall@10 vs exact | 1 query p50 ms |",
+                      "|---|---:|---:|---:|"]
+            lines += [f"| {b['token_candidates']} + {b['mean_candidates']} | "
+                      f"{100 * b['needle_at_10']:.0f}% | {b['recall_at_10']:.3f} | "
+                      f"{b['q1_p50_ms']:.0f} |" for b in s["budgets"]]
+            lines.append("")
     gen = r.get("generated_exact_s") or {}
     if gen:
         lines.append(f"- generated exact: {', '.join(f'{int(k):,} pages {v:.0f} s' for k, v in gen.items())}"
