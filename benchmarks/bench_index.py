@@ -7,7 +7,8 @@ embedding alone.
     .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
     .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
     .venv/bin/python benchmarks/bench_index.py --long-run /tmp/x --pages 10000 --set local \
-        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence]   # issue #26 (index_long.py)
+        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence] [--pool-factor 3]
+                                                  # issue #26 (index_long.py); pooled: issue #19
 
 Data (`--set`): synthetic page embeddings of real shape, what each models and does not said in
 its module: `synthetic_pages.py` (a topic spanning the page, grid-structured) and
@@ -184,7 +185,8 @@ def main() -> None:
                              "and one --pages) instead of building one")
     parser.add_argument("--pool-factor", type=int, action="append",
                         help="measure index-time token pooling at these factors beside 1 "
-                             "(writes index-pooling.{md,json})")
+                             "(writes index-pooling.{md,json}); with --long-run: the one factor "
+                             "the store is built at (writes index-long-N-poolF.{md,json})")
     parser.add_argument("--baseline", type=Path,
                         help="with --pool-factor: a JSON of the factor-1 stores' results from an "
                              "earlier run (same set and size) instead of building that store")
