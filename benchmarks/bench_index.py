@@ -7,7 +7,8 @@ embedding alone.
     .venv/bin/python benchmarks/bench_index.py --quick         # 200 pages, smoke (not committed)
     .venv/bin/python benchmarks/bench_index.py --ingest-only   # indexing throughput (< 5 min)
     .venv/bin/python benchmarks/bench_index.py --long-run /tmp/x --pages 10000 --set local \
-        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence]   # issue #26 (index_long.py)
+        --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence] [--pool-factor 3]
+                                                  # issue #26 (index_long.py); pooled: issue #19
 
 Data (`--set`): synthetic page embeddings of real shape, what each models and does not said in
 its module: `synthetic_pages.py` (a topic spanning the page, grid-structured) and
@@ -68,7 +69,8 @@ def run_worker(args) -> None:
         out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
                            (args.pool_factor or [1])[0])
     elif args.worker == "long":
-        out = worker_long(args.pages, folder, args.set[0], args.log_bytes)
+        out = worker_long(args.pages, folder, args.set[0], args.log_bytes,
+                          (args.pool_factor or [1])[0])
     elif args.worker == "reopen":
         out = worker_reopen(args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
@@ -153,10 +155,13 @@ def long_main(args) -> None:
     else:
         result = {"machine": machine_info(), "load_before": load_average(),
                   **long_run(Path(__file__), _sub, pages, args.kill_at, args.long_run,
-                             args.set[0], args.long_queries, args.ab_cadence),
+                             args.set[0], args.long_queries, args.ab_cadence,
+                             (args.pool_factor or [1])[0]),
                   "command": "python benchmarks/bench_index.py " + " ".join(sys.argv[1:])}
     result["load_after"] = load_average()
     name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
+    if (args.pool_factor or [1])[0] > 1:
+        name += f"-pool{args.pool_factor[0]}"
     (HERE / "results" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (HERE / "results" / f"{name}.md").write_text(long_markdown(result))
     print(long_markdown(result))
@@ -180,7 +185,8 @@ def main() -> None:
                              "and one --pages) instead of building one")
     parser.add_argument("--pool-factor", type=int, action="append",
                         help="measure index-time token pooling at these factors beside 1 "
-                             "(writes index-pooling.{md,json})")
+                             "(writes index-pooling.{md,json}); with --long-run: the one factor "
+                             "the store is built at (writes index-long-N-poolF.{md,json})")
     parser.add_argument("--baseline", type=Path,
                         help="with --pool-factor: a JSON of the factor-1 stores' results from an "
                              "earlier run (same set and size) instead of building that store")

@@ -15,6 +15,7 @@ filesystems other than the one holding the folder. Results: benchmarks/results/i
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -47,40 +48,61 @@ class DiskSampler(threading.Thread):
 def wal_mib(folder: Path) -> float:
     return disk_mib(folder / "shard" / "wal")
 
-def bench_point(data: str, i: int):
-    """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF)."""
+def bench_point(data: str, i: int, pool_factor: int = 1):
+    """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF);
+    `pool_factor` > 1: its image tokens hierarchically pooled, as `Index(pool_factor=)` stores
+    them (make_point)."""
     from colembed.index.schema import make_point
 
     vectors, layout = page_of(data, i)
     return make_point(vectors, layout, {
         "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
         "width": 683, "height": 883, "model": "synthetic", "variant": BASE_VARIANT,
-        "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i})
+        "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i,
+        "pool_factor": pool_factor})
 
 
 
 # ------------------------------------------------------------------ long runs (issue #26)
 LONG_BATCH = 64  # pages handed to Store.upsert at a time by the long-run writer
 LONG_REPORT_EVERY = 64  # pages between the writer's progress lines (the driver kills on one)
+# A pooled page's Ward linkage (~40 ms) is most of its cost: the writer of a pooled store has it
+# done by this many helper processes, one nice step below the writer (what `colembed index`
+# does instead is pool beside the embedding, which costs ~10 s a page)
+POOL_WORKERS = 2
 
 
-def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = None) -> dict:
+def _pool_helper_start() -> None:
+    os.nice(5)  # (pool_tokens holds its products to one BLAS thread)
+
+
+def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = None,
+                pool_factor: int = 1) -> dict:
     """Store pages 0..pages-1 of `data` into the Edge folder, resuming where a killed run left
     off (every stored page has its token-table row: a chunk stored but not yet in the table is
     written again; an upsert of the same id replaces it). A progress line after every batch:
     `stored N unflushed U rss_peak_mib R` (what the driver kills on). `log_bytes`: the flush
-    cadence's FLUSH_MAX_LOG_BYTES for this writer (inf: the cadence before it existed)."""
+    cadence's FLUSH_MAX_LOG_BYTES for this writer (inf: the cadence before it existed).
+    `pool_factor`: the pages' index-time pooling (bench_point)."""
     from colembed.index import edge
     from colembed.index.backends import open_store
 
     if log_bytes is not None:
         edge.FLUSH_MAX_LOG_BYTES = log_bytes
 
+    helpers = None
+    if pool_factor > 1:  # started before the shard opens (a spawn: nothing of Edge's is shared)
+        import multiprocessing
+
+        helpers = multiprocessing.get_context("spawn").Pool(POOL_WORKERS, _pool_helper_start)
     store = open_store(folder, dim=DIM)
     start = min(store.count(), len(store.tokens))
+    make = (functools.partial(bench_point, data, pool_factor=pool_factor))
     t = time.perf_counter()
+    points = (helpers.imap(make, range(start, pages), chunksize=8) if helpers
+              else map(make, range(start, pages)))
     for lo in range(start, pages, LONG_BATCH):
-        store.upsert([bench_point(data, i) for i in range(lo, min(lo + LONG_BATCH, pages))])
+        store.upsert([next(points) for _ in range(lo, min(lo + LONG_BATCH, pages))])
         print(f"stored {min(lo + LONG_BATCH, pages)} unflushed {store._unflushed} rss_peak_mib "
               f"{peak_rss_mib():.0f}", flush=True)
     store.flush()
@@ -89,6 +111,8 @@ def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = N
            "flushes": store.flushes, "flush_s": store.flush_seconds,
            "peak_rss_mib": peak_rss_mib()}
     store.close()
+    if helpers:
+        helpers.close()
     return out
 
 
@@ -112,7 +136,7 @@ def worker_reopen(pages: int, folder: Path, data: str) -> dict:
 
 
 def long_run(script: Path, sub, pages: int, kill_at: list[int], folder: Path, data: str,
-             queries: bool, ab: bool = False) -> dict:
+             queries: bool, ab: bool = False, pool_factor: int = 1) -> dict:
     """One long build of `pages` pages into `folder`, SIGKILLed once at each of `kill_at` (pages
     stored), each kill followed by: the log left (allocated bytes), a fresh process opening the
     folder (the replay), a second fresh open of the same folder (now clean: the like-for-like
@@ -122,7 +146,8 @@ def long_run(script: Path, sub, pages: int, kill_at: list[int], folder: Path, da
     3/4 of the most seen so far under that cadence (near the worst case, not just after a flush).
     `script`/`sub`: the driver and its job runner (bench_index.py's `_sub`).
     `ab`: the legs alternate between the cadence without its byte bound (FLUSH_MAX_LOG_BYTES =
-    inf: as before it) and the current one, so the two are compared in one run, interleaved."""
+    inf: as before it) and the current one, so the two are compared in one run, interleaved.
+    `pool_factor` > 1: the pages stored hierarchically pooled (bench_point)."""
     import signal
 
     from colembed.index import edge
@@ -133,7 +158,7 @@ def long_run(script: Path, sub, pages: int, kill_at: list[int], folder: Path, da
     folder.mkdir(parents=True)
     sampler.start()
     legs, kills, build_s, rss = [], [], 0.0, 0.0
-    extra = ["--set", data]
+    extra = ["--set", data, *(["--pool-factor", str(pool_factor)] if pool_factor > 1 else [])]
     most = {"current": 0, "no byte bound": 0}
     for leg, point in enumerate([*sorted(kill_at), None]):
         cadence = "no byte bound" if ab and point is not None and leg % 2 == 0 else "current"
@@ -175,7 +200,8 @@ def long_run(script: Path, sub, pages: int, kill_at: list[int], folder: Path, da
     sampler.done.set()
     sampler.join()
     final = disk_mib(folder)
-    result = {"pages": pages, "set": data, "folder": str(folder), "build_s": build_s,
+    result = {"pages": pages, "set": data, "pool_factor": pool_factor, "folder": str(folder),
+              "build_s": build_s,
               "insert_pages_per_s": pages / build_s, "build_peak_rss_mib": rss,
               "peak_disk_mib": max(sampler.peak, final), "final_disk_mib": final,
               "final_leg": legs[-1], "kills": kills,

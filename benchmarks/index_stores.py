@@ -34,6 +34,9 @@ SETS = ("local", "page-wide")  # local_answer.py's pages, and synthetic_page's (
 NEEDLE_QUERIES = int(os.environ.get("COLEMBED_NEEDLE_QUERIES", 40))  # exact runs each: 3 s+ at 10k
 CLIENT_LOCAL_MAX_PAGES = 1000
 PREVIOUS_MAX_PAGES = 20000  # the schema-1 plan is measured up to this size (see _quality)
+# Edge's exact scan is timed and used as the reference up to this size; above it (62 s a query and
+# 20 GB RSS at 100,000 pages) search_large.py computes exact's top 10 in numpy instead
+EDGE_EXACT_MAX_PAGES = 20000
 
 
 def _timed_queries(search, queries: list[np.ndarray], pages: int, slow: bool = False) -> dict:

@@ -4,7 +4,7 @@
     .venv/bin/python benchmarks/search_parts.py --reopen OLD_FOLDER NEW_FOLDER --rounds 3
 
 Why apart: on this shared 2-core machine a 100,000-page Edge store takes over an hour to fill
-(results/index-long-100k.md), so the parts are measured where they can be:
+(results/index-long-100k-killed.md), so the parts are measured where they can be:
 
 - `--scan N`: the token stage's centroid scan (colembed.index.tokens) over an N-page table of
   random unit centroids (16 x 128 float32 a page, the table's real shape and size; the values do

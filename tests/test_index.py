@@ -30,6 +30,28 @@ def small_model(exported_tiny):
     return colembed.load(exported_tiny.folder, max_image_tokens=TOKENS)
 
 
+def test_add_embedded_sizes_a_page_by_the_manifest_of_its_model_folder(exported_tiny, tmp_path):
+    """No size, no token_px, no model loaded: the page's model folder (the identity's
+    model_source) declares its patch x merge; a ColQwen3-like manifest (16 px patches) makes
+    tokens of 32 px, not ColQwen2's 28."""
+    from colembed.index.backends import open_store
+    from colembed.index.embedded import EmbeddedPage
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    manifest = json.loads((exported_tiny.folder / "colembed_manifest.json").read_text())
+    manifest["preprocess"]["patch_size"] = 16
+    (folder / "colembed_manifest.json").write_text(json.dumps(manifest))
+    identity = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "model_source": str(folder)}
+    vectors = np.random.default_rng(0).standard_normal((2 + 3 * 4, 8)).astype(np.float32)
+    open_store(tmp_path / "db", dim=8).close()
+    with Index(tmp_path / "db") as index:
+        index.add_embedded([EmbeddedPage("/docs/a.pdf", 1, vectors, (3, 4), 2, sha256="a" * 64)],
+                           identity=identity)
+        (_, stored), = index.store.payloads()
+    assert (stored["width"], stored["height"]) == (4 * 32, 3 * 32)
+
+
 # ------------------------------------------------------------------------------ the layout API
 @pytest.mark.parametrize("size", [(420, 560), (900, 300), (200, 200)])
 def test_page_layout_matches_the_preprocessing(tiny_model, size):

@@ -142,7 +142,8 @@ def test_the_pool_factor_is_part_of_the_index_identity(tmp_path):
     rng = np.random.default_rng(11)
     topic = _unit(rng.standard_normal(DIM))
     pages = [_local_page(i, topic if i == 5 else None) for i in range(12)]
-    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}")
+    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}",
+                          token_px=28)
              for i, v in enumerate(pages)]
     open_store(tmp_path / "db", dim=DIM).close()
     with Index(tmp_path / "db", pool_factor=2) as index:
@@ -174,7 +175,8 @@ def test_an_index_written_before_pooling_is_an_unpooled_one(tmp_path):
     store.close()
     with Index(tmp_path / "db", pool_factor=1) as index:
         assert index.pool_factor == 1
-        page = EmbeddedPage("/docs/2.pdf", 1, _local_page(2), (ROWS, COLS), START, sha256="2" * 64)
+        page = EmbeddedPage("/docs/2.pdf", 1, _local_page(2), (ROWS, COLS), START, sha256="2" * 64,
+                            token_px=28)
         assert index.add_embedded([page]) == 1
     with pytest.raises(ModelMismatchError, match="pool factor 1 .*not 2"):
         Index(tmp_path / "db", pool_factor=2)

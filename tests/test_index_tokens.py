@@ -211,8 +211,8 @@ def test_add_embedded_stores_pages_as_add_would_and_names_a_bad_one(tmp_path):
     pages, query = _local_pages()
     store = open_store(tmp_path / "db", dim=DIM)
     store.close()
-    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}")
-             for i, v in enumerate(pages)]
+    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}",
+                          token_px=28) for i, v in enumerate(pages)]
     with Index(tmp_path / "db") as index:
         bad = EmbeddedPage("/docs/bad.pdf", 2, pages[0][:, :8], (ROWS, COLS), START, pages=3,
                            sha256="0" * 64)
@@ -231,6 +231,42 @@ def test_add_embedded_stores_pages_as_add_would_and_names_a_bad_one(tmp_path):
             index.add_embedded(given[:1], identity=other)
         assert index.add_embedded(given[:2]) == 2  # the stored identity, again: idempotent
         assert len(index) == N_PAGES
+
+
+def test_table_ids_are_the_canonical_uuid_strings():
+    import uuid
+
+    from colembed.index.tokens import _uuid_strings
+
+    ids = [uuid.uuid4() for _ in range(50)] + [uuid.UUID(int=0), uuid.UUID(int=2**128 - 1)]
+    raw = np.frombuffer(b"".join(u.bytes for u in ids), np.uint8).reshape(-1, 16)
+    assert _uuid_strings(raw) == [str(u) for u in ids]
+    assert _uuid_strings(raw[:0]) == []
+
+
+def test_add_embedded_takes_the_token_size_from_the_model_not_a_constant(tmp_path):
+    """A page's rendered size follows its model's patch x merge (ColQwen3: 16 x 2 = 32 px a
+    token), which the manifest declares; with neither a size, a token_px nor a model it is
+    refused rather than guessed at ColQwen2's 28."""
+    from types import SimpleNamespace
+
+    pages, _ = _local_pages()
+    open_store(tmp_path / "db", dim=DIM).close()
+
+    def page(i, **kw):
+        return EmbeddedPage(f"/docs/{i}.pdf", 1, pages[i], (ROWS, COLS), START,
+                            sha256=f"{i:064x}", **kw)
+
+    with Index(tmp_path / "db") as index:
+        with pytest.raises(InputError, match="0.pdf page 1: its rendered size is not known"):
+            index.add_embedded([page(0)], identity=IDENTITY)
+        index.add_embedded([page(0, token_px=32), page(1, size=(500, 700))], identity=IDENTITY)
+        # the index's model declares its token size (a loaded model's preprocessing config)
+        index._model = SimpleNamespace(config=SimpleNamespace(resize_factor=32))
+        index.add_embedded([page(2)], identity=IDENTITY)
+        sizes = {p["path"]: (p["width"], p["height"]) for _, p in index.store.payloads()}
+    assert sizes == {"/docs/0.pdf": (COLS * 32, ROWS * 32), "/docs/1.pdf": (500, 700),
+                     "/docs/2.pdf": (COLS * 32, ROWS * 32)}
 
 
 def test_from_parquet_loads_what_the_ray_target_writes(tmp_path, capsys):

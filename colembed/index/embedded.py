@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -36,7 +36,10 @@ def identity_mismatch(stored: dict[str, Any], ours: dict[str, Any]) -> list[str]
     return identity_mismatches(stored, ours, "these pages")
 
 
-TOKEN_PX = 28  # patch 14 x merge 2: the pixels one merged image token saw (every family so far)
+# The pixels one merged image token saw along each side is the model's patch x merge, which its
+# manifest declares (`preprocess.resize_factor`): 28 for ColQwen2 / 2.5 (14 x 2), 32 for ColQwen3
+# (16 x 2). There is no default: a page's rendered size is taken from its `size`, else its
+# `token_px`, else the index's model.
 
 
 @dataclass(frozen=True)
@@ -45,7 +48,10 @@ class EmbeddedPage:
     prompt rows included; `grid`: (rows, cols) of its image tokens, which start at row
     `image_start`; `path` / 1-based `page` of `pages`: the source; `sha256`: the file's content
     hash (computed from `path` when omitted, so the file must then exist); `size`: the rendered
-    (width, height) in pixels (default: the grid at 28 px a token)."""
+    (width, height) in pixels (default: the grid at `token_px` pixels a token); `token_px`: the
+    pixels one image token saw along each side, the model's patch x merge (its manifest's
+    `preprocess.resize_factor`: 28 for ColQwen2 / 2.5, 32 for ColQwen3; default: the index's
+    model's)."""
 
     path: str | os.PathLike
     page: int
@@ -55,6 +61,7 @@ class EmbeddedPage:
     pages: int = 1
     sha256: str | None = None
     size: tuple[int, int] | None = None
+    token_px: int | None = None
 
 
 def _name(path: Any, page: Any) -> str:
@@ -76,8 +83,10 @@ def check_vectors(vectors: Any, dim: int, grid: Sequence[int], image_start: int,
     return v
 
 
-def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int) -> PagePoint:
-    """The point `Index.add` would store for this page."""
+def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int,
+               token_px: int | None = None) -> PagePoint:
+    """The point `Index.add` would store for this page; `token_px`: the index's model's (used
+    when the page gives neither its size nor its own)."""
     from ..model import PageLayout
 
     where = _name(page.path, page.page)
@@ -93,9 +102,18 @@ def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int) -> PagePo
             raise InputError(f"{where}: no sha256 given and the file is not here to hash")
         sha = file_sha256(Path(path))
     rows, cols = (int(x) for x in page.grid)
+    px = page.token_px or token_px
+    if px is None and page.size is None:
+        raise InputError(f"{where}: its rendered size is not known: give size=(width, height) or "
+                         "token_px= (the model's patch x merge: 28 for ColQwen2 / 2.5, 32 for "
+                         "ColQwen3), or add it to an index opened with its model")
+    if px is not None and (isinstance(px, bool) or not isinstance(px, (int, np.integer))
+                           or px < 1):
+        raise InputError(f"{where}: token_px must be a positive int, got {px!r}")
+    width, height = page.size or (cols * int(px), rows * int(px))
+    # the layout's token_px is not stored (make_point reads the grid and where it starts)
     layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=int(page.image_start),
-                        num_tokens=len(v), token_px=TOKEN_PX)
-    width, height = page.size or (cols * TOKEN_PX, rows * TOKEN_PX)
+                        num_tokens=len(v), token_px=int(px or 1))
     return make_point(v, layout, dict(identity, path=path, page=int(page.page),
                                       pages=int(page.pages), sha256=sha, width=int(width),
                                       height=int(height)))
@@ -131,11 +149,13 @@ def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -
 
 
 def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
-                 identity: dict[str, Any] | None, source: str) -> int:
+                 identity: dict[str, Any] | None, source: str,
+                 token_px: Callable[[], int | None] | int | None = None) -> int:
     """Check every item, then store them all (in upsert batches); returns the pages stored.
     `identity`: the model identity the pages must carry (None: the index's stored pages', or, for
     an empty index, that of the first ready point); `source`: the writer's name (records.py) for
-    pages that carry none."""
+    pages that carry none; `token_px`: the model's pixels per image token (or a function giving
+    it, asked only when a page gives neither its size nor its own token_px)."""
     stored = store.any_payload()
     if identity is None and stored:
         identity = {f: stored[f] for f in (*IDENTITY_FIELDS, "model_source") if f in stored}
@@ -153,8 +173,11 @@ def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
             if identity is None:
                 raise InputError("the index is empty and holds no model identity: give a model "
                                  "(Index(..., model=...)) or identity=")
+            px = None
+            if item.size is None and item.token_px is None:
+                px = token_px() if callable(token_px) else token_px
             points.append(page_point(item, dict(identity, schema=store.schema, source=source),
-                                     store.dim))
+                                     store.dim, px))
     if stored and points:
         problems = identity_mismatch(stored, dict(points[0].payload))
         if problems:

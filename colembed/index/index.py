@@ -223,7 +223,25 @@ class Index:
             identity = self.identity
         elif identity is not None:
             identity = {"pool_factor": self.pool_factor, **identity}
-        return add_embedded(self.store, pages, identity, self.source)
+        return add_embedded(self.store, pages, identity, self.source,
+                            lambda: self._token_px(identity))
+
+    def _token_px(self, identity: dict[str, Any] | None = None) -> int | None:
+        """The pixels one image token of this index's model saw along each side (its manifest's
+        patch x merge), from the model if one was given or loaded, else from the manifest of the
+        model folder the pages' identity or the index records; None when none is at hand."""
+        if self._model is not None or self._model_arg is not None:
+            return int(self.model.config.resize_factor)
+        source = (identity or {}).get("model_source") or self._stored.get("model_source")
+        if source and Path(source).is_dir():
+            from ..errors import ManifestError
+            from ..manifest import read_manifest
+
+            try:
+                return int(read_manifest(Path(source)).preprocess.resize_factor)
+            except ManifestError:  # not a model folder (any more): the page must say
+                return None
+        return None
 
     def remove(self, paths: Iterable[str | os.PathLike] | str | os.PathLike) -> int:
         """Drop every page of these files (or of the files under these folders); returns pages."""
