@@ -70,6 +70,14 @@ GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
     "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
 }
 BUCKET_LABELS = {"query": "queries", "page": "pages"}
+# glibc: every block of at least this many bytes gets its own mapping, handed back to the system
+# when freed. glibc's default threshold grows to the largest block freed so far (up to 32 MB), so
+# once the gate's first large activation is freed, every later one below 32 MB comes from the
+# heap, whose freed blocks fragment it over a run's layers; with a fixed threshold a run's
+# transient peak fell by a fifth to a third (Qwen2-VL-2B widths, 2+2 layers: a query at the bound
+# +0.38 -> +0.25 GB over the loaded model, the full-budget page beside the smallest +0.64 -> +0.49
+# GB; docs/variants.md, "The variant step's memory").
+GATE_MMAP_THRESHOLD = 1 << 20
 
 
 def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.ndarray:
@@ -317,6 +325,21 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
     return items
 
 
+def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
+    """glibc's mallopt(M_MMAP_THRESHOLD, `threshold`) for this process (GATE_MMAP_THRESHOLD);
+    False where there is no glibc (other C libraries, other systems): nothing changes there."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    return bool(mallopt and mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
+
+
 def gate_model(folder: Any, variant: str) -> Any:
     """`variant` of the staged folder as the gate runs it: the colembed runtime, loaded with
     GATE_LOAD and the variant's GATE_SESSION_CONFIG."""
@@ -337,6 +360,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     from .measure import release_memory
 
     step = step or (lambda name: contextlib.nullcontext())
+    map_large_blocks()
     rank_pages, rank_queries = ranking_set()
     with step("variants: gate set through fp32"):
         with step("variants: gate set through fp32: load"):

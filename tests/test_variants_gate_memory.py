@@ -71,7 +71,10 @@ def test_fp16_verdicts_and_figures_are_the_same_either_way(exported_variants, mo
     """The gate's figures on the fp16 variant with its weights kept fp16 equal those with the
     fold (the same values reach every MatMul; fusions may sum in another order: 1e-6)."""
     folder, gates = exported_variants.folder, {"fp16": VARIANTS["fp16"].gate}
+    mapped = []
+    monkeypatch.setattr(E, "map_large_blocks", lambda: mapped.append(True) or True)
     kept, kept_misses = E.evaluate_variants(folder, ["fp16"], gates)
+    assert mapped  # the gate maps its large blocks before its first model
     monkeypatch.setattr(E, "GATE_SESSION_CONFIG", {})
     folded, folded_misses = E.evaluate_variants(folder, ["fp16"], gates)
     assert kept_misses == folded_misses
@@ -83,3 +86,16 @@ def test_fp16_verdicts_and_figures_are_the_same_either_way(exported_variants, mo
         assert abs(row["mean"] - b["buckets"][bucket]["mean"]) < 1e-6
         assert abs(row["min"] - b["buckets"][bucket]["min"]) < 1e-6
     assert a["ranking"] == b["ranking"]
+
+
+def test_large_blocks_mapped_where_glibc_is():
+    """mallopt(M_MMAP_THRESHOLD) takes on glibc (this machine, the Linux wheels); elsewhere the
+    call reports False and changes nothing."""
+    import platform
+    import sys
+
+    got = E.map_large_blocks()
+    if sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc":
+        assert got is True
+    else:
+        assert got is False
