@@ -26,9 +26,11 @@ from pathlib import Path
 
 
 def main() -> int:
+    from colembed.layout import BASE_VARIANT
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
-    parser.add_argument("--variant", default="fp32")
+    parser.add_argument("--variant", default=BASE_VARIANT)
     parser.add_argument("--arm", choices=("heap", "mapped"), default="mapped")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
