@@ -7,6 +7,9 @@
         --clean                                   # Qwen3-VL-4B, full depth: ~19 GB (projected)
     .venv/bin/python benchmarks/bench_export.py --family colqwen2.5 --preset qwen2.5-vl-7b \
         --vision-depth 4 --text-layers 2 --results /tmp/export-7b-t2        # 7B widths, reduced
+    flock /work/wt/solo.lock nice .venv/bin/python benchmarks/bench_export.py --variants int8,fp16 \
+        --int8-weight-passes 2 --clean --results benchmarks/results/export-variants-2b-passes-2
+                                # full 2B with variants, int8 as two codes per weight (~10 GB)
 
 The checkpoint is built by the family's random-weight builder (`--family colqwen2`:
 `colembed_export.tiny.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
@@ -73,9 +76,12 @@ def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
 
 
 def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
+    from colembed_export import quantise
     from colembed_export.exporter import export_model
 
     from colembed.errors import ExportError
+
+    passes = quantise.WEIGHT_PASSES
 
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
@@ -99,7 +105,7 @@ def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
             "steps": steps, "check": checks.get(BASE_VARIANT, {}), "variants": list(variants),
             "variant_buckets": {v: checks[v].get("buckets") for v in variants if v in checks},
-            "refused": refused, "architecture": architecture}
+            "refused": refused, "architecture": architecture, "int8_weight_passes": passes}
 
 
 def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
@@ -112,7 +118,9 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         f"Checkpoint: random weights, {widths} widths, {arch['vision_depth']} vision blocks + "
         f"{arch['text_layers']} text layers, {result['weights_gb']:.2f} GB of fp32 weights. "
         "Export with the check on (defaults of `colembed export`)"
-        + (f", variants {','.join(result['variants'])}." if result.get("variants") else "."),
+        + (f", variants {','.join(result['variants'])}" if result.get("variants") else "")
+        + (f"; int8 with {result['int8_weight_passes']} codes per weight (quantise.WEIGHT_PASSES)."
+           if result.get("int8_weight_passes", 1) != 1 else "."),
         "",
         f"**Total {result['seconds'] / 60:.1f} min, peak RSS {result['peak_rss_gb']:.2f} GB = "
         f"{result['peak_over_weights']:.2f}x the fp32 weights** (target <= {TARGET_PEAK_RATIO}x). "
@@ -160,11 +168,18 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/colembed-bench-export")
     parser.add_argument("--clean", action="store_true", help="delete the work folder at the end")
     parser.add_argument("--variants", default="", help="e.g. int8,fp16 (the variant step measured too)")
+    parser.add_argument("--int8-weight-passes", type=int, help="int8 codes per weight (1 or 2; "
+                        "default quantise.WEIGHT_PASSES): the two-code recipe measured at full size")
     parser.add_argument("--results", help="results path without extension (default "
                         "benchmarks/results/export for colqwen2, export-colqwen2_5 for colqwen2.5)")
     args = parser.parse_args()
 
     from colembed import safe_fs
+
+    if args.int8_weight_passes:
+        from colembed_export import quantise
+
+        quantise.WEIGHT_PASSES = args.int8_weight_passes
 
     preset, depth, layers, results, widths = FAMILIES[args.family]
     widths = PRESET_WIDTHS.get(args.preset, widths)

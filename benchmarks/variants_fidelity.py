@@ -66,6 +66,11 @@ CONFIGS = {
     **{f"tiny-deep-{kind}": ("tiny", 32, 28, kind) for kind in ("random", "stress", "heldout")},
     **{f"tiny-{vision}+{text}-{kind}": ("tiny", vision, text, kind)
        for vision, text in ((2, 7), (8, 14)) for kind in ("random", "stress", "heldout")},
+    # The 2B widths at depths between the 1+2 fixtures and the full 32+28, where the full-size
+    # export's int8 refusal (mean 0.98984) arises: 2+2 (the gate's memory), 8+7 and 16+14 (a
+    # quarter and half the depth; 2.9 and 4.8 GB of fp32 weights: run them under the lock).
+    **{f"2b-{vision}+{text}-random": ("qwen2-vl-2b", vision, text, "random")
+       for vision, text in ((2, 2), (8, 7), (16, 14))},
 }
 QWEN2_5_PRESETS = ("tiny-2.5",)
 KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTraits())",
@@ -107,8 +112,9 @@ def build(config: str, root: Path) -> Path:
     return folder
 
 
-def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
-    """Write the variants into a copy of the fp32 folder and judge them (never refusing)."""
+def measure(folder: Path, variants: list[str], work: Path, gate: bool = True) -> dict[str, Any]:
+    """Write the variants into a copy of the fp32 folder (`work`/staging) and judge them (never
+    refusing; `gate=False`: written only)."""
     import shutil
 
     from colembed import safe_fs
@@ -136,6 +142,9 @@ def measure(folder: Path, variants: list[str], work: Path) -> dict[str, Any]:
     data["files"] = {p.name: describe_file(p) for p in sorted(staging.iterdir()) if p.is_file()
                      and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
     Manifest.from_dict(data).write(staging)
+    if not gate:
+        return {"staging": str(staging), "write_seconds": round(write_seconds, 1),
+                "steps": meter.as_dicts()}
     start = time.perf_counter()
     results, failures = evaluate_variants(staging, variants, {n: VARIANTS[n].gate for n in variants},
                                           measured, step=meter.step)
@@ -211,6 +220,8 @@ def main() -> int:
                         "default: quantise.WEIGHT_PASSES)")
     parser.add_argument("--smoothing-alpha", help="SmoothQuant alpha of the int8 recipe for this "
                         "run, or 'none' (default: recipes.SMOOTHING_ALPHA)")
+    parser.add_argument("--write-only", action="store_true", help="write the variants into "
+                        "WORK/staging and stop (for variants_gate_memory.py, variants_speed_ab.py)")
     args = parser.parse_args()
     from colembed_export import quantise, recipes
 
@@ -236,8 +247,14 @@ def main() -> int:
         arm = (f"-levels-{args.int8_levels.replace(',', '-')}" if args.int8_levels else "") + (
             f"-passes-{args.int8_weight_passes}" if args.int8_weight_passes else "") + (
             f"-alpha-{args.smoothing_alpha}" if args.smoothing_alpha else "")
-        runs[config] = measure(folder, variants, root / f"{config}-work{arm}")
+        runs[config] = measure(folder, variants, root / f"{config}-work{arm}",
+                               gate=not args.write_only)
+        if args.write_only:
+            print(f"{config}: written to {runs[config]['staging']}", file=sys.stderr)
+            continue
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
+    if args.write_only:
+        return 0
     text = markdown(info, runs)
     write_results(args.results, text, info, {"runs": runs})
     print(text)

@@ -1,7 +1,8 @@
 """Page and query time of two int8 recipes, interleaved, on folders exported from one checkpoint.
 
     flock /work/wt/bigmem.lock .venv/bin/python benchmarks/variants_speed_ab.py \
-        A=FOLDER_A B=FOLDER_B [--variant int8] [--rounds 7] [--results benchmarks/results/NAME]
+        A=FOLDER_A B=FOLDER_B [C=FOLDER@fp32] [--variant int8] [--rounds 7] \
+        [--results benchmarks/results/NAME]
 
 Each FOLDER holds the same fp32 graphs and a variant written by another recipe (e.g. the staging
 folders `benchmarks/variants_fidelity.py` leaves under its work directory, one per
@@ -53,8 +54,10 @@ def main() -> int:
 
     info = machine_info()
     arms = dict(a.split("=", 1) for a in args.arms)
-    models = {n: colembed.load(Path(f), variant=args.variant, verify=False, threads=args.threads,
-                               max_image_tokens=256) for n, f in arms.items()}
+    # FOLDER@VARIANT: that arm's variant instead of --variant (e.g. fp32 beside two int8 recipes)
+    chosen = {n: (f.rsplit("@", 1) if "@" in f else (f, args.variant)) for n, f in arms.items()}
+    models = {n: colembed.load(Path(f), variant=v, verify=False, threads=args.threads,
+                               max_image_tokens=256) for n, (f, v) in chosen.items()}
     page = page_image()
     for model in models.values():  # warm-up: first-run allocations out of the timings
         model.embed_images([page], batch_size=1)
@@ -83,7 +86,7 @@ def main() -> int:
             cells += [f"{med * 1e3:.1f} ({min(t) * 1e3:.1f}-{max(t) * 1e3:.1f})",
                       f"{med / statistics.median(times[base][item]):.2f}x"]
         lines.append(f"| {name} | `{arms[name]}` | " + " | ".join(cells) + " |")
-    body = [f"Variant `{args.variant}`, {args.rounds} interleaved rounds (order reversed every "
+    body = [f"Variant `{args.variant}` (unless an arm names its own: FOLDER@VARIANT), {args.rounds} interleaved rounds (order reversed every "
             "other round), one warm-up each.", ""] + lines
     text = results_markdown("int8 recipes side by side: page and query time", info, body)
     print(text)

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -124,6 +124,7 @@ class ColQwen2Model:
         max_image_tokens: int | None = None,
         verify: bool | str = True,
         cpu_mem_arena: bool = True,
+        session_config: Mapping[str, str] | None = None,
     ) -> None:
         if verify not in (True, False, "full"):
             raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
@@ -154,7 +155,8 @@ class ColQwen2Model:
         for role in GRAPH_ROLES:
             self._sessions[role] = self._open(self.manifest.graph(variant, role),
                                               self._contracts[role], threads=threads,
-                                              cpu_mem_arena=cpu_mem_arena)
+                                              cpu_mem_arena=cpu_mem_arena,
+                                              session_config=session_config)
         self._verify = verify
         # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
         self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
@@ -162,7 +164,8 @@ class ColQwen2Model:
         self._grid_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._scorer = None
 
-    def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena) -> Session:
+    def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena,
+              session_config=None) -> Session:
         """The graph's session, after its manifest contract was checked against the family's own
         (so a folder cannot redefine what the runtime feeds) and the session against both."""
         path = inside(self.folder, entry.file)
@@ -171,7 +174,7 @@ class ColQwen2Model:
             raise ModelFolderError(f"the manifest's contract is not {self.family.display_name}'s: "
                                    + "; ".join(problems), path=path)
         session = Session(str(path), self._provider_request, threads=threads,
-                          cpu_mem_arena=cpu_mem_arena)
+                          cpu_mem_arena=cpu_mem_arena, session_config=session_config)
         problems = entry.contract.mismatches(session.session)
         if problems:
             raise ModelFolderError("graph does not match its manifest contract: "
@@ -467,6 +470,7 @@ def load(
     max_image_tokens: int | None = None,
     verify: bool | str = True,
     cpu_mem_arena: bool = True,
+    session_config: Mapping[str, str] | None = None,
 ) -> ColQwen2Model:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
@@ -480,6 +484,11 @@ def load(
     - `verify`: check every graph file's sha256 against the manifest (sizes are always checked).
       A file already hashed, unchanged since (size, mtime, inode), is not hashed again;
       `verify="full"` always hashes, `verify=False` checks sizes only.
+    - `cpu_mem_arena`: onnxruntime's CPU memory arena (off: each tensor's memory goes back when
+      its last reader ran, not kept at the largest run's high-water mark).
+    - `session_config`: onnxruntime session config entries for both graphs' sessions, e.g.
+      {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"}
+      keeps an fp16 variant's weights fp16 in memory on CPU (the export gate's load).
 
     A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
     see `colembed.registry`); an unknown name that is not a folder is an error naming both.
@@ -499,7 +508,7 @@ def load(
         variant = default_variant(path, providers)
     return ColQwen2Model(path, variant=variant, providers=providers, threads=threads,
                          max_image_tokens=max_image_tokens, verify=verify,
-                         cpu_mem_arena=cpu_mem_arena)
+                         cpu_mem_arena=cpu_mem_arena, session_config=session_config)
 
 
 def default_variant(folder: str | Path, providers: Any) -> str:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from .errors import ModelFolderError, ProviderError
 
@@ -136,14 +136,17 @@ class Session:
 
     `source`: a graph file or the serialised graph (bytes). `providers`: resolved specs (see
     `resolve_providers`); None is CPU. `save_optimized`: also write the graph as onnxruntime
-    optimised it (weights beside it), for inspecting fusions. `profile_prefix`: profile every
-    run (node placement per provider; `colembed doctor`), files starting with this prefix.
+    optimised it (weights beside it), for inspecting fusions. `session_config`: onnxruntime
+    session config entries on top of the provider's (the export gate's: colembed_export/
+    evaluation.py). `profile_prefix`: profile every run (node placement per provider; `colembed
+    doctor`), files starting with this prefix.
     """
 
     def __init__(self, source: str | os.PathLike | bytes,
                  providers: Sequence[ProviderSpec] | None = None, *,
                  threads: int | None = None, cpu_mem_arena: bool = True,
                  graph_optimization: str = "all",
+                 session_config: Mapping[str, str] | None = None,
                  save_optimized: str | os.PathLike | None = None,
                  profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
@@ -174,7 +177,7 @@ class Session:
             options.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name",
                 os.path.basename(save_optimized) + "_data")
-        for key, value in traits.config:
+        for key, value in (*traits.config, *(session_config or {}).items()):
             options.add_session_config_entry(key, value)
         self.options = options
         self.path = None if isinstance(source, (bytes, bytearray)) else os.fspath(source)

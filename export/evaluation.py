@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from colembed.errors import ExportError
+from colembed.layout import BASE_VARIANT
 
 RANKING_PAGES = 24
 # width, height: one grid for all pages, fast at any width: 4 x 5 image tokens at ColQwen2's
@@ -56,7 +57,27 @@ PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the la
 # back when its last reader ran, and the gate's peak is the largest run's live tensors
 # (measured at Qwen2-VL-2B widths: docs/variants.md, "The variant step's memory").
 GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
+# onnxruntime session config of each variant's gate sessions, on top of GATE_LOAD. fp16: the CPU
+# provider has no fp16 MatMul, so it casts the fp16 weights to fp32 around it (its
+# CastFloat16Transformer) and then folds each cast weight into a new fp32 initializer at load
+# (FuseFp16InitializerToFp32NodeTransformer): an fp16 session held the fp32 weights' size (the
+# full-size gate's fp16 run peaked at 1.63x the fp32 weights). Without that fold each weight
+# stays fp16 and is cast when its MatMul runs, and freed after; the values are the same (a cast
+# of fp16 to fp32 is exact; the activations are fp32 into those MatMuls either way), so are the
+# verdicts (tests/test_variants_gate_memory.py), at the casts' time (docs/variants.md, "The
+# variant step's memory").
+GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
+    "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
+}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}
+# glibc: every block of at least this many bytes gets its own mapping, handed back to the system
+# when freed. glibc's default threshold grows to the largest block freed so far (up to 32 MB), so
+# once the gate's first large activation is freed, every later one below 32 MB comes from the
+# heap, whose freed blocks fragment it over a run's layers; with a fixed threshold a run's
+# transient peak fell by a fifth to a third (Qwen2-VL-2B widths, 2+2 layers: a query at the bound
+# +0.38 -> +0.25 GB over the loaded model, the full-budget page beside the smallest +0.64 -> +0.49
+# GB; docs/variants.md, "The variant step's memory").
+GATE_MMAP_THRESHOLD = 1 << 20
 
 
 def token_cosines(got: Sequence[np.ndarray], want: Sequence[np.ndarray]) -> np.ndarray:
@@ -304,6 +325,30 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
     return items
 
 
+def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
+    """glibc's mallopt(M_MMAP_THRESHOLD, `threshold`) for this process (GATE_MMAP_THRESHOLD);
+    False where there is no glibc (other C libraries, other systems): nothing changes there."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    try:
+        mallopt = ctypes.CDLL(name).mallopt if name else None
+    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
+        return False
+    return bool(mallopt and mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
+
+
+def gate_model(folder: Any, variant: str) -> Any:
+    """`variant` of the staged folder as the gate runs it: the colembed runtime, loaded with
+    GATE_LOAD and the variant's GATE_SESSION_CONFIG."""
+    import colembed
+
+    return colembed.load(folder, variant=variant, **GATE_LOAD,
+                         session_config=GATE_SESSION_CONFIG.get(variant))
+
+
 def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
                       measured: dict[str, dict[str, Any]] | None = None, *,
                       step: Any = None) -> tuple[dict[str, Any], list[str]]:
@@ -312,16 +357,20 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     `step(name)` (a context manager factory, the exporter's StepMeter) wraps each model's run."""
     import contextlib
 
-    import colembed
+    from .measure import release_memory
 
     step = step or (lambda name: contextlib.nullcontext())
+    map_large_blocks()
     rank_pages, rank_queries = ranking_set()
     with step("variants: gate set through fp32"):
-        reference = colembed.load(folder, **GATE_LOAD)
-        queries, pages = gate_queries(reference), gate_pages(reference)
-        want = _embed_gate_set(reference, queries, pages)
-        fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
+        with step("variants: gate set through fp32: load"):
+            reference = gate_model(folder, BASE_VARIANT)
+        with step("variants: gate set through fp32: run"):
+            queries, pages = gate_queries(reference), gate_pages(reference)
+            want = _embed_gate_set(reference, queries, pages)
+            fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
         del reference
+        release_memory()
     clear = clear_winners(fp32_scores)
     if clear.size < MIN_CLEAR_QUERIES:
         raise ExportError(unjudgeable_ranking(fp32_scores))
@@ -329,15 +378,18 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     failures: list[str] = []
     for name in names:
         with step(f"variants: gate set through {name}"):
-            model = colembed.load(folder, variant=name, **GATE_LOAD)
-            got = _embed_gate_set(model, queries, pages)
+            with step(f"variants: gate set through {name}: load"):
+                model = gate_model(folder, name)
+            with step(f"variants: gate set through {name}: run"):
+                got = _embed_gate_set(model, queries, pages)
+                scores = embed_ranking_set(model, rank_pages, rank_queries)
+            del model
+            release_memory()
             figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
                                      got["queries"] + got["mixed_queries"],
                                      want["queries"] + want["queries"][-3:])
             figures.update(item_figures(_gate_items(queries, pages, got, want)))
-            figures["ranking"] = top1_agreement(embed_ranking_set(model, rank_pages, rank_queries),
-                                                fp32_scores, clear)
-            del model
+            figures["ranking"] = top1_agreement(scores, fp32_scores, clear)
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
                         "pages": len(pages), "queries": len(queries)})
         results[name] = figures
