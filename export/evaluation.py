@@ -328,16 +328,10 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
 def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
     """glibc's mallopt(M_MMAP_THRESHOLD, `threshold`) for this process (GATE_MMAP_THRESHOLD);
     False where there is no glibc (other C libraries, other systems): nothing changes there."""
-    import ctypes
-    import ctypes.util
-    import sys
+    from .measure import glibc_function
 
-    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-    try:
-        mallopt = ctypes.CDLL(name).mallopt if name else None
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt)
-        return False
-    return bool(mallopt and mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
+    mallopt = glibc_function("mallopt")
+    return bool(mallopt is not None and mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
 
 
 def gate_model(folder: Any, variant: str) -> Any:

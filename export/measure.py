@@ -42,16 +42,23 @@ def _reset_peak() -> bool:
         return False
 
 
+def glibc_function(name: str):
+    """glibc's function `name` (malloc_trim, mallopt), or None where there is no glibc (other
+    systems, other C libraries: musl has neither)."""
+    lib = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
+    try:
+        return getattr(ctypes.CDLL(lib), name) if lib else None
+    except (OSError, AttributeError):
+        return None
+
+
 def release_memory() -> None:
     """gc, then glibc's `malloc_trim`: freed tensors below glibc's mmap threshold (which grows to
     32 MB) otherwise stay in the heap, counted in RSS and unavailable to other processes."""
     gc.collect()
-    name = ctypes.util.find_library("c") if sys.platform.startswith("linux") else None
-    if name:
-        try:
-            ctypes.CDLL(name).malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
-            pass
+    malloc_trim = glibc_function("malloc_trim")
+    if malloc_trim is not None:
+        malloc_trim(0)
 
 
 def peak_rss_bytes() -> int:
