@@ -51,6 +51,17 @@ TRAITS: dict[str, ProviderTraits] = {
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
 
+# How the intra-op threads wait, inside a run and between runs. A run is a chain of parallel
+# sections (each GEMM, each large element-wise node); a thread that blocks after one section
+# has to be woken for the next (a futex round trip, longer on a busy machine). The int8 graphs'
+# per-token scales add ~60 nodes a language layer, which made a single int8 query ~10% slower
+# than 0.1.0's per-tensor graphs with blocking threads; spinning within runs won it back
+# (benchmarks/results/embed-against-own.md, docs/speed.md). The threads stop spinning when a run
+# returns (onnxruntime's `session.force_spinning_stop`), which keeps what blocking was for: no
+# core burnt between runs while the host prepares the next batch.
+RUN_THREAD_CONFIG = (("session.intra_op.allow_spinning", "1"),
+                     ("session.force_spinning_stop", "1"))
+
 
 def onnxruntime_facts() -> dict[str, Any]:
     """The installed onnxruntime's version and providers (for reports such as `colembed doctor`)."""
@@ -169,9 +180,11 @@ class Session:
         }[graph_optimization]
         if traits.sequential:
             options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        # Between graph runs the host does numpy work (the next batch, the next scorer chunk);
-        # spinning threads would steal its cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Within a run the intra-op threads spin between parallel sections (RUN_THREAD_CONFIG above),
+        # and stop when the run returns: between graph runs the host does numpy work (the next
+        # batch, the next scorer chunk), which spinning threads would steal cores from.
+        for key, value in RUN_THREAD_CONFIG:
+            options.add_session_config_entry(key, value)
         if save_optimized is not None:
             options.optimized_model_filepath = str(save_optimized)
             options.add_session_config_entry(
