@@ -284,13 +284,14 @@ class EdgeStore(Store):
         if not self._tokens_current and self.schema >= 2 and not getattr(
                 self, "_told_tokens", False):
             self._told_tokens = True
-            fallback = ("two-stage search uses the table it has, so a page missing from it is "
-                        "found by its mean vector only" if self.schema >= 3 else
-                        "two-stage search uses the mean-gated plan, which can miss a page whose "
-                        "answer is a small part of it")
-            warnings.warn(f"{self.location}: this index has no current token table (written by "
-                          f"an older colembed, or interrupted), so {fallback}; "
-                          f"{self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
+            why, fallback = (("an interrupted write, or its files removed", "two-stage search "
+                              "uses the table it has, so a page missing from it is found by its "
+                              "mean vector only") if self.schema >= 3 else
+                             ("written by an older colembed, or interrupted", "two-stage search "
+                              "uses the mean-gated plan, which can miss a page whose answer is a "
+                              "small part of it"))
+            warnings.warn(f"{self.location}: this index has no current token table ({why}), so "
+                          f"{fallback}; {self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
         return self._tokens_current
 
     def searches_with_tokens(self) -> bool:
