@@ -90,6 +90,9 @@ def quality_markdown(by_backend: dict) -> list[str]:
               "|---|---:|---:|---:|---:|"]
     base = two.get("needle_at_10", {}).get("edge-exact")
     for name in EDGE_BACKENDS if base is not None else ():
+        if name not in two["needle_at_10"]:  # a plan the store cannot run (index_stores.runs_on)
+            needle.append(f"| {name} | - | - | - | - |")
+            continue
         n = two["needle_at_10"][name]
         rec = two["recall_vs_exact"].get(name, 1.0)
         needle.append(f"| {name} | {100 * n:.0f}% | {100 * n / max(base, 1e-9):.0f}% | "
@@ -99,14 +102,14 @@ def quality_markdown(by_backend: dict) -> list[str]:
                    f"{two['needle_queries']} queries.", ""]
     previous, first = by_backend.get("edge-previous"), two["target_at_1"]
     lines = [*needle, f"Two-stage recall@10 against exact: {two['recall_at_10']:.3f} (schema-1 plan, "
-             f"edge-previous: {two.get('previous_recall_at_10', float('nan')):.3f}; synthetic "
+             f"edge-previous: {two.get('previous_recall_at_10') or float('nan'):.3f}; synthetic "
              "vectors: a floor, not a trained model's figure). Edge exact scores vs numpy MaxSim "
              f"over the stored vectors: max abs diff {two['score_max_abs_diff_vs_numpy']:.1e}. "
              f"The page a query was drawn from ranks first: exact {first['exact']:.2f}, two-stage "
-             f"{first['two-stage']:.2f}, previous plan {first.get('previous', float('nan')):.2f}.",
+             f"{first['two-stage']:.2f}, previous plan {first.get('previous') or float('nan'):.2f}.",
              "", f"1 query p50: two-stage {exact['q1_p50_ms'] / two['q1_p50_ms']:.1f}x faster "
              "than exact"]
-    if previous:
+    if previous and "q1_p50_ms" in previous:
         ratio = previous["q1_p50_ms"] / two["q1_p50_ms"]
         lines[-1] += (f", {ratio:.1f}x faster than" if ratio >= 1 else f", {1 / ratio:.1f}x slower than")
         lines[-1] += " the schema-1 plan on the same store in the same run"

@@ -28,7 +28,9 @@ SLOW_ROUNDS = (3, 1)
 NUMPY_MAX_PAGES = 1000  # 10,000 pages = 3.9 GB of float32 and ~10x the 1,000-page query time
 K = 10
 # one store, four plans: the default (token stage), the schema-2 plan without it (what 0.2 ran,
-# and what a Qdrant server runs), the schema-1 plan, exact
+# and what a Qdrant server runs), the schema-1 plan, exact. The middle two read rows / cols, which
+# a schema-3 Edge folder (colembed's default since they were dropped) does not store: on such a
+# store they are skipped (`runs_on`); their figures come from schema-2 stores (results files)
 EDGE_BACKENDS = ("edge-two-stage", "edge-mean-gated", "edge-previous", "edge-exact")
 SETS = ("local", "page-wide")  # local_answer.py's pages, and synthetic_page's (a page-wide topic)
 NEEDLE_QUERIES = int(os.environ.get("COLEMBED_NEEDLE_QUERIES", 40))  # exact runs each: 3 s+ at 10k
@@ -116,7 +118,8 @@ def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide"
     store.flush()
     insert_s = time.perf_counter() - t
     store.close()
-    return {"insert_pages_per_s": pages / insert_s, "insert_s": insert_s,
+    schema = getattr(store, "schema", None)
+    return {"insert_pages_per_s": pages / insert_s, "insert_s": insert_s, "schema": schema,
             "disk_mib": disk_mib(folder), "build_peak_rss_mib": peak_rss_mib()}
 
 
@@ -124,6 +127,21 @@ def _use_plan(store, backend: str) -> None:
     """Point the store at the plan a backend names."""
     store.plan_schema = 1 if backend == "edge-previous" else None
     store.use_tokens = False if backend in ("edge-mean-gated", "edge-previous") else None
+
+
+def runs_on(store, backend: str) -> bool:
+    """Whether the store holds the vectors the backend's plan reads (a schema-3 folder has no
+    rows / cols for the mean-gated and schema-1 plans)."""
+    from colembed.index.errors import StoreError
+
+    _use_plan(store, backend)
+    try:
+        store.plan(K)
+        return True
+    except StoreError:
+        return False
+    finally:
+        _use_plan(store, "edge-two-stage")
 
 
 def worker_query(backend: str, pages: int, folder: Path, data: str = "page-wide") -> dict:
@@ -134,6 +152,9 @@ def worker_query(backend: str, pages: int, folder: Path, data: str = "page-wide"
     store = open_store(folder, local=backend == "client-local")
     reopen = time.perf_counter() - t
     mode = "exact" if backend in ("edge-exact", "client-local") else "two-stage"
+    if mode == "two-stage" and not runs_on(store, backend):
+        store.close()
+        return {"reopen_s": reopen, "skipped": f"schema {store.schema}: no rows / cols"}
     _use_plan(store, backend)
     queries, _ = queries_of(data, pages, 64)
     timings = _timed_queries(lambda qs: store.search(qs, K, mode), queries, pages,
@@ -154,8 +175,8 @@ def _quality(store, pages: int, data: str) -> dict:
     by_plan = {}
     # the schema-1 plan (rows / cols MaxSim over every page) is ~40 s a query at 100,000 pages on
     # 2 cores: measured up to PREVIOUS_MAX_PAGES (its 10,000-page figures are the comparison)
-    for backend in [b for b in EDGE_BACKENDS[:-1]
-                    if b != "edge-previous" or pages <= PREVIOUS_MAX_PAGES]:
+    for backend in [b for b in EDGE_BACKENDS[:-1] if runs_on(store, b)
+                    and (b != "edge-previous" or pages <= PREVIOUS_MAX_PAGES)]:
         _use_plan(store, backend)
         by_plan[backend] = store.search(queries, K, "two-stage")
     _use_plan(store, "edge-two-stage")

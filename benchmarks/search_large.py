@@ -214,7 +214,7 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     """Reopen, first query, the default plan's timings, then the plans' needle / recall against
     `exact` (the store's own exact top K) and `reference` (the unpooled exact top K)."""
     from colembed.index.backends import open_store
-    from index_stores import _timed_queries, _use_plan, peak_rss_mib, queries_of
+    from index_stores import _timed_queries, _use_plan, peak_rss_mib, queries_of, runs_on
 
     t = time.perf_counter()
     store = open_store(folder)
@@ -225,7 +225,7 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     parts = _query_parts(store, queries[:PROFILE_QUERIES])
     queries, targets = queries_of(DATA, pages, NEEDLE_QUERIES)
     plans = {}
-    for plan in ("edge-two-stage", "edge-mean-gated"):
+    for plan in [p for p in ("edge-two-stage", "edge-mean-gated") if runs_on(store, p)]:
         _use_plan(store, plan)
         plans[plan] = _serials(store.search(queries, K, "two-stage"))
     _use_plan(store, "edge-two-stage")
@@ -238,6 +238,7 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     recall = lambda tops, against: float(np.mean([len(set(a) & set(b)) / K  # noqa: E731
                                                   for a, b in zip(tops, against)]))
     return {"pages": count, "pool_factor": int(payload.get("pool_factor", 1)),
+            "schema": store.schema,
             "reopen_s": reopen, **timings, "parts_ms": parts, "peak_rss_mib": peak_rss_mib(),
             "needle_queries": len(targets),
             "needle_at_10": {"exact": needle(own), "unpooled exact": needle(ref),
@@ -385,9 +386,10 @@ def markdown(r: dict) -> str:
             continue
         n, rc, ru = s["needle_at_10"], s["recall_at_10"], s["recall_at_10_vs_unpooled_exact"]
         of = n["edge-two-stage"] / n["exact"] if n["exact"] else float("nan")
+        gated = (f"{100 * n['edge-mean-gated']:.0f}% | {rc['edge-mean-gated']:.3f}"
+                 if "edge-mean-gated" in n else "- (no rows / cols) | -")
         lines.append(f"| {name} | {100 * n['exact']:.0f}% | {100 * n['edge-two-stage']:.0f}% "
-                     f"({100 * of:.0f}%) | {rc['edge-two-stage']:.3f} | "
-                     f"{100 * n['edge-mean-gated']:.0f}% | {rc['edge-mean-gated']:.3f} | "
+                     f"({100 * of:.0f}%) | {rc['edge-two-stage']:.3f} | {gated} | "
                      f"{100 * n['unpooled exact']:.0f}%, {ru['exact']:.3f} / "
                      f"{ru['edge-two-stage']:.3f} |")
     lines.append("")

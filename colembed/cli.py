@@ -346,8 +346,8 @@ def _add_index_commands(sub) -> None:
     search.set_defaults(func=_cmd_search)
 
     upgrade = sub.add_parser("upgrade", help="rewrite an index folder written by an older colembed "
-                                             "at the current schema (faster search; no page is "
-                                             "embedded again)")
+                                             "at the current schema (faster search, less disk; no "
+                                             "page is embedded again)")
     upgrade.add_argument("--db", required=True, help="the index folder (Qdrant Edge)")
     upgrade.add_argument("--quiet", action="store_true", help="no progress bar")
     upgrade.set_defaults(func=_cmd_upgrade)

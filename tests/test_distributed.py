@@ -91,13 +91,16 @@ def _edge_contents(db):
 
 
 def test_parquet_pages_equal_the_single_process_run_bit_for_bit(parquet_job, single):
-    """Same ids and payloads; the float32 page vectors, stored as the single run stores them
-    (float16), are its vectors bit for bit; rows/cols are the schema's pooling of them."""
+    """Same ids and payloads (but the schema: a Parquet row carries rows / cols, schema 2, the
+    single run's Edge folder does not, schema 3); the float32 page vectors, stored as the single
+    run stores them (float16), are its vectors bit for bit; rows/cols are the schema's pooling of
+    them."""
     _, single_payloads, single_vectors = single
     points = read_points(str(parquet_job[1]))
     assert set(points) == set(single_payloads)
     for pid, point in points.items():
-        assert point.payload == single_payloads[pid]
+        assert (point.payload["schema"], single_payloads[pid]["schema"]) == (2, 3)
+        assert point.payload == dict(single_payloads[pid], schema=2)
         page = point.vectors["page"]
         stored = page.astype(np.float16).astype(np.float32)
         assert stored.tobytes() == single_vectors[pid].tobytes(), point.payload["path"]

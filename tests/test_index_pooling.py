@@ -22,7 +22,8 @@ from colembed.index.errors import ModelMismatchError
 from colembed.index.maps import explain
 from colembed.index.pooling import (CLUSTERS_FIELD, check_pool_factor, decode_clusters,
                                     encode_clusters, pool_tokens)
-from colembed.index.schema import COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, make_point
+from colembed.index.schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
+                                   SCHEMA_VERSION, make_point)
 from colembed.model import PageLayout
 from index_docs import good_folder
 
@@ -53,7 +54,7 @@ def _local_page(seed: int, topic: np.ndarray | None = None) -> np.ndarray:
 
 LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
                     num_tokens=START + ROWS * COLS + TAIL, token_px=28)
-IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
+IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": SCHEMA_VERSION,
             "model_source": "/m"}
 
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colembed.index.schema import PAGE_VECTOR, VECTOR_NAMES, make_point, pooled_vectors
+from colembed.index.schema import (PAGE_VECTOR, SCHEMA_VECTORS, SERVER_SCHEMA, make_point,
+                                   pooled_vectors)
 from colembed.index import ModelMismatchError, StoreError, open_store
 from colembed.model import PageLayout
 
@@ -130,8 +131,8 @@ def test_both_stores_declare_the_same_schema(tmp_path):
     edge = open_store(tmp_path / "edge", dim=DIM)
     local = open_store(tmp_path / "local", dim=DIM, local=True)
     params = local.client.get_collection(local.collection).config.params.vectors
-    assert set(params) == set(VECTOR_NAMES)
-    for name in VECTOR_NAMES:
+    assert set(params) == set(SCHEMA_VECTORS[SERVER_SCHEMA])
+    for name in SCHEMA_VECTORS[SERVER_SCHEMA]:
         assert params[name].size == DIM and params[name].distance.name == "DOT"
         assert params[name].datatype.name == "FLOAT16" and params[name].hnsw_config.m == 0
         assert bool(params[name].on_disk) == (name == "page")  # the rerank target stays on disk

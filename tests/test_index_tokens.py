@@ -22,7 +22,7 @@ from colembed.index.edge import TOKENS_DIR, upgrade_index
 from colembed.index.embedded import EmbeddedPage
 from colembed.index.schema import PAGE_VECTOR, make_point
 from colembed.index.backends import open_store
-from colembed.index.errors import ModelMismatchError, OldIndexWarning
+from colembed.index.errors import ModelMismatchError, OldIndexWarning, StoreError
 from colembed.index.tokens import TokenTable, centroid_scores, page_centroids
 from colembed.model import PageLayout
 
@@ -74,9 +74,22 @@ def small_plans(monkeypatch):
         monkeypatch.setattr(plan_module, name, value)
 
 
-def test_the_token_plan_finds_a_local_answer_the_mean_gated_plan_misses(tmp_path, small_plans):
+def _schema_2_store(path, monkeypatch):
+    """A new Edge folder at schema 2 (rows / cols stored: what colembed 0.4 wrote), which the
+    mean-gated plan can run on."""
+    from colembed.index import edge
+
+    with monkeypatch.context() as m:
+        m.setattr(edge, "SCHEMA_VERSION", 2)
+        store = open_store(path, dim=DIM)
+    assert store.schema == 2
+    return store
+
+
+def test_the_token_plan_finds_a_local_answer_the_mean_gated_plan_misses(tmp_path, small_plans,
+                                                                         monkeypatch):
     pages, query = _local_pages()
-    store = open_store(tmp_path / "db", dim=DIM)
+    store = _schema_2_store(tmp_path / "db", monkeypatch)
     points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
     store.upsert(points)
     needle = points[NEEDLE].id
@@ -114,21 +127,23 @@ def test_token_table_newest_row_wins_deletes_and_ignores_a_torn_write(tmp_path):
     assert again.top(rows[1][:1], 1) != [ids[1]]
 
 
-def test_a_folder_without_a_current_token_table_warns_and_upgrade_rebuilds_it(tmp_path,
-                                                                               small_plans):
+def test_a_schema_2_folder_without_a_token_table_warns_and_upgrade_rewrites_it(
+        tmp_path, small_plans, monkeypatch):
     pages, query = _local_pages()
-    store = open_store(tmp_path / "db", dim=DIM)
+    store = _schema_2_store(tmp_path / "db", monkeypatch)
     store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
     store.close()
     for f in (tmp_path / "db" / TOKENS_DIR).iterdir():  # as a folder of colembed 0.2 has it
         f.unlink()
     store = open_store(tmp_path / "db")
-    with pytest.warns(OldIndexWarning, match="token table.*colembed upgrade"):
+    with pytest.warns(OldIndexWarning, match="token table.*mean-gated.*colembed upgrade"):
         gated, = store.search([query], 3, "two-stage")
     assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in gated}
     store.close()
-    assert upgrade_index(tmp_path / "db").tokens_rebuilt == N_PAGES
+    done = upgrade_index(tmp_path / "db")  # schema 3: rows / cols dropped, the table made anew
+    assert (done.rewritten, done.old_schema, done.dropped) == (N_PAGES, 2, ("rows", "cols"))
     store = open_store(tmp_path / "db")
+    assert store.schema == 3 and store.has_tokens()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hits, = store.search([query], 3, "two-stage")
@@ -137,13 +152,45 @@ def test_a_folder_without_a_current_token_table_warns_and_upgrade_rebuilds_it(tm
     assert not upgrade_index(tmp_path / "db")
 
 
-def test_upgrade_says_it_rebuilt_the_table_and_not_that_it_rewrote_pages(tmp_path, capsys):
-    pages, _ = _local_pages()
-    store = open_store(tmp_path / "db", dim=DIM)
+def test_a_schema_3_folder_without_its_token_table_searches_by_the_mean_and_warns(
+        tmp_path, small_plans):
+    """A schema-3 folder has no rows / cols for the mean-gated plan: with its table gone (or not
+    matching after a kill) it searches with the table it has and the `mean` vector, says so, and
+    `colembed upgrade` rebuilds the table."""
+    query = _folder_without_its_table(tmp_path / "db")
+    store = open_store(tmp_path / "db")
+    with pytest.warns(OldIndexWarning, match="token table.*mean vector only.*colembed upgrade"):
+        hits, = store.search([query], 3, "two-stage")
+    every, = store.search([query], N_PAGES, "exact")
+    exact = every[:3]
+    assert [h.score for h in hits] == pytest.approx(  # exact scores of the pages the mean found
+        [next(e.score for e in every if e.id == h.id) for h in hits], rel=1e-5)
+    assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in hits}  # the mean ranks it low
+    assert not store.has_tokens()
+    store.close()
+    assert upgrade_index(tmp_path / "db").tokens_rebuilt == N_PAGES
+    store = open_store(tmp_path / "db")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        hits, = store.search([query], 3, "two-stage")
+    assert hits[0].id == exact[0].id and hits[0].payload["sha256"] == f"{NEEDLE:064x}"
+    store.close()
+
+
+def _folder_without_its_table(db):
+    """A new (schema-3) folder of the local pages whose token table files were deleted; the
+    query."""
+    pages, query = _local_pages()
+    store = open_store(db, dim=DIM)
     store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
     store.close()
-    for f in (tmp_path / "db" / TOKENS_DIR).iterdir():
+    for f in (db / TOKENS_DIR).iterdir():
         f.unlink()
+    return query
+
+
+def test_upgrade_says_it_rebuilt_the_table_and_not_that_it_rewrote_pages(tmp_path, capsys):
+    _folder_without_its_table(tmp_path / "db")
     assert main(["upgrade", "--db", str(tmp_path / "db"), "--quiet"]) == 0
     out = capsys.readouterr().out
     assert f"rebuilt the token table of {N_PAGES} page(s)" in out and "rewrote" not in out
@@ -368,11 +415,13 @@ def test_top_many_gives_each_query_the_pages_top_gives_it(tmp_path):
     assert all(len(m) == 7 and not set(m) & set(ids[:5]) for m in many)
 
 
-def test_new_shards_map_rows_and_cols_and_a_folder_holding_them_in_ram_still_opens(
+def test_new_shards_store_no_rows_or_cols_and_a_folder_holding_them_in_ram_still_opens(
         tmp_path, monkeypatch, small_plans):
-    """New shards keep every multivector memory-mapped (the open reads the `mean` vectors only);
-    a folder created with `rows` / `cols` in RAM (colembed before this) opens, searches with the
-    token plan and keeps its storage (the open passes Edge no config, so nothing is rewritten)."""
+    """New shards (schema 3) store the `page` vectors memory-mapped and the `mean` in RAM, and no
+    rows / cols (the token plan never reads them); a schema-2 folder created with `rows` / `cols`
+    in RAM (colembed before mapped rows / cols) opens, searches with the token plan, runs the
+    mean-gated plan from them and keeps its storage (the open passes Edge no config, so nothing is
+    rewritten). The mean-gated plan forced onto a new shard is refused, naming what it lacks."""
     from colembed.index import edge
 
     def needle_free(hits, needle):  # the fixture's distractors win the rows / cols pool
@@ -387,22 +436,26 @@ def test_new_shards_map_rows_and_cols_and_a_folder_holding_them_in_ram_still_ope
     new = open_store(tmp_path / "new", dim=DIM)
     new.upsert(points)
     new.close()
-    assert vector_on_disk(tmp_path / "new") == {"page": True, "rows": True, "cols": True,
-                                                "mean": False}
+    assert vector_on_disk(tmp_path / "new") == {"page": True, "mean": False}
     with monkeypatch.context() as m:
         m.setattr(edge, "MAPPED_VECTORS", (PAGE_VECTOR,))
+        m.setattr(edge, "SCHEMA_VERSION", 2)
         old = open_store(tmp_path / "old", dim=DIM)
         old.upsert(points)
         old.close()
     assert vector_on_disk(tmp_path / "old")["rows"] is False
     for name in ("old", "new"):
         store = open_store(tmp_path / name)
-        assert store.has_tokens()
+        assert store.has_tokens() and store.schema == {"old": 2, "new": 3}[name]
         hits, = store.search([query], 3, "two-stage")
         exact, = store.search([query], 3, "exact")
         assert hits[0].id == exact[0].id == points[NEEDLE].id
-        store.use_tokens = False  # the mean-gated plan reads rows / cols: mapped or in RAM alike
-        gated, = store.search([query], 3, "two-stage")
-        assert len(gated) == 3 and needle_free(gated, points[NEEDLE].id)
+        store.use_tokens = False  # the mean-gated plan reads rows / cols
+        if name == "new":
+            with pytest.raises(StoreError, match="reads the cols, rows vector.*schema 3"):
+                store.search([query], 3, "two-stage")
+        else:
+            gated, = store.search([query], 3, "two-stage")
+            assert len(gated) == 3 and needle_free(gated, points[NEEDLE].id)
         store.close()
     assert vector_on_disk(tmp_path / "old")["rows"] is False

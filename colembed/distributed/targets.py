@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from ..index.backends import open_store
 from ..index.errors import StoreError
-from ..index.schema import SCHEMA_VERSION, PagePoint
+from ..index.schema import SERVER_SCHEMA, PagePoint
 from .stages import VECTOR_COLUMNS, page_points, summary_rows
 
 PART_PREFIX = "part-"
@@ -103,7 +103,7 @@ class ParquetTarget:
     """A folder of Parquet part files (local, or on `filesystem`, any pyarrow FileSystem)."""
 
     parallel = True
-    schema = SCHEMA_VERSION
+    schema = SERVER_SCHEMA  # its rows carry every vector (rows / cols too)
 
     def __init__(self, folder: str, *, filesystem: pafs.FileSystem | None = None) -> None:
         if filesystem is None:

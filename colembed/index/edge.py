@@ -6,20 +6,25 @@ so an update that returned survives a killed process) and `<db>/colembed_index.l
 at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
 as float16 (half the disk and page cache, scores moved far below the gaps that order pages:
 docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim is exact and
-Edge's brute force is fast). Every multivector (`page`, ~90% of the bytes, and the pooled `rows` /
-`cols`) stays on disk, memory-mapped (`on_disk`); only the `mean` vector (256 bytes a page) is
-held in RAM. Why: Edge drops a shard's files from the page cache when it closes, and an in-RAM
-vector is read whole at every open, so the open grew with the index (in-RAM `rows` / `cols`: 210
-MiB read and 320 MiB more RSS at 10,000 pages, 3.2 s at 100,000) while a search reads a few
-hundred pages' worth:
-mapped, the open reads the `mean` vectors only and a search faults in the pages it touches
-(measured: benchmarks/results/index-10k.md, benchmarks/results/search-reopen.md; the default plan
-reads no `rows` / `cols` at all). The storage is chosen when a shard is created: folders created
-before keep theirs (`page` only mapped, or everything in RAM before that) and open as they did.
+Edge's brute force is fast). A new folder is created at schema 3 (schema.py): the `page`
+multivector and the `mean` vector only, since its plan takes candidates from the token table and
+the `mean` vector and never read the pooled `rows` / `cols` (they were ~23% of a pooled folder).
+Every multivector (`page`, and in older folders `rows` / `cols`) stays on disk, memory-mapped
+(`on_disk`); only the `mean` vector (256 bytes a page) is held in RAM. Why: Edge drops a shard's
+files from the page cache when it closes, and an in-RAM vector is read whole at every open, so the
+open grew with the index (in-RAM `rows` / `cols`: 210 MiB read and 320 MiB more RSS at 10,000
+pages, 3.2 s at 100,000) while a search reads a few hundred pages' worth: mapped, the open reads
+the `mean` vectors only and a search faults in the pages it touches (measured:
+benchmarks/results/index-10k.md, benchmarks/results/search-reopen.md). The storage is chosen when
+a shard is created: folders created before keep theirs (schema 1 or 2 with `rows` / `cols`; `page`
+only mapped, or everything in RAM before that) and open and search as they did.
 `<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
-write and checked against the shard's page ids on open (and compacted there when mostly dead rows): a folder without a current table (made
-by an older colembed, or a kill between the two writes) searches with the mean-gated plan and
-says so; `colembed upgrade` rebuilds the table from the stored page vectors.
+write and checked against the shard's page ids on open (and compacted there when mostly dead
+rows). A schema-2 folder without a current table (made by an older colembed, or a kill between the
+two writes) searches with the mean-gated plan and says so; a schema-3 folder, which has no rows /
+cols for that plan, searches with the table it has (a page missing from it is found by its `mean`
+vector only) and says so. `colembed upgrade` rewrites a schema-1 or 2 folder at schema 3 and
+rebuilds a stale table, from the stored vectors.
 """
 
 from __future__ import annotations
@@ -47,9 +52,9 @@ from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
 from .plan import TOKENS_STAGE, Stage, stage_query
 from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
-                     SCHEMA_VERSION, VECTOR_NAMES, PagePoint, image_tokens)
+                     SCHEMA_VERSION, PagePoint, image_tokens)
 from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
-from .tokens import CENTROIDS, TokenTable, page_centroids
+from .tokens import CENTROIDS, COMPACTING, SET_ASIDE, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
 SHARD_DIR = "shard"
@@ -275,14 +280,24 @@ class EdgeStore(Store):
                 return out
 
     def has_tokens(self) -> bool:
-        if not self._tokens_current and self.schema == SCHEMA_VERSION and not getattr(
+        """Whether this folder holds a current token table; says once when it does not."""
+        if not self._tokens_current and self.schema >= 2 and not getattr(
                 self, "_told_tokens", False):
             self._told_tokens = True
-            warnings.warn(f"{self.location}: this index has no current token table (written by "
-                          "an older colembed, or interrupted), so two-stage search uses the "
-                          "mean-gated plan, which can miss a page whose answer is a small part "
-                          f"of it; {self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
+            why, fallback = (("an interrupted write, or its files removed", "two-stage search "
+                              "uses the table it has, so a page missing from it is found by its "
+                              "mean vector only") if self.schema >= 3 else
+                             ("written by an older colembed, or interrupted", "two-stage search "
+                              "uses the mean-gated plan, which can miss a page whose answer is a "
+                              "small part of it"))
+            warnings.warn(f"{self.location}: this index has no current token table ({why}), so "
+                          f"{fallback}; {self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
         return self._tokens_current
+
+    def searches_with_tokens(self) -> bool:
+        """A current table, or a schema-3 folder whatever its table (it stores no rows / cols
+        for the mean-gated plan: the table it has and the `mean` vector find the pages)."""
+        return self.has_tokens() or self.schema >= 3
 
     def _create(self, dim: int | None) -> None:
         """A new index: the marker first, then the shard, then the meta file (atomically), then
@@ -310,7 +325,7 @@ class EdgeStore(Store):
                 shutil.rmtree(self.folder / SHARD_DIR, ignore_errors=True)
             (self.folder / CREATING_MARKER).write_text(f"{os.getpid()}\n")
             config = qe.EdgeConfig(vectors={name: _vector_params(dim, name)
-                                            for name in VECTOR_NAMES})
+                                            for name in SCHEMA_VECTORS[SCHEMA_VERSION]})
             with _edge_errors("create the shard", self.folder):
                 self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
             _write_meta(self.folder, {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge"})
@@ -489,6 +504,12 @@ class EdgeStore(Store):
                 self.lock = None
 
 
+# What colembed writes in an index folder (the token table's compaction siblings included)
+_OWN_ENTRIES = frozenset({META_FILE, f".{META_FILE}.tmp", SHARD_DIR, TOKENS_DIR,
+                          TOKENS_DIR + COMPACTING, TOKENS_DIR + SET_ASIDE, LOCK_FILE,
+                          CREATING_MARKER, STAGING_MARKER})
+
+
 def _is_index_folder(path: Path) -> bool:
     return (path / META_FILE).is_file() and (path / SHARD_DIR).is_dir()
 
@@ -511,13 +532,16 @@ def _recover_interrupted_swap(folder: Path) -> None:
 
 @dataclass(frozen=True)
 class Upgraded:
-    """What `upgrade_index` did: `rewritten` pages copied into a new shard at this schema,
-    `tokens_rebuilt` pages whose token-table rows were computed again (a current shard with a
-    missing or stale table), `rows_compacted` dead table rows dropped. All 0: already current."""
+    """What `upgrade_index` did: `rewritten` pages copied into a new shard at this schema (from
+    schema `old_schema`, the vectors `dropped` not kept), `tokens_rebuilt` pages whose token-table
+    rows were computed again (a current shard with a missing or stale table), `rows_compacted`
+    dead table rows dropped. All 0: already current."""
 
     rewritten: int = 0
     tokens_rebuilt: int = 0
     rows_compacted: int = 0
+    old_schema: int = SCHEMA_VERSION
+    dropped: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
         return bool(self.rewritten or self.tokens_rebuilt or self.rows_compacted)
@@ -525,8 +549,10 @@ class Upgraded:
     def describe(self) -> str:
         """One line for `colembed upgrade` (what was done, never more)."""
         if self.rewritten:
-            return (f"rewrote {self.rewritten} page(s) at the current schema (nothing embedded "
-                    "again)")
+            dropped = (f"; dropped the {' / '.join(self.dropped)} vectors, which its search does "
+                       "not read" if self.dropped else "")
+            return (f"rewrote {self.rewritten} page(s) from schema {self.old_schema} at the "
+                    f"current schema {SCHEMA_VERSION} (nothing embedded again{dropped})")
         if self.tokens_rebuilt:
             return (f"rebuilt the token table of {self.tokens_rebuilt} page(s) from their stored "
                     "vectors (the pages were not rewritten)")
@@ -537,12 +563,15 @@ class Upgraded:
 
 def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = None) -> Upgraded:
     """Bring an index folder up to date from its stored vectors (no page is embedded again):
-    an older schema is rewritten (the `mean` vector comes from each page's vectors and payload;
-    a new shard is filled in a staging folder beside it, then replaces it); at this schema, a
-    missing or stale token table is rebuilt and one with dead rows compacted. Returns what was
-    done (`Upgraded`); `progress(pages_done, total)` after each batch. Edge cannot add a vector
-    to an existing shard, hence the copy: 58 pages/s measured at 1,000 synthetic pages on 2
-    loaded cores (storing them took 81 pages/s), ~3 min at 10,000."""
+    an older schema is rewritten at this one (the `mean` vector comes from each page's vectors
+    and payload, the `rows` / `cols` of schemas 1-2 are not kept; a new shard and token table are
+    filled in a staging folder beside it, which then replaces the folder: free disk of about the
+    new index's size is needed meanwhile, and a folder holding anything colembed did not write is
+    refused, naming it, as the replacement would delete it); at this schema, a missing or stale
+    token table is rebuilt and one with dead rows compacted. Returns what was done (`Upgraded`);
+    `progress(pages_done, total)` after each batch. Edge cannot add or drop a vector of an
+    existing shard, hence the copy: 58 pages/s measured at 1,000 synthetic pages on 2 loaded
+    cores (storing them took 81 pages/s), ~3 min at 10,000."""
     folder = Path(folder)
     old = EdgeStore(folder)
     try:
@@ -550,6 +579,11 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
             if not old._tokens_current:
                 return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress))
             return Upgraded(rows_compacted=old.tokens.compact())
+        foreign = sorted(p.name for p in folder.iterdir() if p.name not in _OWN_ENTRIES)
+        if foreign:
+            raise StoreError(f"{folder}: also holds {', '.join(foreign)}, which colembed did not "
+                             "write; the upgrade replaces the whole folder, so move them out "
+                             "first")
         staging = staging_folder(folder, "colembed index upgrade")
         try:
             new = EdgeStore(staging, dim=old.dim)
@@ -563,7 +597,8 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
             raise
     finally:
         old.close()
-    return Upgraded(rewritten=copied)
+    return Upgraded(rewritten=copied, old_schema=old.schema, dropped=tuple(
+        n for n in SCHEMA_VECTORS[old.schema] if n not in SCHEMA_VECTORS[SCHEMA_VERSION]))
 
 
 def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
@@ -603,7 +638,7 @@ def _copy_points(old: EdgeStore, new: EdgeStore, progress) -> int:
     ids = [pid for pid, _ in old.payloads()]
     for lo in range(0, len(ids), SCROLL_PAGE):
         points = old.points(ids[lo:lo + SCROLL_PAGE]).values()
-        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=SCHEMA_VERSION))
+        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=new.schema))
                     for p in points])
         if progress is not None:
             progress(min(lo + SCROLL_PAGE, len(ids)), len(ids))

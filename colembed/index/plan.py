@@ -6,13 +6,14 @@ vectors; a plan decides only which pages get scored, so a page is missed only wh
 it among its candidates.
 
 Plans, by what the index holds:
-- Token table (Qdrant Edge folders, tokens.py): `TOKEN_CANDIDATES` pages by MaxSim of the query
+- Token table (Qdrant Edge folders, tokens.py; a schema-3 folder, which stores no rows / cols,
+  always runs this plan, with whatever table it has): `TOKEN_CANDIDATES` pages by MaxSim of the query
   against every page's centroids (a numpy scan of every page: no gate), plus the `mean` vector's
   best `TOKEN_MEAN_CANDIDATES`. Chosen on the local-answer set (benchmarks/local_answer.py: the
   answer in 1-3% of a page's tokens), where the schema-2 plan below found the needle for 20% of
   the queries at 10,000 pages (issue 19); figures in benchmarks/results/search.md.
-- Schema 2 without a token table (a Qdrant server; an Edge folder whose table is missing or
-  stale until `colembed upgrade`): the `mean` vector's best `MEAN_CANDIDATES` go to the rerank
+- Schema 2 without a token table (a Qdrant server; a schema-2 Edge folder whose table is missing
+  or stale until `colembed upgrade`): the `mean` vector's best `MEAN_CANDIDATES` go to the rerank
   and its best `MEAN_POOL` form a pool in which MaxSim on the row- and column-pooled multivectors
   picks `POOLED_CANDIDATES` more each. Chosen at 10,000 page-wide-topic pages (p50 101 ms, recall
   0.89); on local answers it misses, because the pool is gated by the mean.
@@ -50,7 +51,8 @@ class Stage:
 
 def two_stage_plan(schema: int, k: int, tokens: bool = False) -> list[Stage]:
     """The prefetch stages of "two-stage" search on an index of this schema version (`tokens`:
-    the store has a current centroid table); their union is reranked by exact MaxSim."""
+    the store searches with its centroid table); their union is reranked by exact MaxSim. Which
+    vectors a plan reads: `Stage.using` (the store refuses a plan reading one it lacks)."""
     if schema == 1:
         return [Stage(name, max(k, PREFETCH_CANDIDATES)) for name in (ROWS_VECTOR, COLS_VECTOR)]
     if tokens:

@@ -1,20 +1,29 @@
-"""The one collection schema every store writes: vector names, payload fields, point ids, pooling.
+"""The collection schemas every store writes: vector names, payload fields, point ids, pooling.
 
-A page is one point with three multivectors (MaxSim over dot products; ColQwen2 vectors are unit
-length, so dot = cosine) and one plain vector:
+A page is one point with up to three multivectors (MaxSim over dot products; ColQwen2 vectors are
+unit length, so dot = cosine) and one plain vector:
 
 - `page`: every output row of the page (~750 x 128). The exact score; no HNSW graph (it is only
   ever a full scan or a rerank target).
 - `rows` / `cols`: the image-token grid mean-pooled along each row / each column, plus the page's
   non-image rows (prompt tokens) unchanged: Qdrant's ColPali recipe, ~40 vectors instead of ~750,
-  for a cheap first stage.
-- `mean` (schema 2): the mean of the page's image-token rows, one 128-d vector scored by dot with
-  the sum of the query's tokens (= the page's average token similarity summed over query tokens):
-  the cheapest stage, the outermost filter of two-stage search (store.py).
+  for a cheap first stage. Read only by the mean-gated plan (a Qdrant server, which has no token
+  table) and the schema-1 plan (plan.py).
+- `mean` (schema 2 on): the mean of the page's image-token rows, one 128-d vector scored by dot
+  with the sum of the query's tokens (= the page's average token similarity summed over query
+  tokens): the cheapest stage (plan.py).
 
-Schema 1 (colembed 0.1.0) had no `mean`: such an index still opens, adds pages without it and
-searches with the schema-1 plan (`SCHEMA_VECTORS`, store.py); `store.upgrade_index` rewrites an
-Edge folder at schema 2 from its stored vectors.
+Versions (`SCHEMA_VECTORS`):
+- 1 (colembed 0.1.0): page, rows, cols.
+- 2: page, rows, cols, mean. What a Qdrant server collection is created at (`SERVER_SCHEMA`):
+  its two-stage plan reads rows / cols, and what a Parquet target carries.
+- 3 (`SCHEMA_VERSION`, the newest): page, mean. What a new Qdrant Edge folder is created at: its
+  plan takes candidates from the token table beside the shard (tokens.py) and the `mean` vector,
+  so rows / cols (~23% of a pooled folder's disk) were never read there.
+An older index still opens, adds pages at its own schema and searches with its plan (store.py);
+`colembed upgrade` (edge.upgrade_index) rewrites an Edge folder at schema 3 from its stored
+vectors (no page is embedded again). `make_point` always makes every vector; a store keeps those
+of its schema (`Store.stored_vectors`).
 
 Payload (one dict per page, `PAYLOAD_FIELDS`): path, 1-based page, page count, file sha256, the
 rendered size, the image-token grid, model name, variant, manifest hash and schema version (and
@@ -31,14 +40,16 @@ from typing import Any
 
 import numpy as np
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # the newest: a new Qdrant Edge folder (page + mean, a token table beside)
+SERVER_SCHEMA = 2  # a new Qdrant server collection and a Parquet target (their plan reads rows/cols)
 PAGE_VECTOR = "page"
 ROWS_VECTOR = "rows"
 COLS_VECTOR = "cols"
 MEAN_VECTOR = "mean"
 MULTI_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)  # MaxSim; MEAN_VECTOR is a plain vector
-SCHEMA_VECTORS = {1: MULTI_VECTORS, 2: (*MULTI_VECTORS, MEAN_VECTOR)}  # version -> vector names
-VECTOR_NAMES = SCHEMA_VECTORS[SCHEMA_VERSION]
+SCHEMA_VECTORS = {1: MULTI_VECTORS, 2: (*MULTI_VECTORS, MEAN_VECTOR),
+                  3: (PAGE_VECTOR, MEAN_VECTOR)}  # version -> vector names
+ALL_VECTORS = SCHEMA_VECTORS[2]  # what make_point makes (every store keeps a subset)
 DEFAULT_COLLECTION = "colembed"
 
 # Point ids: uuid5 in a fixed namespace of "sha256/page/path", so re-running over the same files
@@ -66,8 +77,27 @@ class PagePoint:
 def pooled_vectors(vectors: np.ndarray, layout) -> tuple[np.ndarray, np.ndarray]:
     """(rows, cols): the image-token grid mean-pooled per row and per column, each followed by the
     page's non-image rows. `layout` is the model's `PageLayout`."""
-    image = vectors[layout.image_rows].reshape(layout.grid_rows, layout.grid_cols, -1)
-    others = np.concatenate([vectors[:layout.image_start], vectors[layout.image_rows.stop:]])
+    return _grid_pooled(vectors, layout.image_start, layout.grid_rows, layout.grid_cols)
+
+
+def pooled_from_payload(page: np.ndarray, payload: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """`pooled_vectors` of an unpooled page known by its `page` vectors and payload (grid,
+    image_start): for a point read from an index that does not store them (schema 3). A pooled
+    page (its payload's clusters) is refused: its rows / cols were those of the page before."""
+    from .pooling import CLUSTERS_FIELD
+
+    if payload.get(CLUSTERS_FIELD):
+        raise ValueError(f"page {payload.get('page')} of {payload.get('path')} is stored pooled: "
+                         "its row / column vectors cannot be made from its stored vectors")
+    rows, cols = (int(x) for x in payload["grid"])
+    return _grid_pooled(np.asarray(page, dtype=np.float32), int(payload["image_start"]), rows, cols)
+
+
+def _grid_pooled(vectors: np.ndarray, start: int, grid_rows: int,
+                 grid_cols: int) -> tuple[np.ndarray, np.ndarray]:
+    stop = start + grid_rows * grid_cols
+    image = vectors[start:stop].reshape(grid_rows, grid_cols, -1)
+    others = np.concatenate([vectors[:start], vectors[stop:]])
     rows = np.concatenate([image.mean(axis=1), others])
     cols = np.concatenate([image.mean(axis=0), others])
     return rows.astype(np.float32), cols.astype(np.float32)

@@ -1,11 +1,13 @@
 """A Qdrant server through qdrant-client (or qdrant-client's pure-Python local mode in a folder).
 
-Everything qdrant-client-specific lives here. The collection has the schema of `schema.py`, the
-same as the embedded Edge shard, so an index can move from a laptop to a cluster: the same named
-vectors (MaxSim multivectors and the plain `mean`; dot, float16, no HNSW graph), payload, point ids
-and two-stage plan (plan.py) but the token stage: its centroid table lives beside an Edge shard,
-so a collection searches with the mean-gated schema-2 plan (on local answers it can miss pages:
-docs/search.md). A collection's schema version is read from its vector names.
+Everything qdrant-client-specific lives here. A new collection has schema 2 (`SERVER_SCHEMA`,
+schema.py): the vectors of an Edge folder (MaxSim multivectors and the plain `mean`; dot, float16,
+no HNSW graph) plus the pooled `rows` / `cols`, the same payload and point ids, so an index can move
+from a laptop to a cluster. Its two-stage plan (plan.py) has no token stage (the centroid table
+lives beside an Edge shard), so a collection searches with the mean-gated schema-2 plan, which
+reads rows / cols (on local answers it can miss pages: docs/search.md). A collection's schema
+version is read from its vector names; a point read from a schema-3 Edge folder gets its rows /
+cols made from its page vectors (`Store.stored_vectors`).
 Local mode (`path=`) is qdrant-client's own reference implementation: exact but ~8x slower than
 Edge and memory hungry (benchmarks/); colembed uses it only to test this adapter.
 """
@@ -20,7 +22,7 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
-from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VERSION, VECTOR_NAMES,
+from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SERVER_SCHEMA,
                      PagePoint, schema_of)
 from .errors import IndexNotFoundError, StoreError
 from .plan import Stage, stage_query
@@ -78,8 +80,9 @@ class ServerStore(Store):
             raise IndexNotFoundError(f"{self.location}: no index here")
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
-                self.collection, vectors_config={n: _vector_params(dim, n) for n in VECTOR_NAMES})
-        self.dim, self.schema = dim, SCHEMA_VERSION
+                self.collection, vectors_config={n: _vector_params(dim, n)
+                                                 for n in SCHEMA_VECTORS[SERVER_SCHEMA]})
+        self.dim, self.schema = dim, SERVER_SCHEMA
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):

@@ -23,8 +23,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import OldIndexWarning, StoreError
-from .plan import Stage, two_stage_plan
-from .schema import MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, mean_from_payload
+from .plan import TOKENS_STAGE, Stage, two_stage_plan
+from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
+                     SCHEMA_VECTORS, PagePoint, mean_from_payload, pooled_from_payload)
 
 SEARCH_MODES = ("two-stage", "exact")
 DEFAULT_SEARCH_MODE = "two-stage"  # the plan and its measured trade-offs: plan.py
@@ -52,23 +53,50 @@ class Store(ABC):
         """Whether this store holds a current centroid table (tokens.py); Edge folders do."""
         return False
 
+    def searches_with_tokens(self) -> bool:
+        """Whether its two-stage plan takes candidates from the centroid table."""
+        return self.has_tokens()
+
+    @property
+    def vector_names(self) -> tuple[str, ...]:
+        """The vectors this collection stores (its schema's)."""
+        return SCHEMA_VECTORS[self.schema]
+
     def plan(self, k: int) -> list[Stage]:
-        """This store's two-stage plan; on an old index, says once how to get the faster one."""
-        if self.schema < SCHEMA_VERSION and not getattr(self, "_told", False):
+        """This store's two-stage plan; on an old index, says once how to get the faster one. A
+        plan forced onto it (`plan_schema`, `use_tokens`) that reads a vector it does not store
+        is refused, naming the vector."""
+        if MEAN_VECTOR not in self.vector_names and not getattr(self, "_told", False):
             self._told = True
             warnings.warn(f"{self.location}: this index has schema {self.schema} (no `mean` "
                           "vector), so two-stage search uses the older, slower plan; "
                           f"{self.upgrade_hint}.", OldIndexWarning, stacklevel=3)
-        tokens = self.has_tokens() if self.use_tokens is None else self.use_tokens
-        return two_stage_plan(self.plan_schema or self.schema, k, tokens=tokens)
+        tokens = self.searches_with_tokens() if self.use_tokens is None else self.use_tokens
+        stages = two_stage_plan(self.plan_schema or self.schema, k, tokens=tokens)
+        missing = sorted({s.using for stage in stages for s in _nested(stage)}
+                         - {*self.vector_names, TOKENS_STAGE})
+        if missing:
+            raise StoreError(f"{self.location}: this plan reads the {', '.join(missing)} "
+                             f"vector(s), which this index (schema {self.schema}) does not store")
+        return stages
 
     def stored_vectors(self, point: PagePoint) -> dict[str, np.ndarray]:
-        """The point's vectors this collection holds (an old index has no `mean`; a point carried
-        without it gets it from its `page` vectors)."""
-        names, vectors = SCHEMA_VECTORS[self.schema], point.vectors
+        """The point's vectors this collection holds. Made from its `page` vectors and payload
+        when the point lacks them: `mean` (a point of a schema-1 index, or carried without it),
+        `rows` / `cols` (a point read from a schema-3 index, unpooled pages only: a pooled page's
+        rows / cols are those of the page before pooling, which is not stored)."""
+        names, vectors = self.vector_names, point.vectors
         if MEAN_VECTOR in names and MEAN_VECTOR not in vectors:
             vectors = dict(vectors, **{MEAN_VECTOR: mean_from_payload(vectors[PAGE_VECTOR],
                                                                       point.payload)})
+        if any(n in names and n not in vectors for n in (ROWS_VECTOR, COLS_VECTOR)):
+            try:
+                rows, cols = pooled_from_payload(vectors[PAGE_VECTOR], point.payload)
+            except ValueError as e:
+                raise StoreError(f"{self.location}: {e} (point {point.id}), and this index "
+                                 f"(schema {self.schema}) stores them: index the file again "
+                                 "here") from e
+            vectors = dict(vectors, **{ROWS_VECTOR: rows, COLS_VECTOR: cols})
         return {n: vectors[n] for n in names}
 
     @abstractmethod
@@ -107,6 +135,11 @@ class Store(ABC):
 
     def close(self) -> None:
         """Release the store (flushes)."""
+
+
+def _nested(stage: Stage) -> list[Stage]:
+    """A stage and the stages it is nested in (`within`)."""
+    return [stage, *(_nested(stage.within) if stage.within else [])]
 
 
 def as_point(record: Any) -> PagePoint:
