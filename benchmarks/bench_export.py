@@ -123,7 +123,10 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         "Export with the check on (defaults of `colembed export`)"
         + (f", variants {','.join(result['variants'])}" if result.get("variants") else "")
         + (f"; int8 forced to {result['int8_weight_passes']} code(s) per weight "
-           "(--int8-weight-passes)." if result.get("int8_weight_passes") else "."),
+           "(--int8-weight-passes)" if result.get("int8_weight_passes") else "")
+        + (f"; the int8 gate's mean threshold raised to {result['int8_gate_mean']} for this run "
+           "(--int8-gate-mean: the fallback to two codes measured where one code holds the "
+           "exporter's 0.99)" if result.get("int8_gate_mean") is not None else "") + ".",
         "",
         f"**Total {result['seconds'] / 60:.1f} min, peak RSS {result['peak_rss_gb']:.2f} GB = "
         f"{result['peak_over_weights']:.2f}x the fp32 weights** (target <= {TARGET_PEAK_RATIO}x). "
@@ -183,11 +186,25 @@ def main() -> int:
     parser.add_argument("--int8-weight-passes", type=int, choices=(1, 2),
                         help="int8 codes per weight, forced (default: the exporter's, one code "
                         "then two when the gate refuses one)")
+    parser.add_argument("--int8-gate-mean", type=float,
+                        help="the int8 gate's mean-cosine threshold for this run (default the "
+                        "exporter's, 0.99): raised, it refuses one int8 code per weight at a "
+                        "reduced depth where one code holds, to measure the exporter's fallback "
+                        "to two codes (its extra build and gate) there")
     parser.add_argument("--results", help="results path without extension (default "
                         "benchmarks/results/export for colqwen2, export-colqwen2_5 for colqwen2.5)")
     args = parser.parse_args()
 
     from colembed import safe_fs
+
+    if args.int8_gate_mean is not None:
+        import dataclasses
+
+        from colembed_export import recipes
+
+        spec = recipes.VARIANTS["int8"]
+        recipes.VARIANTS["int8"] = dataclasses.replace(
+            spec, gate=dataclasses.replace(spec.gate, mean_cosine=args.int8_gate_mean))
 
     preset, depth, layers, results, widths = FAMILIES[args.family]
     widths = PRESET_WIDTHS.get(args.preset, widths)
@@ -199,6 +216,7 @@ def main() -> int:
     variants = tuple(v for v in args.variants.split(",") if v)
     result = run(checkpoint, workdir / "model", variants, args.int8_weight_passes)
     result["family"] = args.family
+    result["int8_gate_mean"] = args.int8_gate_mean
     Path(results).parent.mkdir(parents=True, exist_ok=True)
     Path(results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
     Path(results + ".md").write_text(markdown(info, result, widths))
