@@ -70,6 +70,18 @@ GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
 GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
     "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
 }
+# onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16:
+# with its weights kept fp16 (above) each MatMul weight is cast to fp32 by a Cast node whose only
+# input is the weight, so onnxruntime's default topological order, which takes ready nodes in
+# graph order, runs most of those casts at the start of a run: measured on the fp16 graphs at the
+# real depth (tiny widths, 32 + 28), 61% of the text graph's cast fp32 bytes and all of the vision
+# graph's were alive at once, and at full 2B size the fp16 gate set peaked at 1.19x the fp32
+# weights. Its priority-based order runs such a cast only when nothing before it can run, i.e.
+# just before the MatMul that reads it, whose end frees it: 1% and 12% alive at once on those
+# graphs. The order changes when a node runs, not what it computes: the gate's fp16 figures are
+# the same bit for bit (tests/test_variants_gate_memory.py; docs/variants.md, "The variant step's
+# memory").
+GATE_EXECUTION_ORDER: dict[str, str] = {"fp16": "priority"}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}
 # glibc: every block of at least this many bytes gets its own mapping, handed back to the system
 # when freed. glibc's default threshold grows to the largest block freed so far (up to 32 MB), so
@@ -337,11 +349,12 @@ def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
 
 def gate_model(folder: Any, variant: str) -> Any:
     """`variant` of the staged folder as the gate runs it: the colembed runtime, loaded with
-    GATE_LOAD and the variant's GATE_SESSION_CONFIG."""
+    GATE_LOAD and the variant's GATE_SESSION_CONFIG and GATE_EXECUTION_ORDER."""
     import colembed
 
     return colembed.load(folder, variant=variant, **GATE_LOAD,
-                         session_config=GATE_SESSION_CONFIG.get(variant))
+                         session_config=GATE_SESSION_CONFIG.get(variant),
+                         execution_order=GATE_EXECUTION_ORDER.get(variant, "default"))
 
 
 @dataclass
