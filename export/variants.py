@@ -239,9 +239,11 @@ def write_variants(
             break
         with step("variants: the next recipe for " + ", ".join(
                 f"{n} ({recipe_label(attempts[n][tried])})" for n in retry)):
+            # the refused attempt's files go first (unless another variant uses them): the disk
+            # holds one attempt's graphs at a time
+            writer.remove_unused({n: e for n, e in entries.items() if n not in retry})
             again, measured = writer.write({n: attempts[n][tried] for n in retry})
             entries.update(again)
-            writer.remove_unused(entries)  # the refused attempt's files (unless another uses them)
             write_manifest(entries)
             found, _ = evaluate_variants(staging, retry, gates, measured, step=step,
                                          reference=reference)
