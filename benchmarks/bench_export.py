@@ -75,19 +75,18 @@ def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
     return folder
 
 
-def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
-    from colembed_export import quantise
+def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = (),
+        int8_weight_passes: int | None = None) -> dict:
     from colembed_export.exporter import export_model
 
     from colembed.errors import ExportError
-
-    passes = quantise.WEIGHT_PASSES
 
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
     try:
         report = export_model(checkpoint, out, random_weights=True, overwrite=True,
-                              variants=variants, progress=lambda m: print(f"[export] {m}",
+                              variants=variants, int8_weight_passes=int8_weight_passes,
+                              progress=lambda m: print(f"[export] {m}",
                                                                           file=sys.stderr, flush=True))
     except ExportError as e:
         # A variant refused by its gate is a result (the export's memory and the gate's figures
@@ -105,7 +104,11 @@ def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = ()) -> dict:
             "peak_rss_gb": peak, "peak_over_weights": round(peak / (weights / 1e9), 3),
             "steps": steps, "check": checks.get(BASE_VARIANT, {}), "variants": list(variants),
             "variant_buckets": {v: checks[v].get("buckets") for v in variants if v in checks},
-            "refused": refused, "architecture": architecture, "int8_weight_passes": passes}
+            "variant_recipes": {v: {k: checks[v].get(k) for k in ("recipes", "int8_weight_passes",
+                                                               "refused_attempts")}
+                                for v in variants if v in checks},
+            "refused": refused, "architecture": architecture,
+            "int8_weight_passes": int8_weight_passes}
 
 
 def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
@@ -119,8 +122,11 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
         f"{arch['text_layers']} text layers, {result['weights_gb']:.2f} GB of fp32 weights. "
         "Export with the check on (defaults of `colembed export`)"
         + (f", variants {','.join(result['variants'])}" if result.get("variants") else "")
-        + (f"; int8 with {result['int8_weight_passes']} codes per weight (quantise.WEIGHT_PASSES)."
-           if result.get("int8_weight_passes", 1) != 1 else "."),
+        + (f"; int8 forced to {result['int8_weight_passes']} code(s) per weight "
+           "(--int8-weight-passes)" if result.get("int8_weight_passes") else "")
+        + (f"; the int8 gate's mean threshold raised to {result['int8_gate_mean']} for this run "
+           "(--int8-gate-mean: the fallback to two codes measured where one code holds the "
+           "exporter's 0.99)" if result.get("int8_gate_mean") is not None else "") + ".",
         "",
         f"**Total {result['seconds'] / 60:.1f} min, peak RSS {result['peak_rss_gb']:.2f} GB = "
         f"{result['peak_over_weights']:.2f}x the fp32 weights** (target <= {TARGET_PEAK_RATIO}x). "
@@ -141,6 +147,15 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
               "the parts of the variant step (each graph made and saved, the gate set through fp32 "
               "and through each variant) are listed before it, and its peak is the largest of "
               "theirs."]
+    for name, made in (result.get("variant_recipes") or {}).items():
+        if made.get("int8_weight_passes") is None:
+            continue
+        lines += ["", f"{name}: written with {made['int8_weight_passes']} int8 code(s) per weight "
+                  f"(recipes {made['recipes']})" + "".join(
+                      f"; refused before it: {r['int8_weight_passes']} code(s) per weight, mean "
+                      f"{r['mean_cosine']:.5f}, min {r['min_cosine']:.5f}, worst item "
+                      f"{r['worst_item']!r} ({r['worst_item_min']:.5f})"
+                      for r in made.get("refused_attempts") or []) + "."]
     buckets = result.get("variant_buckets") or {}
     if buckets:  # the variants' gate figures (per-token cosine to fp32), per length bucket
         names = list(buckets)
@@ -168,18 +183,28 @@ def main() -> int:
     parser.add_argument("--workdir", default="/tmp/colembed-bench-export")
     parser.add_argument("--clean", action="store_true", help="delete the work folder at the end")
     parser.add_argument("--variants", default="", help="e.g. int8,fp16 (the variant step measured too)")
-    parser.add_argument("--int8-weight-passes", type=int, help="int8 codes per weight (1 or 2; "
-                        "default quantise.WEIGHT_PASSES): the two-code recipe measured at full size")
+    parser.add_argument("--int8-weight-passes", type=int, choices=(1, 2),
+                        help="int8 codes per weight, forced (default: the exporter's, one code "
+                        "then two when the gate refuses one)")
+    parser.add_argument("--int8-gate-mean", type=float,
+                        help="the int8 gate's mean-cosine threshold for this run (default the "
+                        "exporter's, 0.99): raised, it refuses one int8 code per weight at a "
+                        "reduced depth where one code holds, to measure the exporter's fallback "
+                        "to two codes (its extra build and gate) there")
     parser.add_argument("--results", help="results path without extension (default "
                         "benchmarks/results/export for colqwen2, export-colqwen2_5 for colqwen2.5)")
     args = parser.parse_args()
 
     from colembed import safe_fs
 
-    if args.int8_weight_passes:
-        from colembed_export import quantise
+    if args.int8_gate_mean is not None:
+        import dataclasses
 
-        quantise.WEIGHT_PASSES = args.int8_weight_passes
+        from colembed_export import recipes
+
+        spec = recipes.VARIANTS["int8"]
+        recipes.VARIANTS["int8"] = dataclasses.replace(
+            spec, gate=dataclasses.replace(spec.gate, mean_cosine=args.int8_gate_mean))
 
     preset, depth, layers, results, widths = FAMILIES[args.family]
     widths = PRESET_WIDTHS.get(args.preset, widths)
@@ -189,8 +214,9 @@ def main() -> int:
     checkpoint = checkpoint_in(workdir, args.family, args.preset or preset,
                                args.vision_depth or depth, args.text_layers or layers)
     variants = tuple(v for v in args.variants.split(",") if v)
-    result = run(checkpoint, workdir / "model", variants)
+    result = run(checkpoint, workdir / "model", variants, args.int8_weight_passes)
     result["family"] = args.family
+    result["int8_gate_mean"] = args.int8_gate_mean
     Path(results).parent.mkdir(parents=True, exist_ok=True)
     Path(results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
     Path(results + ".md").write_text(markdown(info, result, widths))

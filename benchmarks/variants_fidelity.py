@@ -112,9 +112,12 @@ def build(config: str, root: Path) -> Path:
     return folder
 
 
-def measure(folder: Path, variants: list[str], work: Path, gate: bool = True) -> dict[str, Any]:
+def measure(folder: Path, variants: list[str], work: Path, gate: bool = True,
+            int8_weight_passes: int | None = None) -> dict[str, Any]:
     """Write the variants into a copy of the fp32 folder (`work`/staging) and judge them (never
-    refusing; `gate=False`: written only)."""
+    refusing; `gate=False`: written only), each by one recipe: its first attempt (recipes.
+    recipe_attempts; int8: one code per weight) or every int8 graph with `int8_weight_passes`
+    codes per weight. No fallback: this measures a recipe, the exporter chooses one."""
     import shutil
 
     from colembed import safe_fs
@@ -122,7 +125,7 @@ def measure(folder: Path, variants: list[str], work: Path, gate: bool = True) ->
     from colembed_export.evaluation import evaluate_variants
     from colembed_export.measure import StepMeter
     from colembed.integrity import describe_file
-    from colembed_export.recipes import VARIANTS, quiet_quantisers
+    from colembed_export.recipes import VARIANTS, quiet_quantisers, recipe_attempts
     from colembed_export.variants import _write_graphs
 
     staging = work / "staging"
@@ -134,7 +137,8 @@ def measure(folder: Path, variants: list[str], work: Path, gate: bool = True) ->
     quiet_quantisers()
     meter = StepMeter(lambda m: print(m, file=sys.stderr, flush=True))
     start = time.perf_counter()
-    entries, measured = _write_graphs(staging, graphs, variants, lambda m: None, meter.step)
+    plan = {v: recipe_attempts(v, int8_weight_passes)[0] for v in variants}
+    entries, measured = _write_graphs(staging, graphs, plan, lambda m: None, meter.step)
     write_seconds = time.perf_counter() - start
     data = manifest.to_dict()
     data["variants"].update({v: {r: g.to_dict() for r, g in roles.items()}
@@ -155,7 +159,7 @@ def measure(folder: Path, variants: list[str], work: Path, gate: bool = True) ->
             "fp32_graph_bytes": weights}
 
 
-def markdown(info: dict, runs: dict[str, dict]) -> str:
+def markdown(info: dict, runs: dict[str, dict], int8_weight_passes: int | None = None) -> str:
     from colembed_export import quantise
     from colembed_export.recipes import GATES
     from common import results_markdown
@@ -163,7 +167,7 @@ def markdown(info: dict, runs: dict[str, dict]) -> str:
     from colembed_export.recipes import quantize_int8
 
     lines = [f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK} "
-             f"({quantise.WEIGHT_PASSES} code(s) per weight), activations "
+             f"({int8_weight_passes or 1} code(s) per weight), activations "
              f"-{quantise.ACTIVATION_PEAK}..{quantise.ACTIVATION_PEAK} per token; SmoothQuant "
              f"alpha {quantize_int8.__kwdefaults__['alpha']}.", "",
              "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
@@ -216,8 +220,8 @@ def main() -> int:
     parser.add_argument("--results", default=str(RESULTS), help="path without extension")
     parser.add_argument("--int8-levels", help="W,A: the int8 recipe's weight and activation code "
                         "peaks for this run (default: quantise.py's)")
-    parser.add_argument("--int8-weight-passes", type=int, help="int8 codes per weight (1 or 2; "
-                        "default: quantise.WEIGHT_PASSES)")
+    parser.add_argument("--int8-weight-passes", type=int, choices=(1, 2),
+                        help="int8 codes per weight (default 1: the int8 recipe's first attempt)")
     parser.add_argument("--smoothing-alpha", help="SmoothQuant alpha of the int8 recipe for this "
                         "run, or 'none' (default: recipes.SMOOTHING_ALPHA)")
     parser.add_argument("--write-only", action="store_true", help="write the variants into "
@@ -227,8 +231,6 @@ def main() -> int:
 
     if args.int8_levels:
         quantise.WEIGHT_PEAK, quantise.ACTIVATION_PEAK = (int(v) for v in args.int8_levels.split(","))
-    if args.int8_weight_passes:
-        quantise.WEIGHT_PASSES = args.int8_weight_passes
     if args.smoothing_alpha:
         alpha = None if args.smoothing_alpha == "none" else float(args.smoothing_alpha)
         recipes.quantize_int8.__kwdefaults__["alpha"] = alpha
@@ -248,14 +250,14 @@ def main() -> int:
             f"-passes-{args.int8_weight_passes}" if args.int8_weight_passes else "") + (
             f"-alpha-{args.smoothing_alpha}" if args.smoothing_alpha else "")
         runs[config] = measure(folder, variants, root / f"{config}-work{arm}",
-                               gate=not args.write_only)
+                               gate=not args.write_only, int8_weight_passes=args.int8_weight_passes)
         if args.write_only:
             print(f"{config}: written to {runs[config]['staging']}", file=sys.stderr)
             continue
         print(f"{config}: {runs[config]['failures'] or 'all gates met'}", file=sys.stderr)
     if args.write_only:
         return 0
-    text = markdown(info, runs)
+    text = markdown(info, runs, args.int8_weight_passes)
     write_results(args.results, text, info, {"runs": runs})
     print(text)
     return 0

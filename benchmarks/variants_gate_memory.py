@@ -15,9 +15,11 @@ its start) and the RSS it left after gc and glibc's malloc_trim. Arms:
   session folds its weights into fp32 copies at load);
 - `kept`: the committed gate (fp16 weights stay fp16 in the session, cast per MatMul run);
 - `kept-arena-2`: the same with `MALLOC_ARENA_MAX=2` (glibc's per-thread malloc arenas capped);
-- `gate`: the committed gate: fp16 kept, and every block of 1 MB or more its own mapping,
-  returned when freed (`evaluation.map_large_blocks`), instead of glibc's threshold that grows
-  to 32 MB.
+- `mapped`: fp16 kept, and every block of 1 MB or more its own mapping, returned when freed
+  (`evaluation.map_large_blocks`), instead of glibc's threshold that grows to 32 MB (the gate of
+  session 9);
+- `gate`: the committed gate: `mapped`, and fp16 sessions in onnxruntime's priority-based node
+  order (`evaluation.GATE_EXECUTION_ORDER`: each weight's fp32 cast made next to its MatMul).
 
 fp16's peak check (`Gate.fp16_peak`, what its recipe measured while writing the graph) is not
 part of a gate-only run and not judged here; every other check is. The arms must reach the same verdicts with the same figures: the report lists each variant's
@@ -42,12 +44,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 # arm -> (environment, fp16 weights kept fp16 (GATE_SESSION_CONFIG), large blocks mapped
-# (evaluation.map_large_blocks))
+# (evaluation.map_large_blocks), fp16 in the priority-based node order (GATE_EXECUTION_ORDER))
 ARMS = {
-    "before": ({}, False, False),
-    "kept": ({}, True, False),
-    "kept-arena-2": ({"MALLOC_ARENA_MAX": "2"}, True, False),
-    "gate": ({}, True, True),
+    "before": ({}, False, False, False),
+    "kept": ({}, True, False, False),
+    "kept-arena-2": ({"MALLOC_ARENA_MAX": "2"}, True, False, False),
+    "mapped": ({}, True, True, False),
+    "gate": ({}, True, True, True),
 }
 
 
@@ -57,11 +60,13 @@ def child(arm: str, folder: Path, variants: list[str], out: Path) -> None:
     from colembed_export.measure import StepMeter, peak_rss_bytes, rss_bytes
     from colembed_export.recipes import VARIANTS
 
-    _, kept, mapped = ARMS[arm]
+    _, kept, mapped, ordered = ARMS[arm]
     if not kept:
         evaluation.GATE_SESSION_CONFIG = {}
     if not mapped:
         evaluation.map_large_blocks = lambda *a, **k: False
+    if not ordered:
+        evaluation.GATE_EXECUTION_ORDER = {}
     meter = StepMeter(lambda m: print(f"[{arm}] {m}", file=sys.stderr, flush=True))
     start_rss = rss_bytes()
     start = time.perf_counter()
@@ -72,7 +77,7 @@ def child(arm: str, folder: Path, variants: list[str], out: Path) -> None:
     failures = [f for f in failures if "fp16 GEMM reaches None" not in f]
     out.write_text(json.dumps({
         "arm": arm, "env": ARMS[arm][0], "session_config": evaluation.GATE_SESSION_CONFIG,
-        "large_blocks_mapped": mapped,
+        "large_blocks_mapped": mapped, "execution_order": evaluation.GATE_EXECUTION_ORDER,
         "seconds": round(time.perf_counter() - start, 1), "rss_at_start_gb": round(start_rss / 1e9, 3),
         "peak_rss_gb": round(max(meter.peak_rss_gb, peak_rss_bytes() / 1e9), 3),
         "steps": meter.as_dicts(), "failures": failures,
@@ -102,7 +107,9 @@ def markdown(info: dict, folder: Path, weights: int, runs: list[dict]) -> list[s
     for run in runs:
         env = " ".join(f"{k}={v}" for k, v in run["env"].items()) or "(none)"
         mapped = {True: "; blocks >= 1 MB mapped (mallopt)", False: "", None: ""}[
-            run.get("large_blocks_mapped")]
+            run.get("large_blocks_mapped")] + ("; execution order " + ", ".join(
+                f"{k} {v}" for k, v in run["execution_order"].items())
+                if run.get("execution_order") else "")
         lines += [f"## {run['arm']}", "",
                   f"Environment {env}; session config {run['session_config'] or '(none)'}{mapped}. "
                   f"Gate {run['seconds']:.0f} s; RSS at start {run['rss_at_start_gb']:.2f} GB; "

@@ -9,7 +9,7 @@ activation to int8 per token and per block of K: candidate (b) of issue 24, "an 
 per row per group of input channels", fused in one kernel) or level 1 (fp32 compute). Per arm:
 per-token cosine to the float64 product (min / mean), then time at 20 and 200 tokens,
 interleaved (order reversed every round), median of 3 rounds (5 with `--row-only`), ratio to the
-row scheme. The "row, 2 weight codes" arm is the row scheme with quantise.WEIGHT_PASSES = 2
+row scheme. The "row, 2 weight codes" arm is the row scheme with `weight_passes=2`
 (each weight as two 7-bit codes: twice the integer products, one activation quantisation).
 
 What it models: the MatMul shapes of a 2B-width text layer (1536 -> 8960 up/gate, 8960 -> 1536
@@ -77,7 +77,7 @@ def main() -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--row-only", action="store_true", help="only the row scheme with one and "
-                        "two weight codes (quantise.WEIGHT_PASSES), no MatMulNBits arms")
+                        "two weight codes (quantise_matmuls weight_passes), no MatMulNBits arms")
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print("load average at start", os.getloadavg(), flush=True)

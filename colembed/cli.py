@@ -52,17 +52,18 @@ def _cmd_export(args) -> int:
         check=not args.no_check, overwrite=args.overwrite, random_weights=args.random_weights,
         external_data={"auto": None, "always": True, "never": False}[args.external_data],
         variants=tuple(v for v in (args.variant or "").split(",") if v),
-        progress=_progress, base=args.base,
+        int8_weight_passes=args.int8_weight_passes, progress=_progress, base=args.base,
     )
     check = report.check.get(BASE_VARIANT)
     if check:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
               f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
               f"their scale, over {check['pages']} pages and {check['queries']} queries")
+    from colembed_export.variants import summary
+
     for name, figures in report.check.items():
         if name != BASE_VARIANT:
-            print(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, "
-                  f"min {figures['min_cosine']:.5f}")
+            print(summary(name, figures))
     print(f"model folder: {report.folder}")
     return 0
 
@@ -447,7 +448,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weights in a separate .onnx_data file (auto: when over 1 GiB)")
     export.add_argument("--variant", default="",
                         help="extra variants to derive and check against fp32, comma separated "
-                             "(int8, int4, fp16); fp32 is always written")
+                             "(int8, int4, fp16); fp32 is always written. int8 gets one int8 "
+                             "code per weight, or two when the gate refuses one (slower, closer "
+                             "to fp32)")
+    export.add_argument("--int8-weight-passes", type=int, choices=(1, 2),
+                        help="int8 codes per weight, forced: 1 (refused if the gate refuses it) "
+                             "or 2 (default: 1, then 2 when the gate refuses 1)")
     export.set_defaults(func=_cmd_export)
 
     demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here: "

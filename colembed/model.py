@@ -125,6 +125,7 @@ class ColQwen2Model:
         verify: bool | str = True,
         cpu_mem_arena: bool = True,
         session_config: Mapping[str, str] | None = None,
+        execution_order: str = "default",
     ) -> None:
         if verify not in (True, False, "full"):
             raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
@@ -156,7 +157,8 @@ class ColQwen2Model:
             self._sessions[role] = self._open(self.manifest.graph(variant, role),
                                               self._contracts[role], threads=threads,
                                               cpu_mem_arena=cpu_mem_arena,
-                                              session_config=session_config)
+                                              session_config=session_config,
+                                              execution_order=execution_order)
         self._verify = verify
         # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
         self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
@@ -165,7 +167,7 @@ class ColQwen2Model:
         self._scorer = None
 
     def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena,
-              session_config=None) -> Session:
+              session_config=None, execution_order="default") -> Session:
         """The graph's session, after its manifest contract was checked against the family's own
         (so a folder cannot redefine what the runtime feeds) and the session against both."""
         path = inside(self.folder, entry.file)
@@ -174,7 +176,8 @@ class ColQwen2Model:
             raise ModelFolderError(f"the manifest's contract is not {self.family.display_name}'s: "
                                    + "; ".join(problems), path=path)
         session = Session(str(path), self._provider_request, threads=threads,
-                          cpu_mem_arena=cpu_mem_arena, session_config=session_config)
+                          cpu_mem_arena=cpu_mem_arena, session_config=session_config,
+                          execution_order=execution_order)
         problems = entry.contract.mismatches(session.session)
         if problems:
             raise ModelFolderError("graph does not match its manifest contract: "
@@ -471,6 +474,7 @@ def load(
     verify: bool | str = True,
     cpu_mem_arena: bool = True,
     session_config: Mapping[str, str] | None = None,
+    execution_order: str = "default",
 ) -> ColQwen2Model:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
@@ -489,6 +493,9 @@ def load(
     - `session_config`: onnxruntime session config entries for both graphs' sessions, e.g.
       {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"}
       keeps an fp16 variant's weights fp16 in memory on CPU (the export gate's load).
+    - `execution_order`: onnxruntime's node order, "default" or "priority" (see
+      `colembed.sessions.Session`; the export gate runs fp16 with "priority", so each weight's
+      fp32 cast is made next to the MatMul that reads it).
 
     A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
     see `colembed.registry`); an unknown name that is not a folder is an error naming both.
@@ -508,7 +515,8 @@ def load(
         variant = default_variant(path, providers)
     return ColQwen2Model(path, variant=variant, providers=providers, threads=threads,
                          max_image_tokens=max_image_tokens, verify=verify,
-                         cpu_mem_arena=cpu_mem_arena, session_config=session_config)
+                         cpu_mem_arena=cpu_mem_arena, session_config=session_config,
+                         execution_order=execution_order)
 
 
 def default_variant(folder: str | Path, providers: Any) -> str:

@@ -50,6 +50,8 @@ TRAITS: dict[str, ProviderTraits] = {
 }
 
 ProviderSpec = str | tuple[str, dict[str, Any]]
+# execution_order name -> onnxruntime.ExecutionOrder member
+EXECUTION_ORDERS = {"default": "DEFAULT", "priority": "PRIORITY_BASED"}
 
 # How the intra-op threads wait, inside a run and between runs. A run is a chain of parallel
 # sections (each GEMM, each large element-wise node); a thread that blocks after one section
@@ -150,7 +152,11 @@ class Session:
     optimised it (weights beside it), for inspecting fusions. `session_config`: onnxruntime
     session config entries on top of the provider's (the export gate's: colembed_export/
     evaluation.py). `profile_prefix`: profile every run (node placement per provider; `colembed
-    doctor`), files starting with this prefix.
+    doctor`), files starting with this prefix. `execution_order`: onnxruntime's order of the
+    graph's nodes, "default" (its topological sort) or "priority" (its priority-based one, which
+    runs a node whose inputs are all constants, such as the Cast of a weight, only when nothing
+    before it in the graph can run: next to its consumer; the export gate's fp16 sessions,
+    colembed_export/evaluation.py). The order changes when each node runs, not what it computes.
     """
 
     def __init__(self, source: str | os.PathLike | bytes,
@@ -159,8 +165,13 @@ class Session:
                  graph_optimization: str = "all",
                  session_config: Mapping[str, str] | None = None,
                  save_optimized: str | os.PathLike | None = None,
-                 profile_prefix: str | None = None) -> None:
+                 profile_prefix: str | None = None,
+                 execution_order: str = "default") -> None:
         import onnxruntime as ort
+
+        if execution_order not in EXECUTION_ORDERS:
+            raise ValueError(f"execution_order must be one of {sorted(EXECUTION_ORDERS)}, got "
+                             f"{execution_order!r}")
 
         providers = list(providers) if providers else [CPU]
         traits = TRAITS.get(_name(providers[0]), ProviderTraits())
@@ -169,6 +180,7 @@ class Session:
         options.inter_op_num_threads = 1
         options.enable_cpu_mem_arena = cpu_mem_arena
         options.enable_mem_pattern = traits.mem_pattern
+        options.execution_order = getattr(ort.ExecutionOrder, EXECUTION_ORDERS[execution_order])
         if profile_prefix is not None:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix

@@ -21,6 +21,7 @@ would load the variant:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -69,6 +70,18 @@ GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
 GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
     "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
 }
+# onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16:
+# with its weights kept fp16 (above) each MatMul weight is cast to fp32 by a Cast node whose only
+# input is the weight, so onnxruntime's default topological order, which takes ready nodes in
+# graph order, runs most of those casts at the start of a run: measured on the fp16 graphs at the
+# real depth (tiny widths, 32 + 28), 61% of the text graph's cast fp32 bytes and all of the vision
+# graph's were alive at once, and at full 2B size the fp16 gate set peaked at 1.19x the fp32
+# weights. Its priority-based order runs such a cast only when nothing before it can run, i.e.
+# just before the MatMul that reads it, whose end frees it: 1% and 12% alive at once on those
+# graphs. The order changes when a node runs, not what it computes: the gate's fp16 figures are
+# the same bit for bit (tests/test_variants_gate_memory.py; docs/variants.md, "The variant step's
+# memory").
+GATE_EXECUTION_ORDER: dict[str, str] = {"fp16": "priority"}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}
 # glibc: every block of at least this many bytes gets its own mapping, handed back to the system
 # when freed. glibc's default threshold grows to the largest block freed so far (up to 32 MB), so
@@ -336,19 +349,31 @@ def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
 
 def gate_model(folder: Any, variant: str) -> Any:
     """`variant` of the staged folder as the gate runs it: the colembed runtime, loaded with
-    GATE_LOAD and the variant's GATE_SESSION_CONFIG."""
+    GATE_LOAD and the variant's GATE_SESSION_CONFIG and GATE_EXECUTION_ORDER."""
     import colembed
 
     return colembed.load(folder, variant=variant, **GATE_LOAD,
-                         session_config=GATE_SESSION_CONFIG.get(variant))
+                         session_config=GATE_SESSION_CONFIG.get(variant),
+                         execution_order=GATE_EXECUTION_ORDER.get(variant, "default"))
 
 
-def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
-                      measured: dict[str, dict[str, Any]] | None = None, *,
-                      step: Any = None) -> tuple[dict[str, Any], list[str]]:
-    """Load fp32 and each variant from `folder`; returns ({variant: figures}, gate misses).
-    `measured` adds what each variant's recipes measured while writing it (gated too).
-    `step(name)` (a context manager factory, the exporter's StepMeter) wraps each model's run."""
+@dataclass
+class Fp32Reference:
+    """What fp32 gave on the gate set, which every variant (and every attempt at one) is judged
+    against: the gate's queries and pages, fp32's vectors for them, its ranking-set scores and
+    the clear-winner queries among them (of `ranking`: the ranking set's pages and queries)."""
+
+    queries: list[tuple[str, str]]
+    pages: list[tuple[str, Any]]
+    want: dict[str, list[np.ndarray]]
+    ranking: tuple[list[Any], list[Any]]
+    scores: np.ndarray
+    clear: np.ndarray
+
+
+def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
+    """Run the gate set through the staged folder's fp32 graphs (loaded as the gate loads every
+    model, freed after); refuse when the ranking set has too few clear winners to judge by."""
     import contextlib
 
     from .measure import release_memory
@@ -368,6 +393,39 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     clear = clear_winners(fp32_scores)
     if clear.size < MIN_CLEAR_QUERIES:
         raise ExportError(unjudgeable_ranking(fp32_scores))
+    return Fp32Reference(queries=queries, pages=pages, want=want, ranking=(rank_pages, rank_queries),
+                         scores=fp32_scores, clear=clear)
+
+
+def refusal_lines(name: str, figures: dict[str, Any], recipe: str | None = None) -> list[str]:
+    """One line per gate miss recorded in `figures["misses"]` (evaluate_variants), each with the
+    variant's overall figures, its worst item by name and, when given, the recipe judged."""
+    worst = figures["worst_item"]
+    made = f"; {recipe}" if recipe else ""
+    return [f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min {figures['min_cosine']:.5f} "
+            f"over {figures['tokens']} tokens; worst item {worst!r}: min "
+            f"{figures['items'][worst]['min']:.5f}{made})" for miss in figures.get("misses", [])]
+
+
+def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
+                      measured: dict[str, dict[str, Any]] | None = None, *,
+                      step: Any = None, reference: Fp32Reference | None = None
+                      ) -> tuple[dict[str, Any], list[str]]:
+    """Load each variant from `folder` and judge it against fp32 (`reference`, else run here:
+    `fp32_reference`); returns ({variant: figures}, gate misses). A refused variant's figures
+    hold its misses (`misses`). `measured` adds what each variant's recipes measured while
+    writing it (gated too). `step(name)` (a context manager factory, the exporter's StepMeter)
+    wraps each model's run."""
+    import contextlib
+
+    from .measure import release_memory
+
+    step = step or (lambda name: contextlib.nullcontext())
+    if reference is None:
+        reference = fp32_reference(folder, step=step)
+    map_large_blocks()
+    queries, pages, want = reference.queries, reference.pages, reference.want
+    rank_pages, rank_queries = reference.ranking
     results: dict[str, Any] = {}
     failures: list[str] = []
     for name in names:
@@ -383,15 +441,14 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
                                      got["queries"] + got["mixed_queries"],
                                      want["queries"] + want["queries"][-3:])
             figures.update(item_figures(_gate_items(queries, pages, got, want)))
-            figures["ranking"] = top1_agreement(scores, fp32_scores, clear)
+            figures["ranking"] = top1_agreement(scores, reference.scores, reference.clear)
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
                         "pages": len(pages), "queries": len(queries)})
+        misses = gates[name].misses(figures)
+        if misses:
+            figures["misses"] = misses
         results[name] = figures
-        worst = figures["worst_item"]
-        failures += [f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min "
-                     f"{figures['min_cosine']:.5f} over {figures['tokens']} tokens; worst item "
-                     f"{worst!r}: min {figures['items'][worst]['min']:.5f})"
-                     for miss in gates[name].misses(figures)]
+        failures += refusal_lines(name, figures)
     return results, failures
 
 

@@ -227,13 +227,16 @@ def verify(staging: Path, reference, *, tolerance: float, feature_tolerance: flo
 
 def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
                   write: Callable[[dict[str, dict[str, GraphEntry]]], None],
-                  progress: Callable[[str], None], meter: StepMeter | None = None) -> dict[str, Any]:
-    """Derive and gate the requested variants (export/variants.py owns how); each part of the
-    step is a sub-step of `meter` (where the step's peak RSS arises)."""
+                  progress: Callable[[str], None], meter: StepMeter | None = None,
+                  int8_weight_passes: int | None = None) -> dict[str, Any]:
+    """Derive and gate the requested variants (export/variants.py owns how, including which
+    recipe each gets); each part of the step is a sub-step of `meter` (where the step's peak RSS
+    arises)."""
     from .variants import no_step, write_variants
 
     return write_variants(staging, graphs, names, write_manifest=write, progress=progress,
-                          step=meter.step if meter is not None else no_step)
+                          step=meter.step if meter is not None else no_step,
+                          int8_weight_passes=int8_weight_passes)
 
 
 def commit(staging: Path, out: Path) -> Path:
@@ -254,6 +257,7 @@ def export_model(
     overwrite: bool = False,
     external_data: bool | None = None,
     variants: Sequence[str] = (),
+    int8_weight_passes: int | None = None,
     random_weights: bool = False,
     progress: Callable[[str], None] | None = None,
     base: str | os.PathLike | None = None,
@@ -268,7 +272,9 @@ def export_model(
     difference per token of the final embeddings) or `feature_tolerance` (image features, max abs
     difference relative to their own scale) nothing is written and ExportError lists every
     comparison with its figure. `variants` (e.g. ("int8", "int4", "fp16")) are derived from the
-    checked fp32 graphs, each gated against fp32. `overwrite` lets an export of another model be
+    checked fp32 graphs, each gated against fp32, each by the fastest of its recipes that passes
+    (int8: one int8 code per weight, two when the gate refuses one; `int8_weight_passes` forces
+    one, export/recipes.py `recipe_attempts`). `overwrite` lets an export of another model be
     replaced; nothing but a colembed export is ever replaced. `random_weights` is recorded in the
     manifest (test and benchmark checkpoints say so; it is never guessed). A PEFT LoRA adapter
     folder (vidore/colqwen2.5-v0.2's form) is merged into its base first (`base`, else the
@@ -281,6 +287,10 @@ def export_model(
         from .variants import parse_variants
 
         variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
+    if int8_weight_passes is not None:
+        from .recipes import int8_recipe
+
+        int8_recipe(int8_weight_passes)  # likewise
     from .adapter import adapter_source, export_adapter
 
     if base is not None or adapter_source(source, revision) is not None:
@@ -323,7 +333,7 @@ def export_model(
         if variants:
             with meter.step("write and check the variants"):
                 checks.update(variants_step(staging, graphs, variants, write_manifest, say,
-                                             meter))
+                                             meter, int8_weight_passes))
         manifest = write_manifest()
         with meter.step("commit"):
             written = commit(staging, resolved.out)

@@ -54,11 +54,12 @@ WEIGHT_PEAK = 63
 ACTIVATION_PEAK = 127
 ROW_ZERO_POINT = ACTIVATION_PEAK + 1  # (today's default: codes 1..255 around 128)
 ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
-# How many int8 codes hold each weight of a "row" MatMul: 1, or 2 (the second quantises what the
-# first left, W ~ s1 Q1 + s2 Q2 with s2 ~ s1 / (2 WEIGHT_PEAK): ~13-bit weights from two 7-bit
-# codes, each exact on AVX2, one activation quantisation shared, twice the integer products).
-# Read when called; the recipe's choice and its measurements are in recipes.py.
-WEIGHT_PASSES = 1
+# How many int8 codes hold each weight of a "row" MatMul (`quantise_matmuls(weight_passes=)`): 1,
+# or 2 (the second quantises what the first left, W ~ s1 Q1 + s2 Q2 with s2 ~ s1 / (2 WEIGHT_PEAK):
+# ~13-bit weights from two 7-bit codes, each exact on AVX2, one activation quantisation shared,
+# twice the integer products). Which one a variant gets is the recipe's (recipes.INT8_RECIPES,
+# recipes.recipe_attempts), not this module's.
+WEIGHT_PASS_COUNTS = (1, 2)
 
 
 def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.ndarray, np.ndarray]:
@@ -163,7 +164,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
                      outliers: Mapping[str, np.ndarray] | None = None,
                      weight_levels: int = WEIGHT_PEAK,
                      activation_levels: int = ACTIVATION_PEAK,
-                     weight_passes: int | None = None) -> dict[str, int]:
+                     weight_passes: int = 1) -> dict[str, int]:
     """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
     MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
     are multiplied by before quantising (the norm before it was divided by them already).
@@ -172,7 +173,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     fp32); every MatMul reading the same activation must name the same channels.
     `weight_levels` / `activation_levels`: the codes' peaks (see WEIGHT_PEAK: their stored
     codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits).
-    `weight_passes` (default WEIGHT_PASSES, read when called): int8 codes per "row" weight."""
+    `weight_passes` (one of WEIGHT_PASS_COUNTS): int8 codes per "row" weight."""
     if weight_levels * 2 * (2 * activation_levels + 1) > 32767:
         raise ExportError(f"int8 weights of peak {weight_levels} with activations of peak "
                           f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums")
@@ -181,8 +182,8 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
 
     from .graph_edits import _const_float, _swap_in
 
-    passes = WEIGHT_PASSES if weight_passes is None else weight_passes
-    if passes not in (1, 2):
+    passes = weight_passes
+    if passes not in WEIGHT_PASS_COUNTS:
         raise ExportError(f"weight_passes must be 1 or 2, not {passes}")
     graph = model.graph
     b = _Builder(graph)

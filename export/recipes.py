@@ -2,9 +2,10 @@
 
 | variant | vision graph                               | text graph                                        |
 |---------|--------------------------------------------|---------------------------------------------------|
-| int8    | int8 weights (7-bit, per column),      | the same, after SmoothQuant smoothing of the     |
-|         | one activation scale per token         | norms' outputs                                   |
-| int4    | the int8 vision graph (same file)          | MatMulNBits 4-bit weight-only, accuracy level 4,  |
+| int8    | int8 weights (7-bit, per column),          | the same, after SmoothQuant smoothing of the      |
+|         | one activation scale per token; one code   | norms' outputs                                    |
+|         | per weight, two when the gate refuses one  |                                                   |
+| int4    | the one-code int8 vision graph (same file) | MatMulNBits 4-bit weight-only, accuracy level 4,  |
 |         |                                            | block 16; token-embedding table stays fp32        |
 | fp16    | fp16 weights and weight-GEMMs, fp32 rest   | fp16 weights and weight-GEMMs, fp32 rest          |
 
@@ -37,14 +38,17 @@ see benchmarks/README.md):
   rounding, ~1.5-2% of its output at 2B widths and dominated on random weights by the 7-bit
   weights' step, adds up over 28 layers. No exact split of the 16-bit pair sums does much
   better (benchmarks/results/variants-int8-code-error.md); a second 7-bit code per weight
-  (quantise.WEIGHT_PASSES = 2) cuts each MatMul's cosine loss ~5x on random weights at twice
-  the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
+  ("int8x2", quantise_matmuls(weight_passes=2)) cuts each MatMul's cosine loss ~5x on random
+  weights at twice the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
   variants-int8-passes-kernels.md), and almost nothing where activation outliers dominate.
   Measured together at 2B widths, 8 + 7 layers: the loss 4.1x less (mean 0.99521 -> 0.99882),
   pages 1.64x and queries 1.89x one code's time, 0.73x / 0.70x fp32's (benchmarks/results/
-  variants-fidelity-2b-8+7*.md, variants-speed-ab-passes.md); the full depth with two codes is
-  projected, not run, to pass. It stays off here until that run (docs/variants.md, "int8 at the
-  real depth").
+  variants-fidelity-2b-8+7*.md, variants-speed-ab-passes.md); at full depth two codes pass the
+  gate in every bucket where one code is refused (mean 0.98984 -> 0.99758, benchmarks/results/
+  export-variants-2b-passes-2.md). So the int8 variant is made by the fastest recipe that holds
+  (`recipe_attempts`): one code per weight ("int8") first, and when the gate refuses it, two
+  ("int8x2", its `fallback`), gated again against the same fp32 run; the manifest's check
+  records which was written and the refused attempt's verdict (docs/variants.md).
 - int4 is for the language model, where query work is memory-bound; the vision tower is
   compute-bound, where 4 bits save nothing over int8 compute but cost accuracy, so the int4
   variant reuses the int8 vision graph file.
@@ -162,11 +166,13 @@ class Gate:
 
 @dataclass(frozen=True)
 class VariantSpec:
-    """Which recipe makes each role's graph, and the gate against fp32."""
+    """Which recipe makes each role's graph, and the gate against fp32; `fallback`: the recipes
+    tried when the gate refuses `recipes` (slower, closer to fp32), None: none."""
 
     name: str
-    recipes: dict[str, str]  # role -> recipe ("int8", "int4", "fp16")
+    recipes: dict[str, str]  # role -> recipe ("int8", "int8x2", "int4", "fp16")
     gate: Gate
+    fallback: dict[str, str] | None = None
 
 
 # fp16 gate: fp16 keeps 11 significant bits, so honest rounding over a few dozen layers moves a
@@ -178,8 +184,17 @@ GATES = {
     "fp16": Gate(mean_cosine=0.999, min_cosine=0.99, fp16_peak=FP16_SAFE_PEAK),
 }
 
+# The int8 recipes by the int8 codes each weight gets (quantise.quantise_matmuls' weight_passes):
+# one code ("int8"), or two, the second for what the first left ("int8x2": ~13-bit weights, twice
+# the integer products; 1.64x one code's page time, 1.89x its query time at 2B widths, 8 + 7
+# layers: benchmarks/results/variants-speed-ab-passes.md). The recipe names the graph files
+# (`{role}.{recipe}.onnx`) and is recorded with the variant's check, so which one a folder holds
+# is part of what the manifest (and an index's identity, its manifest hash) says.
+INT8_RECIPES = {"int8": 1, "int8x2": 2}
+
 VARIANTS: dict[str, VariantSpec] = {
-    "int8": VariantSpec("int8", {"vision": "int8", "text": "int8"}, GATES["int8"]),
+    "int8": VariantSpec("int8", {"vision": "int8", "text": "int8"}, GATES["int8"],
+                        fallback={"vision": "int8x2", "text": "int8x2"}),
     "int4": VariantSpec("int4", {"vision": "int8", "text": "int4"}, GATES["int4"]),
     "fp16": VariantSpec("fp16", {"vision": "fp16", "text": "fp16"}, GATES["fp16"]),
 }
@@ -200,6 +215,47 @@ def parse_variants(variants: Sequence[str] | str) -> list[str]:
         if name not in names:
             names.append(name)
     return names
+
+
+def int8_recipe(weight_passes: int) -> str:
+    """The int8 recipe writing `weight_passes` codes per weight (INT8_RECIPES); others refused."""
+    for recipe, passes in INT8_RECIPES.items():
+        if passes == weight_passes:
+            return recipe
+    raise ExportError(f"int8 weight passes must be one of {sorted(INT8_RECIPES.values())}, not "
+                      f"{weight_passes!r}")
+
+
+def recipe_attempts(name: str, int8_weight_passes: int | None = None) -> list[dict[str, str]]:
+    """The recipe sets (role -> recipe) the exporter tries for variant `name`, in order: the
+    first whose graphs pass the gate is written. By default the variant's recipes, then its
+    `fallback` (int8: one code per weight, then two: the fastest recipe that holds).
+    `int8_weight_passes` forces one recipe: every int8 recipe with that many codes per weight,
+    no fallback (`colembed export --int8-weight-passes N`)."""
+    spec = VARIANTS[name]
+    if int8_weight_passes is not None:
+        forced = int8_recipe(int8_weight_passes)
+        return [{role: forced if recipe in INT8_RECIPES else recipe
+                 for role, recipe in spec.recipes.items()}]
+    return [dict(spec.recipes)] + ([dict(spec.fallback)] if spec.fallback else [])
+
+
+def weight_passes_of(recipes: dict[str, str]) -> int | None:
+    """Codes per weight of the int8 graphs of a recipe set (None: it has none); one value, as
+    `recipe_attempts` never mixes them."""
+    found = {INT8_RECIPES[r] for r in recipes.values() if r in INT8_RECIPES}
+    return max(found) if found else None
+
+
+NUMBERS = {2: "two"}
+
+
+def recipe_label(recipes: dict[str, str]) -> str:
+    """How the export's output names a recipe set: "one int8 code per weight" / "two ..."."""
+    passes = weight_passes_of(recipes)
+    if passes is None:
+        return "recipes " + ", ".join(f"{role} {r}" for role, r in recipes.items())
+    return "one int8 code per weight" if passes == 1 else f"{NUMBERS.get(passes, passes)} int8 codes per weight"
 
 
 def quiet_quantisers() -> None:
@@ -241,13 +297,14 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                   scheme: str = INT8_ACTIVATIONS, alpha: float | None = SMOOTHING_ALPHA,
                   weight_levels: int | None = None,
                   activation_levels: int | None = None,
+                  weight_passes: int = 1,
                   attention: bool | None = None) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
     fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32.
     `weight_levels` / `activation_levels` default to quantise.WEIGHT_PEAK / ACTIVATION_PEAK,
     read when called (benchmarks/variants_fidelity.py --int8-levels measures other pairs).
-    `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
+    `weight_passes`: int8 codes per weight (1 or 2: INT8_RECIPES). `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
     products in int8 (int8_attention.py)."""
     import numpy as np
     import onnx_ir as ir
@@ -283,7 +340,8 @@ def quantize_int8(src: Path, work: Path | None = None, *,
               "activations": activation_levels or quantise.ACTIVATION_PEAK}
     counts = quantise.quantise_matmuls(model, {n.name: scheme for n in matmuls}, factors,
                                        outliers=outliers, weight_levels=levels["weights"],
-                                       activation_levels=levels["activations"])
+                                       activation_levels=levels["activations"],
+                                       weight_passes=weight_passes)
     paths = {n.name: module_path(n) for n in matmuls}
     return model, {"int8_activations": scheme, "int8_code_peaks": levels,
                    "int8_matmuls": counts, "int8_attentions": attentions,
@@ -331,8 +389,9 @@ def make_graph(recipe: str, src: Path, work: Path,
                calibration: Sequence[dict[str, Any]] | None) -> tuple[Any, dict[str, Any]]:
     """The variant graph of one role as an onnx_ir Model (not yet sorted nor saved), and what the
     recipe measured on the way (recorded with the variant's check, read by its gate)."""
-    if recipe == "int8":
-        return quantize_int8(src, work, calibration=calibration)
+    if recipe in INT8_RECIPES:
+        return quantize_int8(src, work, calibration=calibration,
+                             weight_passes=INT8_RECIPES[recipe])
     if recipe == "int4":
         return quantize_int4(src), {}
     if recipe == "fp16":
@@ -341,4 +400,4 @@ def make_graph(recipe: str, src: Path, work: Path,
 
 
 # Recipes that read the fp32 graph's activations on sample inputs.
-CALIBRATED_RECIPES = ("int8", "fp16")
+CALIBRATED_RECIPES = (*INT8_RECIPES, "fp16")

@@ -34,6 +34,9 @@ from .recipes import (
     make_graph,
     parse_variants,
     quiet_quantisers,
+    recipe_attempts,
+    recipe_label,
+    weight_passes_of,
 )
 
 log = logging.getLogger("colembed_export")
@@ -71,46 +74,105 @@ def no_step(name: str) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
+class _GraphWriter:
+    """Writes variant graphs into the staging folder, each (role, recipe) once: a graph file two
+    variants (or two attempts) use is written once and shared; the calibration feeds are
+    recorded once, when the first calibrated recipe needs them, and kept for a later attempt.
+    `step(name)` wraps each part (the exporter's StepMeter: time and peak RSS of each)."""
+
+    def __init__(self, staging: Path, graphs: dict[str, GraphEntry], say: Callable[[str], None],
+                 step: Callable[[str], Any] = no_step) -> None:
+        self.staging, self.graphs, self.say, self.step = staging, graphs, say, step
+        self.written: dict[tuple[str, str], tuple[GraphEntry, dict[str, Any]]] = {}
+        self.calibration: dict[str, Any] | None = None
+
+    def write(self, plan: dict[str, dict[str, str]]
+              ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
+        """Each variant's graph entries for its recipes in `plan` ({variant: {role: recipe}}),
+        and per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
+        from .evaluation import calibration_feeds
+        from .graph_edits import finish
+
+        entries: dict[str, dict[str, GraphEntry]] = {}
+        measured: dict[str, dict[str, Any]] = {}
+        with tempfile.TemporaryDirectory(prefix=".variants-", dir=self.staging.parent) as tmp:
+            for name, recipes in plan.items():
+                entries[name], measured[name] = {}, {}
+                for role, fp32 in self.graphs.items():
+                    recipe = recipes[role]
+                    if (role, recipe) not in self.written:
+                        if recipe in CALIBRATED_RECIPES and self.calibration is None:
+                            with self.step("variants: record the calibration feeds"):
+                                self.calibration = calibration_feeds(self.staging)
+                        self.say(f"writing the {role} graph of the {name} variant ({recipe})")
+                        with self.step(f"variants: make the {role} graph ({recipe})"):
+                            model, figures = make_graph(
+                                recipe, self.staging / fp32.file, Path(tmp),
+                                self.calibration[role] if recipe in CALIBRATED_RECIPES else None)
+                            cleared = finish(model)
+                        with self.step(f"variants: save the {role} graph ({recipe})"):
+                            file, data_file = save_graph(model, self.staging,
+                                                         f"{role}.{recipe}.onnx",
+                                                         external=fp32.data_file is not None)
+                            del model
+                        log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
+                        self.written[(role, recipe)] = (
+                            GraphEntry(file=file, data_file=data_file, opset=fp32.opset,
+                                       contract=fp32.contract), figures)
+                    entries[name][role], figures = self.written[(role, recipe)]
+                    for key, value in figures.items():
+                        measured[name].setdefault(key, {})[role] = value
+        return entries, measured
+
+    def remove_unused(self, entries: dict[str, dict[str, GraphEntry]]) -> list[str]:
+        """Delete the graph files this writer wrote that no variant in `entries` lists (a refused
+        attempt's), so the folder and its manifest hold only what is written; returns them."""
+        used = {e.file for graphs in entries.values() for e in graphs.values()}
+        removed = []
+        for key, (entry, _) in list(self.written.items()):
+            if entry.file not in used:
+                for name in (entry.file, entry.data_file):
+                    if name and (self.staging / name).exists():
+                        (self.staging / name).unlink()
+                        removed.append(name)
+                del self.written[key]
+        return removed
+
+
+def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], plan: dict[str, dict[str, str]],
                   say: Callable[[str], None], step: Callable[[str], Any] = no_step
                   ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
-    """Each variant's graph files (shared where two variants use the same recipe for a role), and
-    per variant what its recipes measured ({figure: {role: value}}, for its gate). `step(name)`
-    wraps each part (the exporter's StepMeter: time and peak RSS of each)."""
-    from .evaluation import calibration_feeds
-    from .graph_edits import finish
+    """Each variant's graph files for its recipes in `plan` ({variant: {role: recipe}}, e.g.
+    `recipe_attempts(name)[0]`) and what its recipes measured, without the gate (the fidelity
+    benchmarks judge one recipe)."""
+    return _GraphWriter(staging, graphs, say, step).write(plan)
 
-    entries: dict[str, dict[str, GraphEntry]] = {}
-    measured: dict[str, dict[str, Any]] = {}
-    written: dict[tuple[str, str], tuple[GraphEntry, dict[str, Any]]] = {}
-    calibration = None
-    with tempfile.TemporaryDirectory(prefix=".variants-", dir=staging.parent) as tmp:
-        for name in names:
-            entries[name], measured[name] = {}, {}
-            for role, fp32 in graphs.items():
-                recipe = VARIANTS[name].recipes[role]
-                if (role, recipe) not in written:
-                    if recipe in CALIBRATED_RECIPES and calibration is None:
-                        with step("variants: record the calibration feeds"):
-                            calibration = calibration_feeds(staging)
-                    say(f"writing the {role} graph of the {name} variant ({recipe})")
-                    with step(f"variants: make the {role} graph ({recipe})"):
-                        model, figures = make_graph(
-                            recipe, staging / fp32.file, Path(tmp),
-                            calibration[role] if recipe in CALIBRATED_RECIPES else None)
-                        cleared = finish(model)
-                    with step(f"variants: save the {role} graph ({recipe})"):
-                        file, data_file = save_graph(model, staging, f"{role}.{recipe}.onnx",
-                                                     external=fp32.data_file is not None)
-                        del model
-                    log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
-                    written[(role, recipe)] = (GraphEntry(file=file, data_file=data_file,
-                                                          opset=fp32.opset, contract=fp32.contract),
-                                               figures)
-                entries[name][role], figures = written[(role, recipe)]
-                for key, value in figures.items():
-                    measured[name].setdefault(key, {})[role] = value
-    return entries, measured
+
+def verdict(figures: dict[str, Any]) -> dict[str, Any]:
+    """What the manifest keeps of a refused attempt: its recipes, its overall and per-bucket
+    figures, its worst item by name and the gate's misses."""
+    worst = figures["worst_item"]
+    return {"recipes": figures["recipes"], "int8_weight_passes": figures.get("int8_weight_passes"),
+            "mean_cosine": figures["mean_cosine"], "min_cosine": figures["min_cosine"],
+            "buckets": figures["buckets"], "worst_item": worst,
+            "worst_item_min": figures["items"][worst]["min"] if worst else None,
+            "misses": figures.get("misses", [])}
+
+
+def summary(name: str, figures: dict[str, Any]) -> str:
+    """One line on a variant's check: its figures, which recipe was written and, when an attempt
+    before it was refused, that attempt's figures and worst item (the CLI prints it)."""
+    line = (f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
+            f"{figures['min_cosine']:.5f}")
+    if "ranking" in figures:
+        line += f"; top-1 agreement {figures['ranking']['top1_agreement']:.3f}"
+    if weight_passes_of(figures.get("recipes") or {}) is not None:
+        line += f"; {recipe_label(figures['recipes'])}"
+    for refused in figures.get("refused_attempts", []):
+        line += (f" ({recipe_label(refused['recipes'])} refused by the gate: mean "
+                 f"{refused['mean_cosine']:.5f}, min {refused['min_cosine']:.5f}, worst item "
+                 f"{refused['worst_item']!r} min {refused['worst_item_min']:.5f})")
+    return line
 
 
 def write_variants(
@@ -121,14 +183,21 @@ def write_variants(
     write_manifest: Callable[[dict[str, dict[str, GraphEntry]]], None],
     progress: Callable[[str], None] | None = None,
     step: Callable[[str], Any] = no_step,
+    int8_weight_passes: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write each variant's graphs into `staging`, list them in the manifest, gate them vs fp32.
 
-    `graphs` are the checked fp32 entries by role. Returns {variant: figures} for the manifest's
-    `checks`; raises ExportError (naming the variant and its figures) when a gate is missed.
-    `step(name)` wraps each part (writing each graph, each gate run) to time and measure it.
+    Each variant is made by the first of its recipe sets (`recipes.recipe_attempts`) whose
+    graphs pass its gate: the fastest recipe that holds (int8: one code per weight, else two).
+    A refused attempt's graphs are deleted, the next attempt's written and gated against the same
+    fp32 run; the written variant's figures record its recipes (`recipes`, `int8_weight_passes`)
+    and each refused attempt's verdict (`refused_attempts`). `int8_weight_passes` forces one int8
+    recipe (no fallback). `graphs` are the checked fp32 entries by role. Returns {variant:
+    figures} for the manifest's `checks`; raises ExportError naming every refused attempt of a
+    variant none of whose attempts passed, with its figures and worst item. `step(name)` wraps
+    each part (writing each graph, each gate run) to time and measure it.
     """
-    from .evaluation import evaluate_variants
+    from .evaluation import evaluate_variants, fp32_reference, refusal_lines
 
     say = progress or (lambda message: log.info(message))
     names = parse_variants(variants)
@@ -136,15 +205,53 @@ def write_variants(
         return {}
     staging = Path(staging)
     quiet_quantisers()
-    entries, measured = _write_graphs(staging, graphs, names, say, step)
+    attempts = {n: recipe_attempts(n, int8_weight_passes) for n in names}
+    writer = _GraphWriter(staging, graphs, say, step)
+    entries, measured = writer.write({n: attempts[n][0] for n in names})
     write_manifest(entries)
     say("checking the variants against fp32")
-    results, failures = evaluate_variants(staging, names, {n: VARIANTS[n].gate for n in names},
-                                          measured, step=step)
+    reference = fp32_reference(staging, step=step)
+    gates = {n: VARIANTS[n].gate for n in names}
+    results: dict[str, dict[str, Any]] = {}
+    refused: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
+    lines: dict[str, list[str]] = {n: [] for n in names}
+    found, _ = evaluate_variants(staging, names, gates, measured, step=step, reference=reference)
+    tried = 1  # attempts made of every variant in `found`
+    while True:
+        retry = []
+        for name, figures in found.items():
+            figures["recipes"] = attempts[name][tried - 1]
+            if weight_passes_of(figures["recipes"]) is not None:
+                figures["int8_weight_passes"] = weight_passes_of(figures["recipes"])
+            results[name] = figures
+            if "misses" not in figures:
+                say(summary(name, figures))
+                continue
+            label = recipe_label(figures["recipes"])
+            lines[name] += refusal_lines(name, figures, label)
+            if tried < len(attempts[name]):
+                refused[name].append(verdict(figures))
+                say(f"{name}: {label} refused by the gate (mean {figures['mean_cosine']:.5f}, "
+                    f"min {figures['min_cosine']:.5f}; worst item {figures['worst_item']!r}); "
+                    f"trying {recipe_label(attempts[name][tried])}")
+                retry.append(name)
+        if not retry:
+            break
+        with step("variants: the next recipe for " + ", ".join(
+                f"{n} ({recipe_label(attempts[n][tried])})" for n in retry)):
+            # the refused attempt's files go first (unless another variant uses them): the disk
+            # holds one attempt's graphs at a time
+            writer.remove_unused({n: e for n, e in entries.items() if n not in retry})
+            again, measured = writer.write({n: attempts[n][tried] for n in retry})
+            entries.update(again)
+            write_manifest(entries)
+            found, _ = evaluate_variants(staging, retry, gates, measured, step=step,
+                                         reference=reference)
+        tried += 1
     for name, figures in results.items():
-        figures["recipes"] = dict(VARIANTS[name].recipes)
-        say(f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
-            f"{figures['min_cosine']:.5f}; top-1 agreement {figures['ranking']['top1_agreement']:.3f}")
+        if refused[name]:
+            figures["refused_attempts"] = refused[name]
+    failures = [line for name in names if "misses" in results[name] for line in lines[name]]
     if failures:
         error = ExportError("variant check failed against fp32; nothing was written:\n  "
                             + "\n  ".join(failures))
@@ -153,5 +260,5 @@ def write_variants(
     return results
 
 
-__all__ = ["GATES", "VARIANTS", "Gate", "VariantSpec", "parse_variants", "save_graph",
+__all__ = ["GATES", "VARIANTS", "Gate", "VariantSpec", "parse_variants", "save_graph", "summary",
            "write_variants"]

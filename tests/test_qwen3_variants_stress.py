@@ -119,7 +119,8 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tmp_path_factor
     monkeypatch.setattr(V, "make_graph", broken)
     out = tmp_path / "model"
     with pytest.raises(ExportError) as refused:
-        export_model(stress_checkpoint(tmp_path_factory), out, check=False, variants=["int8"])
+        export_model(stress_checkpoint(tmp_path_factory), out, check=False, variants=["int8"],
+                     int8_weight_passes=1)  # one code forced: no two-code attempt to judge too
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
     below = message.split("below it:")[1].split("\n")[0].split(" (mean ")[0]  # the items named

@@ -99,3 +99,72 @@ def test_large_blocks_mapped_where_glibc_is():
         assert got is True
     else:
         assert got is False
+
+
+def _weight_cast_liveness(graph_path, tmp_path, order: str, feeds) -> tuple[int, int]:
+    """(fp32 bytes of every weight cast, the most of them alive at once) when the gate's fp16
+    session runs `feeds` with onnxruntime's `order`: the casts and their readers from the graph
+    as onnxruntime optimised it, their run order from its profile."""
+    import json
+
+    from colembed.sessions import Session
+
+    saved = tmp_path / f"{order}.onnx"
+    config = E.GATE_SESSION_CONFIG["fp16"]
+    Session(graph_path, threads=1, cpu_mem_arena=False, session_config=config,
+            save_optimized=saved, execution_order=order)
+    graph = onnx.load(str(saved), load_external_data=False).graph
+    half = {t.name: int(np.prod(t.dims)) for t in graph.initializer
+            if t.data_type == onnx.TensorProto.FLOAT16}
+    casts = {n.output[0]: (n.name, half[n.input[0]] * 4) for n in graph.node
+             if n.op_type == "Cast" and n.input[0] in half}
+    readers = collections.defaultdict(list)
+    for node in graph.node:
+        for name in node.input:
+            if name in casts:
+                readers[name].append(node.name)
+    session = Session(graph_path, threads=1, cpu_mem_arena=False, session_config=config,
+                      profile_prefix=str(tmp_path / order), execution_order=order)
+    session.run(feeds)
+    events = json.load(open(session.session.end_profiling()))
+    ran = [e["name"].removesuffix("_kernel_time") for e in events
+           if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    at = {name: i for i, name in enumerate(ran)}
+    spans = [(at[cast], max(at[r] for r in readers[out]), size)
+             for out, (cast, size) in casts.items()]
+    alive = max(sum(size for start, end, size in spans if start <= t <= end)
+                for t in range(len(ran)))
+    return sum(size for *_, size in spans), alive
+
+
+def test_fp16_gate_casts_each_weight_next_to_its_matmul(exported_variants, tmp_path):
+    """With its weights kept fp16, the gate's fp16 text session casts each weight to fp32 just
+    before the MatMul that reads it (onnxruntime's priority-based order), not most of them at the
+    start of a run as its default order does: at most two weights' fp32 casts alive at once."""
+    model = E.gate_model(exported_variants.folder, "fp16")
+    recorded = E.recording_feeds(model)
+    model.embed_queries(["which table lists the quarterly figures?"])
+    graph = exported_variants.folder / exported_variants.manifest.graph("fp16", "text").file
+    total, gate = _weight_cast_liveness(graph, tmp_path, E.GATE_EXECUTION_ORDER["fp16"],
+                                        recorded["text"][0])
+    _, default = _weight_cast_liveness(graph, tmp_path, "default", recorded["text"][0])
+    assert total > 0
+    assert default > total / 2  # what the full-size fp16 gate set paid for (1.19x the weights)
+    assert gate <= total / 4
+
+
+def test_the_gate_order_computes_the_same_vectors_bit_for_bit(exported_variants):
+    """onnxruntime's node order changes when a node runs, not what it computes: the gate's fp16
+    model gives the vectors of the same session in the default order, bit for bit."""
+    import colembed
+    from fixtures_images import rgb
+
+    pages = [rgb(300, 420, seed=1), rgb(20, 20, seed=2)]
+    queries = ["invoice", "which table lists the quarterly figures for each product line?"]
+    got = {}
+    for order in ("default", E.GATE_EXECUTION_ORDER["fp16"]):
+        model = colembed.load(exported_variants.folder, variant="fp16", **E.GATE_LOAD,
+                              session_config=E.GATE_SESSION_CONFIG["fp16"], execution_order=order)
+        got[order] = [*model.embed_images(pages), *model.embed_queries(queries)]
+    for a, b in zip(*got.values()):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
