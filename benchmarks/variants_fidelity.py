@@ -21,6 +21,9 @@ it does not: trained weights (none can be downloaded here); the full depth at th
 `tiny-deep-*` and `tiny-V+T-*` configurations show error accumulating over depth at tiny widths,
 the `2b-*` ones the 2B widths at 1+2 layers).
 
+`--int4 KNOBS` measures the int4 recipe with other knobs (block size, accuracy level, symmetric
+blocks, bits per MatMul role; variants_int4_recipes.py's arm syntax), the exporter unchanged.
+
 `--int8-levels W,A` measures the int8 recipe with other code peaks (weights -W..W, activations
 -A..A around A + 1; quantise.py's WEIGHT_PEAK / ACTIVATION_PEAK) instead of the committed ones,
 e.g. `--int8-levels 127,63` (8-bit weights, 7-bit activations); the exporter is not changed.
@@ -71,8 +74,14 @@ CONFIGS = {
     # quarter and half the depth; 2.9 and 4.8 GB of fp32 weights: run them under the lock).
     **{f"2b-{vision}+{text}-random": ("qwen2-vl-2b", vision, text, "random")
        for vision, text in ((2, 2), (8, 7), (16, 14))},
+    # Qwen3-VL-4B widths (ColQwen3, text 2560, MLP 9728; export/tiny_qwen3.py's `qwen3-vl-4b`,
+    # reduced as benchmark_specs.reduced_spec does): where int4 met its gate's refusal at 2+2
+    # (benchmarks/results/export-colqwen3-variants-2+2.md); 2+4 and 2+8 for the depth trend.
+    **{f"4b-{vision}+{text}-random": ("qwen3-vl-4b", vision, text, "random")
+       for vision, text in ((2, 2), (2, 4), (2, 8))},
 }
 QWEN2_5_PRESETS = ("tiny-2.5",)
+QWEN3_PRESETS = ("qwen3-vl-4b",)
 KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTraits())",
                "heldout": "held-out stress traits (HELD_OUT_STRESS)"}
 
@@ -89,7 +98,13 @@ def build(config: str, root: Path) -> Path:
         return folder
     checkpoint = root / f"{config}-checkpoint"
     if not (checkpoint / "config.json").is_file():
-        if preset in QWEN2_5_PRESETS:
+        if preset in QWEN3_PRESETS:
+            from benchmark_specs import build as build_family, reduced_spec
+
+            if kind != "random":
+                raise ValueError(f"{config}: only random weights at {preset} widths")
+            build_family("colqwen3", checkpoint, reduced_spec("colqwen3", preset, depth, layers))
+        elif preset in QWEN2_5_PRESETS:
             from colembed_export.tiny_qwen2_5 import (Qwen2_5StressTraits, build_checkpoint_2_5,
                                                       build_stress_checkpoint_2_5)
 
@@ -164,12 +179,13 @@ def markdown(info: dict, runs: dict[str, dict], int8_weight_passes: int | None =
     from colembed_export.recipes import GATES
     from common import results_markdown
 
-    from colembed_export.recipes import quantize_int8
+    from colembed_export.recipes import quantize_int4, quantize_int8
 
     lines = [f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK} "
              f"({int8_weight_passes or 1} code(s) per weight), activations "
              f"-{quantise.ACTIVATION_PEAK}..{quantise.ACTIVATION_PEAK} per token; SmoothQuant "
-             f"alpha {quantize_int8.__kwdefaults__['alpha']}.", "",
+             f"alpha {quantize_int8.__kwdefaults__['alpha']}. int4 text graph: "
+             + ", ".join(f"{k} {v}" for k, v in quantize_int4.__kwdefaults__.items()) + ".", "",
              "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
              "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
              "from one word to the query bound, pages from 20x20 to the full image-token "
@@ -224,6 +240,9 @@ def main() -> int:
                         help="int8 codes per weight (default 1: the int8 recipe's first attempt)")
     parser.add_argument("--smoothing-alpha", help="SmoothQuant alpha of the int8 recipe for this "
                         "run, or 'none' (default: recipes.SMOOTHING_ALPHA)")
+    parser.add_argument("--int4", metavar="KNOBS", help="the int4 recipe's knobs for this run, "
+                        "as variants_int4_recipes.py's arms take them (e.g. 'block=16,level=0,"
+                        "bits=mlp.down_proj:8'; default: recipes.py's)")
     parser.add_argument("--write-only", action="store_true", help="write the variants into "
                         "WORK/staging and stop (for variants_gate_memory.py, variants_speed_ab.py)")
     args = parser.parse_args()
@@ -234,6 +253,10 @@ def main() -> int:
     if args.smoothing_alpha:
         alpha = None if args.smoothing_alpha == "none" else float(args.smoothing_alpha)
         recipes.quantize_int8.__kwdefaults__["alpha"] = alpha
+    if args.int4:
+        from variants_int4_recipes import parse_arm
+
+        recipes.quantize_int4.__kwdefaults__.update(parse_arm(f"int4:{args.int4}")[1])
 
     from common import machine_info, write_results
 
@@ -248,7 +271,8 @@ def main() -> int:
         folder = build(config, root)
         arm = (f"-levels-{args.int8_levels.replace(',', '-')}" if args.int8_levels else "") + (
             f"-passes-{args.int8_weight_passes}" if args.int8_weight_passes else "") + (
-            f"-alpha-{args.smoothing_alpha}" if args.smoothing_alpha else "")
+            f"-alpha-{args.smoothing_alpha}" if args.smoothing_alpha else "") + (
+            "-int4-" + "".join(c if c.isalnum() else "-" for c in args.int4) if args.int4 else "")
         runs[config] = measure(folder, variants, root / f"{config}-work{arm}",
                                gate=not args.write_only, int8_weight_passes=args.int8_weight_passes)
         if args.write_only:

@@ -268,11 +268,12 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     return counts
 
 
-def quantised_weight_4bit(weight: np.ndarray, block_size: int
+def quantised_weight_4bit(weight: np.ndarray, block_size: int, symmetric: bool = False
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed (N, blocks, block/2) uint8, scales (N, blocks) fp32, zero points (N, ceil(blocks/2))
-    uint8) of a (K, N) fp32 weight: asymmetric 4-bit blocks of `block_size` along K, by
-    onnxruntime's own kernel (bit-identical to its MatMulNBitsQuantizer)."""
+    uint8) of a (K, N) fp32 weight: 4-bit blocks of `block_size` along K, asymmetric (or
+    `symmetric`: codes around 8, the zero points unused), by onnxruntime's own kernel
+    (bit-identical to its MatMulNBitsQuantizer)."""
     from onnxruntime.capi._pybind_state import quantize_matmul_4bits
 
     rows, cols = weight.shape
@@ -285,14 +286,15 @@ def quantised_weight_4bit(weight: np.ndarray, block_size: int
     packed = np.zeros((cols, blocks, block_size // 2), np.uint8)
     zero_points = np.zeros((cols, (blocks + 1) // 2), np.uint8)
     scales = np.zeros((cols, blocks), np.float32)
-    quantize_matmul_4bits(packed, padded, scales, zero_points, block_size, cols, rows, False)
+    quantize_matmul_4bits(packed, padded, scales, zero_points, block_size, cols, rows, symmetric)
     return packed, scales, zero_points
 
 
-def quantised_weight_8bit(weight: np.ndarray, block_size: int
+def quantised_weight_8bit(weight: np.ndarray, block_size: int, symmetric: bool = False
                           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed (N, blocks, block) uint8, scales (N, blocks) fp32, zero points (N, blocks) uint8)
-    of a (K, N) fp32 weight: asymmetric 8-bit blocks along K, by onnxruntime's own kernel."""
+    of a (K, N) fp32 weight: 8-bit blocks along K (asymmetric, or `symmetric` around 128), by
+    onnxruntime's own kernel."""
     from onnxruntime.capi._pybind_state import quantize_matmul_8bits
 
     rows, cols = weight.shape
@@ -302,15 +304,16 @@ def quantised_weight_8bit(weight: np.ndarray, block_size: int
     packed = np.zeros((cols, blocks, block_size), np.uint8)
     zero_points = np.zeros((cols, blocks), np.uint8)
     scales = np.zeros((cols, blocks), np.float32)
-    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, rows, False)
+    quantize_matmul_8bits(packed, padded, scales, zero_points, block_size, cols, rows, symmetric)
     return packed, scales, zero_points
 
 
 def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
-                          accuracy_level: int, bits: int = 4) -> int:
+                          accuracy_level: int, bits: int = 4, symmetric: bool = False) -> int:
     """Replace each MatMul in `nodes` (constant 2-D fp32 weight) by com.microsoft MatMulNBits
-    (4 inputs: A, packed weight, scales, zero points; asymmetric), weight by weight, releasing each
-    fp32 mapping after use. Returns how many were replaced. `bits=8` writes 8-bit blocks (with
+    (4 inputs: A, packed weight, scales, zero points, asymmetric; or, `symmetric`, 3 inputs: the
+    kernel's default zero point 2^(bits-1)), weight by weight, releasing each fp32 mapping after
+    use. Returns how many were replaced. `bits=8` writes 8-bit blocks (with
     accuracy level 4 the kernel quantises the activation per token and block of K: what
     benchmarks/results/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
@@ -325,14 +328,15 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
             raise ExportError(f"{node.name}: int4 needs a constant 2-D fp32 weight")
         depth, width = array.shape
         packed, scales, zero_points = (quantised_weight_8bit if bits == 8
-                                       else quantised_weight_4bit)(array, block_size)
+                                       else quantised_weight_4bit)(array, block_size, symmetric)
         del array
         if len(w.uses()) == 1:
             release(w)
         base = node.name
-        nbits = b.node("MatMulNBits", [x, b.init(f"{base}_w_q4", packed),
-                                       b.init(f"{base}_w_scales", scales),
-                                       b.init(f"{base}_w_zero_points", zero_points)],
+        inputs = [x, b.init(f"{base}_w_q4", packed), b.init(f"{base}_w_scales", scales)]
+        if not symmetric:
+            inputs.append(b.init(f"{base}_w_zero_points", zero_points))
+        nbits = b.node("MatMulNBits", inputs,
                        f"{base}_q{bits}", domain="com.microsoft", K=depth, N=width, bits=bits,
                        block_size=block_size, accuracy_level=accuracy_level)
         _swap_in(model.graph, node, [nbits])

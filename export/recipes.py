@@ -5,8 +5,10 @@
 | int8    | int8 weights (7-bit, per column),          | the same, after SmoothQuant smoothing of the      |
 |         | one activation scale per token; one code   | norms' outputs                                    |
 |         | per weight, two when the gate refuses one  |                                                   |
-| int4    | the one-code int8 vision graph (same file) | MatMulNBits 4-bit weight-only, accuracy level 4,  |
-|         |                                            | block 16; token-embedding table stays fp32        |
+| int4    | the one-code int8 vision graph (same file) | MatMulNBits weight-only, accuracy level 4: the    |
+|         |                                            | MLP 4-bit (blocks of 16), the attention's q/k/v/o |
+|         |                                            | 8-bit (blocks of 128), the final projection and   |
+|         |                                            | the token-embedding table fp32                    |
 | fp16    | fp16 weights and weight-GEMMs, fp32 rest   | fp16 weights and weight-GEMMs, fp32 rest          |
 
 Why these choices (measured on the Qwen2-VL-2B-width benchmark model and the stress checkpoint,
@@ -51,7 +53,26 @@ see benchmarks/README.md):
   records which was written and the refused attempt's verdict (docs/variants.md).
 - int4 is for the language model, where query work is memory-bound; the vision tower is
   compute-bound, where 4 bits save nothing over int8 compute but cost accuracy, so the int4
-  variant reuses the int8 vision graph file.
+  variant reuses the int8 vision graph file. Its text graph is onnxruntime's MatMulNBits
+  (asymmetric blocks along K, activations int8 per token and block in the kernel: accuracy level
+  4) with bits per MatMul role (INT4_ROLE_BITS). Why (issue 22; benchmarks/results/
+  variants-int4-recipes-4b-2+2*.md, random weights at Qwen3-VL-4B widths, 2+2 layers, the text
+  graph against fp32's on the gate's items, worst bucket mean against the gate's 0.98): with
+  every MatMul 4-bit (the recipe until session 10) 0.9668 (the exporter refused int4 there,
+  mean 0.97812), while at Qwen2-VL-2B widths it had held at 0.9855. The error is the 4-bit
+  weights': one MatMul's output is off by ~7% of its norm with blocks of 16 (8% / 9% / 10% with
+  blocks of 32 / 64 / 128; symmetric blocks worse), 8-bit blocks ~0.5% (results/
+  variants-int4-weight-error.md), and the activations' int8 in the kernel adds nothing measurable (accuracy level 0: 0.98849 against 0.98826, queries
+  1.7x slower). The roles' losses add up (one role 4-bit, the rest fp32, 1 - worst bucket mean:
+  v_proj 0.0070, o_proj 0.0069, gate 0.0040, up 0.0038, down 0.0036, q_proj 0.0032 for 2 layers;
+  their sum 0.0285 of the whole 0.0332), so per weight the attention's projections cost ~3x the
+  MLP's: attention 8-bit + the final projection fp32 gives 0.98826 (mean 0.99186, min 0.9850),
+  at 8.3 bits a weight for a quarter of each layer's weights (blocks of 128; blocks of 16,
+  10.5 bits, 0.98840). The down projection 8-bit as well: 0.99165 (more margin, 92 MB a layer).
+  Per 4B layer: 86 MB (the all-4-bit recipe 79 MB, int8 101 MB); the fp32 token-embedding table
+  (1.56 GB at 4B) is in every variant.
+  Depth: not measured at 4B widths (at 2+2 the margin is 0.0083; docs/variants.md, "int4 at
+  depth").
 - fp16 targets DirectML: fp16 weights (half the bytes) and fp16 weight-GEMMs (the bulk of the
   work); norms, softmax, activations, residual adds, rotary tables, attention scores and the
   final projection + L2 normalisation stay fp32, with one Cast into and one out of each GEMM
@@ -100,11 +121,22 @@ INT8_VISION_ATTENTION = False
 OUTLIER_RATIO = 8.0
 OUTLIER_MIN_CAP = 4
 OUTLIER_CAP_DIVISOR = 64
-# Block 16 with the token-embedding table left fp32: on the realistic-width 2+2-layer model the
-# mean/min per-token cosine to fp32 was 0.9814/0.920 with block 32 + 4-bit embeddings, 0.9835/0.940
-# with fp32 embeddings, 0.9855/0.944 with block 16; the gate is 0.98 mean, so take the margin.
+# The 4-bit blocks: 16 (MatMulNBits' smallest) with the token-embedding table left fp32: on the
+# Qwen2-VL-2B-width 2+2-layer model, every MatMul 4-bit, the mean/min per-token cosine to fp32 was
+# 0.9814/0.920 with block 32 + 4-bit embeddings, 0.9835/0.940 with fp32 embeddings, 0.9855/0.944
+# with block 16. Which MatMuls are 4-bit: INT4_ROLE_BITS below (the module docstring).
 INT4_BLOCK_SIZE = 16
 INT4_ACCURACY_LEVEL = 4  # int8 activations in the MatMulNBits kernel (VNNI), weights 4-bit
+INT4_SYMMETRIC = False  # asymmetric blocks: a scale and a zero point per block
+INT4_DEFAULT_BITS = 4
+# (module-path fragment, bits) per MatMul role, the first fragment found wins; 8: MatMulNBits
+# 8-bit blocks; 32: left fp32; any other MatMul INT4_DEFAULT_BITS. The final 320-dim projection
+# (0.8M weights, straight into the L2 normalisation) stays fp32; the attention projections
+# (q, k, v, o: a quarter of a layer's weights, half its 4-bit error) are 8-bit; the MLP 4-bit.
+INT4_ROLE_BITS: tuple[tuple[str, int], ...] = (("projection", 32), ("self_attn", 8))
+# Block size of the 8-bit roles: 8.3 bits a weight with the scales (blocks of 16: 10.5); on the
+# 4B-width 2+2 model the same fidelity as blocks of 16 (worst bucket 0.98826 against 0.98840).
+INT4_BLOCK_SIZE_8BIT = 128
 # Module-path fragments (torch exporter name scopes) whose weight-GEMMs stay fp32 in fp16: the
 # final projection feeds the L2 normalisation and is tiny.
 FP16_KEEP_SCOPES = ("projection",)
@@ -349,18 +381,37 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                    "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()}}
 
 
+def int4_bits(path: str, role_bits: Sequence[tuple[str, int]] = ()) -> int:
+    """The bits of the MatMul at module `path` under `role_bits` ((fragment, bits) pairs, the
+    first fragment found in the path wins; none: INT4_DEFAULT_BITS). 32: left an fp32 MatMul."""
+    return next((bits for fragment, bits in role_bits if fragment in path), INT4_DEFAULT_BITS)
+
+
 def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
-                  accuracy_level: int = INT4_ACCURACY_LEVEL) -> Any:
-    """4-bit weight-only MatMulNBits, asymmetric (4 inputs: A, B, scales, zero points), every
+                  accuracy_level: int = INT4_ACCURACY_LEVEL, symmetric: bool = INT4_SYMMETRIC,
+                  role_bits: Sequence[tuple[str, int]] = INT4_ROLE_BITS,
+                  block_size_8bit: int = INT4_BLOCK_SIZE_8BIT) -> Any:
+    """MatMulNBits weight-only blocks (4 or 8 bits per MatMul by `role_bits`, or left fp32), every
     MatMul with a constant 2-D weight; written weight by weight from the memory-mapped fp32 graph
-    (quantise.quantise_int4_matmuls) by onnxruntime's own 4-bit kernel."""
+    (quantise.quantise_int4_matmuls) by onnxruntime's own block quantiser. The defaults are the
+    recipe (the module docstring says why); benchmarks/variants_fidelity.py --int4 and
+    variants_int4_recipes.py measure others."""
     import onnx_ir as ir
 
+    from .graph_edits import module_path
     from .quantise import quantise_int4_matmuls
 
     model = ir.load(src)
-    quantise_int4_matmuls(model, weight_matmuls(model), block_size=block_size,
-                          accuracy_level=accuracy_level)
+    groups: dict[int, list[Any]] = {}
+    for node in weight_matmuls(model):
+        groups.setdefault(int4_bits(module_path(node), role_bits), []).append(node)
+    unknown = sorted(set(groups) - {4, 8, 32})
+    if unknown:
+        raise ExportError(f"int4 recipe: bits {unknown} in role_bits {list(role_bits)}; "
+                          "known: 4, 8 (MatMulNBits) and 32 (fp32)")
+    for bits, block in ((4, block_size), (8, block_size_8bit)):
+        quantise_int4_matmuls(model, groups.get(bits, []), block_size=block,
+                              accuracy_level=accuracy_level, bits=bits, symmetric=symmetric)
     return model
 
 

@@ -39,6 +39,9 @@ PARTS = {
     # search_large.py measures the large stores bench_index.py --long-run builds, with its store
     # helpers (index_stores): the same job, run as a second command
     "bench_index": {"index_stores", "index_ingest", "index_report", "index_long", "search_large"},
+    # variants_int4_recipes.py measures int4 text-graph arms on variants_fidelity.py's checkpoints
+    # (its `build`), and variants_fidelity.py --int4 takes the arms' knob syntax (`parse_arm`)
+    "variants_fidelity": {"variants_int4_recipes"},
 }
 
 

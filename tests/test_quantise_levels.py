@@ -127,6 +127,30 @@ def test_8bit_block_writer_runs_in_matmulnbits():
     assert cos.min() > 0.9999, cos
 
 
+@pytest.mark.parametrize("bits,block", [(4, 16), (8, 128)])
+def test_symmetric_blocks_run_without_zero_points(bits, block):
+    """quantise_int4_matmuls(symmetric=True) writes MatMulNBits with 3 inputs (the kernel's default
+    zero point): onnxruntime runs it, the product is the fp32 one to the format's precision, and
+    the asymmetric blocks of the same weight are the closer (recipes.INT4_SYMMETRIC is False)."""
+    import onnx_ir as ir
+
+    rng = np.random.default_rng(4)
+    weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
+    x = rng.standard_normal((5, 256)).astype(np.float32)
+    want = x.astype(np.float64) @ weight.astype(np.float64)
+    errors = {}
+    for symmetric in (True, False):
+        model = _single_matmul(weight)
+        Q.quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],
+                                block_size=block, accuracy_level=4, bits=bits, symmetric=symmetric)
+        (node,) = list(model.graph)
+        assert node.op_type == "MatMulNBits" and len(node.inputs) == (3 if symmetric else 4)
+        got = _session(ir.to_proto(model)).run(None, {"x": x})[0].astype(np.float64)
+        errors[symmetric] = np.linalg.norm(got - want) / np.linalg.norm(want)
+    assert errors[True] < (0.12 if bits == 4 else 0.02), errors
+    assert errors[False] < errors[True], errors
+
+
 def test_two_weight_codes_stay_in_the_exact_range_and_refine_the_weight():
     """Each pass's codes stay within the peak the AVX2 pair sums allow (the integer kernels see
     only such codes, test above), and the second pass cuts the weight's rounding error by about

@@ -86,14 +86,45 @@ def test_int8_is_dynamic_per_channel_signed(exported_variants):
         assert zero_point.shape == (weight.dims[1],)  # one per output channel
 
 
-def test_int4_is_matmulnbits_accuracy_level_4(exported_variants):
-    model = _load_proto(exported_variants.folder, "text.int4.onnx")
-    nbits = [n for n in model.graph.node if n.op_type == "MatMulNBits"]
-    assert nbits
-    for node in nbits:
-        attrs = {a.name: a.i for a in node.attribute}
-        assert attrs["bits"] == 4 and attrs["accuracy_level"] == R.INT4_ACCURACY_LEVEL
-        assert attrs["block_size"] == R.INT4_BLOCK_SIZE
+def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
+    """Each weight-MatMul of the fp32 text graph is, in text.int4.onnx, what recipes.INT4_ROLE_BITS
+    gives its module path (MatMulNBits of 4 or 8 bits, or the fp32 MatMul), every MatMulNBits
+    with the recipe's block size, accuracy level and zero points; and the knobs are the ones
+    recipes.py's docstring states and benchmarks/results/variants-int4-recipes*.md measured (a
+    change to a knob fails here until the docstring, docs/variants.md and this test follow)."""
+    import onnx_ir as ir
+
+    assert (R.INT4_BLOCK_SIZE, R.INT4_ACCURACY_LEVEL, R.INT4_SYMMETRIC) == (16, 4, False)
+    assert R.INT4_DEFAULT_BITS == 4 and R.INT4_BLOCK_SIZE_8BIT == 128
+    assert R.INT4_ROLE_BITS == (("projection", 32), ("self_attn", 8))
+
+    folder = exported_variants.folder
+    fp32 = ir.load(folder / "text.onnx")
+    int4 = ir.load(folder / "text.int4.onnx")
+    nodes = {n.name: n for n in int4.graph}
+    seen = {4: 0, 8: 0, 32: 0}
+    for matmul in R.weight_matmuls(fp32):
+        bits = R.int4_bits(G.module_path(matmul), R.INT4_ROLE_BITS)
+        seen[bits] += 1
+        if bits == 32:
+            assert nodes[matmul.name].op_type == "MatMul", G.module_path(matmul)
+            continue
+        node = nodes[f"{matmul.name}_q{bits}"]
+        attrs = {k: a.value for k, a in node.attributes.items()}
+        assert node.op_type == "MatMulNBits" and attrs["bits"] == bits, G.module_path(matmul)
+        assert attrs["block_size"] == (R.INT4_BLOCK_SIZE if bits == 4 else R.INT4_BLOCK_SIZE_8BIT)
+        assert attrs["accuracy_level"] == R.INT4_ACCURACY_LEVEL
+        assert len(node.inputs) == (3 if R.INT4_SYMMETRIC else 4)  # zero points when asymmetric
+    assert seen[4] and seen[8] and seen[32]  # the tiny fixture has every role
+    assert sum(n.op_type == "MatMulNBits" for n in int4.graph) == seen[4] + seen[8]
+
+
+def test_int4_role_bits_pick_the_first_fragment_found():
+    rules = (("projection", 32), ("mlp.down_proj", 8))
+    assert R.int4_bits("language_model.layers.3.mlp.down_proj", rules) == 8
+    assert R.int4_bits("projection", rules) == 32
+    assert R.int4_bits("language_model.layers.3.mlp.up_proj", rules) == R.INT4_DEFAULT_BITS
+    assert R.int4_bits("language_model.layers.3.mlp.up_proj", (("", 8),)) == 8
 
 
 @pytest.mark.parametrize("role", ["vision", "text"])
@@ -371,7 +402,7 @@ def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
                                quant_axes=(("MatMul", 0),))
     old.process()
     old_model = ir.from_proto(old.model.model)
-    new_model = R.quantize_int4(src)
+    new_model = R.quantize_int4(src, role_bits=(), symmetric=False)  # the writer, every MatMul
 
     def nbits(model):
         found = {}
