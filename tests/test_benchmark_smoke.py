@@ -49,7 +49,9 @@ def test_the_store_jobs_feed_the_report(bench, tmp_path, monkeypatch):
     by_backend = {b: {**build, **stores.worker_query(b, pages, folder, data)}
                   for b in stores.EDGE_BACKENDS}
     quality = by_backend["edge-two-stage"]
-    assert quality["needle_at_10"] == {b: 1.0 for b in stores.EDGE_BACKENDS}
+    # a new folder (schema 3) has no rows / cols: the plans reading them are skipped
+    ran = {b for b in stores.EDGE_BACKENDS if b not in ("edge-mean-gated", "edge-previous")}
+    assert quality["needle_at_10"] == {b: 1.0 for b in ran}
     assert quality["score_max_abs_diff_vs_numpy"] < 1e-2  # float16 storage
     by_backend["numpy"] = stores.worker_numpy(pages)
     table = report.markdown({"machine": machine_info(), "load_before": [0.0], "load_after": [0.0],

@@ -19,6 +19,7 @@ import pytest
 from PIL import Image
 
 import colembed
+from colembed.index.schema import SCHEMA_VERSION
 from index_docs import bad_folder, good_folder, page, write_pdf
 
 pytest.importorskip("fastapi")
@@ -85,7 +86,7 @@ def test_healthz_info_and_openapi(served, small_model):
     assert (info["model"], info["variant"], info["dim"]) == (small_model.name, "fp32",
                                                              small_model.embedding_size)
     assert info["pages"] == sum(DOCS.values()) == len(index)
-    assert info["schema"] == 2 and info["roots"] == ["docs"] and info["indexing"] is True
+    assert info["schema"] == SCHEMA_VERSION and info["roots"] == ["docs"] and info["indexing"] is True
     schema = client.get("/openapi.json").json()
     assert {"/v1/embed/queries", "/v1/embed/images", "/v1/search", "/v1/index",
             "/v1/jobs/{job_id}", "/v1/pages/{page_id}/image", "/v1/pages/{page_id}/map",

@@ -96,7 +96,8 @@ def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
 
     assert (R.INT4_BLOCK_SIZE, R.INT4_ACCURACY_LEVEL, R.INT4_SYMMETRIC) == (16, 4, False)
     assert R.INT4_DEFAULT_BITS == 4 and R.INT4_BLOCK_SIZE_8BIT == 128
-    assert R.INT4_ROLE_BITS == (("projection", 32), ("self_attn", 8))
+    assert R.INT4_ROLE_BITS == ()  # every weight-MatMul 4-bit: DirectML runs only 4-bit
+    assert R.INT4_MEASURED_ROLE_BITS == (("projection", 32), ("self_attn", 8))
 
     folder = exported_variants.folder
     fp32 = ir.load(folder / "text.onnx")
@@ -115,7 +116,7 @@ def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
         assert attrs["block_size"] == (R.INT4_BLOCK_SIZE if bits == 4 else R.INT4_BLOCK_SIZE_8BIT)
         assert attrs["accuracy_level"] == R.INT4_ACCURACY_LEVEL
         assert len(node.inputs) == (3 if R.INT4_SYMMETRIC else 4)  # zero points when asymmetric
-    assert seen[4] and seen[8] and seen[32]  # the tiny fixture has every role
+    assert seen[4] and not seen[8] and not seen[32]  # the default: all 4-bit
     assert sum(n.op_type == "MatMulNBits" for n in int4.graph) == seen[4] + seen[8]
 
 
