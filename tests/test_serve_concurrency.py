@@ -108,7 +108,12 @@ def test_healthz_answers_while_a_long_search_runs(tmp_path, small_model):
     assert longest < took / 2, (longest, took, len(healthz))
 
 
-def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model):
+def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model, monkeypatch):
+    """The job's render of big.pdf page 2 is held inside pdfium (in this process) until the page
+    image has come: the image cannot wait on the job's renderer. Ordered by events, not by how
+    fast 40 tiny pages embed (they can all be stored before a racing request is answered)."""
+    from colembed.index import sources
+
     docs = tmp_path / "docs"
     docs.mkdir()
     write_pdf(docs / "small.pdf", ["small"])
@@ -116,22 +121,35 @@ def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model)
     index.add([docs / "small.pdf"], progress=False)
     [hit] = index.search("small", k=1)
     write_pdf(docs / "big.pdf", [f"big page {i}" for i in range(40)])
+    rendering, release = threading.Event(), threading.Event()
+    real_render = sources.Document.render
+
+    def held_render(self, page, size=None):  # the job's thread, mid-document
+        if self.path.name == "big.pdf" and page == 2:
+            rendering.set()
+            release.wait(300)
+        return real_render(self, page, size)
+
+    monkeypatch.setattr(sources.Document, "render", held_render)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
+    answers = {}
     with TestClient(create_app(index, settings)) as client:
         assert client.get(f"/v1/pages/{hit.id}/image").status_code == 200  # a warm renderer
         job_id = client.post("/v1/index", json={"paths": ["big.pdf"]}).json()["id"]
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            job = client.get(f"/v1/jobs/{job_id}").json()
-            if job["state"] != "queued":
-                break
-            time.sleep(0.01)
-        image = client.get(f"/v1/pages/{hit.id}/image")
-        during = client.get(f"/v1/jobs/{job_id}").json()
+        try:
+            assert rendering.wait(120), client.get(f"/v1/jobs/{job_id}").json()
+            fetch = threading.Thread(target=lambda: answers.update(
+                image=client.get(f"/v1/pages/{hit.id}/image")))
+            fetch.start()
+            fetch.join(120)  # a page image behind the job's renderer would never come
+            answers["during"] = client.get(f"/v1/jobs/{job_id}").json()
+        finally:
+            release.set()
         done = wait_job(client, job_id, headers={})
     index.close()
+    assert "image" in answers, "no page image while the job's render was held"
+    image, during = answers["image"], answers["during"]
     assert image.status_code == 200 and image.headers["content-type"] == "image/png"
-    # the image came while the job was still rendering and embedding the big PDF
     assert during["state"] == "running" and during["pages_stored"] < 40, during
     assert done["state"] == "done" and done["pages_added"] == 40
 
