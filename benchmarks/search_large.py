@@ -4,7 +4,8 @@ Edge exact scan.
     # the stores: bench_index.py --long-run FOLDER --pages N --set local [--pool-factor F]
     .venv/bin/python benchmarks/search_large.py --store FOLDER [--store FOLDER2] \
         --build benchmarks/results/index-long-100k.json [--build ...] --exact-only   # not timed
-    flock /work/wt/bigmem.lock .venv/bin/python benchmarks/search_large.py --store ... --build ...
+    flock /work/wt/bigmem.lock .venv/bin/python benchmarks/search_large.py --store ... --build ... \
+        [--cold]   # drop each store's files from the page cache first: new queries read the disk
 
 Per store (each step in a fresh process: peak RSS and reopen are per process): the reopen, the
 first query after it, the default two-stage plan's p50 / p90 for 1 query and for batches of 16
@@ -249,6 +250,47 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
             "budgets": budgets, "tops": plans}
 
 
+# ---------------------------------------------------------------------------- the page cache
+def page_cache(folder: Path, evict: bool = False) -> dict:
+    """Bytes of `folder`'s files and how many of them sit in the page cache (mincore over a
+    read-only map of each file); with `evict`, first drop those pages (posix_fadvise DONTNEED:
+    no root needed, unlike /proc/sys/vm/drop_caches, and only this folder's files). A page still
+    mapped by a running process stays: call it with no process holding the store open.
+
+    Why: a store built or searched a minute ago is in RAM on a 24 GiB machine (the schema-3 pooled
+    store is 7.4 GiB), so a "fresh process" alone measures warm queries; a user's first search
+    after a reboot, or after other work filled the cache, reads the candidates' vectors from disk."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
+    total = resident = 0
+    for path in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+        size = path.stat().st_size
+        if size == 0:
+            continue
+        with open(path, "rb") as f:
+            if evict:
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+            address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+            if address in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), f"cannot map {path}")
+            try:
+                vec = (ctypes.c_ubyte * ((size + mmap.PAGESIZE - 1) // mmap.PAGESIZE))()
+                if libc.mincore(address, size, vec) != 0:
+                    raise OSError(ctypes.get_errno(), f"mincore failed on {path}")
+            finally:
+                libc.munmap(address, size)
+        total += size
+        resident += min(size, sum(v & 1 for v in bytes(vec)) * mmap.PAGESIZE)
+    return {"bytes": total, "resident_bytes": resident}
+
+
 # ----------------------------------------------------------------------------------- driver
 def _run(job: str, folder: Path, pages: int, extra: dict | None = None) -> dict:
     """One job in a fresh interpreter; `extra` is handed over through a file (the exact lists)."""
@@ -290,7 +332,7 @@ def _pool_factor_of(folder: Path) -> int:
 
 
 def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int, exact_only: bool,
-            check: bool) -> dict:
+            check: bool, cold: bool = False) -> dict:
     from index_stores import EDGE_EXACT_MAX_PAGES
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -340,11 +382,34 @@ def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int
 
         entry["disk_mib"] = disk_mib(folder)
         if not exact_only:
+            if cold:  # no process holds the store now: its pages can all be dropped
+                entry["page_cache"] = {"before": page_cache(folder),
+                                       "after_evict": page_cache(folder, evict=True)}
             entry.update(_run("query", folder, n, {"exact": own, "reference": references[n]}))
             Path(f"{folder}.job-input.json").unlink(missing_ok=True)
         out["stores"][name] = entry
         print(name, {k: v for k, v in entry.items() if k != "tops"}, file=sys.stderr, flush=True)
     return out
+
+
+def _how_to_read(r: dict) -> list[str]:
+    caches = {name: s["page_cache"] for name, s in r["stores"].items() if s.get("page_cache")}
+    if caches:
+        held = "; ".join(f"{name}: {c['before']['resident_bytes'] / 2**30:.2f} of "
+                         f"{c['before']['bytes'] / 2**30:.2f} GiB in the page cache, "
+                         f"{c['after_evict']['resident_bytes'] / 2**30:.2f} GiB after the drop"
+                         for name, c in caches.items())
+        start = ("How to read the times (--cold): before the fresh process opened a store, its "
+                 "files were dropped from the page cache (posix_fadvise DONTNEED, checked with "
+                 f"mincore: {held}), as after a reboot; ")
+    else:
+        start = ("How to read the times: the store is opened in a fresh process after the other "
+                 "store's run, so its vectors are mostly not in the page cache (not checked: a "
+                 "store built or searched just before is mostly cached); ")
+    return [start + "each timed query (`index_stores._timed_queries`: 15 single queries, then 2 "
+            "batches of 16) is one it has not run before, so the pages it reranks are read from "
+            "disk (cold); the parts line and the budget table re-run queries already run (warm: "
+            "their pages cached)."]
 
 
 def markdown(r: dict) -> str:
@@ -356,12 +421,7 @@ def markdown(r: dict) -> str:
              "in numpy (search_large.py says how), not by Edge's exact scan; the default plan "
              "(two-stage: the token stage + the mean vector, union reranked by exact MaxSim in "
              "Edge) and the mean-gated plan (what a Qdrant server runs) are Edge's.", "",
-             "How to read the times: the store is opened in a fresh process after the other "
-             "store's run, so its vectors are mostly not in the page cache; each timed query "
-             "(`index_stores._timed_queries`: 15 single queries, then 2 batches of 16) is one it "
-             "has not run before, so the pages it reranks are read from disk (cold); the parts "
-             "line and the budget table re-run queries already run (warm: their pages cached).",
-             ""]
+             *_how_to_read(r), ""]
     stores = r["stores"]
     lines += ["| store | pages | pool factor | build s (pages/s) | disk GiB | build peak RSS MiB "
               "| reopen s | first query ms | 1 query p50 / p90 ms | 16 queries p50 / p90 ms | "
@@ -436,6 +496,9 @@ def main() -> None:
     parser.add_argument("--reference", type=int, metavar="PAGES",
                         help="only compute and cache the generated (unpooled) exact of PAGES pages "
                              "(no store needed: can run while the stores are being built)")
+    parser.add_argument("--cold", action="store_true",
+                        help="drop each store's files from the page cache before its query job "
+                             "(posix_fadvise; reported with mincore), so new queries read disk")
     parser.add_argument("--out", default="search-large")
     parser.add_argument("--note", default="")
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -461,7 +524,7 @@ def main() -> None:
     results = {"machine": machine_info(), "load_before": load_average(), "title": args.out,
                "note": args.note}
     results.update(measure(args.store, args.build, args.scratch, args.workers, args.exact_only,
-                           args.check))
+                           args.check, args.cold))
     results["load_after"] = load_average()
     if args.exact_only:
         print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1)[:3000])
