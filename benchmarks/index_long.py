@@ -231,7 +231,8 @@ def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) 
 
 
 def long_markdown(r: dict) -> str:
-    lines = [f"# Long index run: {r['pages']:,} pages ({r['set']} set), killed and resumed", "",
+    how = "killed and resumed" if r["kills"] else "one uninterrupted build"
+    lines = [f"# Long index run: {r['pages']:,} pages ({r['set']} set), {how}", "",
              markdown_header(r["machine"]), "",
              f"Load average before / after: {r['load_before']} / {r['load_after']} on "
              f"{os.cpu_count()} cores" + load_caveat(r), "",
@@ -255,9 +256,12 @@ def long_markdown(r: dict) -> str:
              f"{r['final_leg']['write_s']:.0f} s. Peak disk during the build "
              f"{r['peak_disk_mib']:.0f} MiB, final {r['final_disk_mib']:.0f} MiB "
              f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).", ""]
-    lines += ["| cadence | killed at pages | unflushed pages then | log left MB | open after "
-              "kill s | clean open, same pages s | difference s | pages after reopen | first query ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    if r["kills"]:
+        lines += ["| cadence | killed at pages | unflushed pages then | log left MB | open after "
+                  "kill s | clean open, same pages s | difference s | pages after reopen | "
+                  "first query ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    else:
+        lines += ["No kill points were asked for (`--kill-at`): the build ran once to the end."]
     for k in r["kills"]:
         unflushed = k["killed_at"]["unflushed"]  # None: a kill made by hand (writer unseen)
         lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | "
