@@ -5,7 +5,8 @@ for its (domain, op, since-version) with the node's tensor types; anything else 
 CPU, copying tensors across for every such node. `directml_problems` lists every node of a graph
 that would not be placed, plus the graph-level conditions DirectML needs (graphs.md, seed 002):
 default-domain opset <= `MAX_OPSET`, no `Reshape(allowzero=1)` (DirectML rejects the whole graph
-at session start), and MatMulNBits in the 4-input asymmetric 4-bit form DirectML's kernel takes.
+at session start), and nodes whose attributes or inputs DirectML's kernel checks beyond their types
+(`node_rules` in the data file: MatMulNBits with 4- or 8-bit blocks, zero points, whole blocks).
 
 The kernel list is data (`data/directml_kernels.json`), with its source and version recorded.
 Limits: types are checked against the union of an op's type constraints, not per constraint; an
@@ -131,12 +132,39 @@ def unsupported(uses: list[NodeUse]) -> list[str]:
             for (d, op, since, t), node in sorted(missing.items())]
 
 
+def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any]) -> list[str]:
+    """What keeps `node` off DirectML under its op's `node_rules` entry (none: no such rule):
+    the kernel's own support query and constructor check attributes and inputs that the type
+    table cannot show (the data file's rule records which source says so)."""
+    rule = rules.get(f"{node.domain or 'ai.onnx'}:{node.op_type}")
+    if rule is None:
+        return []
+    problems = []
+    name = f"{node.op_type} {node.name!r}"
+    if "bits" in rule:
+        bits = attrs["bits"].i if "bits" in attrs else 4
+        if bits not in rule["bits"]:
+            problems.append(f"{name}: {bits} bits; DirectML's kernel takes {rule['bits']}")
+    if "inputs" in rule:
+        given = list(node.input)
+        if len(given) != len(rule["inputs"]) or not all(given):
+            problems.append(f"{name}: inputs {given}; DirectML's kernel takes exactly "
+                            f"{', '.join(rule['inputs'])}")
+    if rule.get("k_multiple_of_block"):
+        k, block = attrs["K"].i, attrs["block_size"].i
+        if k % block:
+            problems.append(f"{name}: K {k} is not a whole number of blocks of {block} "
+                            "(DirectML's kernel takes whole blocks only)")
+    return problems
+
+
 def directml_problems(path: str | Path) -> list[str]:
     """Everything that keeps the graph at `path` (or some of its nodes) off DirectML."""
     import onnx
 
     model = onnx.load(str(path), load_external_data=False)
     problems = []
+    rules = kernel_table().get("node_rules", {})
     opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
     if opset > MAX_OPSET:
         problems.append(f"default-domain opset {opset} > {MAX_OPSET}")
@@ -144,10 +172,5 @@ def directml_problems(path: str | Path) -> list[str]:
         attrs = {a.name: a for a in node.attribute}
         if node.op_type == "Reshape" and "allowzero" in attrs and attrs["allowzero"].i == 1:
             problems.append(f"Reshape {node.name!r} has allowzero=1 (DirectML rejects the graph)")
-        if node.op_type == "MatMulNBits":
-            inputs = [n for n in node.input]
-            bits = attrs["bits"].i if "bits" in attrs else 4
-            if bits != 4 or len(inputs) != 4 or not inputs[3]:
-                problems.append(f"MatMulNBits {node.name!r}: {bits} bits, inputs {inputs}; DirectML "
-                                "takes 4-bit A, B, scales, zero_points (asymmetric), no g_idx/bias")
+        problems += node_rule_problems(node, attrs, rules)
     return problems + unsupported(graph_uses(model))

@@ -66,8 +66,8 @@ see benchmarks/README.md):
   1.7x slower). The roles' losses add up (one role 4-bit, the rest fp32, 1 - worst bucket mean:
   v_proj 0.0070, o_proj 0.0069, gate 0.0040, up 0.0038, down 0.0036, q_proj 0.0032 for 2 layers;
   their sum 0.0285 of the whole 0.0332), so per weight the attention's projections cost ~3x the
-  MLP's: attention 8-bit + the final projection fp32 (INT4_MEASURED_ROLE_BITS, not the
-  default: DirectML's MatMulNBits is 4-bit only, below) gives 0.98826 (mean 0.99186, min 0.9850),
+  MLP's: attention 8-bit + the final projection fp32 (INT4_ROLE_BITS, the recipe) gives
+  0.98826 (mean 0.99186, min 0.9850),
   at 8.3 bits a weight for a quarter of each layer's weights (blocks of 128; blocks of 16,
   10.5 bits, 0.98840). The down projection 8-bit as well: 0.99165 (more margin, 92 MB a layer).
   Per 4B layer: 86 MB (the all-4-bit recipe 79 MB, int8 101 MB); the fp32 token-embedding table
@@ -133,15 +133,10 @@ INT4_DEFAULT_BITS = 4
 # (module-path fragment, bits) per MatMul role, the first fragment found wins; 8: MatMulNBits
 # 8-bit blocks; 32: left fp32; any other MatMul INT4_DEFAULT_BITS. The final 320-dim projection
 # (0.8M weights, straight into the L2 normalisation) stays fp32; the attention projections
-# (q, k, v, o: a quarter of a layer's weights, half its 4-bit error) are 8-bit; the MLP 4-bit.
-# NOT ADOPTED as the default (session 10): the measured recipe above, (("projection", 32),
-# ("self_attn", 8)), holds the gate at 4B widths, but DirectML's MatMulNBits takes 4-bit weights
-# only (directml.py; tests/test_directml.py refused the 8-bit nodes) and int4 is a DirectML
-# variant too. So the default stays every weight-MatMul 4-bit (the recipe until session 10: the
-# 4B's int4 is refused by its gate); `variants_int4_recipes.py` / `variants_fidelity.py --int4`
-# write the measured recipe. Adopting it needs its attention 8-bit in a form DirectML runs.
-INT4_ROLE_BITS: tuple[tuple[str, int], ...] = ()
-INT4_MEASURED_ROLE_BITS: tuple[tuple[str, int], ...] = (("projection", 32), ("self_attn", 8))
+# (q, k, v, o: a quarter of a layer's weights, half its 4-bit error) are 8-bit; the MLP 4-bit
+# (the module docstring's measurements). DirectML runs it: its MatMulNBits kernel takes 4- and
+# 8-bit blocks alike (export/data/directml_kernels.json, node_rules; tests/test_directml.py).
+INT4_ROLE_BITS: tuple[tuple[str, int], ...] = (("projection", 32), ("self_attn", 8))
 # Block size of the 8-bit roles: 8.3 bits a weight with the scales (blocks of 16: 10.5); on the
 # 4B-width 2+2 model the same fidelity as blocks of 16 (worst bucket 0.98826 against 0.98840).
 INT4_BLOCK_SIZE_8BIT = 128
@@ -418,9 +413,24 @@ def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
         raise ExportError(f"int4 recipe: bits {unknown} in role_bits {list(role_bits)}; "
                           "known: 4, 8 (MatMulNBits) and 32 (fp32)")
     for bits, block in ((4, block_size), (8, block_size_8bit)):
-        quantise_int4_matmuls(model, groups.get(bits, []), block_size=block,
-                              accuracy_level=accuracy_level, bits=bits, symmetric=symmetric)
+        by_block: dict[int, list[Any]] = {}
+        for node in groups.get(bits, []):
+            depth = node.inputs[1].shape[0]
+            by_block.setdefault(fitting_block(int(depth), block), []).append(node)
+        for fitted, nodes in sorted(by_block.items()):
+            quantise_int4_matmuls(model, nodes, block_size=fitted,
+                                  accuracy_level=accuracy_level, bits=bits, symmetric=symmetric)
     return model
+
+
+def fitting_block(depth: int, block: int, smallest: int = 16) -> int:
+    """`block` halved until it divides the weight's depth K (not below `smallest`, MatMulNBits'
+    smallest block): a padded last block is a form DirectML's kernel refuses (it takes whole
+    blocks only, directml_kernels.json node_rules), and no real width needs one (Qwen widths are
+    multiples of 128); narrow test widths do."""
+    while depth % block and block > smallest:
+        block //= 2
+    return block
 
 
 def convert_fp16(src: Path, calibration: Sequence[dict[str, Any]] | None, *,

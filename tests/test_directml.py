@@ -54,6 +54,37 @@ def test_int4_uses_the_four_input_asymmetric_matmulnbits(folder):
     assert nbits
     for node in nbits:
         assert len(node.input) == 4 and inits[node.input[3]].data_type == onnx.TensorProto.UINT8
+    bits = {a.i for n in nbits for a in n.attribute if a.name == "bits"}
+    assert bits == {4, 8}  # the recipe's MLP 4-bit and attention 8-bit, both DirectML's
+
+
+def test_the_matmulnbits_rule_is_data_with_its_source():
+    rule = D.kernel_table()["node_rules"]["com.microsoft:MatMulNBits"]
+    assert rule["bits"] == [4, 8] and rule["inputs"] == ["A", "B", "scales", "zero_points"]
+    assert rule["k_multiple_of_block"] and "DmlOperatorMatMulNBits.cpp" in rule["source"]
+
+
+@pytest.mark.parametrize("edit, said", [
+    ({"bits": 2}, "2 bits"),
+    ({"drop_zero_points": True}, "takes exactly A, B, scales, zero_points"),
+    ({"block_size": 48}, "not a whole number of blocks of 48"),
+])
+def test_a_matmulnbits_form_directml_refuses_fails_the_check(folder, tmp_path, edit, said):
+    """One int4 MatMulNBits node edited into a form DirectML's kernel does not take (other bits,
+    no zero points, a padded last block) is named by the check; the unedited graph passes (above)."""
+    import onnx
+
+    model = onnx.load(str(folder / "text.int4.onnx"))
+    node = next(n for n in model.graph.node if n.op_type == "MatMulNBits")
+    for attr in node.attribute:
+        if attr.name in edit:
+            attr.i = edit[attr.name]
+    if edit.get("drop_zero_points"):
+        del node.input[3]
+    path = tmp_path / "edited.onnx"
+    onnx.save(model, str(path))
+    problems = [p for p in D.directml_problems(path) if node.name in p]
+    assert len(problems) == 1 and said in problems[0], problems
 
 
 def _with_node(folder, tmp_path, make_node, opset=None):

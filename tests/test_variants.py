@@ -96,8 +96,7 @@ def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
 
     assert (R.INT4_BLOCK_SIZE, R.INT4_ACCURACY_LEVEL, R.INT4_SYMMETRIC) == (16, 4, False)
     assert R.INT4_DEFAULT_BITS == 4 and R.INT4_BLOCK_SIZE_8BIT == 128
-    assert R.INT4_ROLE_BITS == ()  # every weight-MatMul 4-bit: DirectML runs only 4-bit
-    assert R.INT4_MEASURED_ROLE_BITS == (("projection", 32), ("self_attn", 8))
+    assert R.INT4_ROLE_BITS == (("projection", 32), ("self_attn", 8))
 
     folder = exported_variants.folder
     fp32 = ir.load(folder / "text.onnx")
@@ -113,11 +112,19 @@ def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
         node = nodes[f"{matmul.name}_q{bits}"]
         attrs = {k: a.value for k, a in node.attributes.items()}
         assert node.op_type == "MatMulNBits" and attrs["bits"] == bits, G.module_path(matmul)
-        assert attrs["block_size"] == (R.INT4_BLOCK_SIZE if bits == 4 else R.INT4_BLOCK_SIZE_8BIT)
+        block = R.INT4_BLOCK_SIZE if bits == 4 else R.INT4_BLOCK_SIZE_8BIT
+        assert attrs["block_size"] == R.fitting_block(attrs["K"], block)
+        assert attrs["K"] % attrs["block_size"] == 0  # whole blocks (DirectML takes no others)
         assert attrs["accuracy_level"] == R.INT4_ACCURACY_LEVEL
         assert len(node.inputs) == (3 if R.INT4_SYMMETRIC else 4)  # zero points when asymmetric
-    assert seen[4] and not seen[8] and not seen[32]  # the default: all 4-bit
+    assert seen[4] and seen[8] and seen[32]  # MLP 4-bit, attention 8-bit, the projection fp32
     assert sum(n.op_type == "MatMulNBits" for n in int4.graph) == seen[4] + seen[8]
+
+
+def test_fitting_block_halves_to_a_whole_number_of_blocks():
+    assert R.fitting_block(8960, 128) == 128  # Qwen2-VL-2B's MLP width: whole blocks as asked
+    assert R.fitting_block(96, 128) == 32 and R.fitting_block(80, 64) == 16
+    assert R.fitting_block(40, 128) == 16  # no whole block above 16: 16, the kernel's smallest
 
 
 def test_int4_role_bits_pick_the_first_fragment_found():
