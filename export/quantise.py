@@ -7,7 +7,7 @@ column) and one of three activation schemes, chosen per MatMul by the int8 recip
   tensor) + MatMulInteger + Cast + Mul, exactly the nodes onnxruntime's `quantize_dynamic` writes;
   its CPU optimiser fuses them into one DynamicQuantizeMatMul kernel. The scale follows the
   largest value anywhere in the tensor: every token of every item of the batch, padding included.
-- "row": one symmetric scale per row (token), from plain ONNX ops: ReduceMax(Abs) per row,
+- "row": one symmetric scale per row (token), from plain ONNX ops: max(ReduceMax, -ReduceMin) per row,
   QuantizeLinear per axis (uint8, zero point 128), MatMulInteger, then the product scaled by
   row scale x column scale. A token's precision no longer depends on the other tokens, the
   sequence length or what it is batched with. onnxruntime fuses the product and its scaling
@@ -134,11 +134,15 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.nda
         found["outlier_cols"] = nodes[-1].outputs[0]
         nodes.append(b.node("Mul", [rows, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
         rows = nodes[-1].outputs[0]
-    nodes.append(b.node("Abs", [rows], f"{base}_abs"))
-    nodes.append(b.node("ReduceMax", [nodes[-1].outputs[0],
-                                      b.init(f"{base}_axis1", np.array([1], np.int64))],
-                        f"{base}_peak", keepdims=0))
-    nodes.append(b.node("Max", [nodes[-1].outputs[0],
+    # A row's peak |x| as max(max x, -min x): the same value as ReduceMax(Abs(x)) for every finite
+    # row, from two reading passes instead of an Abs pass that writes a copy of the activation
+    # (a page's vision MLP input is 2976 x 5120 floats) and a third pass that reads it back.
+    axis1 = b.init(f"{base}_axis1", np.array([1], np.int64))
+    nodes.append(b.node("ReduceMax", [rows, axis1], f"{base}_high", keepdims=0))
+    high = nodes[-1].outputs[0]
+    nodes.append(b.node("ReduceMin", [rows, axis1], f"{base}_low", keepdims=0))
+    nodes.append(b.node("Neg", [nodes[-1].outputs[0]], f"{base}_low_neg"))
+    nodes.append(b.node("Max", [high, nodes[-1].outputs[0],
                                 b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
                                                                  np.float32))], f"{base}_floored"))
     nodes.append(b.node("Mul", [nodes[-1].outputs[0],
