@@ -87,6 +87,7 @@ def test_row_scheme_graph_equals_its_emulation(weights, activations):
     weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
     x = rng.standard_normal((7, 256)).astype(np.float32)
     x[2, 5] = 40.0  # a massive channel in one token only: the other tokens keep their scale
+    x[4, 9] = -55.0  # and a negative one: a row's peak is its largest |x|, of either sign
     model = _single_matmul(weight, lead=("B", "T"))
     assert Q.quantise_matmuls(model, {"mm": "row"}, weight_levels=weights,
                               activation_levels=activations)["row"] == 1
@@ -97,7 +98,7 @@ def test_row_scheme_graph_equals_its_emulation(weights, activations):
     want = _emulated_row_product(x, weight, weights, activations)
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-5 * np.abs(want).max())
     exact = x.astype(np.float64) @ weight.astype(np.float64)
-    others = [i for i in range(len(x)) if i != 2]  # token 2's own scale follows its outlier
+    others = [i for i in range(len(x)) if i not in (2, 4)]  # 2 and 4: their scale follows it
     cos = np.sum(got[others] * exact[others], axis=1) / (
         np.linalg.norm(got[others], axis=1) * np.linalg.norm(exact[others], axis=1))
     assert cos.min() > 0.999, cos  # and it is the product at all
