@@ -12,7 +12,8 @@ What it does, in one run:
    colqwen2.5: Qwen2.5-VL-3B, export/tiny_qwen2_5.py preset "qwen2.5-vl-3b", both attention kinds
    kept; colqwen3: Qwen3-VL-4B, export/tiny_qwen3.py preset "qwen3-vl-4b", the DeepStack blocks
    that fit the depth; benchmarks/benchmark_specs.py) and exports it with `--variants` (cached in `--workdir`,
-   keyed by family and depth);
+   keyed by family and depth, and re-exported when the exporter's source differs from the one
+   that wrote it: embed_models.EXPORTER_STAMP);
 2. measures the machine's fp32 GEMM peak (numpy sgemm) and int8 matmul peak (onnxruntime
    MatMulInteger, u8 x s8) with the same threads;
 3. runs each runtime in its own subprocess (so peak RSS is its own): the torch reference

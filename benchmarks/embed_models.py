@@ -19,6 +19,27 @@ if str(HERE) not in sys.path:
 from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 
 
+# The export in --workdir is reused only when it was made by the exporter source it would be made
+# by now: an A/B of an exporter change (--against REF) would otherwise time the cached graphs of
+# whatever checkout wrote them first against REF (it happened: session 12).
+EXPORTER_STAMP = "bench_exporter.sha256"
+
+
+def exporter_fingerprint() -> str:
+    """sha256 over the exporter package's sources and data files (paths and bytes), the colembed
+    runtime's too (its layout and manifest code decide what an export writes)."""
+    import hashlib
+    import importlib.util
+
+    digest = hashlib.sha256()
+    for package in ("colembed_export", "colembed"):
+        root = Path(importlib.util.find_spec(package).origin).parent
+        for path in sorted(root.rglob("*")):
+            if path.is_file() and path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+                digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[Path, Path, Any]:
     """Build (once) and export the benchmark checkpoint: random weights, or with `stress` the
     stress checkpoint (trained-model activation traits, export/tiny.py) at the same widths."""
@@ -35,8 +56,11 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
     folder = work / f"model-{tag}"
     wanted = set(args.variants)
     have = set()
-    if (folder / MANIFEST_NAME).is_file():
+    stamp, fingerprint = folder / EXPORTER_STAMP, exporter_fingerprint()
+    if (folder / MANIFEST_NAME).is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         have = set(json.loads((folder / MANIFEST_NAME).read_text())["variants"])
+    elif (folder / MANIFEST_NAME).is_file():
+        progress(f"re-exporting {tag}: {folder} was written by another exporter source")
     if not wanted <= have:
         from colembed_export.exporter import export_model
 
@@ -59,6 +83,7 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
                 variants = [v for v in variants if v not in missed]
                 continue
             progress(f"export took {time.perf_counter() - start:.0f} s")
+            stamp.write_text(fingerprint)
             break
         if not stress:
             args.variants = [v for v in args.variants if v not in GATE_MISSES]

@@ -1,12 +1,14 @@
 """The release guard's own mechanics (benchmarks/embed_against.py, issue 25): what one timed
-sample holds and when the other version's export is reused. No timing is asserted: the guard's
+sample holds and when this version's and the other version's exports are reused. No timing is asserted: the guard's
 figures live in benchmarks/results/embed-against.md."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -70,3 +72,44 @@ def test_the_other_versions_export_is_reused(guard, tmp_path, monkeypatch):
     assert guard.ref_export(tmp_path, tmp_path / "ckpt", done, progress=print) == done
     with pytest.raises(AssertionError, match="exported again"):
         guard.ref_export(tmp_path, tmp_path / "ckpt", tmp_path / "model-new", progress=print)
+
+
+def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tmp_path,
+                                                                         monkeypatch):
+    """This checkout's export in --workdir (embed_models.EXPORTER_STAMP) is reused only when the
+    exporter source that wrote it is the one running now: an A/B of an exporter change must time
+    the new graphs, not whatever a previous checkout left there. The export itself is replaced by
+    a recorder (a 2B-width export takes minutes); what is checked is the reuse decision."""
+    import colembed_export.exporter as exporter
+    import embed_models
+
+    exports = []
+
+    def record(ckpt, folder, *, overwrite, variants, progress):
+        exports.append(list(variants))
+        folder.mkdir(exist_ok=True)
+        manifest = {"variants": {v: {} for v in ["fp32", *variants]}}
+        (folder / embed_models.MANIFEST_NAME).write_text(json.dumps(manifest))
+
+    monkeypatch.setattr(exporter, "export_model", record)
+    args = SimpleNamespace(family="colqwen2", vision_depth=1, text_layers=1,
+                           variants=["fp32", "int8"])
+    tag = "2b-v1-t1"
+    ckpt = tmp_path / f"ckpt-{tag}"
+    ckpt.mkdir()
+    (ckpt / "colembed_tiny.json").write_text("{}")  # the checkpoint counts as built
+    said = []
+
+    embed_models.prepare_model(args, tmp_path, said.append)
+    embed_models.prepare_model(args, tmp_path, said.append)
+    assert exports == [["int8"]]  # the same source: the folder is reused
+
+    stamp = tmp_path / f"model-{tag}" / embed_models.EXPORTER_STAMP
+    assert stamp.read_text() == embed_models.exporter_fingerprint()
+    stamp.write_text("another exporter")
+    embed_models.prepare_model(args, tmp_path, said.append)
+    assert exports == [["int8"], ["int8"]]
+    assert any("re-exporting" in line for line in said)
+    stamp.unlink()  # a folder from before the stamp existed counts as another source
+    embed_models.prepare_model(args, tmp_path, said.append)
+    assert len(exports) == 3
