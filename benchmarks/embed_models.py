@@ -35,7 +35,8 @@ def exporter_fingerprint() -> str:
     for package in ("colembed_export", "colembed"):
         root = Path(importlib.util.find_spec(package).origin).parent
         for path in sorted(root.rglob("*")):
-            if path.is_file() and path.suffix in (".py", ".json") and "__pycache__" not in path.parts:
+            if (path.is_file() and path.suffix in (".py", ".json")
+                    and "__pycache__" not in path.parts):
                 digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 

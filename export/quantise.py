@@ -7,8 +7,8 @@ column) and one of three activation schemes, chosen per MatMul by the int8 recip
   tensor) + MatMulInteger + Cast + Mul, exactly the nodes onnxruntime's `quantize_dynamic` writes;
   its CPU optimiser fuses them into one DynamicQuantizeMatMul kernel. The scale follows the
   largest value anywhere in the tensor: every token of every item of the batch, padding included.
-- "row": one symmetric scale per row (token), from plain ONNX ops: max(ReduceMax, -ReduceMin) per row,
-  QuantizeLinear per axis (uint8, zero point 128), MatMulInteger, then the product scaled by
+- "row": one symmetric scale per row (token), from plain ONNX ops: max(ReduceMax, -ReduceMin)
+  per row, QuantizeLinear per axis (uint8, zero point 128), MatMulInteger, then the product scaled by
   row scale x column scale. A token's precision no longer depends on the other tokens, the
   sequence length or what it is batched with. onnxruntime fuses the product and its scaling
   into MatMulIntegerToFloat (measured exact against the unfused nodes); the per-row range and

@@ -1,6 +1,6 @@
 """The release guard's own mechanics (benchmarks/embed_against.py, issue 25): what one timed
-sample holds and when this version's and the other version's exports are reused. No timing is asserted: the guard's
-figures live in benchmarks/results/embed-against.md."""
+sample holds and when this version's and the other version's exports are reused. No timing is
+asserted: the guard's figures live in benchmarks/results/embed-against.md."""
 
 from __future__ import annotations
 

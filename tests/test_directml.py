@@ -71,7 +71,8 @@ def test_the_matmulnbits_rule_is_data_with_its_source():
 ])
 def test_a_matmulnbits_form_directml_refuses_fails_the_check(folder, tmp_path, edit, said):
     """One int4 MatMulNBits node edited into a form DirectML's kernel does not take (other bits,
-    no zero points, a padded last block) is named by the check; the unedited graph passes (above)."""
+    no zero points, a padded last block) is named by the check; the unedited graph passes
+    (above)."""
     import onnx
 
     model = onnx.load(str(folder / "text.int4.onnx"))
