@@ -1,7 +1,7 @@
 """The two torch modules that become colembed's graphs, built from the checkpoint's own modules.
 
 No third definition of ColQwen2 lives here. `ImageGraph` holds the checkpoint's vision tower and
-changes exactly two things for export, both checked against the unpatched tower by `verify.py`:
+changes exactly three things for export, all checked against the unpatched tower by `verify.py`:
 
 - the Conv3d patch embedding runs as a MatMul over the 1176 values of a patch (it *is* a Linear;
   quantisers and DirectML see a MatMul),
@@ -11,7 +11,12 @@ changes exactly two things for export, both checked against the unpatched tower 
   custom op, `colembed::full_attention`, which runs as scaled-dot-product attention in torch and is
   exported as onnxruntime's fused `com.microsoft.MultiHeadAttention`: measured on one 2976-patch
   Qwen2-VL-2B layer (16 heads of 80), 0.18 s against 0.25 s for MatMul-Softmax-MatMul, where the
-  Softmax alone was a quarter of the image graph's time.
+  Softmax alone was a quarter of the image graph's time;
+- the rotary on query and key is one custom op too, `colembed::vision_rotary` (the reference's
+  `apply_rotary_pos_emb_vision` in torch), exported as onnxruntime's fused
+  `com.microsoft.RotaryEmbedding`, and q/k/v are sliced from the fused projection without the
+  reference's permute (`qkv_with_rotary`): the layout ops around attention were ~10% of a letter
+  page's image graph (Split, Transpose, Neg, Concat, Mul, Add; onnxruntime profile, 2026-12-03).
 
 `TextGraph` holds the checkpoint's language model and projection and replaces `masked_scatter` (a
 data-dependent op) with a gather driven by a host-made index. Position ids come from the host.
@@ -64,8 +69,79 @@ def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
     return attention(query, key, value, num_heads=num_heads, scale=scale)
 
 
+@torch.library.custom_op("colembed::vision_rotary", mutates_args=())
+def vision_rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                  num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The vision tower's rotary on (batch, tokens, heads*head_dim) query and key, with the
+    (tokens, head_dim) tables the host makes: the reference's own `apply_rotary_pos_emb_vision`.
+
+    Exported as onnxruntime's fused `com.microsoft.RotaryEmbedding` (one pass per tensor) instead
+    of the reference's rotate_half chain (Split, Neg, Concat, two Muls and an Add per tensor:
+    measured 1.7-3x the fused op's time on one letter page's query, 2026-12-03). The fused op
+    takes half tables: every family's vision tables are cat(freqs, freqs) (the reference builds
+    them so; `colembed.preprocess.positions.vision_rotary_tables` too), so their first halves
+    hold all of it. Position ids are one offset, 0: token t reads row t of the tables.
+    """
+    batch, tokens, width = query.shape
+    q, k = (t.reshape(batch, tokens, num_heads, -1) for t in (query, key))
+    q, k = apply_rotary_pos_emb_vision(q, k, cos, sin)
+    return q.reshape(batch, tokens, width), k.reshape(batch, tokens, width)
+
+
+@vision_rotary.register_fake
+def _(query, key, cos, sin, num_heads):
+    return torch.empty_like(query), torch.empty_like(key)
+
+
+def _rotary_embedding_schema():
+    """The part of onnxruntime's contrib RotaryEmbedding schema we use."""
+    from onnx.defs import OpSchema
+
+    return OpSchema(
+        "RotaryEmbedding", "com.microsoft", 1,
+        inputs=[OpSchema.FormalParameter("input", "T"),
+                OpSchema.FormalParameter("position_ids", "M"),
+                OpSchema.FormalParameter("cos_cache", "T"),
+                OpSchema.FormalParameter("sin_cache", "T")],
+        outputs=[OpSchema.FormalParameter("output", "T")],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors"),
+                          ("M", ["tensor(int64)"], "position ids")],
+        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
+                    OpSchema.Attribute("interleaved", OpSchema.AttrType.INT, "0: rotate_half")],
+    )
+
+
+def _vision_rotary_onnx(query, key, cos, sin, num_heads: int):
+    import onnxscript
+    from onnxscript import opset18 as op
+
+    rotary = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1),
+                                  "RotaryEmbedding", _rotary_embedding_schema())
+    half = op.Div(op.Shape(cos, start=-1), op.Constant(value_ints=[2]))
+    zero, last = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
+    cos_half, sin_half = (op.Slice(t, zero, half, last) for t in (cos, sin))
+    return tuple(rotary(t, zero, cos_half, sin_half, num_heads=num_heads, interleaved=0)
+                 for t in (query, key))
+
+
 # torch op -> ONNX translation, handed to `torch.onnx.export(custom_translation_table=...)`.
-ONNX_TRANSLATIONS = {torch.ops.colembed.full_attention.default: _full_attention_onnx}
+ONNX_TRANSLATIONS = {torch.ops.colembed.full_attention.default: _full_attention_onnx,
+                     torch.ops.colembed.vision_rotary.default: _vision_rotary_onnx}
+
+
+def qkv_with_rotary(attn: nn.Module, hidden_states: torch.Tensor, position_embeddings
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A vision attention's query, key and value, each (images, patches, heads * head_dim), the
+    rotary applied to query and key by `vision_rotary`.
+
+    The reference reshapes the fused qkv output to (.., 3, heads, head_dim) and permutes before
+    unbinding, which exports as a Split plus one Transpose copy per tensor; its channels are
+    ordered (3, heads, head_dim), so three slices of the last axis are the same tensors, one Split.
+    """
+    query, key, value = attn.qkv(hidden_states).chunk(3, dim=-1)
+    cos, sin = position_embeddings
+    query, key = vision_rotary(query, key, cos, sin, attn.num_heads)
+    return query, key, value
 
 
 def _batched_vision_attention(
@@ -74,14 +150,10 @@ def _batched_vision_attention(
     """`VisionAttention.forward` over (images, patches, width): one attention per image.
 
     Same weights, rotary and attention math as the reference; only the packing and the fused
-    attention kernel differ (checked against the unpatched tower before anything is written).
+    rotary and attention kernels differ (checked against the unpatched tower before anything is
+    written).
     """
-    images, patches, width = hidden_states.shape
-    qkv = self.qkv(hidden_states).reshape(images, patches, 3, self.num_heads, -1)
-    query, key, value = qkv.permute(2, 0, 1, 3, 4).unbind(0)  # each (images, patches, heads, hd)
-    cos, sin = position_embeddings
-    query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
-    query, key, value = (t.reshape(images, patches, width) for t in (query, key, value))
+    query, key, value = qkv_with_rotary(self, hidden_states, position_embeddings)
     out = full_attention(query, key, value, self.num_heads, float(self.scaling))
     return self.proj(out)
 

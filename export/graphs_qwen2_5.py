@@ -25,9 +25,7 @@ import types
 
 import torch
 from torch import nn
-from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import apply_rotary_pos_emb_vision
-
-from .graphs import ImageGraph
+from .graphs import ImageGraph, qkv_with_rotary
 
 
 def _windowed_vision_attention(
@@ -42,12 +40,10 @@ def _windowed_vision_attention(
     rows, valid, scatter = windows
     images, patches, width = hidden_states.shape
     num_windows, slots = rows.shape
-    qkv = self.qkv(hidden_states).reshape(images, patches, 3, self.num_heads, -1)
-    query, key, value = qkv.permute(2, 0, 1, 3, 4).unbind(0)  # each (images, patches, heads, hd)
-    cos, sin = position_embeddings
-    query, key = apply_rotary_pos_emb_vision(query, key, cos, sin)
+    query, key, value = qkv_with_rotary(self, hidden_states, position_embeddings)
 
-    def by_window(t: torch.Tensor) -> torch.Tensor:  # -> (images * windows, heads, slots, hd)
+    def by_window(t: torch.Tensor) -> torch.Tensor:  # (images, patches, width) ->
+        # (images * windows, heads, slots, hd)
         t = torch.index_select(t, 1, rows.reshape(-1))  # one ONNX Gather (indexing gives GatherND)
         return t.reshape(images * num_windows, slots, self.num_heads, -1).transpose(1, 2)
 
