@@ -332,6 +332,28 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
     assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
 
 
+@pytest.mark.slow  # runs the exporter (fp32 graphs only: the refusal comes before any variant)
+def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(tiny_checkpoint, tmp_path,
+                                                                      monkeypatch):
+    """fp32's gate-set run comes first: when its ranking set has too few clear winners, no variant
+    graph is made (at 4B size that was 9 minutes of graphs that could never be written)."""
+    from colembed.errors import ExportError
+    from colembed_export.exporter import export_model
+
+    pages, queries = E.ranking_set()
+    monkeypatch.setattr(E, "ranking_set", lambda: ([pages[0]] * len(pages), queries))
+    made = []
+    monkeypatch.setattr(V, "make_graph", lambda *a, **k: made.append(a) or 1 / 0)
+    out = tmp_path / "model"
+    with pytest.raises(ExportError, match=r"clear-winner queries under fp32 \(< 16\)") as refused:
+        export_model(tiny_checkpoint, out, check=False, variants=["int8", "fp16"])
+    assert made == []
+    steps = [s["step"] for s in refused.value.steps]
+    assert "variants: gate set through fp32" in steps
+    assert not any(s.startswith("variants: make") for s in steps)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def _break_tokens_past(model, position: int) -> None:
     """Flip the sign of every output vector at or past `position` (a variant that holds on short
     inputs and fails long ones, as per-tensor int8 did under trained-like activations)."""
