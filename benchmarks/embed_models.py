@@ -21,8 +21,15 @@ from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 
 # The export in --workdir is reused only when it was made by the exporter source it would be made
 # by now: an A/B of an exporter change (--against REF) would otherwise time the cached graphs of
-# whatever checkout wrote them first against REF (it happened: session 12).
+# whatever checkout wrote them first against REF (it happened: session 12). The stamp sits beside
+# the model folder, not in it: the exporter replaces only folders holding nothing but its own
+# files (colembed_export.destination), so a stamp inside made every re-export a refusal.
 EXPORTER_STAMP = "bench_exporter.sha256"
+
+
+def exporter_stamp(folder: Path) -> Path:
+    """Where the fingerprint of the exporter that wrote `folder` is kept: beside it."""
+    return folder.with_name(f"{folder.name}.{EXPORTER_STAMP}")
 
 
 def exporter_fingerprint() -> str:
@@ -57,7 +64,7 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
     folder = work / f"model-{tag}"
     wanted = set(args.variants)
     have = set()
-    stamp, fingerprint = folder / EXPORTER_STAMP, exporter_fingerprint()
+    stamp, fingerprint = exporter_stamp(folder), exporter_fingerprint()
     if (folder / MANIFEST_NAME).is_file() and stamp.is_file() and stamp.read_text() == fingerprint:
         have = set(json.loads((folder / MANIFEST_NAME).read_text())["variants"])
     elif (folder / MANIFEST_NAME).is_file():

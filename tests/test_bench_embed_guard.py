@@ -86,6 +86,9 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tm
     exports = []
 
     def record(ckpt, folder, *, overwrite, variants, progress):
+        # the real exporter refuses to replace a folder holding anything it did not write
+        assert not folder.exists() or [p.name for p in folder.iterdir()] == [
+            embed_models.MANIFEST_NAME], "the bench left a foreign file in the export folder"
         exports.append(list(variants))
         folder.mkdir(exist_ok=True)
         manifest = {"variants": {v: {} for v in ["fp32", *variants]}}
@@ -104,7 +107,7 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tm
     embed_models.prepare_model(args, tmp_path, said.append)
     assert exports == [["int8"]]  # the same source: the folder is reused
 
-    stamp = tmp_path / f"model-{tag}" / embed_models.EXPORTER_STAMP
+    stamp = embed_models.exporter_stamp(tmp_path / f"model-{tag}")
     assert stamp.read_text() == embed_models.exporter_fingerprint()
     stamp.write_text("another exporter")
     embed_models.prepare_model(args, tmp_path, said.append)
