@@ -132,10 +132,12 @@ def unsupported(uses: list[NodeUse]) -> list[str]:
             for (d, op, since, t), node in sorted(missing.items())]
 
 
-def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any]) -> list[str]:
+def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any],
+                       ranks: dict[str, int] | None = None) -> list[str]:
     """What keeps `node` off DirectML under its op's `node_rules` entry (none: no such rule):
-    the kernel's own support query and constructor check attributes and inputs that the type
-    table cannot show (the data file's rule records which source says so)."""
+    the kernel's own support query and constructor check attributes, inputs and input ranks
+    that the type table cannot show (the data file's rule records which source says so).
+    `ranks`: the rank of each tensor the graph declares a shape for (`declared_ranks`)."""
     rule = rules.get(f"{node.domain or 'ai.onnx'}:{node.op_type}")
     if rule is None:
         return []
@@ -150,12 +152,25 @@ def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any]) 
         if len(given) != len(rule["inputs"]) or not all(given):
             problems.append(f"{name}: inputs {given}; DirectML's kernel takes exactly "
                             f"{', '.join(rule['inputs'])}")
+    if "input_rank" in rule:
+        rank = (ranks or {}).get(node.input[0])
+        if rank != rule["input_rank"]:
+            problems.append(f"{name}: input of rank {rank if rank is not None else 'unknown'}; "
+                            f"DirectML's kernel reads rank {rule['input_rank']} only")
     if rule.get("k_multiple_of_block"):
         k, block = attrs["K"].i, attrs["block_size"].i
         if k % block:
             problems.append(f"{name}: K {k} is not a whole number of blocks of {block} "
                             "(DirectML's kernel takes whole blocks only)")
     return problems
+
+
+def declared_ranks(graph: Any) -> dict[str, int]:
+    """{tensor name: rank} for every tensor whose shape the graph declares (inputs, outputs and
+    value_info: the exporter records the shapes it traced)."""
+    return {v.name: len(v.type.tensor_type.shape.dim)
+            for v in [*graph.input, *graph.output, *graph.value_info]
+            if v.type.tensor_type.HasField("shape")}
 
 
 def directml_problems(path: str | Path) -> list[str]:
@@ -168,9 +183,10 @@ def directml_problems(path: str | Path) -> list[str]:
     opset = next((o.version for o in model.opset_import if o.domain in DEFAULT_DOMAINS), 0)
     if opset > MAX_OPSET:
         problems.append(f"default-domain opset {opset} > {MAX_OPSET}")
+    ranks = declared_ranks(model.graph)
     for node in model.graph.node:
         attrs = {a.name: a for a in node.attribute}
         if node.op_type == "Reshape" and "allowzero" in attrs and attrs["allowzero"].i == 1:
             problems.append(f"Reshape {node.name!r} has allowzero=1 (DirectML rejects the graph)")
-        problems += node_rule_problems(node, attrs, rules)
+        problems += node_rule_problems(node, attrs, rules, ranks)
     return problems + unsupported(graph_uses(model))
