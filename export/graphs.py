@@ -15,8 +15,9 @@ changes exactly three things for export, all checked against the unpatched tower
 - the rotary on query and key is one custom op too, `colembed::vision_rotary` (the reference's
   `apply_rotary_pos_emb_vision` in torch), exported as onnxruntime's fused
   `com.microsoft.RotaryEmbedding`, and q/k/v are sliced from the fused projection without the
-  reference's permute (`qkv_with_rotary`): the layout ops around attention were ~10% of a letter
-  page's image graph (Split, Transpose, Neg, Concat, Mul, Add; onnxruntime profile, 2026-12-03).
+  reference's permute (`qkv_with_rotary`): the layout ops around attention (Split, Transpose,
+  Neg, Concat, Mul, Add) were a page's largest cost after attention and the GEMMs; without them a
+  letter page runs 1.05x (int8) and 1.03x (fp32) faster (benchmarks/results/embed-against-own.md).
 
 `TextGraph` holds the checkpoint's language model and projection and replaces `masked_scatter` (a
 data-dependent op) with a gather driven by a host-made index. Position ids come from the host.
@@ -76,8 +77,8 @@ def vision_rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin
     (tokens, head_dim) tables the host makes: the reference's own `apply_rotary_pos_emb_vision`.
 
     Exported as onnxruntime's fused `com.microsoft.RotaryEmbedding` (one pass per tensor) instead
-    of the reference's rotate_half chain (Split, Neg, Concat, two Muls and an Add per tensor:
-    measured 1.7-3x the fused op's time on one letter page's query, 2026-12-03). The fused op
+    of the reference's rotate_half chain (Split, Neg, Concat, two Muls and an Add per tensor;
+    the module docstring has what it saves a page). The fused op
     takes half tables: every family's vision tables are cat(freqs, freqs) (the reference builds
     them so; `colembed.preprocess.positions.vision_rotary_tables` too), so their first halves
     hold all of it. Position ids are one offset, 0: token t reads row t of the tables.
