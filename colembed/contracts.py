@@ -134,7 +134,9 @@ def text_contract(text_hidden: int, embedding_dim: int) -> GraphContract:
     `image_feature_index[b, l]` is 0 for a token that keeps its own embedding and k+1 for a token
     that takes row k of `image_features`; the host builds it, so a query that happens to contain
     the `<|image_pad|>` string is embedded as the reference embeds it (as text). A text-only batch
-    passes `image_features` with zero rows.
+    passes `image_features` with zero rows. Batches are right-padded (`attention_mask` is 1s then
+    0s per row): the graph's attention is causal with no padding mask, so a real token never sees
+    padding only because padding comes after it (export/graphs.py `causal_attention`).
     """
     return GraphContract(
         role="text",

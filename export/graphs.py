@@ -21,6 +21,13 @@ changes exactly three things for export, all checked against the unpatched tower
 
 `TextGraph` holds the checkpoint's language model and projection and replaces `masked_scatter` (a
 data-dependent op) with a gather driven by a host-made index. Position ids come from the host.
+Its attention forward is swapped (`_fused_text_attention`, every family) for the same
+projections with the rotary and the attention as two custom ops, exported as onnxruntime's
+`com.microsoft.RotaryEmbedding` over per-token tables made once (`per_token_tables`) and
+`com.microsoft.GroupQueryAttention` (`causal_attention`: causal, right-padded batches, no
+padding mask, the key/value heads not repeated): the eager chain (Transposes, repeated key/value
+heads, the boolean mask's Where, Softmax, IsNaN) was over a third of a page's int8 text graph
+(what it bought: benchmarks/results/embed-against-own.md, against the release before it).
 """
 
 from __future__ import annotations
@@ -48,25 +55,47 @@ def _(query, key, value, num_heads, scale):
     return torch.empty_like(query)
 
 
-def _multi_head_attention_schema():
-    """The part of onnxruntime's contrib-op schema we use (onnx's registry does not hold it)."""
+def _contrib_schema(name: str, inputs: tuple[str, ...], attributes: dict[str, str], *,
+                    outputs: tuple[str, ...] = ("output",), optional: tuple[str, ...] = (),
+                    other_types: dict[str, tuple[str, ...]] | None = None):
+    """The part of an onnxruntime contrib op's schema we use (onnx's registry does not hold
+    them): float inputs "T" unless `other_types` names another constraint for an input;
+    `attributes` maps an INT/FLOAT attribute's name to its type's name."""
     from onnx.defs import OpSchema
 
+    other_types = other_types or {}
+    option = OpSchema.FormalParameterOption
+
+    def parameter(n: str) -> OpSchema.FormalParameter:
+        kind = next((t for t, names in other_types.items() if n in names), "T")
+        return OpSchema.FormalParameter(n, kind, param_option=option.Optional if n in optional
+                                        else option.Single)
+
+    kinds = {"M": ["tensor(int64)"], "I": ["tensor(int32)"]}
     return OpSchema(
-        "MultiHeadAttention", "com.microsoft", 1,
-        inputs=[OpSchema.FormalParameter(n, "T") for n in ("query", "key", "value")],
-        outputs=[OpSchema.FormalParameter("output", "T")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors")],
-        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
-                    OpSchema.Attribute("scale", OpSchema.AttrType.FLOAT, "q.k scale")],
+        name, "com.microsoft", 1,
+        inputs=[parameter(n) for n in inputs],
+        outputs=[OpSchema.FormalParameter(n, "T") for n in outputs],
+        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors"),
+                          *((t, kinds[t], t) for t in other_types)],
+        attributes=[OpSchema.Attribute(a, getattr(OpSchema.AttrType, kind), a)
+                    for a, kind in attributes.items()],
     )
 
 
-def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
+def _contrib_op(schema):
     import onnxscript
 
-    attention = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1),
-                                     "MultiHeadAttention", _multi_head_attention_schema())
+    return onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1), schema.name, schema)
+
+
+def _multi_head_attention_schema():
+    return _contrib_schema("MultiHeadAttention", ("query", "key", "value"),
+                           {"num_heads": "INT", "scale": "FLOAT"})
+
+
+def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
+    attention = _contrib_op(_multi_head_attention_schema())
     return attention(query, key, value, num_heads=num_heads, scale=scale)
 
 
@@ -95,29 +124,15 @@ def _(query, key, cos, sin, num_heads):
 
 
 def _rotary_embedding_schema():
-    """The part of onnxruntime's contrib RotaryEmbedding schema we use."""
-    from onnx.defs import OpSchema
-
-    return OpSchema(
-        "RotaryEmbedding", "com.microsoft", 1,
-        inputs=[OpSchema.FormalParameter("input", "T"),
-                OpSchema.FormalParameter("position_ids", "M"),
-                OpSchema.FormalParameter("cos_cache", "T"),
-                OpSchema.FormalParameter("sin_cache", "T")],
-        outputs=[OpSchema.FormalParameter("output", "T")],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors"),
-                          ("M", ["tensor(int64)"], "position ids")],
-        attributes=[OpSchema.Attribute("num_heads", OpSchema.AttrType.INT, "heads"),
-                    OpSchema.Attribute("interleaved", OpSchema.AttrType.INT, "0: rotate_half")],
-    )
+    return _contrib_schema("RotaryEmbedding", ("input", "position_ids", "cos_cache", "sin_cache"),
+                           {"num_heads": "INT", "interleaved": "INT"},
+                           other_types={"M": ("position_ids",)})
 
 
 def _vision_rotary_onnx(query, key, cos, sin, num_heads: int):
-    import onnxscript
     from onnxscript import opset18 as op
 
-    rotary = onnxscript.values.Op(onnxscript.values.Opset("com.microsoft", 1),
-                                  "RotaryEmbedding", _rotary_embedding_schema())
+    rotary = _contrib_op(_rotary_embedding_schema())
     half = op.Div(op.Shape(cos, start=-1), op.Constant(value_ints=[2]))
     zero, last = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
     cos_half, sin_half = (op.Slice(t, zero, half, last) for t in (cos, sin))
@@ -125,9 +140,101 @@ def _vision_rotary_onnx(query, key, cos, sin, num_heads: int):
                  for t in (query, key))
 
 
+@torch.library.custom_op("colembed::text_rotary", mutates_args=())
+def text_rotary(query: torch.Tensor, key: torch.Tensor, cos_half: torch.Tensor,
+                sin_half: torch.Tensor, positions: torch.Tensor, num_heads: int, kv_heads: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The language model's rotary on (batch, tokens, heads*head_dim) query and key.
+
+    `cos_half` / `sin_half` are (batch*tokens, head_dim/2): each token's own table row (the
+    multimodal rotary gives every token its own angles, so the "cache" holds one row per token,
+    `positions` (batch, tokens) = arange(batch*tokens) reads row t for token t) and only its
+    first half: every family's text tables are cat(freqs, freqs) (Qwen2-VL's mrope sections are
+    doubled the same way, `per_token_tables`), so the halves are equal. In torch it is the
+    reference's own rotate_half rotary over the full rows; exported it is onnxruntime's fused
+    `com.microsoft.RotaryEmbedding` over the rank-3 input DirectML's kernel reads.
+    """
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    batch, tokens, _ = query.shape
+    rows = positions.reshape(-1)
+    cos = torch.cat([cos_half, cos_half], dim=-1)[rows].reshape(batch, tokens, -1)
+    sin = torch.cat([sin_half, sin_half], dim=-1)[rows].reshape(batch, tokens, -1)
+    q = query.reshape(batch, tokens, num_heads, -1)
+    k = key.reshape(batch, tokens, kv_heads, -1)
+    q, k = apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=2)
+    return q.reshape(query.shape), k.reshape(key.shape)
+
+
+@text_rotary.register_fake
+def _(query, key, cos_half, sin_half, positions, num_heads, kv_heads):
+    return torch.empty_like(query), torch.empty_like(key)
+
+
+def _text_rotary_onnx(query, key, cos_half, sin_half, positions, num_heads: int, kv_heads: int):
+    rotary = _contrib_op(_rotary_embedding_schema())
+    return (rotary(query, positions, cos_half, sin_half, num_heads=num_heads, interleaved=0),
+            rotary(key, positions, cos_half, sin_half, num_heads=kv_heads, interleaved=0))
+
+
+@torch.library.custom_op("colembed::causal_attention", mutates_args=())
+def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
+                     kv_heads: int, scale: float) -> torch.Tensor:
+    """Causal grouped-query attention over (batch, tokens, heads*head_dim) query and
+    (batch, tokens, kv_heads*head_dim) key and value, with no padding mask: the batch must be
+    right-padded, as colembed's tokenizer pads (preprocess/text.py `pad_batch`). Then a real
+    token never sees a padded one (they all come after it), so its row is the reference's
+    (causal + padding mask) exactly; a padded token attends to everything before it and stays
+    finite (its rows are zeroed at the graph's end).
+
+    Exported as onnxruntime's `com.microsoft.GroupQueryAttention` for a first prompt (no cache),
+    every item's `seqlens_k` the full length - 1: the form its CPU kernel computes every row of
+    (with a shorter `seqlens_k` the CPU kernel leaves padded rows' softmax reading unwritten
+    memory) and the one DirectML's kernel computes in any case (it ignores `seqlens_k` on a
+    prompt: DmlOperatorGroupQueryAttention.cpp at onnxruntime@735e69a). It replaces the eager
+    chain (module docstring).
+    """
+    batch, tokens, _ = query.shape
+    q = query.reshape(batch, tokens, num_heads, -1).transpose(1, 2)
+    k, v = (t.reshape(batch, tokens, kv_heads, -1).transpose(1, 2)
+            .repeat_interleave(num_heads // kv_heads, dim=1) for t in (key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
+    return out.transpose(1, 2).reshape(batch, tokens, -1)
+
+
+@causal_attention.register_fake
+def _(query, key, value, num_heads, kv_heads, scale):
+    return torch.empty_like(query)
+
+
+def _group_query_attention_schema():
+    return _contrib_schema(
+        "GroupQueryAttention",
+        ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"),
+        {"num_heads": "INT", "kv_num_heads": "INT", "scale": "FLOAT"},
+        outputs=("output", "present_key", "present_value"), optional=("past_key", "past_value"),
+        other_types={"I": ("seqlens_k", "total_sequence_length")})
+
+
+def _causal_attention_onnx(query, key, value, num_heads: int, kv_heads: int, scale: float):
+    from onnxscript import INT32
+    from onnxscript import opset18 as op
+
+    attention = _contrib_op(_group_query_attention_schema())
+    tokens = op.Shape(query, start=1, end=2)  # (1,) int64
+    last = op.Cast(op.Expand(op.Sub(tokens, op.Constant(value_ints=[1])),
+                             op.Shape(query, start=0, end=1)), to=INT32.dtype)
+    total = op.Cast(op.Squeeze(tokens), to=INT32.dtype)
+    out, _, _ = attention(query, key, value, None, None, last, total,
+                          num_heads=num_heads, kv_num_heads=kv_heads, scale=scale)
+    return out
+
+
 # torch op -> ONNX translation, handed to `torch.onnx.export(custom_translation_table=...)`.
 ONNX_TRANSLATIONS = {torch.ops.colembed.full_attention.default: _full_attention_onnx,
-                     torch.ops.colembed.vision_rotary.default: _vision_rotary_onnx}
+                     torch.ops.colembed.vision_rotary.default: _vision_rotary_onnx,
+                     torch.ops.colembed.text_rotary.default: _text_rotary_onnx,
+                     torch.ops.colembed.causal_attention.default: _causal_attention_onnx}
 
 
 def qkv_with_rotary(attn: nn.Module, hidden_states: torch.Tensor, position_embeddings
@@ -198,6 +305,51 @@ class ImageGraph(nn.Module):
         return merged.reshape(images, -1, merged.shape[-1])
 
 
+def per_token_tables(cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The text rotary embedding's (cos, sin) -> what `text_rotary` takes: (batch*tokens,
+    head_dim/2) half tables and (batch, tokens) row positions, made once for all layers.
+
+    Qwen3-VL's rotary embedding returns per-token (batch, tokens, head_dim) tables already (its
+    interleaved mrope is inside it); Qwen2-VL's and Qwen2.5-VL's return one table per position
+    axis, (3, batch, tokens, head_dim), and the attention picks each head-dim section's axis
+    (`apply_multimodal_rotary_pos_emb`'s first two lines, the sections doubled for the two
+    halves): done here once instead of in every layer.
+    """
+    if cos.dim() == 4:
+        if mrope_section is None:
+            raise ValueError("per-axis rotary tables without the config's mrope_section")
+        sections = list(mrope_section) * 2
+        cos = torch.cat([m[i % 3] for i, m in enumerate(cos.split(sections, dim=-1))], dim=-1)
+        sin = torch.cat([m[i % 3] for i, m in enumerate(sin.split(sections, dim=-1))], dim=-1)
+    batch, tokens, width = cos.shape
+    half = width // 2
+    positions = torch.arange(batch * tokens, device=cos.device).reshape(batch, tokens)
+    return (cos.reshape(batch * tokens, width)[:, :half], sin.reshape(batch * tokens, width)[:, :half],
+            positions)
+
+
+def _fused_text_attention(self, hidden_states: torch.Tensor, position_embeddings=None,
+                          **_: object):
+    """The text attention's forward (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with fused kernels: the
+    checkpoint's own q/k/v/o projections and, where the family has them (Qwen3-VL), its per-head
+    q/k norms; the rotary and the attention as `text_rotary` and `causal_attention`, with no
+    (batch, heads, tokens, head_dim) layout in between. `position_embeddings` is what
+    `per_token_tables` made; batches are right-padded (see `causal_attention`)."""
+    if getattr(self, "sliding_window", None) is not None:
+        raise ValueError("sliding-window text attention is not exported (the configs of this "
+                         "family do not use it)")
+    batch, tokens, _ = hidden_states.shape
+    heads, kv_heads = self.config.num_attention_heads, self.config.num_key_value_heads
+    query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    if hasattr(self, "q_norm"):  # per head, over head_dim
+        query = self.q_norm(query.reshape(batch, tokens, heads, -1)).reshape(query.shape)
+        key = self.k_norm(key.reshape(batch, tokens, kv_heads, -1)).reshape(key.shape)
+    query, key = text_rotary(query, key, *position_embeddings, heads, kv_heads)
+    out = causal_attention(query, key, value, heads, kv_heads, float(self.scaling))
+    return self.o_proj(out), None
+
+
 class TextGraph(nn.Module):
     """ids, mask, 3-D positions, image features + their placement -> normalised token embeddings."""
 
@@ -206,19 +358,44 @@ class TextGraph(nn.Module):
         self.language_model = retrieval_model.vlm.model.language_model
         self.projection = retrieval_model.embedding_proj_layer
 
+    @contextlib.contextmanager
+    def fused_attention(self):
+        """Swap in the fused text attention (`_fused_text_attention`) and the per-token rotary
+        tables for one forward; the checkpoint's model stays unpatched, so the exporter can
+        still run the reference forward on the very same modules."""
+        model = self.language_model
+        rotary = model.rotary_emb
+        reference_rotary = rotary.forward
+        mrope_section = (getattr(model.config, "rope_scaling", None) or {}).get("mrope_section")
+
+        def tables(x, position_ids):
+            return per_token_tables(*reference_rotary(x, position_ids), mrope_section)
+
+        attns = [layer.self_attn for layer in model.layers]
+        rotary.forward = tables
+        for attn in attns:
+            attn.forward = types.MethodType(_fused_text_attention, attn)
+        try:
+            yield
+        finally:
+            del rotary.forward
+            for attn in attns:
+                del attn.forward
+
     def forward(self, input_ids, attention_mask, position_ids, image_feature_index, image_features):
         embeds = self.language_model.embed_tokens(input_ids)
         # Row 0 is a placeholder so that a text-only batch (zero feature rows) gathers validly.
         table = torch.cat([image_features.new_zeros(1, image_features.shape[-1]), image_features])
         placed = table[image_feature_index]
         embeds = torch.where((image_feature_index > 0).unsqueeze(-1), placed, embeds)
-        hidden = self.language_model(
-            inputs_embeds=embeds,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=False,
-            return_dict=True,
-        ).last_hidden_state
+        with self.fused_attention():
+            hidden = self.language_model(
+                inputs_embeds=embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                return_dict=True,
+            ).last_hidden_state
         proj = self.projection(hidden)
         proj = proj / proj.norm(dim=-1, keepdim=True)
         return proj * attention_mask.unsqueeze(-1).to(proj.dtype)

@@ -91,7 +91,7 @@ class DeepStackTextGraph(TextGraph):
                              embeds)
         placed = [_place(deepstack_features[k], image_feature_index)
                   for k in range(deepstack_features.shape[0])]
-        with self._placed_deepstack():
+        with self._placed_deepstack(), self.fused_attention():
             hidden = self.language_model(
                 inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
                 use_cache=False, return_dict=True, visual_pos_masks=is_image,

@@ -64,19 +64,25 @@ def test_the_matmulnbits_rule_is_data_with_its_source():
     assert rule["k_multiple_of_block"] and "DmlOperatorMatMulNBits.cpp" in rule["source"]
 
 
-def test_the_rotary_rule_names_an_input_directml_would_misread(folder):
-    """com.microsoft.RotaryEmbedding (the image graphs' rotary) runs on DirectML only with a
-    (batch, sequence, hidden) input: a rank-4 input, which the CPU kernel also takes, is named,
-    and so is one whose rank the graph does not declare. Every image graph's nodes pass (the
-    export above and this one's own check)."""
+@pytest.mark.parametrize("op, inputs, source, roles", [
+    ("RotaryEmbedding", ["x", "pos", "cos", "sin"], "DmlOperatorRotaryEmbedding.cpp",
+     ("vision", "text")),
+    ("GroupQueryAttention", ["x", "k", "v", "", "", "seqlens", "total"],
+     "DmlOperatorGroupQueryAttention.cpp", ("text",)),
+])
+def test_the_fused_ops_rules_name_an_input_directml_would_misread(folder, op, inputs, source,
+                                                                   roles):
+    """com.microsoft.RotaryEmbedding (both graphs' rotary) and GroupQueryAttention (the text
+    attention) run on DirectML only with (batch, sequence, hidden) inputs: a rank-4 input, which
+    the CPU kernels also take, is named, and so is one whose rank the graph does not declare.
+    Every variant's graphs use the op with rank-3 inputs (the export above and this check)."""
     import onnx
     from onnx import helper
 
     rules = D.kernel_table()["node_rules"]
-    rule = rules["com.microsoft:RotaryEmbedding"]
-    assert rule["input_rank"] == 3 and "DmlOperatorRotaryEmbedding.cpp" in rule["source"]
-    node = helper.make_node("RotaryEmbedding", ["x", "pos", "cos", "sin"], ["y"],
-                            domain="com.microsoft", name="rot")
+    rule = rules[f"com.microsoft:{op}"]
+    assert rule["input_rank"] == 3 and source in rule["source"]
+    node = helper.make_node(op, inputs, ["y"], domain="com.microsoft", name="fused")
     attrs = {}
     assert D.node_rule_problems(node, attrs, rules, {"x": 3}) == []
     assert "rank 4; DirectML's kernel reads rank 3 only" in D.node_rule_problems(
@@ -86,11 +92,12 @@ def test_the_rotary_rule_names_an_input_directml_would_misread(folder):
 
     manifest = read_manifest(folder)
     for variant in ALL:
-        model = onnx.load(str(folder / manifest.variants[variant]["vision"].file),
-                          load_external_data=False)
-        rotary = [n for n in model.graph.node if n.op_type == "RotaryEmbedding"]
-        ranks = D.declared_ranks(model.graph)
-        assert rotary and all(ranks[n.input[0]] == 3 for n in rotary), variant
+        for role in roles:
+            model = onnx.load(str(folder / manifest.variants[variant][role].file),
+                              load_external_data=False)
+            fused = [n for n in model.graph.node if n.op_type == op]
+            ranks = D.declared_ranks(model.graph)
+            assert fused and all(ranks[n.input[0]] == 3 for n in fused), (variant, role)
 
 
 @pytest.mark.parametrize("edit, said", [

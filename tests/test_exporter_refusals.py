@@ -219,3 +219,16 @@ def test_vision_attention_is_the_fused_onnxruntime_op(exported_tiny):
     depth = exported_tiny.manifest.architecture.vision_depth
     assert ops.count("MultiHeadAttention") == depth
     assert "Softmax" not in ops
+
+
+def test_text_attention_is_the_fused_onnxruntime_ops(exported_tiny):
+    """The text graph's attention runs as com.microsoft.GroupQueryAttention and its rotary as
+    RotaryEmbedding (query and key), one of each per layer: no Softmax and no per-layer
+    (batch, heads, tokens, head_dim) Transposes left (one stays: the rotary angles', once)."""
+    import onnx
+
+    model = onnx.load(str(exported_tiny.folder / "text.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    layers = exported_tiny.manifest.architecture.text_layers
+    assert ops.count("GroupQueryAttention") == layers and ops.count("RotaryEmbedding") == 2 * layers
+    assert "Softmax" not in ops and "IsNaN" not in ops and ops.count("Transpose") <= 1

@@ -177,7 +177,9 @@ def _check_texts(texts: Sequence[str], start_index: int) -> list[str]:
 def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     """Right-pad 1-D id vectors to the longest: ids (B, L) int64 and attention_mask (B, L) int64.
 
-    The mask is 1 for the first len(row) positions of each row, whatever the ids are.
+    The mask is 1 for the first len(row) positions of each row, whatever the ids are. Right,
+    not left: the text graph's attention is causal with no padding mask, so padding must come
+    after every real token (export/graphs.py `causal_attention`).
     """
     rows = [np.asarray(s) for s in sequences]
     for i, row in enumerate(rows):
