@@ -274,7 +274,9 @@ def export_model(
     comparison with its figure. `variants` (e.g. ("int8", "int4", "fp16")) are derived from the
     checked fp32 graphs, each gated against fp32, each by the fastest of its recipes that passes
     (int8: one int8 code per weight, two when the gate refuses one; `int8_weight_passes` forces
-    one, export/recipes.py `recipe_attempts`). `overwrite` lets an export of another model be
+    one, export/recipes.py `recipe_attempts`); a variant that misses its gate is left out, the
+    folder is written with fp32 and the variants that passed, then `variants.VariantsRefused`
+    (an ExportError; `.written` is the folder) names what was refused with its figures. `overwrite` lets an export of another model be
     replaced; nothing but a colembed export is ever replaced. `random_weights` is recorded in the
     manifest (test and benchmark checkpoints say so; it is never guessed). A PEFT LoRA adapter
     folder (vidore/colqwen2.5-v0.2's form) is merged into its base first (`base`, else the
@@ -318,7 +320,9 @@ def export_model(
         extra: dict[str, dict[str, GraphEntry]] = {}
 
         def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
-            extra.update(with_variants or {})
+            if with_variants is not None:  # the variants listed now (a refused one drops out)
+                extra.clear()
+                extra.update(with_variants)
             d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
                               variants={BASE_VARIANT: graphs, **extra}, scorer=scorer, checks=checks)
             manifest = Manifest.from_dict(d)
@@ -330,10 +334,17 @@ def export_model(
             with meter.step("check the graphs against the torch model"):
                 checks[BASE_VARIANT] = verify(staging, reference, tolerance=tolerance,
                                         feature_tolerance=feature_tolerance)
+        refusal = None
         if variants:
+            from .variants import VariantsRefused
+
             with meter.step("write and check the variants"):
-                checks.update(variants_step(staging, graphs, variants, write_manifest, say,
-                                             meter, int8_weight_passes))
+                try:
+                    checks.update(variants_step(staging, graphs, variants, write_manifest, say,
+                                                 meter, int8_weight_passes))
+                except VariantsRefused as refused:  # the checked fp32 graphs are still written
+                    refusal = refused
+                    checks.update({n: refused.checks[n] for n in refused.kept})
         manifest = write_manifest()
         with meter.step("commit"):
             written = commit(staging, resolved.out)
@@ -343,4 +354,9 @@ def export_model(
             error.steps = meter.as_dicts()
         raise
     say(f"wrote {written} (peak RSS {meter.peak_rss_gb:.2f} GB)")
+    if refusal is not None:
+        refusal.written, refusal.steps = written, meter.as_dicts()
+        refusal.args = (f"{refusal}\nwritten without them: {written} "
+                        f"({', '.join([BASE_VARIANT, *refusal.kept])})",)
+        raise refusal
     return ExportReport(folder=written, manifest=manifest, check=checks, steps=meter.as_dicts())

@@ -5,8 +5,11 @@ variant is a pair of graph files derived from the fp32 ones, selected at load ti
 (`colembed.load(folder, variant="int8")`) through the manifest. What each variant is lives in
 `recipes.py`, the graph surgery in `graph_edits.py`, the gates' measurements in `evaluation.py`.
 
-A variant that misses its gate raises ExportError naming the variant and its figures; the
-exporter then removes the staging folder, so nothing is written. Every written graph is sorted,
+A variant that misses its gate is not written: its graph files are removed from the staging
+folder and the manifest, and `VariantsRefused` (an ExportError naming the variant and its
+figures) tells the exporter, which writes the checked fp32 graphs and every variant that passed
+before it raises it (a refusal at the end of a half-hour 4B export used to discard the checked fp32
+graphs with it). Every written graph is sorted,
 has `Reshape(allowzero=1)` cleared (DirectML rejects it, graphs.md) and is saved with external data
 (`<graph file>_data`) when the fp32 graph was or when its weights exceed the protobuf-safe limit.
 This module imports onnx and onnxruntime's quantisation tools when called, never torch.
@@ -175,6 +178,19 @@ def summary(name: str, figures: dict[str, Any]) -> str:
     return line
 
 
+class VariantsRefused(ExportError):
+    """One or more variants missed their gates (or the gate set cannot judge any): `refused` names
+    them, `kept` the variants that passed and stay in the staging folder's manifest, `checks`
+    every variant's figures (a benchmark reports a refusal from them). The exporter writes the
+    folder without the refused ones, then raises this with `written` set to it."""
+
+    def __init__(self, message: str, *, refused: Sequence[str], kept: Sequence[str],
+                 checks: dict[str, dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.refused, self.kept, self.checks = list(refused), list(kept), checks
+        self.written: Path | None = None
+
+
 def write_variants(
     staging: Path,
     graphs: dict[str, GraphEntry],
@@ -193,9 +209,10 @@ def write_variants(
     fp32 run; the written variant's figures record its recipes (`recipes`, `int8_weight_passes`)
     and each refused attempt's verdict (`refused_attempts`). `int8_weight_passes` forces one int8
     recipe (no fallback). `graphs` are the checked fp32 entries by role. Returns {variant:
-    figures} for the manifest's `checks`; raises ExportError naming every refused attempt of a
-    variant none of whose attempts passed, with its figures and worst item. `step(name)` wraps
-    each part (writing each graph, each gate run) to time and measure it.
+    figures} for the manifest's `checks`. A variant none of whose attempts passed is removed
+    (its files and its manifest entry) and `VariantsRefused` names every refused attempt with its
+    figures and worst item, after the variants that passed are written and listed. `step(name)`
+    wraps each part (writing each graph, each gate run) to time and measure it.
     """
     from .evaluation import evaluate_variants, fp32_reference, refusal_lines
 
@@ -212,7 +229,11 @@ def write_variants(
     # making variant graphs that could never have been written
     # (benchmarks/results/export-colqwen3-full-variants.md).
     say("running the gate set through fp32, the reference every variant is judged against")
-    reference = fp32_reference(staging, step=step)
+    try:
+        reference = fp32_reference(staging, step=step)
+    except ExportError as error:
+        raise VariantsRefused(f"no variant was made ({', '.join(names)}): {error}", refused=names,
+                              kept=[], checks={}) from error
     writer = _GraphWriter(staging, graphs, say, step)
     entries, measured = writer.write({n: attempts[n][0] for n in names})
     write_manifest(entries)
@@ -257,14 +278,17 @@ def write_variants(
     for name, figures in results.items():
         if refused[name]:
             figures["refused_attempts"] = refused[name]
-    failures = [line for name in names if "misses" in results[name] for line in lines[name]]
-    if failures:
-        error = ExportError("variant check failed against fp32; nothing was written:\n  "
-                            + "\n  ".join(failures))
-        error.checks = results  # every variant's figures, for a benchmark that reports a refusal
-        raise error
+    failed = [name for name in names if "misses" in results[name]]
+    if failed:
+        kept = {n: e for n, e in entries.items() if n not in failed}
+        writer.remove_unused(kept)
+        write_manifest(kept)
+        raise VariantsRefused(
+            f"variant check failed against fp32; not written: {', '.join(failed)}:\n  "
+            + "\n  ".join(line for name in failed for line in lines[name]),
+            refused=failed, kept=list(kept), checks=results)
     return results
 
 
-__all__ = ["GATES", "VARIANTS", "Gate", "VariantSpec", "parse_variants", "save_graph", "summary",
-           "write_variants"]
+__all__ = ["GATES", "VARIANTS", "Gate", "VariantSpec", "VariantsRefused", "parse_variants",
+           "save_graph", "summary", "write_variants"]

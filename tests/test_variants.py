@@ -351,7 +351,31 @@ def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(tiny_check
     steps = [s["step"] for s in refused.value.steps]
     assert "variants: gate set through fp32" in steps
     assert not any(s.startswith("variants: make") for s in steps)
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert "no variant was made (int8, fp16)" in str(refused.value)
+    assert_written_without(refused.value, out, refused=["int8", "fp16"], kept=[])
+
+
+def assert_written_without(error, out, *, refused, kept):
+    """A refusal keeps what passed: the folder holds the checked fp32 graphs and the `kept`
+    variants (listed, loadable, with their checks), no file of a `refused` one, no staging
+    folder; the error names the folder."""
+    import colembed
+    from colembed.layout import BASE_VARIANT
+    from colembed.manifest import read_manifest
+
+    assert error.written == out and error.refused == refused and error.kept == kept
+    assert f"written without them: {out} ({', '.join([BASE_VARIANT, *kept])})" in str(error)
+    manifest = read_manifest(out)
+    assert sorted(manifest.variants) == sorted([BASE_VARIANT, *kept])
+    assert sorted(manifest.checks) == sorted([BASE_VARIANT, *kept]) or sorted(
+        manifest.checks) == sorted(kept)  # fp32's check is absent when the export ran unchecked
+    listed = {g.file for graphs in manifest.variants.values() for g in graphs.values()}
+    for name in refused:
+        assert not [f for f in out.iterdir() if f".{name}" in f.name and f.name not in listed]
+    assert [p.name for p in out.parent.iterdir()] == [out.name]
+    for name in [BASE_VARIANT, *kept]:
+        model = colembed.load(out, variant=name)
+        assert model.embed_queries(["a refused variant leaves the rest"])[0].shape[-1] > 0
 
 
 def _break_tokens_past(model, position: int) -> None:
@@ -390,7 +414,8 @@ def _break_tokens_past(model, position: int) -> None:
 @pytest.mark.slow  # runs the exporter
 def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint, tmp_path, monkeypatch):
     """The gate samples queries up to the bound: a variant right on every short query and page
-    but wrong past 300 tokens is refused, naming the long queries; nothing is written."""
+    but wrong past 300 tokens is refused, naming the long queries; the folder is written with
+    fp32 and the variant that passed (fp16), without the refused one."""
     from colembed.errors import ExportError
     from colembed_export.exporter import export_model
 
@@ -398,21 +423,23 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
 
     def broken(recipe, src, work, calibration):
         model, figures = made(recipe, src, work, calibration)
-        if src.name.startswith("text"):
+        if src.name.startswith("text") and recipe.startswith("int8"):
             _break_tokens_past(model, 300)
         return model, figures
 
     monkeypatch.setattr(V, "make_graph", broken)
     out = tmp_path / "model"
     with pytest.raises(ExportError) as refused:  # one code forced: no two-code attempt to judge too
-        export_model(tiny_checkpoint, out, check=False, variants=["int8"], int8_weight_passes=1)
+        export_model(tiny_checkpoint, out, check=False, variants=["int8", "fp16"],
+                     int8_weight_passes=1)
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
     assert "worst item '" in message  # a page past 300 tokens is broken too: either may be worst
     below = message.split("below it:")[1].split("\n")[0]
     assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
     assert "64 tokens" not in below and "221 tokens" not in below
-    assert not out.exists() and list(tmp_path.iterdir()) == []
+    assert "not written: int8:" in message and "fp16" not in message.split("written without")[0]
+    assert_written_without(refused.value, out, refused=["int8"], kept=["fp16"])
 
 
 # ----------------------------------------------------------------------------- int4, streamed
