@@ -79,7 +79,7 @@ def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = (),
         int8_weight_passes: int | None = None) -> dict:
     from colembed_export.exporter import export_model
 
-    from colembed.errors import ExportError
+    from colembed_export.variants import VariantsRefused
 
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
@@ -88,11 +88,10 @@ def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = (),
                               variants=variants, int8_weight_passes=int8_weight_passes,
                               progress=lambda m: print(f"[export] {m}",
                                                                           file=sys.stderr, flush=True))
-    except ExportError as e:
-        # A variant refused by its gate is a result (the export's memory and the gate's figures
-        # up to the refusal), not a crash; any other refusal has no steps to report.
-        if not getattr(e, "checks", None):
-            raise
+    except VariantsRefused as e:
+        # A variant refused by its gate (or a gate set fp32 cannot judge) is a result: the
+        # export's steps and memory, the gates' figures up to the refusal, and the folder written
+        # without the refused variants; any other refusal has no steps to report.
         steps, checks, refused = e.steps, e.checks, str(e)
         architecture = json.loads((checkpoint / "colembed_tiny.json").read_text())["spec"]
     else:
