@@ -262,6 +262,14 @@ def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
     return groups
 
 
+# Whether a calibration probe's session prepacks its weights (onnxruntime's default). Off: a probe
+# runs a handful of items once, and unpacked weights stay the external-data file's memory-mapped
+# pages (file-backed, which the kernel can drop under pressure) instead of a packed anonymous copy
+# of every fp32 weight: the variant step's peak came from such a probe of the fp32 text graph
+# (benchmarks/results/export-colqwen3-full-variants.md), and loading skips the packing.
+PROBE_PREPACKING = False
+
+
 @contextlib.contextmanager
 def _probe(src: Path, outputs: Callable[[Any], list[str]]) -> Iterator[tuple[Any, list[str]]]:
     """An onnxruntime session (no graph optimisation) on a copy of the graph at `src` whose outputs
@@ -279,6 +287,8 @@ def _probe(src: Path, outputs: Callable[[Any], list[str]]) -> Iterator[tuple[Any
     try:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        if not PROBE_PREPACKING:
+            options.add_session_config_entry("session.disable_prepacking", "1")
         yield ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"]), names
     finally:
         probe.unlink(missing_ok=True)

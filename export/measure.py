@@ -5,6 +5,12 @@ At the start of a step the kernel's peak-RSS mark is reset (`/proc/self/clear_re
 kernel refusing it) the figure is the process's peak so far (`ru_maxrss`), which is still an upper
 bound. At the end of each step what it freed is handed back to the system (`release_memory`), so
 the next step starts from what is really still held.
+
+RSS counts the memory-mapped weight files' resident pages too (onnx_ir and an unpacked
+onnxruntime session read external data through mmap): the kernel can drop those under pressure,
+so a step's RSS peak overstates what it needs. Each step also records its peak anonymous memory
+(`RssAnon`, what cannot be dropped), sampled every `ANON_SAMPLE_SECONDS` by a thread: the kernel
+keeps no peak mark for it.
 """
 
 from __future__ import annotations
@@ -74,6 +80,59 @@ def rss_bytes() -> int:
     return _status_bytes("VmRSS") or peak_rss_bytes()
 
 
+ANON_SAMPLE_SECONDS = 0.05
+
+
+class _AnonPeak:
+    """The largest `RssAnon` seen since the last `restart`, sampled by a daemon thread between
+    `start` and `stop` (None where /proc has no RssAnon: not Linux)."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = _status_bytes("RssAnon")
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        import threading
+
+        if self.peak is None or self._thread is not None:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._sample, name="colembed-anon-peak",
+                                        daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(ANON_SAMPLE_SECONDS):
+            self.take()
+
+    def take(self) -> int | None:
+        """Sample now; the peak so far."""
+        now = _status_bytes("RssAnon")
+        with self._lock:
+            if now is not None and self.peak is not None:
+                self.peak = max(self.peak, now)
+            return self.peak
+
+    def restart(self) -> int | None:
+        """The peak so far (sampled now too), and a new mark from the current value."""
+        with self._lock:
+            before = self.peak
+        now = _status_bytes("RssAnon")
+        with self._lock:
+            self.peak = now
+        return None if before is None or now is None else max(before, now)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     step: str
@@ -82,6 +141,7 @@ class StepRecord:
     rss_after_gb: float
     per_step_peak: bool
     parent: str | None = None  # the enclosing step of a sub-step (its peak includes this one's)
+    peak_anon_gb: float | None = None  # this step's peak anonymous memory (sampled; not Linux: None)
 
 
 @dataclass
@@ -90,8 +150,10 @@ class StepMeter:
 
     progress: Callable[[str], None]
     records: list[StepRecord] = field(default_factory=list)
-    # enclosing steps, innermost last: [name, the largest peak of their finished sub-steps]
+    # enclosing steps, innermost last: [name, the largest peak of their finished sub-steps,
+    # the same for anonymous memory]
     _open: list[list] = field(default_factory=list)
+    _anon: _AnonPeak = field(default_factory=_AnonPeak)
 
     @contextlib.contextmanager
     def step(self, name: str) -> Iterator[None]:
@@ -100,25 +162,38 @@ class StepMeter:
         its sub-steps' and of what it held itself after the last of them."""
         self.progress(name)
         parent = self._open[-1][0] if self._open else None
+        if not self._open:
+            self._anon.start()
+        anon_before = self._anon.restart()
         if self._open:  # what the enclosing step peaked at before this sub-step
             self._open[-1][1] = max(self._open[-1][1], peak_rss_bytes())
+            self._open[-1][2] = max(self._open[-1][2], anon_before or 0)
         own_peak = _reset_peak()
         start = time.perf_counter()
-        self._open.append([name, 0])
+        self._open.append([name, 0, 0])
         try:
             yield
         finally:
-            _, inner = self._open.pop()
+            _, inner, inner_anon = self._open.pop()
+        anon = self._anon.take()  # before release_memory: what the step itself held
         release_memory()
         peak = max(peak_rss_bytes(), inner)
+        anon = None if anon is None else max(anon, inner_anon)
         if self._open:
             self._open[-1][1] = max(self._open[-1][1], peak)
+            self._open[-1][2] = max(self._open[-1][2], anon or 0)
+        self._anon.restart()  # the enclosing step goes on from what is held now
+        if not self._open:
+            self._anon.stop()
         record = StepRecord(step=name, seconds=round(time.perf_counter() - start, 2),
                             peak_rss_gb=round(peak / _GB, 3),
                             rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak,
-                            parent=parent)
+                            parent=parent,
+                            peak_anon_gb=None if anon is None else round(anon / _GB, 3))
         self.records.append(record)
-        self.progress(f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB")
+        anon_text = "" if anon is None else f" (anonymous {record.peak_anon_gb:.2f} GB)"
+        self.progress(f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB"
+                      f"{anon_text}")
 
     def as_dicts(self) -> list[dict]:
         return [asdict(r) for r in self.records]

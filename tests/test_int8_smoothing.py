@@ -89,3 +89,27 @@ def test_smoothing_keeps_the_fp32_function(calibrations, family, tmp_path):
     want, = Session(src, threads=1).run(feeds)
     got, = Session(smoothed, threads=1).run(feeds)
     assert np.abs(got - want).max() < 1e-4
+
+
+def test_calibration_probes_read_weights_unpacked_and_measure_the_same(calibrations, monkeypatch):
+    """A calibration probe's session skips onnxruntime's weight prepacking (graph_edits.
+    PROBE_PREPACKING: its weights stay the file's mapped pages instead of a packed anonymous copy)
+    and measures what a prepacking session measures (the MatMuls' outputs here)."""
+    import onnx
+
+    from colembed_export import graph_edits as G
+
+    folder, feeds = calibrations["exported_tiny"]
+    src = folder / _graph(folder, "text")
+    with G._probe(src, lambda graph: [graph.input[0].name]) as (session, _):
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.disable_prepacking") == "1"
+    graph = onnx.load(str(src), load_external_data=False).graph
+    weights = {i.name for i in graph.initializer}
+    names = [n.output[0] for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights][:6]
+    assert len(names) == 6
+    unpacked = G.channel_maxima(src, names, feeds["text"])
+    monkeypatch.setattr(G, "PROBE_PREPACKING", True)
+    packed = G.channel_maxima(src, names, feeds["text"])
+    for name in names:
+        np.testing.assert_allclose(unpacked[name], packed[name], rtol=1e-5)
