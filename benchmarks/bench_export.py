@@ -133,16 +133,21 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
            if "max_abs_diff" in result["check"] else "The fp32 check passed (its figure is "
            "written only with the folder)."),
         "",
-        *([f"**Refused by the variants' gate** (nothing written; the figures below are up to "
-           f"the refusal): {result['refused']}", ""] if result.get("refused") else []),
-        "| step | seconds | peak RSS GB | peak / weights | RSS after GB |",
-        "|---|---:|---:|---:|---:|",
+        *([f"**Refused by the variants' gate** (the folder was written without the refused "
+           f"variants; the figures below are up to the refusal): {result['refused']}", ""]
+          if result.get("refused") else []),
+        "| step | seconds | peak RSS GB | peak / weights | peak anonymous GB | RSS after GB |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for s in result["steps"]:  # a sub-step (a part of the variant step) is listed before its step
         label = f"&nbsp;&nbsp;part: {s['step'].removeprefix('variants: ')}" if s.get("parent") else s["step"]
+        anon = s.get("peak_anon_gb")  # results before session 14 have none
         lines.append(f"| {label} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
-                     f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | {s['rss_after_gb']:.2f} |")
-    lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start); "
+                     f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | "
+                     f"{'-' if anon is None else f'{anon:.2f}'} | {s['rss_after_gb']:.2f} |")
+    lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start), "
+              "mapped weight files' resident pages included; peak anonymous memory (RssAnon, "
+              "sampled every 50 ms) is what the kernel cannot drop under pressure; "
               "the parts of the variant step (each graph made and saved, the gate set through fp32 "
               "and through each variant) are listed before it, and its peak is the largest of "
               "theirs."]
