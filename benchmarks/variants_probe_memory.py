@@ -42,6 +42,7 @@ ARMS = {"prepacked": True, "unpacked": False}  # arm -> graph_edits.PROBE_PREPAC
 
 def child(arm: str, folder: Path, role: str, out: Path) -> None:
     """One arm's probe in this process; writes its figures to `out`."""
+    from colembed.layout import BASE_VARIANT
     from colembed.manifest import read_manifest
     from colembed_export import graph_edits
     from colembed_export.evaluation import calibration_feeds
@@ -51,7 +52,7 @@ def child(arm: str, folder: Path, role: str, out: Path) -> None:
 
     graph_edits.PROBE_PREPACKING = ARMS[arm]
     feeds = calibration_feeds(folder)[role]
-    src = folder / read_manifest(folder).variants["fp32"][role].file
+    src = folder / read_manifest(folder).variants[BASE_VARIANT][role].file
     model = ir.load(str(src))
     meter = StepMeter(lambda m: print(f"[{arm}] {m}", file=sys.stderr, flush=True))
     start = time.perf_counter()

@@ -314,7 +314,8 @@ def test_ranking_set_has_clear_winners_and_agreement_can_fail(exported_variants)
 
 # ------------------------------------------------------------------------------ gate failure
 @pytest.mark.slow  # runs the exporter
-def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkeypatch):
+def test_missed_gate_raises_and_writes_the_folder_without_the_variant(tiny_checkpoint, tmp_path,
+                                                                      monkeypatch):
     from colembed.errors import ExportError
     from colembed_export.exporter import export_model
 
@@ -328,8 +329,7 @@ def test_missed_gate_raises_and_writes_nothing(tiny_checkpoint, tmp_path, monkey
     assert "buckets" in refused.value.checks["int8"]
     steps = [s["step"] for s in refused.value.steps]
     assert "export the text graph" in steps and "variants: gate set through int8" in steps
-    assert not out.exists()
-    assert list(tmp_path.iterdir()) == []  # no staging, no work folder left behind
+    assert_written_without(refused.value, out, refused=["int8"], kept=[])  # no staging left
 
 
 @pytest.mark.slow  # runs the exporter (fp32 graphs only: the refusal comes before any variant)
