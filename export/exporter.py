@@ -276,8 +276,9 @@ def export_model(
     (int8: one int8 code per weight, two when the gate refuses one; `int8_weight_passes` forces
     one, export/recipes.py `recipe_attempts`); a variant that misses its gate is left out, the
     folder is written with fp32 and the variants that passed, then `variants.VariantsRefused`
-    (an ExportError; `.written` is the folder) names what was refused with its figures. `overwrite` lets an export of another model be
-    replaced; nothing but a colembed export is ever replaced. `random_weights` is recorded in the
+    (an ExportError; `.written` is the folder) names what was refused with its figures.
+    `overwrite` lets an export of another model be replaced; nothing but a colembed export is
+    ever replaced. `random_weights` is recorded in the
     manifest (test and benchmark checkpoints say so; it is never guessed). A PEFT LoRA adapter
     folder (vidore/colqwen2.5-v0.2's form) is merged into its base first (`base`, else the
     adapter's own base path; adapter.py); `source_label` is what the manifest names as the source.

@@ -325,8 +325,8 @@ def per_token_tables(cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[i
     batch, tokens, width = cos.shape
     half = width // 2
     positions = torch.arange(batch * tokens, device=cos.device).reshape(batch, tokens)
-    return (cos.reshape(batch * tokens, width)[:, :half], sin.reshape(batch * tokens, width)[:, :half],
-            positions)
+    rows = batch * tokens
+    return cos.reshape(rows, width)[:, :half], sin.reshape(rows, width)[:, :half], positions
 
 
 def _fused_text_attention(self, hidden_states: torch.Tensor, position_embeddings=None,
@@ -341,7 +341,8 @@ def _fused_text_attention(self, hidden_states: torch.Tensor, position_embeddings
                          "family do not use it)")
     batch, tokens, _ = hidden_states.shape
     heads, kv_heads = self.config.num_attention_heads, self.config.num_key_value_heads
-    query, key, value = self.q_proj(hidden_states), self.k_proj(hidden_states), self.v_proj(hidden_states)
+    query, key, value = (self.q_proj(hidden_states), self.k_proj(hidden_states),
+                         self.v_proj(hidden_states))
     if hasattr(self, "q_norm"):  # per head, over head_dim
         query = self.q_norm(query.reshape(batch, tokens, heads, -1)).reshape(query.shape)
         key = self.k_norm(key.reshape(batch, tokens, kv_heads, -1)).reshape(key.shape)

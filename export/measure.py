@@ -141,7 +141,7 @@ class StepRecord:
     rss_after_gb: float
     per_step_peak: bool
     parent: str | None = None  # the enclosing step of a sub-step (its peak includes this one's)
-    peak_anon_gb: float | None = None  # this step's peak anonymous memory (sampled; not Linux: None)
+    peak_anon_gb: float | None = None  # this step's peak anonymous memory (sampled; else None)
 
 
 @dataclass
