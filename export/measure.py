@@ -21,6 +21,7 @@ import ctypes.util
 import gc
 import resource
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator
@@ -88,16 +89,12 @@ class _AnonPeak:
     `start` and `stop` (None where /proc has no RssAnon: not Linux)."""
 
     def __init__(self) -> None:
-        import threading
-
         self.peak = _status_bytes("RssAnon")
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        import threading
-
         if self.peak is None or self._thread is not None:
             return
         self._stop.clear()
@@ -125,11 +122,9 @@ class _AnonPeak:
 
     def restart(self) -> int | None:
         """The peak so far (sampled now too), and a new mark from the current value."""
-        with self._lock:
-            before = self.peak
         now = _status_bytes("RssAnon")
         with self._lock:
-            self.peak = now
+            before, self.peak = self.peak, now
         return None if before is None or now is None else max(before, now)
 
 
