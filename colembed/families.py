@@ -34,6 +34,7 @@ family's extra graph inputs are declared or made.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -46,6 +47,8 @@ if TYPE_CHECKING:
 FULL = "full"
 WINDOWED = "windowed"
 ATTENTION_KINDS = (FULL, WINDOWED)
+# The vision rotary base of every Qwen-VL tower as transformers 4.57.1 builds it.
+VISION_ROPE_THETA = 10000.0
 
 
 def _extra_inputs(kind: str) -> tuple[TensorSpec, ...]:
@@ -194,6 +197,9 @@ class Family:
     attention_kind: str
     default_query_prefix: str = "Query: "  # when processor_config.json gives none
     vision_extras: bool = False  # Qwen3-VL: learned positions + DeepStack (`VisionExtras`)
+    # Whether the family's pinned reference reads the vision rotary base from the config
+    # (transformers 5.x: `vision_config.rope_parameters`); 4.57.1's towers fix it at 10000.
+    vision_rope_from_config: bool = False
 
     def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
         value = vision_config.get(key)
@@ -209,6 +215,36 @@ class Family:
             raise ModelFolderError(f"vision_config.{self.vision_names.width} {width} does not "
                                    f"divide by {heads} heads", path=source)
         return width // heads
+
+    def vision_rope_theta(self, vision_config: Mapping[str, Any],
+                          source: str = "config.json") -> float:
+        """The vision tower's rotary base. transformers 5.x writes it as
+        `vision_config.rope_parameters` (`rope_type` "axial", `rope_theta`). A family whose pinned
+        reference reads it uses it; one whose reference fixes the base at
+        `VISION_ROPE_THETA` refuses any other value instead of exporting a model that is not
+        the one the checkpoint was trained as."""
+        params = vision_config.get("rope_parameters")
+        if params is None:
+            params = ({"rope_theta": vision_config["rope_theta"]}
+                      if "rope_theta" in vision_config else {})
+        if not isinstance(params, Mapping):
+            raise ModelFolderError("vision_config.rope_parameters must be an object, got "
+                                   f"{params!r:.40}", path=source)
+        kind = params.get("rope_type", "axial")
+        if kind not in ("axial", "default"):
+            raise ModelFolderError(f"vision_config.rope_parameters.rope_type {kind!r} is not "
+                                   "supported (the vision towers' rotary is axial)", path=source)
+        theta = params.get("rope_theta", VISION_ROPE_THETA)
+        if isinstance(theta, bool) or not isinstance(theta, (int, float)) \
+                or not math.isfinite(theta) or theta <= 1:
+            raise ModelFolderError("vision_config.rope_parameters.rope_theta must be a number "
+                                   f"above 1, got {theta!r:.40}", path=source)
+        if not self.vision_rope_from_config and float(theta) != VISION_ROPE_THETA:
+            raise ModelFolderError(
+                f"vision_config.rope_parameters.rope_theta is {theta}, but {self.display_name}'s "
+                f"pinned reference fixes the vision rotary base at {VISION_ROPE_THETA:g}; "
+                "refusing to export a tower that differs from it", path=source)
+        return float(theta)
 
     def vision_numbers(self, vision_config: Mapping[str, Any],
                        source: str = "config.json") -> dict[str, Any]:
@@ -305,6 +341,7 @@ COLQWEN3 = Family(
     attention_kind=FULL,
     default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
     vision_extras=True,
+    vision_rope_from_config=True,  # colpali-engine 0.3.18 on transformers 5.x
 )
 FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3)}
 # What a manifest that names no family holds: every folder the first release (format 1 without

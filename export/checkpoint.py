@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colembed.errors import ExportError
+from colembed.errors import ExportError, ModelFolderError
 from colembed.families import (
     COLQWEN2,
     FAMILIES,
@@ -90,9 +90,15 @@ def check_architecture(folder: Path) -> Family:
 
 
 def check_required_files(folder: Path) -> None:
+    from .preprocess_config import image_processor_config
+
     missing = [f for f in REQUIRED_FILES if not (folder / f).is_file()]
     if missing:
         raise ExportError(f"{folder}: checkpoint lacks {missing} (needed by the runtime)")
+    try:
+        image_processor_config(folder)
+    except ModelFolderError as e:
+        raise ExportError(f"{folder}: checkpoint lacks its image processor settings ({e})") from e
 
 
 def fingerprint(folder: Path) -> str:

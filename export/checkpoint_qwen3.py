@@ -95,6 +95,22 @@ def _retrieval_module(backbone, projection, embedding_dim: int):
     return ColQwen3Retrieval().eval()
 
 
+def _set_vision_rope_theta(backbone, raw: dict[str, Any], folder: Path) -> None:
+    """4.57.1 builds the vision rotary with base 10000 whatever the config says; the pinned
+    reference (transformers 5.x) reads `vision_config.rope_parameters.rope_theta`, and so does the
+    runtime's host-made rotary table (the manifest's `vision_rope_theta`). The tower's inverse
+    frequencies are rebuilt from the same base, with 4.57.1's formula."""
+    import torch
+
+    from colembed.families import COLQWEN3
+
+    theta = COLQWEN3.vision_rope_theta(raw.get("vision_config") or {}, str(folder / "config.json"))
+    rotary = backbone.visual.rotary_pos_emb
+    dim = 2 * rotary.inv_freq.numel()
+    with torch.no_grad():
+        rotary.inv_freq.copy_(1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
+
+
 # config.json keys that are not Qwen3VLConfig's: the saving code's (architectures, auto_map,
 # dtype), the layout's (model_type, TomoroAI's embed_dim / padding_side, read from the layout).
 _NOT_BACKBONE_CONFIG = ("architectures", "auto_map", "dtype", "torch_dtype", "model_type",
@@ -190,6 +206,7 @@ def load_colqwen3(folder: Path):
     if problems:
         raise ExportError(f"{folder}: refusing a partial checkpoint, it would export random "
                           "layers: " + "; ".join(problems))
+    _set_vision_rope_theta(backbone, raw, folder)
     with torch.no_grad():
         for name, location in where.items():
             tensor = read(location)

@@ -35,8 +35,11 @@ CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
 
 # Files copied from the checkpoint: what the runtime's tokenizer and preprocessing read, plus the
 # configs kept for provenance. Optional ones are copied when present.
-REQUIRED_FILES = (TOKENIZER_FILE, "config.json", "preprocessor_config.json")
-OPTIONAL_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+# The image processor's settings are `preprocessor_config.json` or, as transformers 5.x saves a
+# processor, the `image_processor` object of `processor_config.json` (preprocess_config.py reads
+# either), so neither file is required on its own.
+REQUIRED_FILES = (TOKENIZER_FILE, "config.json")
+OPTIONAL_FILES = ("preprocessor_config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
                   "vocab.json", "merges.txt", "processor_config.json", "chat_template.jinja",
                   "colembed_tiny.json")
 

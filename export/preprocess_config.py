@@ -17,7 +17,8 @@ Where each value comes from (what the pinned reference, transformers 4.57.1, rea
   the image processor's). The backbone's model_type picks the family (`colembed.families`), whose
   declaration says which key is the vision width: Qwen2-VL's `embed_dim`, Qwen2.5-VL's
   `hidden_size` (Qwen2-VL's `hidden_size` is the merger's output; never one for the other).
-- `preprocessor_config.json`: `min_pixels`/`max_pixels` (or `size.shortest_edge`/`longest_edge`),
+- `preprocessor_config.json` (else `processor_config.json`'s `image_processor` object, where
+  transformers 5.x saves it): `min_pixels`/`max_pixels` (or `size.shortest_edge`/`longest_edge`),
   patch/merge/temporal sizes, mean, std, rescale factor.
 - the checkpoint layout (`layouts_qwen3`, by config.json's model_type): what a ColQwen3 layout's
   own processor does beyond the files. TomoroAI's strips queries (`query_strip`) and replaces the
@@ -44,7 +45,7 @@ from typing import Any
 from PIL import Image
 
 from colembed.errors import ModelFolderError
-from colembed.families import family_of_backbone
+from colembed.families import VISION_ROPE_THETA, family_of_backbone
 from colembed.layout import TOKENIZER_FILE
 from colembed.preprocess.config import UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, PreprocessConfig
 
@@ -58,7 +59,8 @@ from .layouts_qwen3 import layout_of
 #   ColQwen2Processor.__call__: `self.query_augmentation_token * 10`.
 #   Qwen2VLImageProcessor.__init__: patch/merge/temporal sizes, rescale factor, OPENAI_CLIP mean/std
 #     (UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, kept by the runtime beside the type).
-#   VisionRotaryEmbedding.__init__: theta (the vision tower never reads it from the config).
+#   VisionRotaryEmbedding.__init__: theta (`colembed.families.VISION_ROPE_THETA`; a family whose
+#     reference reads `vision_config.rope_parameters` takes it from there: `vision_rope_theta`).
 UPSTREAM_PAGE_PROMPT = (
     "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.<|im_end|>"
     "<|endoftext|>"
@@ -66,7 +68,6 @@ UPSTREAM_PAGE_PROMPT = (
 UPSTREAM_IMAGE_TOKEN = "<|image_pad|>"
 UPSTREAM_VISION_START_TOKEN = "<|vision_start|>"
 QUERY_AUGMENTATION_COUNT = 10
-VISION_ROPE_THETA = 10000.0
 
 # The only preprocessing colembed implements; a folder asking for anything else is refused.
 _REQUIRED_FLAGS = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
@@ -79,7 +80,7 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     raw_config = _read_json(folder / "config.json")
     family = family_of_backbone(raw_config, folder / "config.json")
     model_config = _vlm_config(raw_config)
-    image_config = _read_json(folder / "preprocessor_config.json")
+    image_config, preprocessor_path = image_processor_config(folder)
     processor_config = _read_json(folder / "processor_config.json", required=False)
     tokenizer_config = _read_json(folder / "tokenizer_config.json", required=False)
     special_tokens = _read_json(folder / "special_tokens_map.json", required=False)
@@ -88,7 +89,6 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     pad_token = _pad_token(tokenizer_config, special_tokens, folder)
     image_token = _image_token(tokenizer_config)
     vision_config = model_config.get("vision_config", {})
-    preprocessor_path = folder / "preprocessor_config.json"
     _check_supported_pipeline(image_config, preprocessor_path)
     min_pixels, max_pixels = _pixel_bounds(image_config, preprocessor_path)
     geometry = _patch_geometry(image_config, vision_config, folder)
@@ -113,7 +113,7 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
         image_std=tuple(float(v) for v in image_config.get("image_std", defaults["image_std"])),
         rescale_factor=float(image_config.get("rescale_factor", defaults["rescale_factor"])),
         vision_head_dim=family.vision_head_dim(vision_config, folder / "config.json"),
-        vision_rope_theta=VISION_ROPE_THETA,
+        vision_rope_theta=family.vision_rope_theta(vision_config, str(folder / "config.json")),
         query_strip=bool(layout is not None and layout.query_strip),
         **geometry,
     )
@@ -132,6 +132,21 @@ def _page_prompt(processor_config: dict[str, Any], layout) -> str:
     prefix, suffix = layout.page_prompt_parts
     return (_value_or(processor_config.get("visual_prompt_prefix"), prefix)
             + _value_or(processor_config.get("visual_prompt_suffix"), suffix))
+
+
+def image_processor_config(folder: Path) -> tuple[dict[str, Any], Path]:
+    """(the image processor's settings, the file they came from): `preprocessor_config.json`, or
+    the `image_processor` object of `processor_config.json`, which is where transformers 5.x's
+    `ProcessorMixin.save_pretrained` writes them (it writes no preprocessor_config.json)."""
+    path = folder / "preprocessor_config.json"
+    if path.is_file():
+        return _read_json(path), path
+    processor_path = folder / "processor_config.json"
+    nested = _read_json(processor_path, required=False).get("image_processor")
+    if isinstance(nested, dict):
+        return nested, processor_path
+    raise ModelFolderError("no image processor settings: neither preprocessor_config.json nor an "
+                           "`image_processor` object in processor_config.json", path=folder)
 
 
 def _read_json(path: Path, *, required: bool = True) -> dict[str, Any]:
@@ -257,4 +272,5 @@ def _check_supported_pipeline(image_config: dict, path: Path) -> None:
         )
 
 
-__all__ = ["QUERY_AUGMENTATION_COUNT", "VISION_ROPE_THETA", "read_preprocess_config"]
+__all__ = ["QUERY_AUGMENTATION_COUNT", "VISION_ROPE_THETA", "image_processor_config",
+           "read_preprocess_config"]

@@ -7,6 +7,7 @@ environment (`tests/qwen3_fixtures.py` creates it) and writes what the reference
 .npz file that the export environment compares with:
 
     python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz
+(`--save CHECKPOINT OUT_FOLDER` writes the folder as the reference's `save_pretrained` does.)
 
 Per sample query and page (`colembed_export.verify`'s, plus a few more page sizes): input ids,
 attention mask, pixel values, image grid, the model's 3-D positions, and the embeddings, alone and
@@ -140,7 +141,21 @@ def run(folder: Path, out: Path) -> None:
     np.savez(out, **found)
 
 
+def save(folder: Path, out: Path) -> None:
+    """The checkpoint as the reference saves it (`ColQwen3.save_pretrained` and the processor's
+    `save_pretrained` on transformers 5.x): the folder a user's own fine-tune arrives as."""
+    model, processor = load_reference(folder)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+
+
+USAGE = ("usage: python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz\n"
+         "       python -m colembed_export.reference_qwen3 --save CHECKPOINT OUT_FOLDER")
+
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz")
-    run(Path(sys.argv[1]), Path(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "--save":
+        save(Path(sys.argv[2]), Path(sys.argv[3]))
+    elif len(sys.argv) == 3:
+        run(Path(sys.argv[1]), Path(sys.argv[2]))
+    else:
+        raise SystemExit(USAGE)

@@ -69,6 +69,7 @@ class Qwen3Spec:
     text_intermediate: int = 96
     mrope_section: tuple[int, int, int] = (2, 3, 3)
     rope_theta: float = 5_000_000.0
+    vision_rope_theta: float = 10_000.0  # written to vision_config.rope_parameters (5.x reads it)
     vocab_size: int = 151936
     tie_word_embeddings: bool = False
 
@@ -87,12 +88,12 @@ class Qwen3Spec:
 PRESETS_3: dict[str, Qwen3Spec] = {
     "tiny-3": Qwen3Spec(name="tiny-3"),
     # Other widths, heads, GQA 3:1, three DeepStack layers (the real model's count) at other
-    # blocks, another position grid, tied word embeddings as in the 4B.
+    # blocks, another position grid, tied word embeddings as in the 4B, another vision rope base.
     "tiny-3-alt": Qwen3Spec(
         name="tiny-3-alt", vision_depth=4, vision_hidden=48, vision_heads=3,
         vision_intermediate=80, position_grid_side=6, deepstack_layers=(1, 2, 3), text_layers=4,
         text_hidden=96, text_heads=3, text_kv_heads=1, text_head_dim=32, text_intermediate=160,
-        mrope_section=(4, 6, 6), tie_word_embeddings=True),
+        mrope_section=(4, 6, 6), tie_word_embeddings=True, vision_rope_theta=5_000.0),
     # Qwen3-VL-4B widths (Qwen/Qwen3-VL-4B-Instruct's config); reduce depth for benchmarks with
     # `replace(spec, vision_depth=..., text_layers=..., deepstack_layers=...)`.
     "qwen3-vl-4b": Qwen3Spec(
@@ -142,7 +143,8 @@ def colpali_config_json(spec: Qwen3Spec) -> dict:
     text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta"),
                                "mrope_section": list(scaling["mrope_section"]),
                                "mrope_interleaved": True}
-    config["vision_config"]["rope_parameters"] = {"rope_type": "axial", "rope_theta": 10000.0}
+    config["vision_config"]["rope_parameters"] = {"rope_type": "axial",
+                                                  "rope_theta": spec.vision_rope_theta}
     for part in (config, text, config["vision_config"]):
         for key in ("torch_dtype", "transformers_version", "_name_or_path"):
             part.pop(key, None)

@@ -113,7 +113,7 @@ def reference_processor_qwen3(checkpoint_folder: Path):
     are colembed's reading of it (bounds from min/max_pixels or size, a layout's processor
     differences), so the reference and the runtime see the same pixel budget. Used by the check
     and by the benchmarks' torch reference."""
-    from transformers import ColQwen2Processor, Qwen2TokenizerFast
+    from transformers import ColQwen2Processor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     from .preprocess_config import read_preprocess_config
@@ -125,8 +125,30 @@ def reference_processor_qwen3(checkpoint_folder: Path):
         image_std=list(config.image_std), min_pixels=config.min_pixels,
         max_pixels=config.max_pixels)
     processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
-                                  tokenizer=Qwen2TokenizerFast.from_pretrained(checkpoint_folder))
+                                  tokenizer=reference_tokenizer(checkpoint_folder))
     return processor, config
+
+
+def reference_tokenizer(checkpoint_folder: Path):
+    """4.57.1's `Qwen2TokenizerFast` for the folder. transformers 5.x saves
+    `extra_special_tokens` as a list (its additional special tokens) where 4.57.1 reads a
+    name -> token object and fails on a list; a list is handed to 4.57.1 as what it means,
+    `additional_special_tokens`."""
+    import json
+
+    from transformers import Qwen2TokenizerFast
+
+    path = Path(checkpoint_folder) / "tokenizer_config.json"
+    extra = None
+    if path.is_file():
+        try:
+            extra = json.loads(path.read_text(encoding="utf-8")).get("extra_special_tokens")
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
+            raise ExportError(f"{path}: unreadable tokenizer configuration ({e})") from e
+    if isinstance(extra, list):
+        return Qwen2TokenizerFast.from_pretrained(checkpoint_folder, extra_special_tokens={},
+                                                  additional_special_tokens=extra)
+    return Qwen2TokenizerFast.from_pretrained(checkpoint_folder)
 
 
 def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:

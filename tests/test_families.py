@@ -74,6 +74,60 @@ def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
         read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path, qwen4))
 
 
+def test_a_vision_rope_base_the_reference_ignores_is_refused(tiny_checkpoint, tmp_path):
+    """4.57.1's Qwen2-VL tower fixes its rotary base at 10000: a checkpoint asking for another
+    is refused naming the field, never exported as if it were 10000."""
+    def theta(value):
+        def edit(config):
+            config["vlm_config"]["vision_config"]["rope_parameters"] = {
+                "rope_type": "axial", "rope_theta": value}
+        return edit
+
+    assert read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path / "a", theta(10000.0))) \
+        .vision_rope_theta == 10000.0
+    with pytest.raises(ModelFolderError, match=r"vision_config\.rope_parameters\.rope_theta is 5000"):
+        read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path / "b", theta(5000.0)))
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"rope_type": "axial", "rope_theta": 5000}, None),
+    ({"rope_theta": 20000.0}, None),
+    ({}, None),
+    ({"rope_type": "yarn", "rope_theta": 5000}, "rope_type 'yarn'"),
+    ({"rope_type": "axial", "rope_theta": "5000"}, "must be a number"),
+    ({"rope_type": "axial", "rope_theta": float("nan")}, "must be a number"),
+    ({"rope_type": "axial", "rope_theta": True}, "must be a number"),
+    ([5000], "must be an object"),
+])
+def test_colqwen3_takes_its_vision_rope_base_from_the_config(params, message):
+    """The pinned ColQwen3 reference (transformers 5.x) reads vision_config.rope_parameters."""
+    if message is None:
+        want = float(params.get("rope_theta", 10000.0)) if isinstance(params, dict) else None
+        assert COLQWEN3.vision_rope_theta({"rope_parameters": params}) == want
+    else:
+        with pytest.raises(ModelFolderError, match=message):
+            COLQWEN3.vision_rope_theta({"rope_parameters": params})
+    assert COLQWEN3.vision_rope_theta({}) == 10000.0
+
+
+def test_image_processor_settings_saved_the_transformers_5_way_are_read(tiny_checkpoint, tmp_path):
+    """transformers 5.x's `save_pretrained` writes the image processor into processor_config.json
+    (no preprocessor_config.json): the same constants are read from there; with neither, the
+    folder is refused naming both."""
+    want = read_preprocess_config(tiny_checkpoint)
+    moved = shutil.copytree(tiny_checkpoint, tmp_path / "moved")
+    image = json.loads((moved / "preprocessor_config.json").read_text())
+    (moved / "preprocessor_config.json").unlink()
+    processor = {}
+    if (moved / "processor_config.json").exists():
+        processor = json.loads((moved / "processor_config.json").read_text())
+    (moved / "processor_config.json").write_text(json.dumps({**processor, "image_processor": image}))
+    assert read_preprocess_config(moved) == want
+    (moved / "processor_config.json").write_text(json.dumps(processor))
+    with pytest.raises(ModelFolderError, match="neither preprocessor_config.json nor"):
+        read_preprocess_config(moved)
+
+
 def test_checkpoint_layouts_are_declared_per_family():
     assert family_of_checkpoint({"model_type": "colqwen2",
                                  "vlm_config": {"model_type": "qwen2_vl"}}) is COLQWEN2

@@ -194,3 +194,34 @@ def test_an_index_takes_colqwen3_pages_and_refuses_another_family(exported_tiny,
         assert hit.file == str(tmp_path / "page.png")
     with pytest.raises(ModelMismatchError):
         Index(tmp_path / "db", model=colembed.load(exported_tiny.folder))
+
+
+def test_a_folder_saved_by_the_reference_exports_as_its_source(tmp_path, tmp_path_factory):
+    """What transformers 5.x's `save_pretrained` writes (the image processor inside
+    processor_config.json, no preprocessor_config.json; `extra_special_tokens` as a list) exports,
+    and the export embeds exactly as the folder it was saved from."""
+    import json
+    import os
+    import subprocess
+
+    import colembed
+    from colembed_export.exporter import export_model
+    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+    from qwen3_fixtures import reference_python
+
+    saved = tmp_path / "saved"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    subprocess.run([str(reference_python()), "-m", "colembed_export.reference_qwen3", "--save",
+                    str(checkpoint(tmp_path_factory, "tiny-3")), str(saved)], check=True, env=env)
+    assert not (saved / "preprocessor_config.json").exists()
+    assert "image_processor" in json.loads((saved / "processor_config.json").read_text())
+    assert isinstance(json.loads((saved / "tokenizer_config.json").read_text())
+                      ["extra_special_tokens"], list)
+    export_model(saved, tmp_path / "model", random_weights=True)
+    again = colembed.load(tmp_path / "model")
+    source = colembed.load(exported(tmp_path_factory, "tiny-3"))
+    pages, queries = reference_pages()[:3], list(QUERIES)
+    for got, want in zip(again.embed_images(pages) + again.embed_queries(queries),
+                         source.embed_images(pages) + source.embed_queries(queries)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, atol=1e-6)
