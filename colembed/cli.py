@@ -3,6 +3,8 @@
     colembed export SOURCE --out DIR     checkpoint -> verified model folder (needs the export extra)
     colembed demo [--out DIR]            offline end-to-end run on a tiny RANDOM-WEIGHT model
     colembed info DIR                    what a model folder holds
+    colembed check-variant DIR --variant V --queries FILE --pages DIR
+                                         a variant against fp32 on your own data
     colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
     colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
     colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
@@ -93,6 +95,101 @@ def _cmd_info(args) -> int:
     }
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def _check_queries(path: str) -> list[str]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--queries {path}: cannot read it as UTF-8 text ({e})") from None
+    queries = [line.strip() for line in text.splitlines() if line.strip()]
+    if not queries:
+        raise UsageError(f"--queries {path}: no queries (one per line)")
+    return queries
+
+
+def _check_pages(path: str, limit: int, max_pixels: int) -> tuple[list, list[str]]:
+    """Up to `limit` page images from the documents under `path`, by the index's own reader."""
+    try:
+        from .index.sources import Document, discover
+    except ImportError as e:
+        raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
+    from .index.errors import SourceError
+
+    found = discover([path])
+    for missing, reason in found.missing:
+        raise UsageError(f"--pages {missing}: {reason}")
+    images, names = [], []
+    for document in found.documents:
+        try:
+            with Document(document, max_pixels=max_pixels) as doc:
+                for number, image in doc.iter_pages(range(1, doc.pages + 1)):
+                    if len(images) >= limit:
+                        return images, names
+                    images.append(image)
+                    names.append(f"{document.name} page {number}")
+        except SourceError as e:
+            print(f"skipped: {_printable(str(e))}", file=sys.stderr)
+    if not images:
+        raise UsageError(f"--pages {path}: no readable PDF or image pages")
+    return images, names
+
+
+def _printable(text: str) -> str:
+    """`text` with control characters escaped (file names in human output)."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _cmd_check_variant(args) -> int:
+    from .fidelity import check_variant
+    from .manifest import read_manifest
+
+    if args.max_pages < 1:
+        raise UsageError("--max-pages must be at least 1")
+    folder = Path(args.folder).expanduser()
+    if not folder.is_dir():
+        from .registry import resolve_model_folder
+
+        folder = resolve_model_folder(args.folder)
+    manifest = read_manifest(folder)
+    if args.variant not in manifest.variants or args.variant == BASE_VARIANT:
+        raise UsageError(f"{args.variant!r} is not a variant of {folder} (it holds "
+                         f"{sorted(v for v in manifest.variants if v != BASE_VARIANT)})")
+    queries = _check_queries(args.queries)
+    pages, names = _check_pages(args.pages, args.max_pages, manifest.preprocess.max_pixels)
+    report = check_variant(folder, args.variant, queries, pages, page_names=names)
+    worst = min([r["min"] for r in report["queries"] + report["pages"]], default=1.0)
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+    else:
+        _print_variant_check(report)
+    failed = args.fail_below is not None and not worst >= args.fail_below
+    if failed:
+        print(f"colembed check-variant: a token's cosine to fp32 is {worst:.5f}, below "
+              f"--fail-below {args.fail_below}", file=sys.stderr)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def _print_variant_check(report: dict) -> None:
+    from .fidelity import describe_token
+
+    for kind in ("queries", "pages"):
+        rows = report[kind]
+        low = min(rows, key=lambda r: r["min"])
+        mean = sum(r["mean"] * r["tokens"] for r in rows) / max(1, sum(r["tokens"] for r in rows))
+        print(f"{kind}: {len(rows)}, mean token cosine {mean:.5f}, worst {low['min']:.5f} "
+              f"({_printable(low['item'])})")
+    print("query tokens by kind:")
+    for kind, row in report["token_classes"].items():
+        print(f"  {kind:<26} {row['tokens']:>6} tokens  mean {row['mean']:.5f}  min "
+              f"{row['min']:.5f}  worst {_printable(repr(row['worst']['text']))} in "
+              f"{row['worst']['item']}")
+    print(f"worst query {_printable(describe_token(report['worst_token']))}")
+    ranking = report["ranking"]
+    if ranking["top1_agreement"] is not None:
+        print(f"ranking against fp32 over {ranking['queries']} queries x {ranking['pages']} pages: "
+              f"top-1 agreement {ranking['top1_agreement']:.3f}, top-{ranking['k']} overlap "
+              f"{ranking['topk_overlap']:.3f}")
 
 
 INDEX_EXTRA_HINT = ("this command needs the index extra (qdrant-edge-py, qdrant-client, pypdfium2, "
@@ -466,6 +563,22 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="describe a model folder")
     info.add_argument("folder")
     info.set_defaults(func=_cmd_info)
+
+    check = sub.add_parser("check-variant",
+                           help="a variant against fp32 on your own queries and pages: worst token "
+                                "cosine per item and per kind of token, ranking agreement")
+    check.add_argument("folder", help="model folder (or a model name colembed knows)")
+    check.add_argument("--variant", required=True, help="the variant to check (int8, int4, fp16)")
+    check.add_argument("--queries", required=True,
+                       help="UTF-8 text file, one query per line (blank lines skipped)")
+    check.add_argument("--pages", required=True,
+                       help="a folder (or file) of PDFs and images; needs the index extra")
+    check.add_argument("--max-pages", type=int, default=50,
+                       help="pages to render at most, in file order (default 50)")
+    check.add_argument("--fail-below", type=float, metavar="COSINE",
+                       help="exit 1 when any token's cosine to fp32 is below COSINE")
+    check.add_argument("--json", action="store_true", help="the whole report as JSON")
+    check.set_defaults(func=_cmd_check_variant)
     _add_index_commands(sub)
 
     doctor = sub.add_parser("doctor", help="check node placement on this machine's providers and "

@@ -21,7 +21,7 @@ would load the variant:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -49,6 +49,30 @@ MIN_CLEAR_QUERIES = 16
 GATE_SENTENCE = "Net revenue in the northern region grew by 12% while operating costs fell. "
 CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product line? "
 GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
+# What queries are made of beyond words: a variant's error follows the kind of token (digits,
+# spaces and punctuation excite other channels than words), so the gate holds every kind
+# (`colembed.fidelity.token_class`), each a query of its own, and a numbers sentence at length.
+TOKEN_CLASS_QUERIES = (
+    ("digits and numbers", "0 1 2 3 4 5 6 7 8 9 10 42 100 1999 2023 2024 3.14 0.5% -7 +12 1/2 "
+     "3:45 07:30 1,000 12,345.67 €9.99 $1.2M ¥500 £3 2e-5 XII ½ ¾ ٣ ३ 四"),
+    ("amounts and references", "Invoice INV-2024-00317 of 14 March 2024 totals $48,250.00 (VAT "
+     "20%: $9,650.00); see Table 7, row 12, column B3 and Figure 2.1 on p. 45."),
+    ("punctuation and symbols", "( ) [ ] { } < > . , ; : ! ? ' \" ` ~ @ # $ % ^ & * _ - + = | \\ / "
+     "— – … « » ‘ ’ “ ” • · § ¶ © ® ™ ° ± × ÷ → ≤ ≥ ≠ ∑ √ ∞ µ €"),
+    ("whitespace forms", "a  b   c\tdone\n\nnext\u00a0line\u2003em\u3000wide \r\n end    "),
+    ("several scripts", "Résumé naïve façade; Привет, как дела? Καλημέρα κόσμε; مرحبا بالعالم; "
+     "שלום עולם; नमस्ते दुनिया; 你好，世界；こんにちは世界；안녕하세요 세계; สวัสดีชาวโลก"),
+    ("code", "def total(rows): return sum(r['amount'] for r in rows if r.get('paid'))  # SELECT "
+     "id, SUM(x) FROM t WHERE y >= 10 GROUP BY id;"),
+    ("table", "| Quarter | Revenue | Margin |\n|---|---:|---:|\n| Q1 2023 | 1,204.5 | 12.3% |\n"
+     "| Q2 2023 | 1,387.0 | 13.1% |\n| Total | 2,591.5 | 12.7% |"),
+)
+# Numbers at length: activation ranges grow with length, and digits are where they break first.
+NUMBERS_SENTENCE = "Table 4 lists 2,517 units sold in Q3 2022 at $18.40 each (up 7.5% on 2021). "
+NUMBERS_QUERY_LENGTH = 221
+# Token sequences drawn from the whole vocabulary (specials excluded), at these lengths.
+VOCABULARY_QUERY_LENGTHS = (16, 64, 221)
+VOCABULARY_SEED = 11
 QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
 PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the last to the budget
 # How the gate loads each model: sizes checked (the files were just written), and no CPU memory
@@ -121,23 +145,62 @@ def repeated(sentence: str, tokens: int, count: Any) -> str:
 
 
 def gate_queries(model: Any) -> list[tuple[str, str]]:
-    """(name, text) of the gate's queries: one word, the sample queries, repeated sentences of
-    ~64, 221 and 450 tokens and one at the model's bound (`max_query_tokens`)."""
+    """(name, text) of the gate's queries: one word, the sample queries, one query per kind of
+    token (`TOKEN_CLASS_QUERIES`), token sequences from the whole vocabulary, a numbers sentence
+    at length, repeated sentences of ~64, 221 and 450 tokens and one at the model's bound
+    (`max_query_tokens`)."""
     from .verify import SAMPLE_QUERIES
 
     encoder = model.text_encoder
     count, bound = encoder.count_query_tokens, encoder.max_query_tokens
     found = [("one word", "invoice")]
     found += [(f"sample query {i}", q) for i, q in enumerate(SAMPLE_QUERIES)]
+    found += list(TOKEN_CLASS_QUERIES)
+    found += vocabulary_queries(encoder)
+    if NUMBERS_QUERY_LENGTH < bound:
+        found.append((f"numbers sentence repeated to {NUMBERS_QUERY_LENGTH} tokens",
+                      repeated(NUMBERS_SENTENCE, NUMBERS_QUERY_LENGTH, count)))
+    # the last three: the longest, run together in one mixed batch (_embed_gate_set)
     for tokens in (*[t for t in GATE_QUERY_LENGTHS if t < bound], bound):
         found.append((f"sentence repeated to {tokens} tokens", repeated(GATE_SENTENCE, tokens, count)))
     return found
 
 
+def vocabulary_queries(encoder: Any) -> list[tuple[str, str]]:
+    """Texts of `VOCABULARY_QUERY_LENGTHS` ids drawn uniformly from the tokenizer's whole
+    vocabulary (special tokens excluded), decoded: rare words, other scripts, byte pieces."""
+    rng = np.random.default_rng(VOCABULARY_SEED)
+    size = encoder.vocabulary_size
+    found = []
+    for tokens in VOCABULARY_QUERY_LENGTHS:
+        ids: list[int] = []
+        while len(ids) < tokens:
+            drawn = rng.integers(0, size, tokens)
+            ids += [int(i) for i, (_, special) in zip(drawn, encoder.token_texts(drawn))
+                    if not special]
+        found.append((f"{tokens} tokens drawn from the vocabulary", encoder.decode(ids[:tokens])))
+    return found
+
+
+def query_token_classes(encoder: Any, text: str) -> tuple[list[str], list[str]]:
+    """(each token's text, each token's class) of the query `text` as the model sees it
+    (prefix and augmentation tokens included, cut at the bound): one per embedding row."""
+    import warnings
+
+    from colembed.errors import QueryTruncatedWarning
+    from colembed.fidelity import token_class
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", QueryTruncatedWarning)
+        ids = encoder.encode_queries([text])[0]
+    texts = encoder.token_texts(ids)
+    return [t for t, _ in texts], [token_class(t, special=special) for t, special in texts]
+
+
 def gate_pages(model: Any) -> list[tuple[str, Any]]:
     """(name, image) of the gate's pages: the sample pages, the smallest page (below the minimum
     pixel budget), a full-budget page (a letter page scaled to the image-token budget), a wide
-    and a tall strip (aspect ratio 50)."""
+    and a tall strip (aspect ratio 50), a blank page and a photo-like one."""
     from PIL import Image, ImageDraw
 
     from .verify import sample_pages
@@ -154,6 +217,11 @@ def gate_pages(model: Any) -> list[tuple[str, Any]]:
     found.append(("full-budget letter page 1700x2200", letter))
     found.append(("wide strip 2000x40", Image.fromarray(rng.integers(0, 256, (40, 2000, 3), np.uint8))))
     found.append(("tall strip 40x2000", Image.fromarray(rng.integers(0, 256, (2000, 40, 3), np.uint8))))
+    found.append(("blank page 280x364", Image.new("RGB", (280, 364), "white")))
+    smooth = Image.fromarray(rng.integers(0, 256, (9, 7, 3), np.uint8)).resize((280, 364),
+                                                                                Image.BICUBIC)
+    grain = np.asarray(smooth, np.float32) + rng.normal(0, 12, (364, 280, 3))
+    found.append(("photo-like page 280x364", Image.fromarray(np.clip(grain, 0, 255).astype(np.uint8))))
     return found
 
 
@@ -338,6 +406,21 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
     return items
 
 
+def query_class_figures(reference: Fp32Reference, got: dict[str, list[np.ndarray]]
+                        ) -> dict[str, Any]:
+    """Per token class over the gate's queries, alone and in the mixed batch
+    (`colembed.fidelity.class_figures`): each class's mean and min, and the worst token by text."""
+    from colembed.fidelity import class_figures, token_cosines as row_cosines
+
+    names = [name for name, _ in reference.queries]
+    want, tokens = reference.want["queries"], reference.query_tokens
+    items = [(f"query: {n}", row_cosines(g, w), *t)
+             for n, g, w, t in zip(names, got["queries"], want, tokens)]
+    items += [(f"query in a mixed batch: {n}", row_cosines(g, w), *t)
+              for n, g, w, t in zip(names[-3:], got["mixed_queries"], want[-3:], tokens[-3:])]
+    return class_figures(items)
+
+
 def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
     """glibc's mallopt(M_MMAP_THRESHOLD, `threshold`) for this process (GATE_MMAP_THRESHOLD);
     False where there is no glibc (other C libraries, other systems): nothing changes there."""
@@ -369,6 +452,8 @@ class Fp32Reference:
     ranking: tuple[list[Any], list[Any]]
     scores: np.ndarray
     clear: np.ndarray
+    # per gate query: (its tokens' texts, their classes), one per embedding row
+    query_tokens: list[tuple[list[str], list[str]]] = field(default_factory=list)
 
 
 def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
@@ -386,6 +471,8 @@ def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
             reference = gate_model(folder, BASE_VARIANT)
         with step("variants: gate set through fp32: run"):
             queries, pages = gate_queries(reference), gate_pages(reference)
+            query_tokens = [query_token_classes(reference.text_encoder, text)
+                            for _, text in queries]
             want = _embed_gate_set(reference, queries, pages)
             fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
         del reference
@@ -394,7 +481,7 @@ def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
     if clear.size < MIN_CLEAR_QUERIES:
         raise ExportError(unjudgeable_ranking(fp32_scores))
     return Fp32Reference(queries=queries, pages=pages, want=want, ranking=(rank_pages, rank_queries),
-                         scores=fp32_scores, clear=clear)
+                         scores=fp32_scores, clear=clear, query_tokens=query_tokens)
 
 
 def refusal_lines(name: str, figures: dict[str, Any], recipe: str | None = None) -> list[str]:
@@ -441,6 +528,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
                                      got["queries"] + got["mixed_queries"],
                                      want["queries"] + want["queries"][-3:])
             figures.update(item_figures(_gate_items(queries, pages, got, want)))
+            figures.update(query_class_figures(reference, got))
             figures["ranking"] = top1_agreement(scores, reference.scores, reference.clear)
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
                         "pages": len(pages), "queries": len(queries)})

@@ -99,6 +99,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from colembed.errors import ExportError
+from colembed.fidelity import describe_token
 from colembed.layout import BASE_VARIANT
 
 # Signed int8 weights: u8 activations x s8 weights is the VNNI fast path on x86 (benchmarks/
@@ -180,6 +181,14 @@ class Gate:
         for bucket, row in (figures.get("buckets") or {}).items():
             if not row["mean"] >= self.mean_cosine:
                 misses.append(f"{bucket}: mean cosine {row['mean']:.5f} < {self.mean_cosine}")
+        for kind, row in (figures.get("token_classes") or {}).items():
+            low_mean = not row["mean"] >= self.mean_cosine
+            low_min = self.min_cosine is not None and not row["min"] >= self.min_cosine
+            if low_mean or low_min:
+                what = (f"mean cosine {row['mean']:.5f} < {self.mean_cosine}" if low_mean else
+                        f"min cosine {row['min']:.5f} < {self.min_cosine}")
+                misses.append(f"query tokens of class {kind!r} ({row['tokens']} tokens): {what}; "
+                              f"worst {describe_token(row['worst'])}")
         if self.min_cosine is not None and not figures["min_cosine"] >= self.min_cosine:
             items = figures.get("items") or {}
             failing = sorted((n for n, row in items.items() if not row["min"] >= self.min_cosine),
@@ -187,7 +196,10 @@ class Gate:
             named = ("; below it: " + ", ".join(f"{n} ({items[n]['tokens']} tokens, min "
                                                 f"{items[n]['min']:.4f})" for n in failing[:8])
                      if failing else "")
-            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}{named}")
+            token = (f"; worst query {describe_token(figures['worst_token'])}"
+                     if figures.get("worst_token") else "")
+            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}{named}"
+                          f"{token}")
         ranking = figures.get("ranking")
         if ranking is not None and not ranking["top1_agreement"] >= self.top1_agreement:
             misses.append(f"top-1 agreement {ranking['top1_agreement']:.3f} < "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from colembed.errors import ExportError
+from colembed.fidelity import describe_token
 from colembed.manifest import GraphEntry
 
 from .onnx_io import EXTERNAL_DATA_THRESHOLD
@@ -169,6 +170,8 @@ def summary(name: str, figures: dict[str, Any]) -> str:
             f"{figures['min_cosine']:.5f}")
     if "ranking" in figures:
         line += f"; top-1 agreement {figures['ranking']['top1_agreement']:.3f}"
+    if figures.get("worst_token"):
+        line += f"; worst query {describe_token(figures['worst_token'])}"
     if weight_passes_of(figures.get("recipes") or {}) is not None:
         line += f"; {recipe_label(figures['recipes'])}"
     for refused in figures.get("refused_attempts", []):

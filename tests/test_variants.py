@@ -442,6 +442,76 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
     assert_written_without(refused.value, out, refused=["int8"], kept=["fp16"])
 
 
+def _break_token_ids(model, ids) -> None:
+    """Flip the sign of the output vector of every token whose id is in `ids` (a variant that
+    is wrong on one kind of token only, as int8 was on digits and spaces under trained-like
+    activations)."""
+    import onnx_ir as ir
+
+    graph = model.graph
+    input_ids = next(v for v in graph.inputs if v.name == "input_ids")
+    out = graph.outputs[0]
+    name, out.name = out.name, f"{out.name}_unbroken"
+
+    def const(label, array):
+        value = ir.Value(name=label, const_value=ir.tensor(np.asarray(array), name=label))
+        graph.register_initializer(value)
+        return value
+
+    nodes = [ir.node("Unsqueeze", [input_ids, const("last", np.array([-1], np.int64))])]
+    nodes.append(ir.node("Equal", [nodes[-1].outputs[0], const("ids", np.asarray(ids, np.int64))]))
+    nodes.append(ir.node("Cast", [nodes[-1].outputs[0]], attributes={"to": ir.DataType.FLOAT}))
+    nodes.append(ir.node("ReduceMax", [nodes[-1].outputs[0], const("axis", np.array([-1], np.int64))],
+                         attributes={"keepdims": 1}))
+    nodes.append(ir.node("Mul", [nodes[-1].outputs[0], const("minus_two", np.array(-2.0, np.float32))]))
+    nodes.append(ir.node("Add", [nodes[-1].outputs[0], const("one_f", np.array(1.0, np.float32))]))
+    nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
+    nodes[-1].outputs[0].name = name
+    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
+    for i, node in enumerate(nodes):
+        node.name = f"break_ids_{i}"
+        if i < len(nodes) - 1:
+            node.outputs[0].name = f"break_ids_{i}_out"
+    graph.extend(nodes)
+    graph.outputs[0] = nodes[-1].outputs[0]
+
+
+@pytest.mark.slow  # runs the exporter
+def test_exporter_refuses_a_variant_wrong_only_on_digits(tiny_checkpoint, tmp_path, monkeypatch):
+    """The gate holds every kind of query token: a variant right on every word, space,
+    punctuation mark and page but wrong on the ten digit tokens is refused, the miss naming the
+    digits class and a digit as the worst token; no other class is named."""
+    from tokenizers import Tokenizer
+
+    from colembed.errors import ExportError
+    from colembed_export.exporter import export_model
+
+    tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
+    digits = [tokenizer.token_to_id(str(d)) for d in range(10)]
+    assert None not in digits
+    made = V.make_graph
+
+    def broken(recipe, src, work, calibration):
+        model, figures = made(recipe, src, work, calibration)
+        if src.name.startswith("text") and recipe.startswith("int8"):
+            _break_token_ids(model, digits)
+        return model, figures
+
+    monkeypatch.setattr(V, "make_graph", broken)
+    with pytest.raises(ExportError) as refused:
+        export_model(tiny_checkpoint, tmp_path / "model", check=False, variants=["int8"],
+                     int8_weight_passes=1)
+    message = str(refused.value)
+    classes = [line for line in message.splitlines() if "query tokens of class" in line]
+    assert classes and all("class 'digits'" in line for line in classes), message
+    worst = refused.value.checks["int8"]["worst_token"]
+    assert worst["class"] == "digits" and worst["text"] in "0123456789", worst
+    assert worst["cosine"] < 0 and repr(worst["text"]) in message
+    rows = refused.value.checks["int8"]["token_classes"]
+    assert rows["digits"]["min"] < 0
+    assert all(row["min"] > 0.95 for kind, row in rows.items() if kind != "digits"), rows
+
+
 # ----------------------------------------------------------------------------- int4, streamed
 def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
     """The weight-by-weight int4 writer gives the very MatMulNBits weights, scales and zero points
@@ -522,3 +592,41 @@ def test_int4_writer_holds_one_fp32_weight_at_a_time(tmp_path):
                          text=True, check=True)
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures["peak"] - figures["before"] < 0.5 * fp32_bytes, figures
+
+
+# ------------------------------------------------------------------------- colembed check-variant
+def test_check_variant_on_a_users_queries_and_pages(exported_variants, tmp_path, capsys):
+    """`colembed check-variant` embeds the user's queries and pages (a PDF and an image, by the
+    index's reader) with fp32 and the variant: per item, per token class, ranking agreement;
+    --fail-below turns a low token into exit 1; a variant the folder lacks is a usage error."""
+    from PIL import Image
+
+    from colembed.cli import main
+
+    queries = tmp_path / "queries.txt"
+    queries.write_text("What was the revenue in 2023?\n\nInvoice INV-2024-00317: $48,250.00\n"
+                       "表格中的数字是多少？\n", encoding="utf-8")
+    pages = tmp_path / "pages"
+    pages.mkdir()
+    Image.new("RGB", (200, 260), "white").save(pages / "blank.png")
+    rng = np.random.default_rng(0)
+    Image.fromarray(rng.integers(0, 256, (300, 220, 3), np.uint8)).save(
+        pages / "two.pdf", save_all=True,
+        append_images=[Image.fromarray(rng.integers(0, 256, (300, 220, 3), np.uint8))])
+    folder = str(exported_variants.folder)
+    args = ["check-variant", folder, "--variant", "int8", "--queries", str(queries),
+            "--pages", str(pages)]
+    assert main([*args, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [r["item"] for r in report["pages"]] == ["blank.png page 1", "two.pdf page 1",
+                                                    "two.pdf page 2"]
+    assert len(report["queries"]) == 3 and report["ranking"]["queries"] == 3
+    assert {"digits", "punctuation", "letters: CJK", "special"} <= set(report["token_classes"])
+    assert all(0.95 < r["min"] <= 1.0 + 1e-6 for r in report["queries"] + report["pages"])
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "query tokens by kind:" in out and "digits" in out and "top-1 agreement" in out
+    assert main([*args, "--fail-below", "1.5"]) == 1
+    assert "below --fail-below 1.5" in capsys.readouterr().err
+    assert main([*args[:3], "nope", *args[4:]]) == 2
+    assert "'nope' is not a variant" in capsys.readouterr().err

@@ -113,6 +113,22 @@ class TextEncoder:
         (text,) = _check_texts([text], 0)
         return len(self._tokenizer.encode(text).ids)
 
+    @property
+    def vocabulary_size(self) -> int:
+        return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of `ids`, special tokens kept."""
+        return self._tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def token_texts(self, ids: Sequence[int]) -> list[tuple[str, bool]]:
+        """(the text each id stands for, whether it is a special token), id by id: a byte-level
+        token that is part of one UTF-8 character decodes to U+FFFD."""
+        special = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
+                   if token.special}
+        return [(self._tokenizer.decode([int(i)], skip_special_tokens=False), int(i) in special)
+                for i in ids]
+
     # -- pages -----------------------------------------------------------------------------------
 
     def page_prompt_ids(self, num_image_tokens: int) -> np.ndarray:
