@@ -7,8 +7,9 @@ fp32, at about this machine's fp32 peak. At full Qwen2-VL-2B depth on a letter p
 (results/embed-full.md). `int8_attentions` rewrites each such node (three inputs: no mask, no
 bias, no past) into:
 
-- Q, K per (image, head) in one scale each (Q uint8 around 128, K int8, 8 bits: u8 x s8 sums are
-  exact with VNNI), V int8 per (image, head, channel), its scale applied to the small output;
+- Q, K per (image, head) in one scale each (Q uint8 around 128; K int8 within +-63, so u8 x s8
+  pair sums are exact on x86 with or without VNNI), V int8 per (image, head, channel), its scale
+  applied to the small output;
 - a Scan over (image, head): QK^T as ONE MatMulIntegerToFloat (the scores written once, both
   scales and the softmax scale applied in the kernel's output step; onnxruntime's CPU kernel takes
   scalar scales only, hence one head per call), Softmax, the probabilities to uint8 per query row
@@ -34,9 +35,12 @@ import numpy as np
 from .graph_edits import _swap_in
 
 MS_DOMAIN = "com.microsoft"
-# QuantizeLinear's and MatMulIntegerToFloat's codes: 8-bit K and V (VNNI sums u8 x s8 exactly);
-# Q uint8 with zero point 128; the probabilities uint8 per row with zero point 0.
+# QuantizeLinear's and MatMulIntegerToFloat's codes: Q uint8 with zero point 128 (peak 127), the
+# probabilities uint8 per row with zero point 0, K and V int8 within +-63. x86 CPUs without VNNI
+# multiply u8 x s8 with pmaddubsw, which adds two products into a saturating int16: u8 255 with
+# s8 codes to +-63 stays below 32767 on every x86 path (8-bit K and V saturated there).
 CODE_PEAK = 127
+SIGNED_CODE_PEAK = 63
 PROB_LEVELS = 255
 SCALE_FLOOR = 1e-30  # an all-zero head (padding) gets a tiny scale instead of a division by zero
 
@@ -144,22 +148,22 @@ def _rewrite(graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width
         moved = add("Transpose", [split], perm=[0, 2, 1, 3])
         return add("Reshape", [moved, per_head_shape])
 
-    def peak_scale(x, axes, keepdims):  # max |x| over axes / 127, floored
+    def peak_scale(x, axes, keepdims, code_peak):  # max |x| over axes / code_peak, floored
         peak = add("ReduceMax", [add("Abs", [x]), c(f"axes_{'_'.join(map(str, axes))}", axes)],
                    keepdims=keepdims)
         peak = add("Max", [peak, c("floor", SCALE_FLOOR, np.float32)])
-        return add("Mul", [peak, c("inv_code_peak", 1 / CODE_PEAK, np.float32)])
+        return add("Mul", [peak, c(f"inv_code_peak_{code_peak}", 1 / code_peak, np.float32)])
 
     q, k, v = per_head(query), per_head(key), per_head(value)
-    q_scale = peak_scale(q, [1, 2], 0)  # (B * heads,)
-    k_scale = peak_scale(k, [1, 2], 0)
+    q_scale = peak_scale(q, [1, 2], 0, CODE_PEAK)  # (B * heads,)
+    k_scale = peak_scale(k, [1, 2], 0, SIGNED_CODE_PEAK)
     count = add("Shape", [q_scale])
     q_codes = add("QuantizeLinear", [q, q_scale, add("Expand", [c("u8_128", 128, np.uint8), count])],
                   axis=0)
     k_codes = add("QuantizeLinear", [k, k_scale, add("Expand", [c("i8_0", 0, np.int8), count])],
                   axis=0)
     k_t = add("Transpose", [k_codes], perm=[0, 2, 1])
-    v_scale = peak_scale(v, [1], 1)  # (B * heads, 1, d): per channel
+    v_scale = peak_scale(v, [1], 1, SIGNED_CODE_PEAK)  # (B * heads, 1, d): per channel
     v_codes = add("QuantizeLinear", [add("Div", [v, v_scale]), c("one", 1.0, np.float32),
                                      c("i8_0", 0, np.int8)])
     qk_scale = add("Mul", [q_scale, c(f"softmax_scale_{head_dim}", softmax_scale, np.float32)])

@@ -344,9 +344,11 @@ def test_config_reads_prompts_and_keeps_an_empty_query_prefix(copied_checkpoint)
 
 def test_config_missing_file_names_it(copied_checkpoint):
     (copied_checkpoint / "preprocessor_config.json").unlink()
-    with pytest.raises(ModelFolderError) as info:
+    (copied_checkpoint / "processor_config.json").unlink(missing_ok=True)
+    with pytest.raises(ModelFolderError, match="neither preprocessor_config.json nor an "
+                                               "`image_processor` object") as info:
         read_preprocess_config(copied_checkpoint)
-    assert info.value.path.name == "preprocessor_config.json"
+    assert info.value.path == copied_checkpoint
 
 
 def test_config_refuses_token_ids_the_tokenizer_contradicts(copied_checkpoint):
