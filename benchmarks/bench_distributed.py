@@ -52,8 +52,8 @@ QDRANT_PAGES_PER_S_PER_NODE = 74
 
 
 def build_tiny(scratch: Path) -> Path:
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import build_checkpoint
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
     checkpoint = build_checkpoint(scratch / "ckpt", "tiny", seed=0)
     return export_model(checkpoint, scratch / "model", name="colqwen2-tiny-random",

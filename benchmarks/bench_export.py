@@ -12,8 +12,8 @@
                                 # full 2B with variants, int8 as two codes per weight (~10 GB)
 
 The checkpoint is built by the family's random-weight builder (`--family colqwen2`:
-`colembed_export.tiny.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
-`colembed_export.tiny_qwen2_5.build_checkpoint_2_5`, preset `qwen2.5-vl-3b`: real widths, heads
+`colembed_export.testing.tiny_qwen2.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
+`colembed_export.testing.tiny_qwen2_5.build_checkpoint_2_5`, preset `qwen2.5-vl-3b`: real widths, heads
 and vocabulary; depths overridable, full-attention blocks kept inside a reduced depth) in a
 separate process, inside a work folder this script creates (`--workdir`, marked by
 colembed.safe_fs); a later run with the same --workdir reuses it. `--clean` deletes the work
@@ -77,9 +77,9 @@ def checkpoint_in(workdir: Path, family: str, preset: str, vision_depth: int,
 
 def run(checkpoint: Path, out: Path, variants: tuple[str, ...] = (),
         int8_weight_passes: int | None = None) -> dict:
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
-    from colembed_export.variants import VariantsRefused
+    from colembed_export.variants.write import VariantsRefused
 
     weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
     start = time.perf_counter()
@@ -204,7 +204,7 @@ def main() -> int:
     if args.int8_gate_mean is not None:
         import dataclasses
 
-        from colembed_export import recipes
+        from colembed_export.variants import recipes
 
         spec = recipes.VARIANTS["int8"]
         recipes.VARIANTS["int8"] = dataclasses.replace(

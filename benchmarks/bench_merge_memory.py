@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 from peft import LoraConfig, get_peft_model
 from benchmark_specs import build, reduced_spec
-from colembed_export.tiny_qwen2_5 import to_colpali_layout
+from colembed_export.testing.tiny_qwen2_5 import to_colpali_layout
 depth, layers, work = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 spec = reduced_spec("colqwen2.5", "qwen2.5-vl-3b", depth, layers)
 build("colqwen2.5", work / "transformers", spec)
@@ -49,7 +49,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from peft import LoraConfig, get_peft_model
-from colembed_export.checkpoint_qwen2_5 import load_colqwen2_5
+from colembed_export.families.qwen2_5.checkpoint import load_colqwen2_5
 work = Path(sys.argv[1])
 model = load_colqwen2_5(work / "base")
 class Pre452(nn.Module):  # colpali-engine's module tree before transformers 4.52
@@ -70,19 +70,19 @@ from pathlib import Path
 import torch, transformers, peft  # imported before the step: not part of its peak
 from colembed_export.measure import StepMeter
 what, work, loader = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-import colembed_export.checkpoint_qwen2_5 as ckpt
+import colembed_export.families.qwen2_5.checkpoint as ckpt
 if loader:
     spec = importlib.util.spec_from_file_location("colembed_export._bench_loader", loader)
     module = importlib.util.module_from_spec(spec); spec.loader.exec_module(module)
     ckpt.load_colqwen2_5 = module.load_colqwen2_5
-    import colembed_export.adapter as adapter
+    import colembed_export.families.qwen2_5.adapter as adapter
     adapter.load_colqwen2_5 = module.load_colqwen2_5
 meter = StepMeter(lambda m: None)
 with meter.step(what):
     if what == "load the base":
         model = ckpt.load_colqwen2_5(work / "base")
     else:
-        from colembed_export.adapter import merge_adapter
+        from colembed_export.families.qwen2_5.adapter import merge_adapter
         model = merge_adapter(work / "adapter")
 print(json.dumps(meter.as_dicts()[0]))
 """

@@ -206,8 +206,8 @@ def run(rounds: int) -> dict:
     from transformers import ColQwen2Processor
 
     from colembed.preprocess import TextEncoder, pad_batch
-    from colembed_export.preprocess_config import read_preprocess_config
-    from colembed_export.tiny import build_checkpoint
+    from colembed_export.families.preprocess_config import read_preprocess_config
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         folder = build_checkpoint(Path(tmp) / "tiny", "tiny", seed=0)

@@ -21,20 +21,20 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
     """The family's preset at `vision_depth` vision blocks and `text_layers` language layers.
     ColQwen3 keeps the DeepStack blocks that fit (else the last block), at most `text_layers`."""
     if family == "colqwen3":
-        from colembed_export.tiny_qwen3 import PRESETS_3
+        from colembed_export.testing.tiny_qwen3 import PRESETS_3
 
         spec = PRESETS_3[preset]
         kept = tuple(i for i in spec.deepstack_layers if i < vision_depth) or (vision_depth - 1,)
         return dataclasses.replace(spec, vision_depth=vision_depth, text_layers=text_layers,
                                    deepstack_layers=kept[:text_layers])
     if family == "colqwen2.5":
-        from colembed_export.tiny_qwen2_5 import PRESETS_2_5
+        from colembed_export.testing.tiny_qwen2_5 import PRESETS_2_5
 
         spec = PRESETS_2_5[preset]
         full = tuple(i for i in spec.fullatt_block_indexes if i < vision_depth) or (vision_depth - 1,)
         return dataclasses.replace(spec, vision_depth=vision_depth, text_layers=text_layers,
                                    fullatt_block_indexes=full)
-    from colembed_export.tiny import PRESETS
+    from colembed_export.testing.tiny_qwen2 import PRESETS
 
     return dataclasses.replace(PRESETS[preset], vision_depth=vision_depth, text_layers=text_layers)
 
@@ -42,13 +42,13 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
 def build(family: str, out: Path, spec: Any, *, stress: bool = False) -> Path:
     """Write the random-weight (or stress) checkpoint of `spec` with the family's builder."""
     if family == "colqwen3":
-        from colembed_export.tiny_qwen3 import build_checkpoint_3, build_stress_checkpoint_3
+        from colembed_export.testing.tiny_qwen3 import build_checkpoint_3, build_stress_checkpoint_3
 
         return (build_stress_checkpoint_3 if stress else build_checkpoint_3)(out, spec, seed=0)
     if family == "colqwen2.5":
-        from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, build_stress_checkpoint_2_5
+        from colembed_export.testing.tiny_qwen2_5 import build_checkpoint_2_5, build_stress_checkpoint_2_5
 
         return (build_stress_checkpoint_2_5 if stress else build_checkpoint_2_5)(out, spec, seed=0)
-    from colembed_export.tiny import build_checkpoint, build_stress_checkpoint
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint, build_stress_checkpoint
 
     return (build_stress_checkpoint if stress else build_checkpoint)(out, spec, seed=0)

@@ -139,8 +139,8 @@ def tiny_folder(work: Path) -> Path:
     folder = work / "tiny"
     if not (folder / "colembed_manifest.json").is_file():
         script = ("import sys; from pathlib import Path\n"
-                  "from colembed_export.exporter import export_model\n"
-                  "from colembed_export.tiny import build_checkpoint\n"
+                  "from colembed_export.pipeline.exporter import export_model\n"
+                  "from colembed_export.testing.tiny_qwen2 import build_checkpoint\n"
                   "w = Path(sys.argv[1])\n"
                   "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n")
         subprocess.run([sys.executable, "-c", script, str(work)], check=True)

@@ -133,7 +133,7 @@ def ref_export(path: Path, ckpt: Path, out: Path, progress) -> Path:
     if (out / MANIFEST_NAME).is_file():  # made by an earlier run: reused
         return out
     progress(f"exporting {ckpt.name} with the other version's exporter")
-    code = ("import sys; from colembed_export.exporter import export_model; "
+    code = ("import sys; from colembed_export.pipeline.exporter import export_model; "
             "export_model(sys.argv[1], sys.argv[2], overwrite=True, variants=['int8'])")
     # `-P`: no current folder on sys.path, or a run from this checkout would import its own
     # colembed instead of the other version's

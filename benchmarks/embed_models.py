@@ -23,7 +23,7 @@ from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 # by now: an A/B of an exporter change (--against REF) would otherwise time the cached graphs of
 # whatever checkout wrote them first against REF (it happened: session 12). The stamp sits beside
 # the model folder, not in it: the exporter replaces only folders holding nothing but its own
-# files (colembed_export.destination), so a stamp inside made every re-export a refusal.
+# files (colembed_export.pipeline.destination), so a stamp inside made every re-export a refusal.
 EXPORTER_STAMP = "bench_exporter.sha256"
 
 
@@ -70,8 +70,8 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
     elif (folder / MANIFEST_NAME).is_file():
         progress(f"re-exporting {tag}: {folder} was written by another exporter source")
     if not wanted <= have:
-        from colembed_export.exporter import export_model
-        from colembed_export.variants import VariantsRefused
+        from colembed_export.pipeline.exporter import export_model
+        from colembed_export.variants.write import VariantsRefused
 
         variants = sorted(wanted - {BASE_VARIANT, INT8_BASELINE})
         progress(f"exporting {tag} with variants {variants}")
@@ -100,9 +100,9 @@ def add_int8_baseline(folder: Path, progress) -> None:
 
     from colembed.integrity import describe_file
     from colembed.manifest import MANIFEST_NAME
-    from colembed_export.graph_edits import finish
-    from colembed_export.recipes import quantize_int8
-    from colembed_export.variants import save_graph
+    from colembed_export.graphs.edits import finish
+    from colembed_export.variants.recipes import quantize_int8
+    from colembed_export.variants.write import save_graph
 
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
     if INT8_BASELINE in manifest["variants"]:

@@ -111,7 +111,7 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
     """Each variant's embeddings vs colembed fp32's (and fp32 vs torch on the letter page)."""
     import numpy as np
 
-    from colembed_export.evaluation import cosine_figures
+    from colembed_export.variants.gates import cosine_figures
     from retrieval import maxsim_scores, topk_agreement
 
     def load(name):
@@ -194,7 +194,7 @@ def markdown(results: dict[str, Any]) -> str:
                   "retrieval set with 20 queries; random weights: necessary, not sufficient)", "",
                   "| variant | mean token cosine | min token cosine | top-5 same set | "
                   "top-5 within 0.5% ties | gate |", "|---|---|---|---|---|---|"]
-        from colembed_export.recipes import GATES
+        from colembed_export.variants.recipes import GATES
 
         for name, a in acc.items():
             # the fp16 peak is measured at export: judged in the exporter's gate table below
@@ -272,7 +272,7 @@ def split_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
 
 def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
     """The exporter's variant gates per checkpoint: per-token cosine to fp32 over its sample pages
-    and queries, top-1 agreement on its clear-winner ranking set (colembed_export.evaluation)."""
+    and queries, top-1 agreement on its clear-winner ranking set (colembed_export.variants.gates)."""
     if not gates:
         return []
     labels = sorted({label for per in gates.values() for label in per}, key=lambda l: l != "random weights")
@@ -288,7 +288,7 @@ def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
             if f is None:
                 cells += ["-", "-", "-"]
                 continue
-            from colembed_export.recipes import GATES
+            from colembed_export.variants.recipes import GATES
 
             ok = "pass" if not GATES[name].misses(f) else "MISS"
             cells += [f"{f['mean_cosine']:.5f} / {f['min_cosine']:.5f}",

@@ -70,7 +70,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     if job["runtime"] == "torch":
         from torch_reference import TorchRuntime
 
-        from colembed_export.preprocess_config import read_preprocess_config
+        from colembed_export.families.preprocess_config import read_preprocess_config
 
         model = TorchRuntime(job["checkpoint"], job["threads"], job.get("family", "colqwen2"),
                              runtime=job.get("torch_runtime", "torch"))

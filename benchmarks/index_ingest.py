@@ -40,8 +40,8 @@ def ingest_model(name: str, given: Path | None, scratch: Path) -> Path:
                                      variants=[BASE_VARIANT])
         BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
         return prepare_model(args, BENCH_WORKDIR, lambda m: print(m, file=sys.stderr))[1]
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import build_checkpoint
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
     checkpoint = build_checkpoint(scratch / "ckpt", "tiny", seed=0)
     return export_model(checkpoint, scratch / "model", name="colqwen2-tiny-random").folder

@@ -60,7 +60,7 @@ def checkpoint_bytes_3(preset: str, vision_depth: int | None = None,
     from transformers import Qwen3VLModel
 
     from benchmark_specs import reduced_spec
-    from colembed_export.tiny_qwen3 import EMBEDDING_DIM, PRESETS_3, build_vlm_config
+    from colembed_export.testing.tiny_qwen3 import EMBEDDING_DIM, PRESETS_3, build_vlm_config
 
     spec = PRESETS_3[preset]
     if vision_depth or text_layers:
@@ -81,7 +81,7 @@ def checkpoint_bytes(preset: str, vision_depth: int | None = None,
     import torch
     from transformers import ColQwen2Config, ColQwen2ForRetrieval
 
-    from colembed_export.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
+    from colembed_export.testing.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
 
     spec = PRESETS_2_5[preset]
     if vision_depth or text_layers:

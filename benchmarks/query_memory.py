@@ -43,8 +43,8 @@ def export_model(work: Path) -> Path:
     folder = work / "model"
     if (folder / "colembed_manifest.json").is_file():
         return folder
-    from colembed_export.exporter import export_model as export
-    from colembed_export.tiny import PRESETS, build_checkpoint
+    from colembed_export.pipeline.exporter import export_model as export
+    from colembed_export.testing.tiny_qwen2 import PRESETS, build_checkpoint
 
     spec = replace(PRESETS["qwen2-vl-2b"], name="query-memory", vision_depth=1, text_layers=2,
                    text_hidden=768, text_heads=12, text_kv_heads=2, text_intermediate=2048,

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
+from colembed_export.testing.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
 
 PAGES = [(300, 200), (60, 90), (448, 448)]  # several windows, smaller than a window, square
 QUERIES = ["What is the revenue?", "hi"]

@@ -1,6 +1,6 @@
 """Retrieval agreement for the benchmarks: a rendered page set, text queries, top-k overlap.
 
-The exporter's own gate (colembed_export.evaluation) ranks perturbed page copies, which have clear
+The exporter's own gate (colembed_export.variants.gates) ranks perturbed page copies, which have clear
 winners under any weights. These helpers measure what a user would see on text queries over
 rendered pages; with random weights fp32's margins there are tiny, hence the tie band.
 """
@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from colembed_export.evaluation import maxsim as maxsim_scores  # noqa: F401  (re-exported)
+from colembed_export.variants.gates import maxsim as maxsim_scores  # noqa: F401  (re-exported)
 
 
 def topk_agreement(variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int = 5,

@@ -14,7 +14,7 @@ Which torch code that is, per family (the code docs/reference*.md pin):
   reference), so its rows run in the pinned reference's own environment, the one the parity tests
   use (`tests/qwen3_fixtures.reference_python`: made on first use, or
   `COLEMBED_QWEN3_REFERENCE_PYTHON`); `interpreter(family)` names it and the benchmark starts the
-  worker there. The model and processor are `colembed_export.reference_qwen3.load_reference`'s
+  worker there. The model and processor are `colembed_export.families.qwen3.reference.load_reference`'s
   (the parity tests' reference, torchvision-free). The exporter's own torch model for ColQwen3
   (transformers 4.57.1's `Qwen3VLModel` plus colpali-engine's head) computes the same numbers
   (docs/reference-colqwen3.md) but is no code a user runs, so it is not what colembed is timed
@@ -60,7 +60,7 @@ class TorchRuntime:
         self.torch = torch
         self.dtype = getattr(torch, dtype_name)
         if family == "colqwen3":
-            from colembed_export.reference_qwen3 import load_reference
+            from colembed_export.families.qwen3.reference import load_reference
 
             model, self.processor = load_reference(Path(checkpoint), dtype=self.dtype,
                                                    attention=attention)

@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/transformers5_colqwen2.py --reference-python .venv-qwen3-reference/bin/python
 
-The same tiny random-weight ColQwen2 checkpoint (`colembed_export.tiny`, preset `tiny`) and the
+The same tiny random-weight ColQwen2 checkpoint (`colembed_export.testing.tiny_qwen2`, preset `tiny`) and the
 same processor outputs (ids, pixels, grids from 4.57.1's ColQwen2Processor on the export check's
 sample pages and queries) go through `ColQwen2ForRetrieval` of the installed transformers (4.57.1,
 this interpreter) and of the reference environment's (5.x, `--reference-python`, the one
@@ -56,8 +56,8 @@ def main() -> int:
     import transformers
     from transformers import ColQwen2Processor
 
-    from colembed_export.tiny import build_checkpoint
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
+    from colembed_export.pipeline.verify import SAMPLE_QUERIES, sample_pages
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

@@ -34,10 +34,10 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
 
     from colembed.integrity import describe_file
     from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
-    from colembed_export.graph_edits import finish, smoothing_factors
-    from colembed_export.quantise import quantise_matmuls
-    from colembed_export.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
-    from colembed_export.variants import save_graph
+    from colembed_export.graphs.edits import finish, smoothing_factors
+    from colembed_export.variants.quantise import quantise_matmuls
+    from colembed_export.variants.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
+    from colembed_export.variants.write import save_graph
 
     # The arm's graph is written into the fp32 folder itself (onnx_ir refuses hard-linked external
     # data, and a copy per arm costs the whole folder); `arm` holds the fp32 manifest to restore.
@@ -56,7 +56,7 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
         if found.size:
             outliers[node.name] = found
     schemes = {}
-    from colembed_export.graph_edits import module_path
+    from colembed_export.graphs.edits import module_path
 
     for node in matmuls:
         path = module_path(node)
@@ -66,7 +66,7 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
             w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
                                       name=w.name)
         schemes[node.name] = BASE_VARIANT if kept else "row"  # quantise.SCHEMES: BASE_VARIANT keeps fp32
-    from colembed_export.quantise import ACTIVATION_PEAK, WEIGHT_PEAK, quantise_int4_matmuls
+    from colembed_export.variants.quantise import ACTIVATION_PEAK, WEIGHT_PEAK, quantise_int4_matmuls
 
     if nbits8:  # MatMulNBits 8-bit blocks (kept MatMuls fp32, unsmoothed: the kernel's per-block
         # activation scales do not need SmoothQuant; the smoothed weights above are undone by it)
@@ -105,9 +105,9 @@ def main() -> int:
     levels = tuple(int(v) for v in args.int8_levels.split(",")) if args.int8_levels else None
 
     import colembed
-    from colembed_export.evaluation import calibration_feeds, gate_pages, token_cosines
-    from colembed_export.graph_edits import channel_maxima_per_feed
-    from colembed_export.recipes import weight_matmuls
+    from colembed_export.variants.gates import calibration_feeds, gate_pages, token_cosines
+    from colembed_export.graphs.edits import channel_maxima_per_feed
+    from colembed_export.variants.recipes import weight_matmuls
     from common import machine_info, results_markdown, write_results
 
     import onnx_ir as ir

@@ -88,8 +88,8 @@ KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTrait
 
 def build(config: str, root: Path) -> Path:
     """The fp32 export folder of `config` (built and exported unless already there)."""
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import (HELD_OUT_STRESS, PRESETS, StressTraits, build_checkpoint,
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.testing.tiny_qwen2 import (HELD_OUT_STRESS, PRESETS, StressTraits, build_checkpoint,
                                       build_stress_checkpoint)
 
     preset, depth, layers, kind = CONFIGS[config]
@@ -105,7 +105,7 @@ def build(config: str, root: Path) -> Path:
                 raise ValueError(f"{config}: only random weights at {preset} widths")
             build_family("colqwen3", checkpoint, reduced_spec("colqwen3", preset, depth, layers))
         elif preset in QWEN2_5_PRESETS:
-            from colembed_export.tiny_qwen2_5 import (Qwen2_5StressTraits, build_checkpoint_2_5,
+            from colembed_export.testing.tiny_qwen2_5 import (Qwen2_5StressTraits, build_checkpoint_2_5,
                                                       build_stress_checkpoint_2_5)
 
             if kind == "random":
@@ -137,11 +137,11 @@ def measure(folder: Path, variants: list[str], work: Path, gate: bool = True,
 
     from colembed import safe_fs
     from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
-    from colembed_export.evaluation import evaluate_variants
+    from colembed_export.variants.gates import evaluate_variants
     from colembed_export.measure import StepMeter
     from colembed.integrity import describe_file
-    from colembed_export.recipes import VARIANTS, quiet_quantisers, recipe_attempts
-    from colembed_export.variants import _write_graphs
+    from colembed_export.variants.recipes import VARIANTS, quiet_quantisers, recipe_attempts
+    from colembed_export.variants.write import _write_graphs
 
     staging = work / "staging"
     if staging.exists():
@@ -175,11 +175,11 @@ def measure(folder: Path, variants: list[str], work: Path, gate: bool = True,
 
 
 def markdown(info: dict, runs: dict[str, dict], int8_weight_passes: int | None = None) -> str:
-    from colembed_export import quantise
-    from colembed_export.recipes import GATES
+    from colembed_export.variants import quantise
+    from colembed_export.variants.recipes import GATES
     from common import results_markdown
 
-    from colembed_export.recipes import quantize_int4, quantize_int8
+    from colembed_export.variants.recipes import quantize_int4, quantize_int8
 
     lines = [f"int8 code peaks: weights -{quantise.WEIGHT_PEAK}..{quantise.WEIGHT_PEAK} "
              f"({int8_weight_passes or 1} code(s) per weight), activations "
@@ -246,7 +246,7 @@ def main() -> int:
     parser.add_argument("--write-only", action="store_true", help="write the variants into "
                         "WORK/staging and stop (for variants_gate_memory.py, variants_speed_ab.py)")
     args = parser.parse_args()
-    from colembed_export import quantise, recipes
+    from colembed_export.variants import quantise, recipes
 
     if args.int8_levels:
         quantise.WEIGHT_PEAK, quantise.ACTIVATION_PEAK = (int(v) for v in args.int8_levels.split(","))

@@ -56,9 +56,9 @@ ARMS = {
 
 def child(arm: str, folder: Path, variants: list[str], out: Path) -> None:
     """One arm's gate run in this process; writes its steps and figures to `out`."""
-    from colembed_export import evaluation
+    from colembed_export.variants import gates as evaluation
     from colembed_export.measure import StepMeter, peak_rss_bytes, rss_bytes
-    from colembed_export.recipes import VARIANTS
+    from colembed_export.variants.recipes import VARIANTS
 
     _, kept, mapped, ordered = ARMS[arm]
     if not kept:

@@ -35,7 +35,7 @@ def main() -> int:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
 
-    from colembed_export import evaluation as E
+    from colembed_export.variants import gates as E
     from colembed_export.measure import _reset_peak, peak_rss_bytes, release_memory, rss_bytes
 
     if args.arm == "mapped":

@@ -67,7 +67,7 @@ def record(folder: Path) -> tuple[list[tuple[str, str, int, dict]], Any]:
     """(name, kind, bucket tokens, text feed) of each gate item, and the runtime."""
     import colembed
     from colembed.errors import QueryTruncatedWarning
-    from colembed_export.evaluation import gate_pages, gate_queries, recording_feeds
+    from colembed_export.variants.gates import gate_pages, gate_queries, recording_feeds
 
     runtime = colembed.load(folder, verify=False)
     recorded = recording_feeds(runtime)
@@ -104,7 +104,7 @@ def run_graph(path: Path, feeds: list[dict]) -> tuple[list[np.ndarray], list[flo
 
 
 def figures(items, got, want) -> dict[str, Any]:
-    from colembed_export.evaluation import bucket_name, token_cosines
+    from colembed_export.variants.gates import bucket_name, token_cosines
 
     buckets: dict[str, list[np.ndarray]] = {}
     worst = (2.0, "")
@@ -122,7 +122,7 @@ def figures(items, got, want) -> dict[str, Any]:
 
 def report(args, info, arms, fp32_bytes, fp32_query_seconds) -> str:
     """The results page of the arms measured so far (written to --results after every arm)."""
-    from colembed_export.recipes import GATES
+    from colembed_export.variants.recipes import GATES
     from common import results_markdown, write_results
 
     gate = GATES["int4"]
@@ -155,7 +155,7 @@ def weight_error(depth: int = 2560, width: int = 4096, tokens: int = 64) -> list
     """One MatMul's error under each block format: a random (depth, width) weight (std 0.02, the
     random checkpoints' init) through onnxruntime's own block quantisers, dequantised in numpy, on
     `tokens` random rows: the product's relative error (Frobenius) and mean per-row cosine."""
-    from colembed_export.quantise import quantised_weight_4bit, quantised_weight_8bit
+    from colembed_export.variants.quantise import quantised_weight_4bit, quantised_weight_8bit
 
     rng = np.random.default_rng(0)
     w = rng.normal(0, 0.02, (depth, width)).astype(np.float32)
@@ -213,9 +213,9 @@ def main() -> int:
     if not args.arm:
         parser.error("--arm is required (or --weight-error)")
 
-    from colembed_export.graph_edits import finish
-    from colembed_export.recipes import quantize_int4, quiet_quantisers
-    from colembed_export.variants import save_graph
+    from colembed_export.graphs.edits import finish
+    from colembed_export.variants.recipes import quantize_int4, quiet_quantisers
+    from colembed_export.variants.write import save_graph
     from common import machine_info
     from variants_fidelity import build
 

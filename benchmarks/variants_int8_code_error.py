@@ -34,7 +34,7 @@ ARMS = [(63, 127, 1), (127, 63, 1), (90, 90, 1), (63, 127, 2)]
 
 def row_product(x: np.ndarray, weight: np.ndarray, weights: int, activations: int,
                 passes: int) -> np.ndarray:
-    from colembed_export.quantise import quantised_weight_passes
+    from colembed_export.variants.quantise import quantised_weight_passes
 
     scale = np.abs(x).max(axis=1, keepdims=True) / activations
     codes = np.clip(np.rint(x / scale), -activations, activations)

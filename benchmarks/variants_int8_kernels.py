@@ -41,7 +41,7 @@ def _fp32_model(w):
 def row_model(w, passes=1):
     import onnx_ir as ir
 
-    from colembed_export.quantise import quantise_matmuls
+    from colembed_export.variants.quantise import quantise_matmuls
 
     model = ir.from_proto(_fp32_model(w))
     quantise_matmuls(model, {"mm": "row"}, weight_passes=passes)
@@ -51,7 +51,7 @@ def row_model(w, passes=1):
 def nbits8_model(w, block, accuracy):
     import onnx_ir as ir
 
-    from colembed_export.quantise import quantise_int4_matmuls
+    from colembed_export.variants.quantise import quantise_int4_matmuls
 
     model = ir.from_proto(_fp32_model(w))
     quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],

@@ -37,7 +37,7 @@ def record_feeds(folder: Path, pages: list[Any], queries: list[str]) -> dict[str
 
     import colembed
     from colembed.errors import QueryTruncatedWarning
-    from colembed_export.evaluation import recording_feeds
+    from colembed_export.variants.gates import recording_feeds
 
     runtime = colembed.load(folder, verify=False)
     recorded = recording_feeds(runtime)
@@ -53,7 +53,7 @@ def record_feeds(folder: Path, pages: list[Any], queries: list[str]) -> dict[str
 def emulated_int8(x: np.ndarray, w: np.ndarray, smoothing: np.ndarray | None,
                   outliers: np.ndarray | None, levels: int) -> np.ndarray:
     """quantise.py's "row" product of x (tokens, K) and w (K, M), in numpy."""
-    from colembed_export.quantise import INT8_PEAK, ROW_SCALE_FLOOR, quantised_weight
+    from colembed_export.variants.quantise import INT8_PEAK, ROW_SCALE_FLOOR, quantised_weight
 
     x = x.astype(np.float64)
     w = w.astype(np.float64)
@@ -83,9 +83,9 @@ def matmul_errors(folder: Path, role: str, feeds: list[dict], names: list[str],
     """Per MatMul and item: min per-token cosine of the emulated int8 product to fp32's."""
     import onnx_ir as ir
 
-    from colembed_export.graph_edits import _probe, channel_maxima_per_feed, module_path, smoothing_factors
-    from colembed_export.quantise import WEIGHT_PEAK
-    from colembed_export.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
+    from colembed_export.graphs.edits import _probe, channel_maxima_per_feed, module_path, smoothing_factors
+    from colembed_export.variants.quantise import WEIGHT_PEAK
+    from colembed_export.variants.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
 
     src = folder / f"{role}.onnx"
     model = ir.load(src)
@@ -135,7 +135,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import colembed
-    from colembed_export.evaluation import calibration_feeds, gate_pages, gate_queries
+    from colembed_export.variants.gates import calibration_feeds, gate_pages, gate_queries
     from common import machine_info, results_markdown, write_results
 
     info = machine_info()

@@ -44,10 +44,10 @@ def child(arm: str, folder: Path, role: str, out: Path) -> None:
     """One arm's probe in this process; writes its figures to `out`."""
     from colembed.layout import BASE_VARIANT
     from colembed.manifest import read_manifest
-    from colembed_export import graph_edits
-    from colembed_export.evaluation import calibration_feeds
+    from colembed_export.graphs import edits as graph_edits
+    from colembed_export.variants.gates import calibration_feeds
     from colembed_export.measure import StepMeter
-    from colembed_export.recipes import FP16_KEEP_SCOPES
+    from colembed_export.variants.recipes import FP16_KEEP_SCOPES
     import onnx_ir as ir
 
     graph_edits.PROBE_PREPACKING = ARMS[arm]

@@ -31,8 +31,8 @@ PAGES = 4
 
 
 def build(work: Path) -> Path:
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import PRESETS, build_checkpoint
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.testing.tiny_qwen2 import PRESETS, build_checkpoint
 
     spec = dataclasses.replace(PRESETS["qwen2-vl-2b"], vision_depth=2, text_layers=1)
     checkpoint, folder = work / "ckpt", work / "model"

@@ -34,7 +34,7 @@ def _import_export_package():
         import torch  # noqa: F401
         import transformers  # noqa: F401
 
-        import colembed_export.exporter as exporter
+        import colembed_export.pipeline.exporter as exporter
     except ImportError as e:
         raise SystemExit(f"colembed: {EXPORT_EXTRA_HINT}\n  ({e})") from None
     return exporter
@@ -61,7 +61,7 @@ def _cmd_export(args) -> int:
         print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
               f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
               f"their scale, over {check['pages']} pages and {check['queries']} queries")
-    from colembed_export.variants import summary
+    from colembed_export.variants.write import summary
 
     for name, figures in report.check.items():
         if name != BASE_VARIANT:
@@ -72,7 +72,7 @@ def _cmd_export(args) -> int:
 
 def _cmd_demo(args) -> int:
     _import_export_package()
-    from colembed_export.demo import run_demo
+    from colembed_export.pipeline.demo import run_demo
 
     run_demo(Path(args.out), progress=_progress)
     return 0

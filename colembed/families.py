@@ -4,7 +4,7 @@ Both families share everything on the host and in the text graph (prompts, token
 positions, rotary tables, feature placement, scorer; docs/reference-colqwen2_5.md). They differ in
 how a checkpoint names its vision numbers, in the image graph's attention and in the extra per-grid
 inputs that attention needs. Each difference is one field of a frozen `Family`, read by
-the exporter's checkpoint reader (`colembed_export.preprocess_config`: which width to read), by the manifest (the folder names its
+the exporter's checkpoint reader (`colembed_export.families.preprocess_config`: which width to read), by the manifest (the folder names its
 family and its `VisionAttention`), by the runtime (which contract to check, which host inputs to
 make per grid) and by the exporter (`colembed_export.families` adds the torch side).
 

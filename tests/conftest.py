@@ -86,7 +86,7 @@ def build_once(tmp_path_factory, name: str, build) -> Path:
 def export_report(folder: Path):
     """An ExportReport read back from a finished export folder (what every worker sees)."""
     from colembed.manifest import read_manifest
-    from colembed_export.exporter import ExportReport
+    from colembed_export.pipeline.exporter import ExportReport
 
     manifest = read_manifest(folder)
     return ExportReport(folder=folder, manifest=manifest, check=dict(manifest.checks))
@@ -110,7 +110,7 @@ def _private_colembed_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tmp_path_factory):
     """Folder of the default tiny checkpoint ("tiny" preset, seed 0) with the real Qwen tokenizer."""
-    from colembed_export.tiny import build_checkpoint
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
     return build_once(tmp_path_factory, "ckpt-tiny",
                       lambda folder: build_checkpoint(folder / "tiny", "tiny", seed=0)) / "tiny"
@@ -119,7 +119,7 @@ def tiny_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_alt_checkpoint(tmp_path_factory):
     """A second architecture (other heads, mrope sections, depths, 64-dim output)."""
-    from colembed_export.tiny import build_checkpoint
+    from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
     folder = build_once(tmp_path_factory, "ckpt-tiny-alt",
                         lambda folder: build_checkpoint(folder / "tiny-alt", "tiny-alt", seed=1))
@@ -143,7 +143,7 @@ def reference_model(tiny_checkpoint):
 
 
 def _export(checkpoint, out, **kwargs):
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     return export_model(checkpoint, out, random_weights=True, **kwargs)
 
@@ -222,7 +222,7 @@ def exported_alt_from_hub(exported_tiny, tiny_alt_checkpoint, tmp_path_factory):
         out = shutil.copytree(exported_tiny.folder, folder / "existing")
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
-            from colembed_export.exporter import export_model
+            from colembed_export.pipeline.exporter import export_model
 
             export_model(ALT_HUB_REPO, out, revision=ALT_HUB_REVISION, overwrite=True,
                          tolerance=ALT_TOLERANCE)
@@ -284,7 +284,7 @@ def copy_model_folder(exported_tiny, tmp_path):
 @pytest.fixture(scope="session")
 def config(tiny_checkpoint):
     """colembed's PreprocessConfig read from the tiny checkpoint folder."""
-    from colembed_export.preprocess_config import read_preprocess_config
+    from colembed_export.families.preprocess_config import read_preprocess_config
 
     return read_preprocess_config(tiny_checkpoint)
 

@@ -17,7 +17,7 @@ SEEDS = {"tiny-2.5": 0, "tiny-2.5-alt": 1}
 
 def checkpoint(tmp_path_factory, preset: str, layout: str):
     """Folder of `preset` in `layout`, built on first use (once per run for all xdist workers)."""
-    from colembed_export.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
+    from colembed_export.testing.tiny_qwen2_5 import build_checkpoint_2_5, to_colpali_layout
     from conftest import build_once
 
     name = f"{preset}-{layout}"

@@ -8,7 +8,7 @@ reference), so `reference_python()` makes a second virtual environment once and 
         transformers==5.24.0 and what it needs beyond this environment; torch==2.13.0, numpy,
         pillow and safetensors are this environment's, seen through a .pth (_share_site_packages)
         colpali-engine==0.3.18 --no-deps   (its metadata pulls torchvision, which breaks this torch)
-        colembed (editable, --no-deps)     (for colembed_export.reference_qwen3 and sample pages)
+        colembed (editable, --no-deps)     (for colembed_export.families.qwen3.reference and sample pages)
 
 `COLEMBED_QWEN3_REFERENCE_PYTHON` points at an existing interpreter instead. Building it needs the
 package registry (as the README's test command does); it is built under a file lock, so xdist
@@ -78,7 +78,7 @@ def reference_python() -> Path:
 
 
 def checkpoint(tmp_path_factory, preset: str) -> Path:
-    from colembed_export.tiny_qwen3 import build_checkpoint_3
+    from colembed_export.testing.tiny_qwen3 import build_checkpoint_3
     from conftest import build_once
 
     return build_once(tmp_path_factory, f"qwen3-{preset}",
@@ -94,7 +94,7 @@ def reference(tmp_path_factory, preset: str) -> dict[str, np.ndarray]:
 
     def run(out: Path) -> None:
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        subprocess.run([str(reference_python()), "-m", "colembed_export.reference_qwen3",
+        subprocess.run([str(reference_python()), "-m", "colembed_export.families.qwen3.reference",
                         str(folder), str(out / "reference.npz")], check=True, env=env)
 
     path = build_once(tmp_path_factory, f"qwen3-reference-{preset}", run) / "reference.npz"
@@ -108,7 +108,7 @@ VARIANTS = {"tiny-3": ("int8", "int4", "fp16"), "tiny-3-alt": ()}
 def exported(tmp_path_factory, preset: str) -> Path:
     """`preset` exported with the check on; tiny-3 also with its int8, int4 and fp16 variants
     (each gated against fp32 by the exporter)."""
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
     from conftest import build_once
 
     folder = checkpoint(tmp_path_factory, preset)

@@ -80,7 +80,7 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tm
     exporter source that wrote it is the one running now: an A/B of an exporter change must time
     the new graphs, not whatever a previous checkout left there. The export itself is replaced by
     a recorder (a 2B-width export takes minutes); what is checked is the reuse decision."""
-    import colembed_export.exporter as exporter
+    import colembed_export.pipeline.exporter as exporter
     import embed_models
 
     exports = []

@@ -10,7 +10,7 @@ from PIL import Image
 
 from colembed.cli import main
 from colembed.safe_fs import is_work_folder
-from colembed_export.demo import DOCUMENTS, QUERIES, run_demo
+from colembed_export.pipeline.demo import DOCUMENTS, QUERIES, run_demo
 
 
 @pytest.mark.slow  # runs the exporter

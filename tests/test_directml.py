@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from colembed_export import directml as D
+from colembed_export.graphs import directml as D
 
 ALL = ("fp32", "int8", "int4", "fp16")
 

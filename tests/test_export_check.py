@@ -10,8 +10,8 @@ import pytest
 
 import colembed
 from colembed.errors import ExportError
-from colembed_export.exporter import export_model
-from colembed_export.verify import (
+from colembed_export.pipeline.exporter import export_model
+from colembed_export.pipeline.verify import (
     SAMPLE_QUERIES,
     Comparison,
     max_abs_diff,
@@ -55,7 +55,7 @@ def test_judgement_scales_with_the_tensor():
 
 @pytest.mark.slow
 def test_large_image_features_export_and_match(large_feature_checkpoint, tmp_path):
-    from colembed_export.checkpoint import load_strict
+    from colembed_export.families.checkpoint import load_strict
 
     report = export_model(large_feature_checkpoint, tmp_path / "out")
     check = report.manifest.checks["fp32"]
@@ -80,7 +80,7 @@ def test_wrong_vision_graph_is_refused_with_every_figure(large_feature_checkpoin
                                                         monkeypatch):
     """A plausible export bug (the patch embedding reading channels as BGR) is refused, at the
     large feature scale too: the relative bound does not loosen the check."""
-    from colembed_export import graphs
+    from colembed_export.families.qwen2 import graphs
 
     original_init = graphs.ImageGraph.__init__
 

@@ -10,8 +10,8 @@ import pytest
 from conftest import PARITY_TOLERANCE
 
 from colembed.errors import ExportError
-from colembed_export.destination import is_export_folder
-from colembed_export.exporter import export_model
+from colembed_export.pipeline.destination import is_export_folder
+from colembed_export.pipeline.exporter import export_model
 
 
 @pytest.fixture
@@ -176,9 +176,9 @@ def test_failed_check_says_where(exported_tiny, tiny_checkpoint):
     """A tolerance no float graph can meet: the check fails and names every comparison. Run on the
     session's export; that `export_model` then writes nothing and leaves no staging is
     test_export_check.py's wrong-graph test (an export whose check fails)."""
-    from colembed_export.checkpoint import load_strict
+    from colembed_export.families.checkpoint import load_strict
     from colembed_export.constants import FEATURE_TOLERANCE
-    from colembed_export.verify import compare_with_reference, reference_outputs
+    from colembed_export.pipeline.verify import compare_with_reference, reference_outputs
 
     reference = reference_outputs(load_strict(tiny_checkpoint), tiny_checkpoint)
     with pytest.raises(ExportError) as caught:

@@ -26,7 +26,7 @@ from colembed.families import (
 )
 from colembed.layout import MANIFEST_NAME
 from colembed.manifest import Manifest
-from colembed_export.preprocess_config import read_preprocess_config
+from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.windows import window_layout, windowed_vision_contract
 from qwen2_5_fixtures import checkpoint
 

@@ -28,8 +28,8 @@ def flops():
 def manifest_parts(folder: Path):
     """(torch model, the manifest's parts that `Shapes.from_manifest` reads), from the very facts
     the exporter writes the manifest from (`exporter.load`)."""
-    from colembed_export.checkpoint import check_architecture
-    from colembed_export.exporter import load
+    from colembed_export.families.checkpoint import check_architecture
+    from colembed_export.pipeline.exporter import load
     from colembed_export.families import export_family
 
     model, facts = load(folder, export_family(check_architecture(folder).name))
@@ -104,7 +104,7 @@ def test_language_model_counts_use_the_declared_head_dim(flops, tmp_path):
     import dataclasses
 
     import torch
-    from colembed_export.tiny_qwen3 import PRESETS_3, build_checkpoint_3
+    from colembed_export.testing.tiny_qwen3 import PRESETS_3, build_checkpoint_3
 
     spec = dataclasses.replace(PRESETS_3["tiny-3"], name="tiny-3-wide-heads", text_head_dim=32,
                                mrope_section=(4, 6, 6))

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colembed_export.gemm_as_matmul import gemms_as_matmuls
+from colembed_export.variants.gemm_as_matmul import gemms_as_matmuls
 
 
 def _gemm_model():
@@ -108,7 +108,7 @@ def test_int8_merger_bias_stays_outside_the_per_row_product():
     import onnx_ir as ir
 
     from colembed.sessions import Session
-    from colembed_export.quantise import quantise_matmuls
+    from colembed_export.variants.quantise import quantise_matmuls
 
     proto = _gemm_model()
     model = ir.from_proto(proto)

@@ -48,7 +48,7 @@ def test_rms_norm_is_rewritten_fused_and_unchanged(tmp_path):
     import onnx_ir as ir
 
     from colembed.sessions import Session
-    from colembed_export.graph_edits import fusable_rms_norms
+    from colembed_export.graphs.edits import fusable_rms_norms
 
     proto = _rms_norm_model()
     model = ir.from_proto(proto)
@@ -65,7 +65,7 @@ def test_rms_norm_is_rewritten_fused_and_unchanged(tmp_path):
 def test_a_reciprocal_that_is_not_a_norm_is_left_alone():
     import onnx_ir as ir
 
-    from colembed_export.graph_edits import fusable_rms_norms
+    from colembed_export.graphs.edits import fusable_rms_norms
 
     model = ir.from_proto(_rms_norm_model(x_name="other"))  # scales another tensor than it measured
     assert fusable_rms_norms(model) == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colembed_export.int8_attention import int8_attentions
+from colembed_export.variants.int8_attention import int8_attentions
 
 HEADS, HEAD_DIM = 4, 16
 
@@ -85,7 +85,7 @@ def test_int8_recipe_writes_the_attention_only_when_asked(exported_variants, tmp
     import onnx_ir as ir
 
     from colembed.sessions import Session
-    from colembed_export import recipes
+    from colembed_export.variants import recipes
 
     assert recipes.INT8_VISION_ATTENTION is False  # the default int8 graph keeps the fused one
     vision = exported_variants.folder / "vision.onnx"

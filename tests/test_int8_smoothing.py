@@ -35,7 +35,7 @@ def _optimised_ops(path, tmp_path) -> list[tuple[str, str, int]]:
 @pytest.fixture(scope="module")
 def calibrations(request):
     """{fixture: (folder, the exporter's calibration feeds per role)}, built once per family."""
-    from colembed_export.evaluation import calibration_feeds
+    from colembed_export.variants.gates import calibration_feeds
 
     found = {}
     for name in FAMILIES:
@@ -47,9 +47,9 @@ def calibrations(request):
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("role", ["vision", "text"])
 def test_smoothed_int8_runs_the_plain_recipes_ops(calibrations, family, role, tmp_path):
-    from colembed_export.graph_edits import finish
-    from colembed_export.recipes import quantize_int8
-    from colembed_export.variants import save_graph
+    from colembed_export.graphs.edits import finish
+    from colembed_export.variants.recipes import quantize_int8
+    from colembed_export.variants.write import save_graph
 
     folder, calibration = calibrations[family]
     src = folder / _graph(folder, role)
@@ -77,7 +77,7 @@ def test_smoothing_keeps_the_fp32_function(calibrations, family, tmp_path):
     import onnx_ir as ir
 
     from colembed.sessions import Session
-    from colembed_export.graph_edits import smooth_activation_outliers
+    from colembed_export.graphs.edits import smooth_activation_outliers
 
     folder, calibration = calibrations[family]
     src = folder / _graph(folder, "text")
@@ -97,7 +97,7 @@ def test_calibration_probes_read_weights_unpacked_and_measure_the_same(calibrati
     and measures what a prepacking session measures (the MatMuls' outputs here)."""
     import onnx
 
-    from colembed_export import graph_edits as G
+    from colembed_export.graphs import edits as G
 
     folder, feeds = calibrations["exported_tiny"]
     src = folder / _graph(folder, "text")

@@ -8,7 +8,7 @@ import pytest
 
 import fixtures_images as fx
 from colembed.errors import InputError
-from colembed_export.preprocess_config import VISION_ROPE_THETA
+from colembed_export.families.preprocess_config import VISION_ROPE_THETA
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.text import pad_batch

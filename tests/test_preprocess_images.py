@@ -17,7 +17,7 @@ from PIL import Image
 import fixtures_images as fx
 from colembed.errors import ImageError, InputError, InputTypeError, ModelFolderError
 from colembed.preprocess.config import PreprocessConfig
-from colembed_export.preprocess_config import read_preprocess_config
+from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import (
     load_image,
     num_image_tokens,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from colembed.errors import ExportError
-from colembed_export import quantise as Q
+from colembed_export.variants import quantise as Q
 
 
 def _session(model_proto):

@@ -28,7 +28,7 @@ def test_checkpoint_uses_the_real_tokenizer_and_training_pixel_bounds(qwen2_5_ch
     """Each folder's files; the reference processor reads them (checked for one in the pipeline)."""
     from tokenizers import Tokenizer
 
-    from colembed_export.tiny import TOKENIZER_FILES, qwen_tokenizer_dir
+    from colembed_export.testing.tiny_qwen2 import TOKENIZER_FILES, qwen_tokenizer_dir
 
     for name in TOKENIZER_FILES:
         assert (qwen2_5_checkpoint / name).read_bytes() == (qwen_tokenizer_dir() / name).read_bytes()
@@ -87,7 +87,7 @@ def test_reference_page_forward_needs_the_dtype_shim(tmp_path_factory):
 def test_both_layouts_load_to_the_same_model(tmp_path_factory, preset):
     import torch
 
-    from colembed_export.checkpoint_qwen2_5 import checkpoint_layout, load_colqwen2_5
+    from colembed_export.families.qwen2_5.checkpoint import checkpoint_layout, load_colqwen2_5
 
     hf_folder = checkpoint(tmp_path_factory, preset, "transformers")
     cp_folder = checkpoint(tmp_path_factory, preset, "colpali")
@@ -102,7 +102,7 @@ def test_both_layouts_load_to_the_same_model(tmp_path_factory, preset):
 
 def test_other_folders_are_refused_with_the_reason(tmp_path_factory, tmp_path):
     from colembed.errors import ModelFolderError
-    from colembed_export.checkpoint_qwen2_5 import checkpoint_layout, to_transformers_names
+    from colembed_export.families.qwen2_5.checkpoint import checkpoint_layout, to_transformers_names
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen2_vl"}))
     with pytest.raises(ModelFolderError, match="not a ColQwen2.5 checkpoint"):
@@ -119,7 +119,7 @@ def test_other_folders_are_refused_with_the_reason(tmp_path_factory, tmp_path):
 def test_inconsistent_specs_are_refused(change, match):
     from dataclasses import replace
 
-    from colembed_export.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
+    from colembed_export.testing.tiny_qwen2_5 import PRESETS_2_5, build_vlm_config
 
     with pytest.raises(ValueError, match=match):
         build_vlm_config(replace(PRESETS_2_5["tiny-2.5"], **change))

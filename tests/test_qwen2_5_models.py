@@ -113,7 +113,7 @@ def batches(folder):
 
 def base_folder(tmp_path_factory, layout: Layout):
     """The layout's base: tiny-2.5's weights in colpali-engine's layout as this publisher stores it."""
-    from colembed_export.tiny_qwen2_5 import to_colpali_layout
+    from colembed_export.testing.tiny_qwen2_5 import to_colpali_layout
     from conftest import build_once
 
     if not layout.base_pre_4_52 and layout.base_shards == 1:
@@ -196,7 +196,7 @@ def test_each_adapter_is_what_its_training_config_saves(layout_adapter):
 
 def test_each_layout_merges_like_peft(layout_adapter):
     """colembed's merge (renamed modules, whole tensors applied after) equals peft's own merge."""
-    from colembed_export.adapter import merge_adapter
+    from colembed_export.families.qwen2_5.adapter import merge_adapter
 
     _, (base, folder, want, unmerged, inputs) = layout_adapter
     model = merge_adapter(folder)
@@ -212,7 +212,7 @@ def test_a_whole_tensor_outside_modules_to_save_is_refused(tmp_path_factory, tmp
     import shutil
 
     from colembed.errors import ModelFolderError
-    from colembed_export.adapter import merge_adapter
+    from colembed_export.families.qwen2_5.adapter import merge_adapter
 
     _, folder, *_ = build_adapter(tmp_path_factory, LAYOUTS["saved_projection"])
     copy = tmp_path / "no-modules-to-save"
@@ -227,7 +227,7 @@ def test_a_whole_tensor_outside_modules_to_save_is_refused(tmp_path_factory, tmp
 def exported_colnomic_layout(tmp_path_factory):
     """`colembed export ADAPTER` of the colnomic layout (sharded pre-4.52 base with an LM head,
     nomic's regex), with the check on; and the peft oracle's embeddings."""
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     base, folder, want, _, inputs = build_adapter(tmp_path_factory, LAYOUTS["colnomic"])
     out = tmp_path_factory.mktemp("colnomic-export") / "colnomic"
@@ -257,29 +257,34 @@ def test_colnomic_layout_exports_within_the_check(exported_colnomic_layout):
 
 
 def _package_imports(module: str) -> set[str]:
-    """The export package's modules that `module` imports, at the top or inside functions."""
+    """The export package's modules (dotted, under colembed_export) that `module` imports, at the
+    top or inside functions."""
     import ast
     from pathlib import Path
 
     import colembed_export
 
-    tree = ast.parse((Path(colembed_export.__file__).parent / f"{module}.py").read_text())
+    path = Path(colembed_export.__file__).parent.joinpath(*module.split(".")).with_suffix(".py")
+    package = module.split(".")[:-1]
     found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            found.add(node.module or "")
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            found.add(".".join(base + ([node.module] if node.module else [])))
         elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("colembed_export."):
             found.add(node.module.split(".", 1)[1])
     return found
 
 
 def test_adapter_and_checkpoint_loading_import_one_way():
-    """One home per decision (issue #23): the layouts' names import nothing of the package, the
-    checkpoint loader knows no adapter, the adapter builds on the loader."""
-    assert _package_imports("layouts_qwen2_5") == set()
-    assert "adapter" not in _package_imports("checkpoint_qwen2_5")
-    assert "checkpoint_qwen2_5" in _package_imports("adapter")
-    assert "checkpoint_qwen2_5" not in _package_imports("tiny_qwen2_5")
+    """One home per decision: the layouts' names import nothing of the package, the checkpoint
+    loader knows no adapter, the adapter builds on the loader."""
+    family = "families.qwen2_5"
+    assert _package_imports(f"{family}.layouts") == set()
+    assert f"{family}.adapter" not in _package_imports(f"{family}.checkpoint")
+    assert f"{family}.checkpoint" in _package_imports(f"{family}.adapter")
+    assert f"{family}.checkpoint" not in _package_imports("testing.tiny_qwen2_5")
+    assert f"{family}.layouts" in _package_imports("testing.tiny_qwen2_5")
 
 
 # ------------------------------------------------------------------------------------ by name

@@ -83,7 +83,7 @@ def adapter(tmp_path_factory):
 
 
 def load_shimmed(folder, **kwargs):
-    from colembed_export.adapter import merge_adapter
+    from colembed_export.families.qwen2_5.adapter import merge_adapter
 
     model = merge_adapter(folder, **kwargs)
     model.vlm.model.visual.get_dtype = lambda: torch.float32  # docs/reference-colqwen2_5.md
@@ -134,7 +134,7 @@ def test_adapter_in_the_older_colpali_names_merges_the_same(adapter, tmp_path):
 
 def test_unreachable_base_is_named(adapter, tmp_path):
     from colembed.errors import ModelFolderError
-    from colembed_export.adapter import merge_adapter
+    from colembed_export.families.qwen2_5.adapter import merge_adapter
 
     folder = tmp_path / "hub-base"
     shutil.copytree(adapter[1], folder)
@@ -147,8 +147,8 @@ def test_unreachable_base_is_named(adapter, tmp_path):
 
 def test_adapters_that_cannot_be_merged_are_refused(adapter, tmp_path):
     from colembed.errors import ModelFolderError
-    from colembed_export.adapter import merge_adapter
-    from colembed_export.checkpoint_qwen2_5 import load_colqwen2_5
+    from colembed_export.families.qwen2_5.adapter import merge_adapter
+    from colembed_export.families.qwen2_5.checkpoint import load_colqwen2_5
     from safetensors.torch import load_file, save_file
 
     folder = tmp_path / "bad"
@@ -174,7 +174,7 @@ def test_export_merges_the_adapter_and_names_it(adapter, tmp_path):
     import numpy as np
 
     import colembed
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     base, folder, want, _, inputs = adapter
     out = tmp_path / "exported"

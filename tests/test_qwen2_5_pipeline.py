@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from colembed_export.preprocess_config import read_preprocess_config
+from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.text import TextEncoder, pad_batch
@@ -65,8 +65,8 @@ def reference_rows(model, batch):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_pages_and_queries_equal_the_reference_per_token(tmp_path_factory, preset):
-    from colembed_export.graphs import TextGraph
-    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
+    from colembed_export.families.qwen2.graphs import TextGraph
+    from colembed_export.families.qwen2_5.graphs import WindowedImageGraph
     from transformers import ColQwen2ForRetrieval
 
     folder = checkpoint(tmp_path_factory, preset, "transformers")

@@ -20,7 +20,7 @@ FP16_MAX = 65504.0
 
 @pytest.fixture(scope="module")
 def stress_2_5(tmp_path_factory):
-    from colembed_export.tiny_qwen2_5 import build_stress_checkpoint_2_5
+    from colembed_export.testing.tiny_qwen2_5 import build_stress_checkpoint_2_5
 
     return build_stress_checkpoint_2_5(tmp_path_factory.mktemp("stress-2.5") / "tiny-2.5-stress")
 
@@ -37,7 +37,7 @@ def stress_export(stress_2_5, tmp_path_factory):
     """The stress checkpoint exported with the fp16 variant (the exporter's recipe and gate), the
     check on: one export serves the end-to-end test and, through its fp32 image graph, the
     recipe's own test (which traced the tower a second time before)."""
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     return export_model(stress_2_5, tmp_path_factory.mktemp("stress-export") / "stress-2.5",
                         variants=("fp16",), random_weights=True)
@@ -99,8 +99,8 @@ def test_fp16_vision_graph_keeps_the_overflowing_gemms_fp32(stress_vision_graph)
     import onnx_ir as ir
     import onnxruntime as ort
 
-    from colembed_export.graph_edits import finish
-    from colembed_export.recipes import GATES, convert_fp16
+    from colembed_export.graphs.edits import finish
+    from colembed_export.variants.recipes import GATES, convert_fp16
 
     path, visual = stress_vision_graph
     calibration = window_feeds(visual, [(1, 18, 30), (1, 4, 4)])
@@ -129,8 +129,8 @@ def test_fp16_vision_graph_keeps_the_overflowing_gemms_fp32(stress_vision_graph)
 
 
 def test_gate_refuses_inf_and_nan_explicitly():
-    from colembed_export.evaluation import cosine_figures
-    from colembed_export.recipes import GATES
+    from colembed_export.variants.gates import cosine_figures
+    from colembed_export.variants.recipes import GATES
 
     want = [np.eye(3, 4, dtype=np.float32)]
     broken = [want[0].copy()]
@@ -151,7 +151,7 @@ def variants_2_5(exported_tiny_2_5):
 
 def test_colqwen2_5_variants_meet_colqwen2s_gates(variants_2_5):
     import colembed
-    from colembed_export.recipes import GATES
+    from colembed_export.variants.recipes import GATES
 
     manifest = variants_2_5.manifest
     assert manifest.family == "colqwen2.5"
@@ -177,7 +177,7 @@ def _pages():
 def test_fp16_variant_of_the_stress_checkpoint_is_finite_and_gated(stress_export, stress_2_5):
     """End to end: the exporter's fp16 recipe keeps the overflowing down-projections fp32, records
     them, and the variant passes the fp16 gate (peak and finiteness included)."""
-    from colembed_export.recipes import GATES
+    from colembed_export.variants.recipes import GATES
 
     report = stress_export
     figures = report.check["fp16"]

@@ -44,7 +44,7 @@ def assert_close(got, want):
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_windowed_graph_equals_the_reference_tower_in_torch(tmp_path_factory, preset):
-    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
+    from colembed_export.families.qwen2_5.graphs import WindowedImageGraph
 
     visual = visual_of(tmp_path_factory, preset)
     graph = WindowedImageGraph(visual).eval()
@@ -63,7 +63,7 @@ def test_windowed_graph_holds_with_trained_like_activations(tmp_path_factory):
     towers have) must not break the windowed graph's agreement, relative to the features' scale."""
     import copy
 
-    from colembed_export.graphs_qwen2_5 import WindowedImageGraph
+    from colembed_export.families.qwen2_5.graphs import WindowedImageGraph
 
     visual = copy.deepcopy(visual_of(tmp_path_factory, "tiny-2.5-alt"))
     with torch.no_grad():

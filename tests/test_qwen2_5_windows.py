@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from colembed.errors import InputError
-from colembed_export.preprocess_config import read_preprocess_config
+from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
 from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
 from colembed.preprocess.windows import packed_window_index, window_layout

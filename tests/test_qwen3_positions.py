@@ -26,7 +26,7 @@ def test_linspace_is_torchs_bit_for_bit():
 @pytest.mark.parametrize("side", [6, 8, 48])
 def test_interpolated_position_embeddings_are_the_towers(side):
     torch = pytest.importorskip("torch")
-    from colembed_export.tiny_qwen3 import PRESETS_3, build_vlm_config
+    from colembed_export.testing.tiny_qwen3 import PRESETS_3, build_vlm_config
     from dataclasses import replace
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 

@@ -20,14 +20,14 @@ TOLERANCE = 1e-4
 
 def _preprocessing(folder):
     from colembed.preprocess.text import TextEncoder
-    from colembed_export.preprocess_config import read_preprocess_config
+    from colembed_export.families.preprocess_config import read_preprocess_config
 
     config = read_preprocess_config(folder)
     return config, TextEncoder.from_file(folder / "tokenizer.json", config)
 
 
 def test_query_ids_are_the_processors(qwen3_preset, tmp_path_factory):
-    from colembed_export.reference_qwen3 import QUERIES
+    from colembed_export.families.qwen3.reference import QUERIES
 
     ref = reference(tmp_path_factory, qwen3_preset)
     config, encoder = _preprocessing(checkpoint(tmp_path_factory, qwen3_preset))
@@ -39,7 +39,7 @@ def test_query_ids_are_the_processors(qwen3_preset, tmp_path_factory):
 def test_page_ids_pixels_grids_and_positions_are_the_processors(qwen3_preset, tmp_path_factory):
     from colembed.preprocess.images import prepare_image
     from colembed.preprocess.positions import mrope_position_ids
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import reference_pages
 
     ref = reference(tmp_path_factory, qwen3_preset)
     config, encoder = _preprocessing(checkpoint(tmp_path_factory, qwen3_preset))
@@ -62,7 +62,7 @@ def test_the_export_environments_model_is_the_reference(qwen3_preset, tmp_path_f
     checks against) gives colpali-engine 0.3.18's embeddings on transformers 5.24."""
     import torch
 
-    from colembed_export.checkpoint_qwen3 import load_colqwen3
+    from colembed_export.families.qwen3.checkpoint import load_colqwen3
 
     ref = reference(tmp_path_factory, qwen3_preset)
     model = load_colqwen3(checkpoint(tmp_path_factory, qwen3_preset))
@@ -84,7 +84,7 @@ def test_the_exported_folder_gives_the_references_embeddings(qwen3_preset, tmp_p
     """Queries and pages of several sizes, alone and batched, per token <= 1e-4 against
     colpali-engine on transformers 5.24 (left-padded batches there, ragged rows here)."""
     import colembed
-    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+    from colembed_export.families.qwen3.reference import QUERIES, reference_pages
 
     ref = reference(tmp_path_factory, qwen3_preset)
     model = colembed.load(exported(tmp_path_factory, qwen3_preset))
@@ -112,7 +112,7 @@ import sys
 import numpy as np
 
 import colembed
-from colembed_export.reference_qwen3 import QUERIES, reference_pages
+from colembed_export.families.qwen3.reference import QUERIES, reference_pages
 
 model = colembed.load(sys.argv[1], threads=1)
 out = [v for page in reference_pages()[:2] for v in model.embed_images([page])]
@@ -130,7 +130,7 @@ def test_the_three_families_in_one_process_equal_each_alone(exported_tiny, expor
     import sys
 
     import colembed
-    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+    from colembed_export.families.qwen3.reference import QUERIES, reference_pages
 
     folders = {"colqwen2": exported_tiny.folder, "colqwen2.5": exported_tiny_2_5.folder,
                "colqwen3": exported(tmp_path_factory, "tiny-3")}
@@ -159,7 +159,7 @@ def test_variants_pass_their_gates_and_run(tmp_path_factory):
     """int8, int4 and fp16 of tiny-3: written only because each passed its gate against fp32
     (the manifest keeps the figures); each loads and embeds pages and queries near fp32."""
     import colembed
-    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+    from colembed_export.families.qwen3.reference import QUERIES, reference_pages
 
     folder = exported(tmp_path_factory, "tiny-3")
     fp32 = colembed.load(folder)
@@ -183,7 +183,7 @@ def test_an_index_takes_colqwen3_pages_and_refuses_another_family(exported_tiny,
     of ColQwen3 pages refuses a ColQwen2 model."""
     import colembed
     from colembed.index import Index, ModelMismatchError
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import reference_pages
 
     qwen3 = colembed.load(exported(tmp_path_factory, "tiny-3"))
     reference_pages()[0].save(tmp_path / "page.png")
@@ -205,13 +205,13 @@ def test_a_folder_saved_by_the_reference_exports_as_its_source(tmp_path, tmp_pat
     import subprocess
 
     import colembed
-    from colembed_export.exporter import export_model
-    from colembed_export.reference_qwen3 import QUERIES, reference_pages
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.families.qwen3.reference import QUERIES, reference_pages
     from qwen3_fixtures import reference_python
 
     saved = tmp_path / "saved"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([str(reference_python()), "-m", "colembed_export.reference_qwen3", "--save",
+    subprocess.run([str(reference_python()), "-m", "colembed_export.families.qwen3.reference", "--save",
                     str(checkpoint(tmp_path_factory, "tiny-3")), str(saved)], check=True, env=env)
     assert not (saved / "preprocessor_config.json").exists()
     assert "image_processor" in json.loads((saved / "processor_config.json").read_text())

@@ -39,7 +39,7 @@ QUERIES = ("What was the revenue in 2023?", "  spaces around  ", "\ttab and newl
 
 
 def tomoro_checkpoint(tmp_path_factory):
-    from colembed_export.tiny_qwen3 import to_tomoro_layout
+    from colembed_export.testing.tiny_qwen3 import to_tomoro_layout
 
     source = checkpoint(tmp_path_factory, "tiny-3")
     return build_once(tmp_path_factory, "qwen3-tomoro",
@@ -47,7 +47,7 @@ def tomoro_checkpoint(tmp_path_factory):
 
 
 def tomoro_exported(tmp_path_factory):
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     folder = tomoro_checkpoint(tmp_path_factory)
     return build_once(tmp_path_factory, "qwen3-tomoro-export",
@@ -105,7 +105,7 @@ class TomoroReference:
         return self._embed(dict(self.tokenizer(prompts, padding="longest", return_tensors="pt")))
 
     def pages(self, images) -> list[np.ndarray]:
-        from colembed_export.preprocess_config import UPSTREAM_PAGE_PROMPT
+        from colembed_export.families.preprocess_config import UPSTREAM_PAGE_PROMPT
 
         found = self.image_processor(images=images, return_tensors="pt")
         merge = self.image_processor.merge_size ** 2
@@ -134,7 +134,7 @@ def test_the_replica_is_tomoros_layout(tmp_path_factory):
 
 
 def test_tomoros_layout_reads_its_processors_differences(tmp_path_factory):
-    from colembed_export.preprocess_config import read_preprocess_config
+    from colembed_export.families.preprocess_config import read_preprocess_config
 
     tomoro = read_preprocess_config(tomoro_checkpoint(tmp_path_factory))
     colpali = read_preprocess_config(checkpoint(tmp_path_factory, "tiny-3"))
@@ -150,7 +150,7 @@ def test_tomoros_page_prompt_is_prefix_plus_suffix(tmp_path_factory, tmp_path):
     would drop the suffix), and a stated suffix is used."""
     import shutil
 
-    from colembed_export.preprocess_config import UPSTREAM_PAGE_PROMPT, read_preprocess_config
+    from colembed_export.families.preprocess_config import UPSTREAM_PAGE_PROMPT, read_preprocess_config
 
     folder = shutil.copytree(tomoro_checkpoint(tmp_path_factory), tmp_path / "with-processor")
     assert read_preprocess_config(folder).page_prompt == UPSTREAM_PAGE_PROMPT
@@ -170,7 +170,7 @@ def test_query_strip_reaches_the_encoder_and_the_manifest_only_when_set(tmp_path
     from colembed.errors import ManifestError
     from colembed.preprocess.config import PreprocessConfig
     from colembed.preprocess.text import TextEncoder
-    from colembed_export.preprocess_config import read_preprocess_config
+    from colembed_export.families.preprocess_config import read_preprocess_config
 
     folder = tomoro_checkpoint(tmp_path_factory)
     tomoro = read_preprocess_config(folder)
@@ -190,7 +190,7 @@ def test_tomoros_layout_loads_the_same_model_as_colpalis(tmp_path_factory):
     """The same weights under both layouts' names load to the same embeddings, bit for bit."""
     import torch
 
-    from colembed_export.checkpoint_qwen3 import load_colqwen3
+    from colembed_export.families.qwen3.checkpoint import load_colqwen3
 
     tomoro = load_colqwen3(tomoro_checkpoint(tmp_path_factory))
     colpali = load_colqwen3(checkpoint(tmp_path_factory, "tiny-3"))
@@ -205,7 +205,7 @@ def test_a_projection_width_unlike_embed_dim_is_refused(tmp_path_factory, tmp_pa
     import shutil
 
     from colembed.errors import ExportError
-    from colembed_export.checkpoint_qwen3 import load_colqwen3
+    from colembed_export.families.qwen3.checkpoint import load_colqwen3
 
     folder = shutil.copytree(tomoro_checkpoint(tmp_path_factory), tmp_path / "wrong-dim")
     config = json.loads((folder / "config.json").read_text())
@@ -223,7 +223,7 @@ def test_an_unnamed_tensor_is_refused(tmp_path_factory, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from colembed.errors import ExportError
-    from colembed_export.checkpoint_qwen3 import load_colqwen3
+    from colembed_export.families.qwen3.checkpoint import load_colqwen3
 
     folder = shutil.copytree(tomoro_checkpoint(tmp_path_factory), tmp_path / "stray")
     weights = load_file(str(folder / "model.safetensors"))
@@ -238,7 +238,7 @@ def test_the_exported_tomoro_layout_gives_tomoros_embeddings(tmp_path_factory):
     """Queries (stripped where TomoroAI strips) and pages of several sizes, alone and batched,
     per token <= 1e-4 against TomoroAI's computation."""
     import colembed
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import reference_pages
 
     folder = tomoro_exported(tmp_path_factory)
     model = colembed.load(folder)
@@ -283,8 +283,8 @@ def test_the_exported_tomoro_layout_gives_colpali_engines_embeddings(tmp_path_fa
     """The pinned reference (colpali-engine 0.3.18 ColQwen3 on transformers 5.24) of the same
     weights: every page, and the queries stripping leaves as they are, <= 1e-4 per token."""
     import colembed
-    from colembed_export.reference_qwen3 import QUERIES as REFERENCE_QUERIES
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import QUERIES as REFERENCE_QUERIES
+    from colembed_export.families.qwen3.reference import reference_pages
 
     ref = reference(tmp_path_factory, "tiny-3")
     model = colembed.load(tomoro_exported(tmp_path_factory))
@@ -309,7 +309,7 @@ def test_an_index_refuses_a_model_of_another_family_by_name(exported_tiny, tmp_p
     error naming both widths and the family, whether it holds pages or is still empty."""
     import colembed
     from colembed.index import Index, ModelMismatchError
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import reference_pages
 
     qwen3 = colembed.load(tomoro_exported(tmp_path_factory))
     qwen2 = colembed.load(exported_tiny.folder)
@@ -384,7 +384,7 @@ def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, 
     import colembed
     from colembed import registry
     from colembed.fastembed import LateInteractionMultimodalEmbedding
-    from colembed_export.reference_qwen3 import reference_pages
+    from colembed_export.families.qwen3.reference import reference_pages
 
     folder = tomoro_exported(tmp_path_factory)
     cached = tmp_path / registry.get_model(name).cache_folder_name

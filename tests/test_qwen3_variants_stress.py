@@ -15,15 +15,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colembed_export import evaluation as E
-from colembed_export import variants as V
+from colembed_export.variants import gates as E
+from colembed_export.variants import write as V
 from conftest import build_once
 
 ALL = ("int8", "int4", "fp16")
 
 
 def stress_checkpoint(tmp_path_factory):
-    from colembed_export.tiny_qwen3 import build_stress_checkpoint_3
+    from colembed_export.testing.tiny_qwen3 import build_stress_checkpoint_3
 
     return build_once(tmp_path_factory, "qwen3-stress", lambda folder: build_stress_checkpoint_3(
         folder / "tiny-3-stress", "tiny-3")) / "tiny-3-stress"
@@ -32,7 +32,7 @@ def stress_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def stress_variants_3(tmp_path_factory):
     """The stress checkpoint exported with all three variants (check on), gated as ColQwen2's."""
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     return export_model(stress_checkpoint(tmp_path_factory),
                         tmp_path_factory.mktemp("variants-3") / "tiny-3-stress",
@@ -45,8 +45,8 @@ def test_stress_checkpoint_carries_the_traits(tmp_path_factory):
     residual stream beyond fp16's 65504, DeepStack features in the hundreds."""
     import torch
 
-    from colembed_export.checkpoint_qwen3 import load_colqwen3
-    from colembed_export.verify import reference_processor_qwen3, sample_pages
+    from colembed_export.families.qwen3.checkpoint import load_colqwen3
+    from colembed_export.pipeline.verify import reference_processor_qwen3, sample_pages
 
     folder = stress_checkpoint(tmp_path_factory)
     model = load_colqwen3(folder)
@@ -106,7 +106,7 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tmp_path_factor
     but wrong past 300 tokens is refused, naming the long queries; the folder is written
     without it (the checked fp32 graphs only)."""
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
     from test_variants import _break_tokens_past  # flips every vector past a position
 
     made = V.make_graph
@@ -138,7 +138,7 @@ def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(tmp_path_fac
     """Through the real fp32 graphs: when the ranking set's pages are one page (nothing to tell
     apart), judging any variant is refused with what fp32 did, before any variant runs."""
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     folder = export_model(stress_checkpoint(tmp_path_factory), tmp_path / "fp32", check=False,
                           random_weights=True).folder

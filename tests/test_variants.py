@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from colembed_export import evaluation as E
-from colembed_export import graph_edits as G
-from colembed_export import recipes as R
-from colembed_export import variants as V
+from colembed_export.variants import gates as E
+from colembed_export.graphs import edits as G
+from colembed_export.variants import recipes as R
+from colembed_export.variants import write as V
 
 ALL = ("int8", "int4", "fp16")
 
@@ -220,7 +220,7 @@ def test_parse_variants():
 def test_load_by_name_matches_fp32(exported_variants, name):
     """Loading by name gives the graphs the gate judged: each sample item's figure again."""
     import colembed
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
+    from colembed_export.pipeline.verify import SAMPLE_QUERIES, sample_pages
 
     folder = exported_variants.folder
     model = colembed.load(folder, variant=name)
@@ -317,7 +317,7 @@ def test_ranking_set_has_clear_winners_and_agreement_can_fail(exported_variants)
 def test_missed_gate_raises_and_writes_the_folder_without_the_variant(tiny_checkpoint, tmp_path,
                                                                       monkeypatch):
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     impossible = V.VariantSpec("int8", V.VARIANTS["int8"].recipes, V.Gate(mean_cosine=1.5))
     monkeypatch.setitem(V.VARIANTS, "int8", impossible)
@@ -338,7 +338,7 @@ def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(tiny_check
     """fp32's gate-set run comes first: when its ranking set has too few clear winners, no variant
     graph is made (at 4B size that was 9 minutes of graphs that could never be written)."""
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     pages, queries = E.ranking_set()
     monkeypatch.setattr(E, "ranking_set", lambda: ([pages[0]] * len(pages), queries))
@@ -417,7 +417,7 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
     but wrong past 300 tokens is refused, naming the long queries; the folder is written with
     fp32 and the variant that passed (fp16), without the refused one."""
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     made = V.make_graph
 
@@ -520,7 +520,7 @@ def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
     import onnx_ir as ir
     from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
 
-    from colembed_export import recipes as R
+    from colembed_export.variants import recipes as R
 
     src = exported_variants.folder / "text.onnx"
     proto = onnx.load(str(src))
@@ -555,7 +555,7 @@ INT4_MEMORY_PROBE = """
 import json, sys
 from pathlib import Path
 from colembed_export.measure import peak_rss_bytes, rss_bytes, _reset_peak
-from colembed_export.recipes import quantize_int4
+from colembed_export.variants.recipes import quantize_int4
 import onnxruntime.capi._pybind_state, onnx_ir  # noqa: F401  (imported before the baseline)
 before = rss_bytes()
 _reset_peak()

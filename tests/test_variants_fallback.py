@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from colembed.errors import ExportError
-from colembed_export import recipes as R
-from colembed_export import variants as V
+from colembed_export.variants import recipes as R
+from colembed_export.variants import write as V
 
 
 def _fp32_staging(exported_variants, tmp_path: Path):
@@ -137,7 +137,7 @@ def test_forced_recipes_and_bad_counts():
 
 
 def test_export_refuses_a_bad_weight_count_before_any_work(tmp_path):
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     with pytest.raises(ExportError, match="int8 weight passes must be one of"):
         export_model(tmp_path / "no-such-checkpoint", tmp_path / "out", variants=["int8"],

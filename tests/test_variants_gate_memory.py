@@ -14,8 +14,8 @@ import collections
 import numpy as np
 import onnx
 
-from colembed_export import evaluation as E
-from colembed_export.recipes import VARIANTS
+from colembed_export.variants import gates as E
+from colembed_export.variants.recipes import VARIANTS
 
 
 def _initializer_elements(path) -> dict[str, int]:

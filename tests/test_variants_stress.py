@@ -8,17 +8,17 @@ import json
 
 import pytest
 
-from colembed_export import evaluation as E
-from colembed_export import graph_edits as G
-from colembed_export import variants as V
+from colembed_export.variants import gates as E
+from colembed_export.graphs import edits as G
+from colembed_export.variants import write as V
 
 ALL = ("int8", "int4", "fp16")
 
 
 @pytest.fixture(scope="module")
 def stress_variants(tmp_path_factory):
-    from colembed_export.exporter import export_model
-    from colembed_export.tiny import build_stress_checkpoint
+    from colembed_export.pipeline.exporter import export_model
+    from colembed_export.testing.tiny_qwen2 import build_stress_checkpoint
 
     checkpoint = build_stress_checkpoint(tmp_path_factory.mktemp("ckpt") / "stress", "tiny")
     return export_model(checkpoint, tmp_path_factory.mktemp("variants") / "stress",
@@ -30,8 +30,8 @@ def stress_variants(tmp_path_factory):
 def test_stress_checkpoint_carries_trained_model_traits(stress_variants):
     """Massive residual channels (100-1000x) on every token from layer 0 on, compensated by the
     norms; a vision residual stream beyond fp16's range; image features in the hundreds."""
-    from colembed_export.tiny import activation_report
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
+    from colembed_export.testing.tiny_qwen2 import activation_report
+    from colembed_export.pipeline.verify import SAMPLE_QUERIES, sample_pages
 
     source = stress_variants.manifest.model.source
     report = activation_report(source, sample_pages(), list(SAMPLE_QUERIES))
@@ -77,7 +77,7 @@ def test_fp16_without_fp32_islands_fails_on_the_stress_checkpoint(stress_variant
     for role in ("vision", "text"):
         manifest["files"][f"{role}.fp16.onnx"] = describe_file(folder / f"{role}.fp16.onnx")
     (folder / MANIFEST_NAME).write_text(json.dumps(manifest))
-    from colembed_export.verify import SAMPLE_QUERIES, sample_pages
+    from colembed_export.pipeline.verify import SAMPLE_QUERIES, sample_pages
 
     pages, queries = sample_pages(), list(SAMPLE_QUERIES)
     want = colembed.load(folder, verify=False)

@@ -1,7 +1,7 @@
 """Host-side preprocessing in numpy: the integer and layout work ColQwen2Processor does, exactly.
 
 - `config`: `PreprocessConfig`, every constant, read from the manifest (the exporter reads it from a
-  checkpoint: `colembed_export.preprocess_config`).
+  checkpoint: `colembed_export.families.preprocess_config`).
 - `text`: `TextEncoder` (query ids, page prompt ids, token counts) and `pad_batch`.
 - `images`: `load_image`, `smart_resize`, `resized_grid`, `prepare_image` -> `PreparedImage`.
 - `positions`: `mrope_position_ids` (language model) and `vision_rotary_tables` (vision tower).

@@ -4,7 +4,7 @@ Owns `PreprocessConfig`: the prompt templates, the token ids, the pixel bounds, 
 the normalisation constants and the vision rotary constants that `text.py`, `images.py` and
 `positions.py` need, and the only place these numbers live. The runtime builds it from the
 manifest (`from_dict`); the exporter reads it from a checkpoint's files
-(`colembed_export.preprocess_config.read_preprocess_config`, which says where each value comes
+(`colembed_export.families.preprocess_config.read_preprocess_config`, which says where each value comes
 from) and writes it into the manifest (`to_dict`).
 
 Imports only the standard library and colembed's errors.
@@ -53,7 +53,7 @@ class PreprocessConfig:
     vision_head_dim: int
     vision_rope_theta: float
     # TomoroAI's ColQwen3 processor strips the query text before adding prefix and suffix
-    # (colembed_export.layouts_qwen3); every other processor keeps it as given. Written to the
+    # (colembed_export.families.qwen3.layouts); every other processor keeps it as given. Written to the
     # manifest only when set, so other folders' manifests are unchanged.
     query_strip: bool = False
 

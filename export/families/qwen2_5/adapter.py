@@ -30,8 +30,8 @@ from typing import Any, Callable
 
 from colembed.errors import ModelFolderError
 
-from .checkpoint_qwen2_5 import load_colqwen2_5
-from .layouts_qwen2_5 import (
+from .checkpoint import load_colqwen2_5
+from .layouts import (
     ADAPTER_CONFIG,
     ADAPTER_TO_TRANSFORMERS,
     ADAPTER_WEIGHTS,
@@ -75,7 +75,7 @@ def adapter_base(folder: str | Path, base: str | Path | None = None) -> Path:
     (a local folder as is, a Hub repo id downloaded). Unreachable: an error naming it."""
     from colembed.errors import ExportError
 
-    from .checkpoint import resolve_checkpoint
+    from ..checkpoint import resolve_checkpoint
 
     folder = Path(folder)
     if base is not None:
@@ -192,7 +192,7 @@ def merge_adapter(folder: str | Path, *, base: str | Path | None = None):
 
 def adapter_source(source: str | Path, revision: str | None = None) -> Path | None:
     """The folder of `source` (local, or a Hub repo id downloaded) when it is an adapter."""
-    from .checkpoint import resolve_checkpoint
+    from ..checkpoint import resolve_checkpoint
 
     folder = resolve_checkpoint(source, revision).folder
     return folder if is_adapter(folder) else None
@@ -202,7 +202,7 @@ def merge_to_folder(adapter: Path, out: Path, *, base: str | Path | None = None)
     """The adapter merged into its base, written at `out` in transformers' layout, with the
     processor and tokenizer files of the adapter folder (the published adapter ships them), else
     of the base: a checkpoint the exporter reads like any other."""
-    from .constants import OPTIONAL_FILES, REQUIRED_FILES
+    from ...constants import OPTIONAL_FILES, REQUIRED_FILES
 
     base_folder = adapter_base(adapter, base)
     model = merge_adapter(adapter, base=base_folder)

@@ -60,7 +60,7 @@ def run_demo(workdir: Path, *, progress: Callable[[str], None] = print, k: int =
     import colembed
 
     from .exporter import export_model
-    from .tiny import build_checkpoint
+    from ..testing.tiny_qwen2 import build_checkpoint
 
     workdir = Path(workdir)
     if is_work_folder(workdir):

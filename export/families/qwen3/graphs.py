@@ -31,7 +31,7 @@ import types
 import torch
 from torch import nn
 
-from .graphs import ImageGraph, TextGraph
+from ..qwen2.graphs import ImageGraph, TextGraph
 
 
 class DeepStackImageGraph(ImageGraph):

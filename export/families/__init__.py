@@ -50,24 +50,24 @@ class ExportFamily:
     reference_processor: Callable[[Path], Any] | None = None
 
     def text_graph_of(self, model: Any):
-        from .graphs import TextGraph
+        from .qwen2.graphs import TextGraph
 
         return (self.text_graph or TextGraph)(model)
 
     def run_reference(self, model: Any, folder: Path):
-        from .verify import reference_outputs
+        from ..pipeline.verify import reference_outputs
 
         return (self.reference_outputs or reference_outputs)(model, folder)
 
 
 def _image_graph(model: Any):
-    from .graphs import ImageGraph
+    from .qwen2.graphs import ImageGraph
 
     return ImageGraph.of_model(model)
 
 
 def _windowed_image_graph(model: Any):
-    from .graphs_qwen2_5 import WindowedImageGraph
+    from .qwen2_5.graphs import WindowedImageGraph
 
     return WindowedImageGraph.of_model(model)
 
@@ -91,7 +91,7 @@ def _load_colqwen2_5(folder: Path):
     """transformers' layout through the strict loader; colpali-engine's published layout through
     `load_colqwen2_5` (which refuses missing and unexpected tensors itself)."""
     from .checkpoint import load_strict
-    from .checkpoint_qwen2_5 import checkpoint_layout, load_colqwen2_5
+    from .qwen2_5.checkpoint import checkpoint_layout, load_colqwen2_5
 
     try:
         if checkpoint_layout(folder) == "transformers":
@@ -102,31 +102,31 @@ def _load_colqwen2_5(folder: Path):
 
 
 def _deepstack_image_graph(model: Any):
-    from .graphs_qwen3 import DeepStackImageGraph
+    from .qwen3.graphs import DeepStackImageGraph
 
     return DeepStackImageGraph.of_model(model)
 
 
 def _deepstack_text_graph(model: Any):
-    from .graphs_qwen3 import DeepStackTextGraph
+    from .qwen3.graphs import DeepStackTextGraph
 
     return DeepStackTextGraph(model)
 
 
 def _load_colqwen3(folder: Path):
-    from .checkpoint_qwen3 import load_colqwen3
+    from .qwen3.checkpoint import load_colqwen3
 
     return load_colqwen3(folder)
 
 
 def _reference_qwen3(model: Any, folder: Path):
-    from .verify import reference_outputs_qwen3
+    from ..pipeline.verify import reference_outputs_qwen3
 
     return reference_outputs_qwen3(model, folder)
 
 
 def _reference_processor_qwen3(folder: Path):
-    from .verify import reference_processor_qwen3
+    from ..pipeline.verify import reference_processor_qwen3
 
     return reference_processor_qwen3(folder)
 

@@ -31,7 +31,7 @@ from typing import Any
 
 from colembed.errors import ExportError
 
-from .layouts_qwen3 import LAYOUTS, Qwen3Layout, layout_of
+from .layouts import LAYOUTS, Qwen3Layout, layout_of
 
 
 

@@ -149,7 +149,7 @@ def gate_queries(model: Any) -> list[tuple[str, str]]:
     token (`TOKEN_CLASS_QUERIES`), token sequences from the whole vocabulary, a numbers sentence
     at length, repeated sentences of ~64, 221 and 450 tokens and one at the model's bound
     (`max_query_tokens`)."""
-    from .verify import SAMPLE_QUERIES
+    from ..pipeline.verify import SAMPLE_QUERIES
 
     encoder = model.text_encoder
     count, bound = encoder.count_query_tokens, encoder.max_query_tokens
@@ -203,7 +203,7 @@ def gate_pages(model: Any) -> list[tuple[str, Any]]:
     and a tall strip (aspect ratio 50), a blank page and a photo-like one."""
     from PIL import Image, ImageDraw
 
-    from .verify import sample_pages
+    from ..pipeline.verify import sample_pages
 
     rng = np.random.default_rng(7)
     found = [(f"sample page {i} {p.size[0]}x{p.size[1]}", p) for i, p in enumerate(sample_pages())]
@@ -424,7 +424,7 @@ def query_class_figures(reference: Fp32Reference, got: dict[str, list[np.ndarray
 def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
     """glibc's mallopt(M_MMAP_THRESHOLD, `threshold`) for this process (GATE_MMAP_THRESHOLD);
     False where there is no glibc (other C libraries, other systems): nothing changes there."""
-    from .measure import glibc_function
+    from ..measure import glibc_function
 
     mallopt = glibc_function("mallopt")
     return bool(mallopt is not None and mallopt(-3, int(threshold)))  # -3: M_MMAP_THRESHOLD
@@ -461,7 +461,7 @@ def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
     model, freed after); refuse when the ranking set has too few clear winners to judge by."""
     import contextlib
 
-    from .measure import release_memory
+    from ..measure import release_memory
 
     step = step or (lambda name: contextlib.nullcontext())
     map_large_blocks()
@@ -505,7 +505,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
     wraps each model's run."""
     import contextlib
 
-    from .measure import release_memory
+    from ..measure import release_memory
 
     step = step or (lambda name: contextlib.nullcontext())
     if reference is None:
@@ -563,7 +563,7 @@ def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
     """The fp32 graphs' feeds for the sample pages and queries, per role (for smoothing)."""
     import colembed
 
-    from .verify import SAMPLE_QUERIES, sample_pages
+    from ..pipeline.verify import SAMPLE_QUERIES, sample_pages
 
     runtime = colembed.load(folder, verify=False)
     recorded = recording_feeds(runtime)

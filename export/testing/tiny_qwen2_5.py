@@ -28,9 +28,9 @@ from pathlib import Path
 
 from typing import Any, Callable
 
-from .layouts_qwen2_5 import WEIGHTS_INDEX, to_colpali_key
+from ..families.qwen2_5.layouts import WEIGHTS_INDEX, to_colpali_key
 
-from .tiny import (
+from .tiny_qwen2 import (
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,

@@ -19,8 +19,8 @@ from typing import Any
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
 
-from .constants import DATA_SUFFIX, EXTERNAL_DATA_THRESHOLD, OPSET
-from .graph_edits import fusable_rms_norms
+from ..constants import DATA_SUFFIX, EXTERNAL_DATA_THRESHOLD, OPSET
+from .edits import fusable_rms_norms
 from .reshape_allowzero import clear_reshape_allowzero
 
 log = logging.getLogger("colembed_export")

@@ -6,10 +6,10 @@ ColQwen2's reference). So this module is run as a script by the interpreter of t
 environment (`tests/qwen3_fixtures.py` creates it) and writes what the reference produced to an
 .npz file that the export environment compares with:
 
-    python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz
+    python -m colembed_export.families.qwen3.reference CHECKPOINT OUT.npz
 (`--save CHECKPOINT OUT_FOLDER` writes the folder as the reference's `save_pretrained` does.)
 
-Per sample query and page (`colembed_export.verify`'s, plus a few more page sizes): input ids,
+Per sample query and page (`colembed_export.pipeline.verify`'s, plus a few more page sizes): input ids,
 attention mask, pixel values, image grid, the model's 3-D positions, and the embeddings, alone and
 in one left-padded batch (the processor's padding side), real rows only.
 
@@ -41,7 +41,7 @@ def reference_pages() -> list:
     """The export check's sample pages plus sizes that hit both pixel bounds and odd aspects."""
     from PIL import Image
 
-    from colembed_export.verify import sample_pages
+    from colembed_export.pipeline.verify import sample_pages
 
     rng = np.random.default_rng(7)
     extra = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
@@ -149,8 +149,8 @@ def save(folder: Path, out: Path) -> None:
     processor.save_pretrained(out)
 
 
-USAGE = ("usage: python -m colembed_export.reference_qwen3 CHECKPOINT OUT.npz\n"
-         "       python -m colembed_export.reference_qwen3 --save CHECKPOINT OUT_FOLDER")
+USAGE = ("usage: python -m colembed_export.families.qwen3.reference CHECKPOINT OUT.npz\n"
+         "       python -m colembed_export.families.qwen3.reference --save CHECKPOINT OUT_FOLDER")
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--save":

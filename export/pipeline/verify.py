@@ -116,7 +116,7 @@ def reference_processor_qwen3(checkpoint_folder: Path):
     from transformers import ColQwen2Processor
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
-    from .preprocess_config import read_preprocess_config
+    from ..families.preprocess_config import read_preprocess_config
 
     config = read_preprocess_config(checkpoint_folder)
     image_processor = Qwen2VLImageProcessor(

@@ -36,7 +36,7 @@ import numpy as np
 from colembed.errors import ExportError
 from colembed.layout import BASE_VARIANT
 
-from .graph_edits import release
+from ..graphs.edits import release
 
 SCHEMES = ("tensor", "row", BASE_VARIANT)  # BASE_VARIANT: the MatMul stays in fp32
 INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's QInt8 weights)
@@ -184,7 +184,7 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-    from .graph_edits import _const_float, _swap_in
+    from ..graphs.edits import _const_float, _swap_in
 
     passes = weight_passes
     if passes not in WEIGHT_PASS_COUNTS:
@@ -322,7 +322,7 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
     benchmarks/results/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
-    from .graph_edits import _const_float, _swap_in
+    from ..graphs.edits import _const_float, _swap_in
 
     b = _Builder(model.graph)
     for node in nodes:

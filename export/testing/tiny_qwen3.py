@@ -27,7 +27,7 @@ from pathlib import Path
 
 from typing import Any, Callable
 
-from .tiny import (TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
+from .tiny_qwen2 import (TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
                    qwen_tokenizer_dir, vision_probe)
 
 TINY_INFO = "colembed_tiny.json"
@@ -333,7 +333,7 @@ def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3)
     import torch
     from safetensors.torch import load_file, save_file
 
-    from .layouts_qwen3 import COLPALI, TOMORO
+    from ..families.qwen3.layouts import COLPALI, TOMORO
 
     src, out = Path(src), Path(dst)
     out.mkdir(parents=True, exist_ok=True)

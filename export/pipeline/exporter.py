@@ -32,7 +32,7 @@ from colembed.integrity import describe_file
 from colembed.layout import BASE_VARIANT
 from colembed.manifest import FORMAT, FORMAT_VERSION, MANIFEST_NAME, GraphEntry, Manifest
 
-from .checkpoint import (
+from ..families.checkpoint import (
     CheckpointSource,
     architecture_facts,
     check_architecture,
@@ -40,7 +40,7 @@ from .checkpoint import (
     fingerprint,
     resolve_checkpoint,
 )
-from .constants import (
+from ..constants import (
     ARCHITECTURE,
     EMBEDDING_TOLERANCE,
     FEATURE_TOLERANCE,
@@ -52,10 +52,10 @@ from .constants import (
     SCORER_OPSET,
 )
 from .destination import check_destination, is_export_folder
-from .families import ExportFamily, export_family
-from .measure import StepMeter
-from .onnx_io import export_graph
-from .preprocess_config import read_preprocess_config
+from ..families import ExportFamily, export_family
+from ..measure import StepMeter
+from ..graphs.onnx_io import export_graph
+from ..families.preprocess_config import read_preprocess_config
 
 log = logging.getLogger("colembed_export")
 
@@ -136,7 +136,7 @@ def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging
     """
     import torch
 
-    from .graphs import ONNX_TRANSLATIONS, example_inputs
+    from ..families.qwen2.graphs import ONNX_TRANSLATIONS, example_inputs
 
     graphs: dict[str, GraphEntry] = {}
     for role, wrapper in (("vision", family.image_graph), ("text", family.text_graph_of)):
@@ -232,7 +232,7 @@ def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[
     """Derive and gate the requested variants (export/variants.py owns how, including which
     recipe each gets); each part of the step is a sub-step of `meter` (where the step's peak RSS
     arises)."""
-    from .variants import no_step, write_variants
+    from ..variants.write import no_step, write_variants
 
     return write_variants(staging, graphs, names, write_manifest=write, progress=progress,
                           step=meter.step if meter is not None else no_step,
@@ -287,14 +287,14 @@ def export_model(
     say = progress or log.info
     meter = StepMeter(say)
     if variants:
-        from .variants import parse_variants
+        from ..variants.write import parse_variants
 
         variants = parse_variants(variants)  # a typo fails now, not after the fp32 export
     if int8_weight_passes is not None:
-        from .recipes import int8_recipe
+        from ..variants.recipes import int8_recipe
 
         int8_recipe(int8_weight_passes)  # likewise
-    from .adapter import adapter_source, export_adapter
+    from ..families.qwen2_5.adapter import adapter_source, export_adapter
 
     if base is not None or adapter_source(source, revision) is not None:
         return export_adapter(export_model, **options)
@@ -337,7 +337,7 @@ def export_model(
                                         feature_tolerance=feature_tolerance)
         refusal = None
         if variants:
-            from .variants import VariantsRefused
+            from ..variants.write import VariantsRefused
 
             with meter.step("write and check the variants"):
                 try:

@@ -21,7 +21,7 @@ from pathlib import Path
 from colembed.errors import ModelFolderError
 from colembed.safe_fs import inside
 
-from .layouts_qwen2_5 import WEIGHTS_FILE, WEIGHTS_INDEX, is_adapter, to_transformers_key
+from .layouts import WEIGHTS_FILE, WEIGHTS_INDEX, is_adapter, to_transformers_key
 
 
 def checkpoint_layout(folder: str | Path) -> str:
@@ -48,7 +48,7 @@ def load_colqwen2_5(folder: str | Path):
     folder = Path(folder)
     if is_adapter(folder):
         raise ModelFolderError("a PEFT adapter, not a full checkpoint: merge it into its base "
-                               "(colembed_export.adapter.merge_adapter, or `colembed export` it)",
+                               "(colembed_export.families.qwen2_5.adapter.merge_adapter, or `colembed export` it)",
                                path=folder)
     if checkpoint_layout(folder) == "transformers":
         return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()

@@ -22,7 +22,7 @@ from colembed.families import (
 )
 from colembed.integrity import describe_file
 
-from .constants import CHECKPOINT_PATTERNS, REQUIRED_FILES
+from ..constants import CHECKPOINT_PATTERNS, REQUIRED_FILES
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ import types
 
 import torch
 from torch import nn
-from .graphs import ImageGraph, qkv_with_rotary
+from ..qwen2.graphs import ImageGraph, qkv_with_rotary
 
 
 def _windowed_vision_attention(

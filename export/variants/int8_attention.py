@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph_edits import _swap_in
+from ..graphs.edits import _swap_in
 
 MS_DOMAIN = "com.microsoft"
 # QuantizeLinear's and MatMulIntegerToFloat's codes: Q uint8 with zero point 128 (peak 127), the

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .graph_edits import ONNX_DOMAINS, _const_float, _swap_in, release
+from ..graphs.edits import ONNX_DOMAINS, _const_float, _swap_in, release
 
 
 def _attribute(node: Any, name: str, default: Any) -> Any:

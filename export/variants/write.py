@@ -28,7 +28,7 @@ from colembed.errors import ExportError
 from colembed.fidelity import describe_token
 from colembed.manifest import GraphEntry
 
-from .onnx_io import EXTERNAL_DATA_THRESHOLD
+from ..graphs.onnx_io import EXTERNAL_DATA_THRESHOLD
 from .recipes import (
     CALIBRATED_RECIPES,
     GATES,
@@ -94,8 +94,8 @@ class _GraphWriter:
               ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
         """Each variant's graph entries for its recipes in `plan` ({variant: {role: recipe}}),
         and per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
-        from .evaluation import calibration_feeds
-        from .graph_edits import finish
+        from .gates import calibration_feeds
+        from ..graphs.edits import finish
 
         entries: dict[str, dict[str, GraphEntry]] = {}
         measured: dict[str, dict[str, Any]] = {}
@@ -217,7 +217,7 @@ def write_variants(
     figures and worst item, after the variants that passed are written and listed. `step(name)`
     wraps each part (writing each graph, each gate run) to time and measure it.
     """
-    from .evaluation import evaluate_variants, fp32_reference, refusal_lines
+    from .gates import evaluate_variants, fp32_reference, refusal_lines
 
     say = progress or (lambda message: log.info(message))
     names = parse_variants(variants)

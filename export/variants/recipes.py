@@ -314,7 +314,7 @@ def quiet_quantisers() -> None:
 
 def weight_matmuls(model: Any) -> list[Any]:
     """The MatMuls with a constant 2-D fp32 weight (what int8 quantises)."""
-    from .graph_edits import ONNX_DOMAINS, _const_float
+    from ..graphs.edits import ONNX_DOMAINS, _const_float
 
     return [n for n in model.graph if n.op_type == "MatMul" and n.domain in ONNX_DOMAINS
             and _const_float(n.inputs[1]) is not None and _const_float(n.inputs[1]).ndim == 2]
@@ -357,7 +357,7 @@ def quantize_int8(src: Path, work: Path | None = None, *,
     import onnx_ir as ir
 
     from .gemm_as_matmul import gemms_as_matmuls
-    from .graph_edits import channel_maxima_per_feed, module_path, smoothing_factors
+    from ..graphs.edits import channel_maxima_per_feed, module_path, smoothing_factors
     from . import quantise
 
     model = ir.load(src)
@@ -413,7 +413,7 @@ def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
     variants_int4_recipes.py measure others."""
     import onnx_ir as ir
 
-    from .graph_edits import module_path
+    from ..graphs.edits import module_path
     from .quantise import quantise_int4_matmuls
 
     model = ir.load(src)
@@ -453,7 +453,7 @@ def convert_fp16(src: Path, calibration: Sequence[dict[str, Any]] | None, *,
     largest value left entering or leaving an fp16 GEMM and the module paths kept fp32."""
     import onnx_ir as ir
 
-    from .graph_edits import fp16_gemm_peaks, half_precision_gemms, module_path
+    from ..graphs.edits import fp16_gemm_peaks, half_precision_gemms, module_path
 
     model = ir.load(src)
     peaks = fp16_gemm_peaks(model, src, calibration or [], keep_scopes=FP16_KEEP_SCOPES)

@@ -49,7 +49,7 @@ from colembed.families import VISION_ROPE_THETA, family_of_backbone
 from colembed.layout import TOKENIZER_FILE
 from colembed.preprocess.config import UPSTREAM_IMAGE_PROCESSOR_DEFAULTS, PreprocessConfig
 
-from .layouts_qwen3 import layout_of
+from .qwen3.layouts import layout_of
 
 # Upstream defaults, used only when a checkpoint file leaves the value out (exactly when the
 # reference would use them too). transformers 4.57.1:

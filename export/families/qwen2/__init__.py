@@ -1,0 +1,1 @@
+"""ColQwen2 (Qwen2-VL): the graph wrappers and fused ops every family's graphs extend."""

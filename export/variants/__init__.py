@@ -1,0 +1,1 @@
+"""Reduced-precision variants: recipes, quantisation, the gates against fp32, the writing step."""
