@@ -15,7 +15,7 @@ MatMulInteger. This times one block's attention on the shapes of a letter page (
   int8 row's difference splits into "unfused" and "int8";
 - "int8 QK^T and PV": the same unfused chain with both products in MatMulInteger: Q per (head,
   token) row in uint8 around 128, K per (head, key token) and V per (head, channel) in 7-bit int8
-  (u8 x s8 pair sums must fit 16 bits on AVX2 without VNNI, see export/quantise.py), softmax in
+  (u8 x s8 pair sums must fit 16 bits on AVX2 without VNNI, see export/variants/quantise.py), softmax in
   fp32, the probabilities per row in uint8 (scale row max / 255), every scale applied after the
   integer product;
 - the forms that avoid extra passes over the 16 x T x T score tensor (VNNI: u8 x s8 sums are

@@ -8,9 +8,9 @@
 
 What it does, in one run:
 1. builds a random-weight checkpoint of the `--family` with its published model's widths, heads and
-   vocabulary at the requested depth (colqwen2: Qwen2-VL-2B, export/tiny.py preset "qwen2-vl-2b";
-   colqwen2.5: Qwen2.5-VL-3B, export/tiny_qwen2_5.py preset "qwen2.5-vl-3b", both attention kinds
-   kept; colqwen3: Qwen3-VL-4B, export/tiny_qwen3.py preset "qwen3-vl-4b", the DeepStack blocks
+   vocabulary at the requested depth (colqwen2: Qwen2-VL-2B, export/testing/tiny_qwen2.py preset "qwen2-vl-2b";
+   colqwen2.5: Qwen2.5-VL-3B, export/testing/tiny_qwen2_5.py preset "qwen2.5-vl-3b", both attention kinds
+   kept; colqwen3: Qwen3-VL-4B, export/testing/tiny_qwen3.py preset "qwen3-vl-4b", the DeepStack blocks
    that fit the depth; benchmarks/benchmark_specs.py) and exports it with `--variants` (cached in `--workdir`,
    keyed by family and depth, and re-exported when the exporter's source differs from the one
    that wrote it: embed_models.EXPORTER_STAMP);

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_merge_memory.py --workdir /tmp/merge-mem --clean
     .venv/bin/python benchmarks/bench_merge_memory.py --loader-file OLD.py ...   # another loader
 
-The step `colembed export ADAPTER` runs before the export proper (export/adapter.py): the base in
+The step `colembed export ADAPTER` runs before the export proper (export/families/qwen2_5/adapter.py): the base in
 colpali-engine's layout is loaded as an fp32 `ColQwen2ForRetrieval` and peft merges the adapter
 into it. bench_export.py measures the export of a transformers-layout checkpoint only; this
 measures what comes first. The checkpoint: Qwen2.5-VL-3B widths (the published 3B bases'), random
@@ -12,7 +12,7 @@ as fp32 (the published 3B bases are bf16: a bf16 base would cost the old loader 
 copy); the adapter: LoRA r 32 / alpha 32 with nomic-ai's target regex over the language model and
 custom_text_proj (docs/models-colqwen2_5.md). Each measurement runs in a fresh child process; the
 figure is that step's own peak RSS (VmHWM reset at its start, colembed_export.measure) against the
-checkpoint's fp32 weights. `--loader-file` swaps in another `checkpoint_qwen2_5.py` (e.g. the
+checkpoint's fp32 weights. `--loader-file` swaps in another `export/families/qwen2_5/checkpoint.py` (e.g. the
 previous commit's) for an A/B in one run.
 
 Writes benchmarks/results/merge-memory.{md,json} (or --results).
@@ -99,7 +99,7 @@ def main() -> int:
     parser.add_argument("--text-layers", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/colembed-bench-merge")
     parser.add_argument("--loader-file", action="append", default=[],
-                        help="another checkpoint_qwen2_5.py to measure beside the current one")
+                        help="another export/families/qwen2_5/checkpoint.py to measure beside the current one")
     parser.add_argument("--clean", action="store_true")
     parser.add_argument("--results", default=str(HERE / "results" / "merge-memory"))
     args = parser.parse_args()

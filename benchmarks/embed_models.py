@@ -50,7 +50,7 @@ def exporter_fingerprint() -> str:
 
 def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[Path, Path, Any]:
     """Build (once) and export the benchmark checkpoint: random weights, or with `stress` the
-    stress checkpoint (trained-model activation traits, export/tiny.py) at the same widths."""
+    stress checkpoint (trained-model activation traits, export/testing/tiny_qwen2.py) at the same widths."""
     from benchmark_specs import FAMILY_PRESETS, build, reduced_spec
 
     spec = reduced_spec(args.family, FAMILY_PRESETS[args.family], args.vision_depth,

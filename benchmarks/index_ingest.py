@@ -19,8 +19,8 @@ from common import BENCH_WORKDIR, make_pdfs, rss_mib
 from colembed.layout import BASE_VARIANT
 
 INGEST_MODELS = {  # name -> (label, files, pages per file)
-    "tiny": ("tiny random-weight model (export/tiny.py \"tiny\"): unrealistically cheap embedding", 6, 4),
-    "bench": ("Qwen2-VL-2B widths at 2 vision + 2 language layers (export/tiny.py \"qwen2-vl-2b\", "
+    "tiny": ("tiny random-weight model (export/testing/tiny_qwen2.py \"tiny\"): unrealistically cheap embedding", 6, 4),
+    "bench": ("Qwen2-VL-2B widths at 2 vision + 2 language layers (export/testing/tiny_qwen2.py \"qwen2-vl-2b\", "
               "as bench_embed.py --quick builds it): real per-layer cost, 1/16 of the depth", 2, 4),
 }
 INGEST_ROUNDS = 2

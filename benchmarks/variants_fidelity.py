@@ -56,7 +56,7 @@ CONFIGS = {
     "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
     "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
     # ColQwen2.5 (Qwen2.5-VL: windowed vision attention, RMSNorm + gated-MLP vision blocks),
-    # export/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
+    # export/testing/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
     "tiny-2.5-random": ("tiny-2.5", None, None, "random"),
     "tiny-2.5-stress": ("tiny-2.5", None, None, "stress"),
     "tiny-2.5-heldout": ("tiny-2.5", None, None, "heldout"),
@@ -74,7 +74,7 @@ CONFIGS = {
     # quarter and half the depth; 2.9 and 4.8 GB of fp32 weights: run them under the lock).
     **{f"2b-{vision}+{text}-random": ("qwen2-vl-2b", vision, text, "random")
        for vision, text in ((2, 2), (8, 7), (16, 14))},
-    # Qwen3-VL-4B widths (ColQwen3, text 2560, MLP 9728; export/tiny_qwen3.py's `qwen3-vl-4b`,
+    # Qwen3-VL-4B widths (ColQwen3, text 2560, MLP 9728; export/testing/tiny_qwen3.py's `qwen3-vl-4b`,
     # reduced as benchmark_specs.reduced_spec does): where int4 met its gate's refusal at 2+2
     # (benchmarks/results/export-colqwen3-variants-2+2.md); 2+4 and 2+8 for the depth trend.
     **{f"4b-{vision}+{text}-random": ("qwen3-vl-4b", vision, text, "random")
@@ -187,7 +187,7 @@ def markdown(info: dict, runs: dict[str, dict], int8_weight_passes: int | None =
              f"alpha {quantize_int8.__kwdefaults__['alpha']}. int4 text graph: "
              + ", ".join(f"{k} {v}" for k, v in quantize_int4.__kwdefaults__.items()) + ".", "",
              "Per-token cosine of each variant's embeddings to fp32's (mean / min over the "
-             "bucket's tokens), by the exporter's own gate set (export/evaluation.py: queries "
+             "bucket's tokens), by the exporter's own gate set (export/variants/gates.py: queries "
              "from one word to the query bound, pages from 20x20 to the full image-token "
              "budget and aspect-50 strips, each alone and in mixed batches). Gates: "
              + "; ".join(f"{n} mean >= {g.mean_cosine}" + (f", min >= {g.min_cosine}"

@@ -136,7 +136,7 @@ def text_contract(text_hidden: int, embedding_dim: int) -> GraphContract:
     the `<|image_pad|>` string is embedded as the reference embeds it (as text). A text-only batch
     passes `image_features` with zero rows. Batches are right-padded (`attention_mask` is 1s then
     0s per row): the graph's attention is causal with no padding mask, so a real token never sees
-    padding only because padding comes after it (export/graphs.py `causal_attention`).
+    padding only because padding comes after it (export/families/qwen2/graphs.py `causal_attention`).
     """
     return GraphContract(
         role="text",

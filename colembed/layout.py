@@ -17,7 +17,7 @@ TOKENIZER_FILE = "tokenizer.json"
 MAXSIM_FILE = "maxsim.onnx"
 GRAPH_ROLES = ("vision", "text")
 # The variant every export holds: the graphs as torch exported them, checked against the torch
-# model. The other variants (int8, int4, fp16: export/recipes.py) are derived from it and gated
+# model. The other variants (int8, int4, fp16: export/variants/recipes.py) are derived from it and gated
 # against it; it is what runs when no variant is named (DirectML aside: model.default_variant).
 BASE_VARIANT = "fp32"
 

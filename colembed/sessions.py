@@ -151,7 +151,7 @@ class Session:
     `resolve_providers`); None is CPU. `save_optimized`: also write the graph as onnxruntime
     optimised it (weights beside it), for inspecting fusions. `session_config`: onnxruntime
     session config entries on top of the provider's (the export gate's: colembed_export/
-    evaluation.py). `profile_prefix`: profile every run (node placement per provider; `colembed
+    export/variants/gates.py). `profile_prefix`: profile every run (node placement per provider; `colembed
     doctor`), files starting with this prefix. `execution_order`: onnxruntime's order of the
     graph's nodes, "default" (its topological sort) or "priority" (its priority-based one, which
     runs a node whose inputs are all constants, such as the Cast of a weight, only when nothing

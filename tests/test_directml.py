@@ -1,6 +1,6 @@
 """DirectML readiness without Windows: every variant's graphs against DirectML's registered kernels.
 
-The kernel list (export/data/directml_kernels.json) is onnxruntime's own generated table; the check
+The kernel list (export/graphs/data/directml_kernels.json) is onnxruntime's own generated table; the check
 must pass for every graph of every variant and must fail when an op DirectML lacks is added.
 Placement and parity on a real GPU are `colembed doctor`'s job (README, "DirectML").
 """

@@ -99,7 +99,7 @@ OWNERS = {
     "torch": {"cli"},  # the CLI's export-extra check, inside the export commands only
     "transformers": {"cli"},
     "colembed_export": {"cli"},
-    "peft": set(),  # merging a LoRA adapter at export: colembed_export only (export/adapter.py)
+    "peft": set(),  # merging a LoRA adapter at export: colembed_export only (export/families/qwen2_5/adapter.py)
     "huggingface_hub": {"registry"},
     "qdrant_edge": {"index.edge"},  # the index's two stores, each behind the store interface
     "qdrant_client": {"index.server"},

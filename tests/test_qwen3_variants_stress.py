@@ -4,7 +4,7 @@ traits are there, int8, int4 and fp16 pass the exporter's gates on it, the gate 
 query bound, and a variant wrong only on long queries is refused.
 
 The ranking half of the gate judged this checkpoint unjudgeable until the clear-winner test moved
-from the whole score to the other pages' spread (export/evaluation.py `CLEAR_SPREADS`): this
+from the whole score to the other pages' spread (export/variants/gates.py `CLEAR_SPREADS`): this
 checkpoint makes every image token of every page nearly the same vector (cosine 0.989 across
 pages, 72 image tokens per ranking page), so the own page's lead, decisive against the other
 pages' spread, is a tiny fraction of the score. The unit tests at the end hold that judgement to

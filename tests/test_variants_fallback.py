@@ -1,5 +1,5 @@
 """The exporter writes the fastest int8 recipe that holds: one int8 code per weight, and two only
-when the gate refuses one (export/variants.py `write_variants`, recipes.py `recipe_attempts`).
+when the gate refuses one (export/variants/write.py `write_variants`, recipes.py `recipe_attempts`).
 
 Real writes and real gate runs on the tiny fixture's fp32 graphs (conftest's `exported_variants`,
 copied without its variants): the refusal between the two recipes is made by a gate threshold set

@@ -1,4 +1,4 @@
-"""Variants on the stress checkpoint (trained-model activation traits, export/tiny.py): one export
+"""Variants on the stress checkpoint (trained-model activation traits, export/testing/tiny_qwen2.py): one export
 with all three variants serves the module. Apart from test_variants.py so that the two exports can
 run on different xdist workers."""
 

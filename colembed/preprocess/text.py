@@ -195,7 +195,7 @@ def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray,
 
     The mask is 1 for the first len(row) positions of each row, whatever the ids are. Right,
     not left: the text graph's attention is causal with no padding mask, so padding must come
-    after every real token (export/graphs.py `causal_attention`).
+    after every real token (export/families/qwen2/graphs.py `causal_attention`).
     """
     rows = [np.asarray(s) for s in sequences]
     for i, row in enumerate(rows):

@@ -229,7 +229,7 @@ def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[
                   write: Callable[[dict[str, dict[str, GraphEntry]]], None],
                   progress: Callable[[str], None], meter: StepMeter | None = None,
                   int8_weight_passes: int | None = None) -> dict[str, Any]:
-    """Derive and gate the requested variants (export/variants.py owns how, including which
+    """Derive and gate the requested variants (export/variants/write.py owns how, including which
     recipe each gets); each part of the step is a sub-step of `meter` (where the step's peak RSS
     arises)."""
     from ..variants.write import no_step, write_variants
@@ -274,7 +274,7 @@ def export_model(
     comparison with its figure. `variants` (e.g. ("int8", "int4", "fp16")) are derived from the
     checked fp32 graphs, each gated against fp32, each by the fastest of its recipes that passes
     (int8: one int8 code per weight, two when the gate refuses one; `int8_weight_passes` forces
-    one, export/recipes.py `recipe_attempts`); a variant that misses its gate is left out, the
+    one, export/variants/recipes.py `recipe_attempts`); a variant that misses its gate is left out, the
     folder is written with fp32 and the variants that passed, then `variants.VariantsRefused`
     (an ExportError; `.written` is the folder) names what was refused with its figures.
     `overwrite` lets an export of another model be replaced; nothing but a colembed export is

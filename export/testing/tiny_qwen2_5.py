@@ -1,6 +1,6 @@
 """Random-weight ColQwen2.5 checkpoints of the real architecture, for tests and benchmarks.
 
-The ColQwen2.5 counterpart of `tiny.py` (which it reuses for the tokenizer and pixel bounds): a
+The ColQwen2.5 counterpart of `testing/tiny_qwen2.py` (which it reuses for the tokenizer and pixel bounds): a
 Qwen2.5-VL backbone (windowed vision attention with a few full-attention blocks, RMSNorm, gated
 SiLU MLPs, RMSNorm merger) plus ColQwen's 128-wide projection, at small widths and depths.
 
@@ -130,7 +130,7 @@ def build_vlm_config(spec: Qwen2_5Spec):
     """The `Qwen2_5_VLConfig` of the real architecture at the spec's sizes."""
     from transformers import Qwen2_5_VLConfig
 
-    # The language model is Qwen2-VL's with another model_type: tiny.py's mapping of the spec.
+    # The language model is Qwen2-VL's with another model_type: testing/tiny_qwen2.py's mapping of the spec.
     text_config = build_config(spec).vlm_config.text_config.to_dict()
     text_config.update(model_type="qwen2_5_vl_text", tie_word_embeddings=spec.tie_word_embeddings)
     return Qwen2_5_VLConfig(

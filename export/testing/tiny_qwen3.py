@@ -1,6 +1,6 @@
 """Random-weight ColQwen3 checkpoints of the real architecture (Qwen3-VL), for tests and benchmarks.
 
-The ColQwen3 counterpart of `tiny.py` / `tiny_qwen2_5.py`: a Qwen3-VL backbone at small widths and
+The ColQwen3 counterpart of `testing/tiny_qwen2.py` / `testing/tiny_qwen2_5.py`: a Qwen3-VL backbone at small widths and
 depths with everything that makes it Qwen3-VL (16-pixel patches with a biased patch embedding,
 learned position embeddings interpolated per grid, LayerNorm blocks with a GELU-tanh MLP, DeepStack
 mergers after some vision blocks, a Qwen3 language model with q/k RMSNorm and interleaved M-RoPE)
@@ -294,7 +294,7 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
 
 def build_stress_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
                               seed: int = 0, traits: StressTraits = StressTraits()) -> Path:
-    """`build_checkpoint_3` plus trained-model activation traits (`StressTraits`, export/tiny.py:
+    """`build_checkpoint_3` plus trained-model activation traits (`StressTraits`, export/testing/tiny_qwen2.py:
     what they imitate and their limits), placed where Qwen3-VL's modules allow
     (`_inject_text_traits_3`, `_inject_vision_traits_3`). The image tokens carry the massive text
     channels too (the merger's output bias), set after the features are scaled."""

@@ -19,7 +19,7 @@ see benchmarks/README.md):
   (row), not onnxruntime's one scale per tensor. Why (issue 24): a per-tensor scale is set by
   the largest value anywhere in the run (every token, every batched item, padding), so a token's
   precision depended on the sequence length and its neighbours; under trained-like activations
-  (2B widths, held-out stress traits, export/tiny.py HELD_OUT_STRESS) per-tensor int8 gave
+  (2B widths, held-out stress traits, export/testing/tiny_qwen2.py HELD_OUT_STRESS) per-tensor int8 gave
   queries mean 0.992-0.996 / min 0.987 and pages min 0.13 (a 779-token page); per token plus the
   rest below, queries hold mean 0.9994 / min 0.999 from 13 to 613 tokens. Input channels whose
   max |value| on a calibration item exceeds OUTLIER_RATIO x its median channel (the massive
@@ -86,7 +86,7 @@ see benchmarks/README.md):
   checks the measured peak at every fp16 GEMM instead (`Gate.fp16_peak`), and any inf/NaN.
 
 Gates: per-token cosine between the variant's and fp32's embeddings (mean and min over all tokens)
-and top-1 agreement on a ranking set built so that fp32 has clear winners (evaluation.py); no
+and top-1 agreement on a ranking set built so that fp32 has clear winners (variants/gates.py); no
 inf/NaN anywhere; for fp16, the peak at its GEMMs.
 This module imports nothing heavy; the recipes import onnx / onnxruntime when called.
 """
@@ -136,7 +136,7 @@ INT4_DEFAULT_BITS = 4
 # (0.8M weights, straight into the L2 normalisation) stays fp32; the attention projections
 # (q, k, v, o: a quarter of a layer's weights, half its 4-bit error) are 8-bit; the MLP 4-bit
 # (the module docstring's measurements). DirectML runs it: its MatMulNBits kernel takes 4- and
-# 8-bit blocks alike (export/data/directml_kernels.json, node_rules; tests/test_directml.py).
+# 8-bit blocks alike (export/graphs/data/directml_kernels.json, node_rules; tests/test_directml.py).
 INT4_ROLE_BITS: tuple[tuple[str, int], ...] = (("projection", 32), ("self_attn", 8))
 # Block size of the 8-bit roles: 8.3 bits a weight with the scales (blocks of 16: 10.5); on the
 # 4B-width 2+2 model the same fidelity as blocks of 16 (worst bucket 0.98826 against 0.98840).

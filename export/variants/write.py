@@ -3,7 +3,7 @@
 The exporter calls `write_variants` after the fp32 graphs passed their check against torch. Each
 variant is a pair of graph files derived from the fp32 ones, selected at load time by name
 (`colembed.load(folder, variant="int8")`) through the manifest. What each variant is lives in
-`recipes.py`, the graph surgery in `graph_edits.py`, the gates' measurements in `evaluation.py`.
+`recipes.py`, the graph surgery in `graphs/edits.py`, the gates' measurements in `variants/gates.py`.
 
 A variant that misses its gate is not written: its graph files are removed from the staging
 folder and the manifest, and `VariantsRefused` (an ExportError naming the variant and its

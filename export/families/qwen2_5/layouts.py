@@ -2,8 +2,8 @@
 exporter loads (transformers' `ColQwen2ForRetrieval`).
 
 The one home of these naming facts (docs/reference-colqwen2_5.md, docs/models-colqwen2_5.md):
-`checkpoint_qwen2_5.py` reads full checkpoints with them, `adapter.py` renames a LoRA adapter's
-module paths with them, `tiny_qwen2_5.py` writes the test replicas with them. This module imports
+`families/qwen2_5/checkpoint.py` reads full checkpoints with them, `adapter.py` renames a LoRA adapter's
+module paths with them, `testing/tiny_qwen2_5.py` writes the test replicas with them. This module imports
 nothing of theirs, so none of them imports another to learn a name.
 
 Why several names for one module: colpali-engine built `ColQwen2_5` on

@@ -1,6 +1,6 @@
 """What the published ColQwen3 layouts call things on disk, and what their processors do
-differently: declared data, read by `checkpoint_qwen3.py` (weights), `preprocess_config.py`
-(prompts and pixel bounds) and `tiny_qwen3.py` (the test replicas). Imports nothing of theirs.
+differently: declared data, read by `families/qwen3/checkpoint.py` (weights), `preprocess_config.py`
+(prompts and pixel bounds) and `testing/tiny_qwen3.py` (the test replicas). Imports nothing of theirs.
 
 Two layouts of the same architecture (a Qwen3-VL backbone plus a linear projection with bias,
 L2-normalised, times the attention mask; docs/reference-colqwen3.md, docs/models-colqwen3.md):
