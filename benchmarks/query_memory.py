@@ -11,7 +11,7 @@ step; and time 16 short queries and the mixed batch. Modes, side by side in one 
 - `no-shrink`: the same without the arena's shrinkage run option (what shrinking costs and buys);
 - `previous`: every batch padded into one run, no shrinkage (the behaviour before issue 10).
 
-Writes benchmarks/results/query_memory.{md,json}. RSS and times vary with the machine's load;
+Writes benchmarks/results/query_memory/query_memory.{md,json}. RSS and times vary with the machine's load;
 read ratios, not absolute times.
 """
 
@@ -27,11 +27,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info, markdown_header, rss_mib  # noqa: E402
+from benchmarks.shared.machine import machine_info, markdown_header, rss_mib  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "query_memory"
 SHORT = "What was the total revenue of the company in 2023?"
 LARGE = 8  # queries at the bound in the large request
 MODES = ("shipped", "no-shrink", "previous")
@@ -155,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     folder = export_model(make_work_folder(args.work, "query-memory benchmark"))
     runs = {}
     for mode in MODES:
-        out = subprocess.run([sys.executable, __file__, "--child", mode, "--folder", str(folder)],
+        out = subprocess.run([sys.executable, "-m", __spec__.name, "--child", mode, "--folder", str(folder)],
                              capture_output=True, text=True, check=True)
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     write(info, runs)

@@ -7,18 +7,16 @@ rounds makes one bad page and one bad query fail mid-batch (the error path must 
 Every `--interval` seconds it records pages/s, queries/s, scored pairs/s and RSS. At the end: RSS
 growth after warm-up (first window to last) and its least-squares slope in MiB per minute.
 
-    python benchmarks/soak.py --minutes 3                # tiny random-weight model, exported once
-    python benchmarks/soak.py --folder colqwen2-onnx --minutes 60
+    python -m benchmarks.soak --minutes 3                # tiny random-weight model, exported once
+    python -m benchmarks.soak --folder colqwen2-onnx --minutes 60
 
-Writes benchmarks/results/soak.{md,json} (the latest run only).
+Writes benchmarks/results/soak/soak.{md,json} (the latest run only).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
@@ -27,11 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import QUERY_WORDS, machine_info, markdown_header, rss_mib, tiny_folder  # noqa: E402
+from benchmarks.shared.common import QUERY_WORDS, machine_info, markdown_header, rss_mib, tiny_folder  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS = REPO / "benchmarks" / "results"
+RESULTS = REPO / "benchmarks" / "results" / "soak"
 PAGE_SIZES = [(420, 560), (560, 420), (300, 800), (640, 640), (210, 297)]
 STORE = 64  # pages kept for scoring (filled before the clock starts)
 BAD_EVERY = 5  # rounds between deliberate bad items

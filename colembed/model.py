@@ -36,19 +36,19 @@ from .sessions import Session, arena_shrinking_options, physical_cores, resolve_
 # part (every weight read once, every kernel launched: RUN_COST_TOKENS, in padded tokens) plus its
 # padded tokens (count x longest). So ordinary batches run in one padded run, as in 0.1.0 (16 report
 # queries of 18-34 tokens: splitting them bought less padding than the extra run cost,
-# benchmarks/results/embed-against.md), while one long query never pads the short ones. Output order
+# benchmarks/results/embed/embed-against.md), while one long query never pads the short ones. Output order
 # and values are those of running each query alone, within float tolerance. A group's attention
 # scores (heads x count x longest^2 floats) also stay within TEXT_ATTENTION_BUDGET_BYTES, so a batch
 # of queries at the length bound runs two at a time (Qwen2-VL-2B: 12 heads, 779 tokens; a run holds
 # several tensors of that size: 8 such queries in one run peaked at 2.3 GB on a 2-layer model,
-# benchmarks/results/query_memory.md).
+# benchmarks/results/query_memory/query_memory.md).
 RUN_COST_TOKENS = 256
 TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
 # A query run whose attention scores exceed this hands the CPU arena's free chunks back when it
 # ends, so one large request does not leave the process at its peak (query_memory.md). Ordinary
 # runs keep the arena: shrinking after every run made each next run fault its memory in again (a
 # letter page, a 16-query batch and a single query were all slower for it,
-# benchmarks/results/embed-against.md). Page runs never shrink: their size is bounded by the image
+# benchmarks/results/embed/embed-against.md). Page runs never shrink: their size is bounded by the image
 # budget and the batch, and the next page needs the same memory.
 SHRINK_AFTER_QUERY_BYTES = 1 << 24
 

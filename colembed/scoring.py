@@ -271,7 +271,7 @@ def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
     query), so its per-row overhead costs as much as a sixth of the page's GEMM. Viewing
     `MAX_GROUP_ROWS` rows as one long row makes the inner loop that many times longer; the max of
     the group's `MAX_GROUP_ROWS` partial results, and of the leftover rows, finishes it (max is
-    exact, so the grouping changes no bit). Measured: benchmarks/results/scoring-grid.md."""
+    exact, so the grouping changes no bit). Measured: benchmarks/results/scoring/scoring-grid.md."""
     tokens, cols = sims.shape
     whole = tokens - tokens % MAX_GROUP_ROWS
     if whole == 0:

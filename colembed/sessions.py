@@ -58,7 +58,7 @@ EXECUTION_ORDERS = {"default": "DEFAULT", "priority": "PRIORITY_BASED"}
 # has to be woken for the next (a futex round trip, longer on a busy machine). The int8 graphs'
 # per-token scales add ~60 nodes a language layer, which made a single int8 query ~10% slower
 # than 0.1.0's per-tensor graphs with blocking threads; spinning within runs won it back
-# (benchmarks/results/embed-against-own.md, docs/speed.md). The threads stop spinning when a run
+# (benchmarks/results/embed/embed-against-own.md, docs/speed.md). The threads stop spinning when a run
 # returns (onnxruntime's `session.force_spinning_stop`), which keeps what blocking was for: no
 # core burnt between runs while the host prepares the next batch.
 RUN_THREAD_CONFIG = (("session.intra_op.allow_spinning", "1"),
@@ -130,7 +130,7 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[Pr
 
 def arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):
     """Run options that hand the CPU arena's free chunks back after each run, so one large
-    request does not leave the process at its peak (benchmarks/results/query_memory.md)."""
+    request does not leave the process at its peak (benchmarks/results/query_memory/query_memory.md)."""
     if not cpu_mem_arena or not providers or providers[0] != CPU:
         return None
     import onnxruntime as ort

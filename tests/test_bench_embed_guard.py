@@ -1,29 +1,20 @@
-"""The release guard's own mechanics (benchmarks/embed_against.py, issue 25): what one timed
+"""The release guard's own mechanics (benchmarks/embed/against.py, issue 25): what one timed
 sample holds and when this version's and the other version's exports are reused. No timing is
-asserted: the guard's figures live in benchmarks/results/embed-against.md."""
+asserted: the guard's figures live in benchmarks/results/embed/embed-against.md."""
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
-
-
 @pytest.fixture(scope="module")
 def guard():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import embed_against
+    from benchmarks.embed import against
 
-        yield embed_against
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return against
 
 
 def test_a_sample_holds_at_least_the_least_work(guard):
@@ -81,7 +72,7 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tm
     the new graphs, not whatever a previous checkout left there. The export itself is replaced by
     a recorder (a 2B-width export takes minutes); what is checked is the reuse decision."""
     import colembed_export.pipeline.exporter as exporter
-    import embed_models
+    from benchmarks.shared import embed_models
 
     exports = []
 

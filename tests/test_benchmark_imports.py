@@ -1,18 +1,18 @@
-"""Benchmark scripts do not import each other, read from the source (as test_import_cycles does).
+"""The benchmarks package's import rules, read from the source (as test_import_cycles does).
 
-Each benchmark is a script over shared modules; a script that imports another script's helpers
-makes the two change together (bench_distributed.py, bench_serve.py and local_answer.py importing
-bench_index.py's generators did: a column added to bench_index.py could break three others). So:
+A suite that imports another suite's helpers makes the two change together (a column added to one
+could break three others). So:
 
-- `SHARED` modules are what every benchmark may import (machine facts, documents, the data
-  generators, the benchmark model); they import only each other;
-- a script split by job (bench_embed.py, bench_index.py) owns its `PARTS`: the script and its
-  parts import each other and the shared modules, nothing else;
-- every other module of benchmarks/ is a script: it imports shared modules only.
+- `benchmarks.shared` is what every benchmark may import (machine facts, documents, the data
+  generators, the benchmark model); it imports only itself;
+- a suite (`benchmarks.embed`, `benchmarks.index`, `benchmarks.variants`, or a single module such
+  as `benchmarks.scoring`) imports its own modules and `benchmarks.shared`, nothing else;
+- an experiment (`benchmarks.experiments.<name>`) imports `benchmarks.shared` only.
 
-Every import counts (a lazy one inside a function too), and every name imported from a benchmark
-module must be defined at that module's top level, so a helper moved without its callers is found
-here rather than in the middle of a two-hour run.
+Every import counts (a lazy one inside a function too), every name imported from a benchmark
+module must be defined at that module's top level (a helper moved without its callers is found
+here rather than in the middle of a two-hour run), and no module of benchmarks/ edits sys.path:
+a benchmark runs as `python -m benchmarks.<suite>` from the repository root.
 """
 
 from __future__ import annotations
@@ -22,42 +22,52 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCHMARKS = ROOT / "benchmarks"
-SHARED = {
-    "common": "machine facts re-exported, documents, PDFs, the tiny model, runners, tables, the "
-              "results writer",
-    "machine": "CPU, instruction sets, load, versions, command (common.py re-exports it)",
-    "synthetic_pages": "the page-wide-topic page embeddings (bench_index, bench_serve)",
-    "local_answer": "the local-answer page embeddings (bench_index, search_scale)",
-    "retrieval": "a rendered retrieval set and its agreement figures",
-    "flops": "useful FLOPs of a page and a query from the architecture",
-    "benchmark_specs": "the reduced-depth checkpoints of each family",
-    "embed_models": "the benchmark model, built and exported once (bench_embed, bench_index)",
-}
-PARTS = {
-    "bench_embed": {"embed_worker", "embed_report", "embed_against", "embed_optimiser",
-                    "torch_reference"},
-    # search_large.py measures the large stores bench_index.py --long-run builds, with its store
-    # helpers (index_stores): the same job, run as a second command
-    "bench_index": {"index_stores", "index_ingest", "index_report", "index_long", "search_large"},
-    # variants_int4_recipes.py measures int4 text-graph arms on variants_fidelity.py's checkpoints
-    # (its `build`), and variants_fidelity.py --int4 takes the arms' knob syntax (`parse_arm`)
-    "variants_fidelity": {"variants_int4_recipes"},
-}
+SHARED = "benchmarks.shared"
 
 
-def benchmark_imports(folder: Path) -> dict[str, list[tuple[str, list[str], int]]]:
-    """module -> (benchmark module it imports, the names it takes from it, line) for every
-    import of a sibling module (`import x` takes no names)."""
-    known = {p.stem for p in folder.glob("*.py")}
-    found: dict[str, list[tuple[str, list[str], int]]] = {}
-    for path in sorted(folder.glob("*.py")):
-        edges = found.setdefault(path.stem, [])
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
-            if isinstance(node, ast.Import):
-                edges += [(a.name, [], node.lineno) for a in node.names if a.name in known]
-            elif isinstance(node, ast.ImportFrom) and not node.level and node.module in known:
-                edges.append((node.module, [a.name for a in node.names], node.lineno))
+def modules(folder: Path, package: str = "benchmarks") -> dict[str, Path]:
+    """Every module under `folder` by dotted name (a package by its own name: its __init__)."""
+    found = {}
+    for path in sorted(folder.rglob("*.py")):
+        parts = path.relative_to(folder).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join((package, *parts))] = path
     return found
+
+
+def suite(module: str) -> str:
+    """The unit a module belongs to: benchmarks.shared, a suite's folder or module, or one
+    experiment."""
+    parts = module.split(".")
+    if len(parts) >= 3 and parts[1] == "experiments":
+        return ".".join(parts[:3])
+    return ".".join(parts[:2])
+
+
+def imports(path: Path, module: str, known: dict[str, Path]) -> list[tuple[str, list[str], int]]:
+    """(benchmark module imported, the names taken from it, line) for each import in `path`."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, [], node.lineno) for a in node.names if a.name in known]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            if source not in known:
+                continue
+            names = []
+            for a in node.names:
+                if f"{source}.{a.name}" in known:  # a submodule: an import of its own
+                    out.append((f"{source}.{a.name}", [], node.lineno))
+                else:
+                    names.append(a.name)
+            out.append((source, names, node.lineno))
+    return out
 
 
 def top_level_names(path: Path) -> set[str]:
@@ -75,57 +85,75 @@ def top_level_names(path: Path) -> set[str]:
     return names
 
 
-def owner(module: str, parts: dict[str, set[str]]) -> str:
-    """The script a module belongs to: its own name, or the script it is a part of."""
-    return next((script for script, own in parts.items() if module in own), module)
+def edits_sys_path(path: Path) -> bool:
+    """Whether the code (docstrings and comments aside, code strings run elsewhere included)
+    touches `sys.path`."""
+    text = path.read_text(encoding="utf-8")
+    tree = ast.parse(text, str(path))
+    code_strings = [n.value for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and "\n" in n.value
+                    and "import" in n.value]
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
+            and isinstance(n.value, ast.Name) and n.value.id == "sys"]
+    return bool(uses) or any("sys.path" in code for code in code_strings)
 
 
-def violations(folder: Path, shared: set[str], parts: dict[str, set[str]]) -> list[str]:
-    """Imports that break the rules of this file's docstring, and names that do not resolve."""
+def violations(folder: Path) -> list[str]:
+    """Imports that break the rules of this file's docstring, names that do not resolve, and
+    sys.path edits."""
+    known = modules(folder)
     out = []
-    for module, edges in benchmark_imports(folder).items():
-        for target, names, line in edges:
-            allowed = target in shared if module in shared else (
-                target in shared or owner(target, parts) == owner(module, parts))
-            if not allowed:
-                out.append(f"{module}.py:{line} imports {target}")
-            missing = set(names) - top_level_names(folder / f"{target}.py") - {"*"}
+    for module, path in known.items():
+        where = path.relative_to(folder.parent).as_posix()
+        if edits_sys_path(path):
+            out.append(f"{where} edits sys.path")
+        own = suite(module)
+        for target, names, line in imports(path, module, known):
+            theirs = suite(target)
+            allowed = {SHARED} if own == SHARED else {own, SHARED, "benchmarks"}
+            if theirs not in allowed:
+                out.append(f"{where}:{line} imports {target}")
+            missing = set(names) - top_level_names(known[target]) - {"*"}
             if missing:
-                out.append(f"{module}.py:{line} imports {sorted(missing)} that {target}.py "
-                           "does not define")
+                out.append(f"{where}:{line} imports {sorted(missing)} that {target} does not "
+                           "define")
     return out
 
 
-def test_no_benchmark_imports_another_benchmark():
-    assert violations(BENCHMARKS, set(SHARED), PARTS) == []
+def test_no_benchmark_imports_another_suite():
+    assert violations(BENCHMARKS) == []
 
 
-def test_the_declared_modules_exist():
-    """A renamed module leaves no stale entry that would let its new name through unchecked."""
-    stems = {p.stem for p in BENCHMARKS.glob("*.py")}
-    declared = set(SHARED) | set(PARTS) | set().union(*PARTS.values())
-    assert declared - stems == set()
-
-
-def test_the_check_sees_a_script_import_a_lazy_one_and_a_missing_name(tmp_path):
-    """The check can fail: a script importing another script (inside a function too), a shared
-    module importing a script, a part of one script imported by another, and a name its module
-    does not define are each found; a script over shared modules and its own parts is not."""
+def test_the_check_sees_a_suite_import_a_lazy_one_a_missing_name_and_a_path_edit(tmp_path):
+    """The check can fail: a suite importing another suite (inside a function too), the shared
+    package importing a suite, an experiment importing a suite, a name its module does not
+    define and a sys.path edit are each found; a suite over its own modules and the shared ones
+    is not."""
+    root = tmp_path / "benchmarks"
     files = {
-        "common.py": "X = 1\n",
-        "gen.py": "def page():\n    from bench_a import helper\n",  # shared importing a script
-        "bench_a.py": "from common import X\nfrom a_part import job\ndef helper(): pass\n",
-        "a_part.py": "from common import X\ndef job(): pass\n",
-        "bench_b.py": "import gen\ndef main():\n    from bench_a import helper\n",
-        "bench_c.py": "from a_part import job\nfrom common import Y\n",
+        "__init__.py": "",
+        "shared/__init__.py": "",
+        "shared/common.py": "X = 1\n",
+        "shared/gen.py": "def page():\n    from benchmarks.b import main\n",
+        "a/__init__.py": "",
+        "a/__main__.py": "from benchmarks.shared.common import X\nfrom .part import job\n"
+                         "def helper(): pass\n",
+        "a/part.py": "from benchmarks.shared import common\ndef job(): pass\n",
+        "b.py": "def main():\n    from benchmarks.a.part import job\n",
+        "c.py": "from benchmarks.shared.common import Y\nimport sys\nsys.path.insert(0, '.')\n",
+        "experiments/__init__.py": "",
+        "experiments/e.py": "from benchmarks.a import part\n",
     }
     for name, text in files.items():
-        (tmp_path / name).write_text(text)
-    assert sorted(violations(tmp_path, {"common", "gen"}, {"bench_a": {"a_part"}})) == [
-        "bench_b.py:3 imports bench_a",
-        "bench_c.py:1 imports a_part",
-        "bench_c.py:2 imports ['Y'] that common.py does not define",
-        "gen.py:2 imports bench_a",
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    assert sorted(violations(root)) == [
+        "benchmarks/b.py:2 imports benchmarks.a.part",
+        "benchmarks/c.py edits sys.path",
+        "benchmarks/c.py:1 imports ['Y'] that benchmarks.shared.common does not define",
+        "benchmarks/experiments/e.py:1 imports benchmarks.a",
+        "benchmarks/experiments/e.py:1 imports benchmarks.a.part",
+        "benchmarks/shared/gen.py:2 imports benchmarks.b",
     ]
 
 
@@ -133,5 +161,5 @@ def test_every_benchmark_compiles():
     """Parsing is not compiling: a `global` after the name's use (or a misplaced `nonlocal`) is
     only refused by the compiler, and a benchmark that cannot start is found here, not at the
     start of a long run."""
-    for path in sorted(BENCHMARKS.glob("*.py")):
+    for path in sorted(BENCHMARKS.rglob("*.py")):
         compile(path.read_text(encoding="utf-8"), str(path), "exec")

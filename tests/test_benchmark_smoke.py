@@ -1,4 +1,4 @@
-"""bench_index.py's jobs run end to end at a few pages and its tables are written from what they
+"""The index suite's jobs (benchmarks/index/) run end to end at a few pages and its tables are written from what they
 return, so a helper moved between benchmarks/ modules, or a figure renamed on one side only, fails
 here rather than at the end of an hour-long run. No timing is checked (speed lives in results/);
 what is checked is that each job's result carries what the report reads, and the quality figures
@@ -6,32 +6,14 @@ a search plan must reach on a store this small (every plan finds the needle amon
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
-
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def bench():
-    """benchmarks/ on the path as its scripts put it there; its modules (`common`, `machine`...)
-    are taken out of sys.modules afterwards so no other test can import them by accident."""
-    before = set(sys.modules)
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import index_ingest
-        import index_report
-        import index_stores
+    """The index suite's store jobs, ingest job and report (benchmarks.index)."""
+    from benchmarks.index import ingest, report, stores
 
-        yield index_stores, index_ingest, index_report
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-        stems = {p.stem for p in BENCHMARKS.glob("*.py")}
-        for name in set(sys.modules) - before:
-            if name in stems:
-                del sys.modules[name]
+    return stores, ingest, report
 
 
 def test_the_store_jobs_feed_the_report(bench, tmp_path, monkeypatch):
@@ -39,7 +21,7 @@ def test_the_store_jobs_feed_the_report(bench, tmp_path, monkeypatch):
     and the numpy scorer on the page-wide set (synthetic_pages.py), in one table."""
     stores, _, report = bench
     data = "local"
-    from common import machine_info
+    from benchmarks.shared.common import machine_info
 
     monkeypatch.setattr(stores, "NEEDLE_QUERIES", 4)  # a smoke run: few queries, few rounds
     monkeypatch.setattr(stores, "QUERY_ROUNDS", {1000: (2, 1)})

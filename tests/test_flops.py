@@ -1,4 +1,4 @@
-"""benchmarks/flops.py counts ColQwen3's DeepStack: the mergers that turn the outputs of some vision
+"""benchmarks/shared/flops.py counts ColQwen3's DeepStack: the mergers that turn the outputs of some vision
 blocks into features for the first language layers (issue #22). The count is checked against the
 work the real modules do: every `nn.Linear` call inside the tower's DeepStack mergers, recorded by
 forward hooks on a tiny-3 checkpoint (transformers' own Qwen3-VL), rows x in x out x 2."""
@@ -6,23 +6,15 @@ forward hooks on a tiny-3 checkpoint (transformers' own Qwen3-VL), rows x in x o
 from __future__ import annotations
 
 import dataclasses
-import sys
 from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
-
 @pytest.fixture(scope="module")
 def flops():
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        import flops
+    from benchmarks.shared import flops
 
-        yield flops
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+    return flops
 
 
 def manifest_parts(folder: Path):

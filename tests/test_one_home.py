@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SOURCES = [ROOT / "colembed", ROOT / "export", ROOT / "benchmarks"]
 # a file that may spell the base variant itself, and why it cannot import the constant
 SPELLED_ELSEWHERE = {
-    "benchmarks/embed_against.py": "runs as the worker of other colembed versions (bench_embed.py "
+    "benchmarks/embed/against.py": "runs as the worker of other colembed versions (bench_embed.py "
                                    "--against REF), whose colembed may have no layout.BASE_VARIANT "
                                    "(0.1.0 has none)",
 }

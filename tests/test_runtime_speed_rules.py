@@ -1,5 +1,5 @@
 """The runtime's speed rules (issue 25): how queries are grouped into runs, and when a run hands
-the CPU arena's memory back. Their speed is measured in benchmarks/ (results/embed-against.md);
+the CPU arena's memory back. Their speed is measured in benchmarks/ (results/embed/embed-against.md);
 these tests hold the decisions: an ordinary query batch is one run, a long query runs apart, and
 only an unusually large query run shrinks the arena (page runs and ordinary runs never do)."""
 

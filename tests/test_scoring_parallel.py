@@ -1,6 +1,6 @@
 """Few queries against long pages are scored on worker threads, each with a single-threaded BLAS,
 the pages dealt in runs from a shared counter (scoring.PARALLEL_MAX_QUERY_ROWS,
-PARALLEL_CHUNK_PAGES; speed in benchmarks/results/scoring-grid.md). These tests hold that the path
+PARALLEL_CHUNK_PAGES; speed in benchmarks/results/scoring/scoring-grid.md). These tests hold that the path
 is taken, that a stalled worker's pages are taken by the others, that it gives the serial path's
 scores, and that it still names a bad page by its index in the whole list."""
 

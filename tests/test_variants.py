@@ -90,7 +90,7 @@ def test_int4_graph_is_the_recipe_its_docstring_states(exported_variants):
     """Each weight-MatMul of the fp32 text graph is, in text.int4.onnx, what recipes.INT4_ROLE_BITS
     gives its module path (MatMulNBits of 4 or 8 bits, or the fp32 MatMul), every MatMulNBits
     with the recipe's block size, accuracy level and zero points; and the knobs are the ones
-    recipes.py's docstring states and benchmarks/results/variants-int4-recipes*.md measured (a
+    recipes.py's docstring states and benchmarks/results/variants/variants-int4-recipes*.md measured (a
     change to a knob fails here until the docstring, docs/variants.md and this test follow)."""
     import onnx_ir as ir
 

@@ -15,7 +15,7 @@ files from the page cache when it closes, and an in-RAM vector is read whole at 
 open grew with the index (in-RAM `rows` / `cols`: 210 MiB read and 320 MiB more RSS at 10,000
 pages, 3.2 s at 100,000) while a search reads a few hundred pages' worth: mapped, the open reads
 the `mean` vectors only and a search faults in the pages it touches (measured:
-benchmarks/results/index-10k.md, benchmarks/results/search-reopen.md). The storage is chosen when
+benchmarks/results/index/history/index-10k.md, benchmarks/results/experiments/search-reopen.md). The storage is chosen when
 a shard is created: folders created before keep theirs (schema 1 or 2 with `rows` / `cols`; `page`
 only mapped, or everything in RAM before that) and open and search as they did.
 `<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
@@ -70,7 +70,7 @@ _NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
 # the stored bytes: disk stays within ~1.2x what is stored), at least FLUSH_MIN_PAGES (a flush
 # costs ~ a fixed part plus the segments written) and at most FLUSH_MAX_PAGES (bounds the log a
 # killed run replays), or FLUSH_SECONDS after the last one with anything unflushed (a slow run's
-# replay stays small too). Measured: benchmarks/index_disk.py, benchmarks/results/index_disk.md.
+# replay stays small too). Measured: benchmarks/experiments/index_disk.py, benchmarks/results/experiments/index_disk.md.
 FLUSH_FRACTION = 0.08
 FLUSH_MIN_PAGES = 64
 FLUSH_MAX_PAGES = 1000
@@ -82,8 +82,8 @@ FLUSH_SECONDS = 60.0
 # replay (issue #26's target: within 5 s of a clean open). Measured under load ~23 on 2 cores:
 # a kill with 80 pages unflushed cost +6.3 s over the clean open of the same folder (~80 ms a
 # page); 32 MiB is ~72 such pages (~5 s at that load, less on a quiet machine), and a page of
-# more tokens counts for more. Measured: benchmarks/bench_index.py
-# --long-run (benchmarks/index_long.py), benchmarks/results/index-long-6k.md.
+# more tokens counts for more. Measured: benchmarks/index/__main__.py
+# --long-run (benchmarks/index/long_run.py), benchmarks/results/index/index-long-6k.md.
 FLUSH_MAX_LOG_BYTES = 32 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
 # while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a

@@ -9,7 +9,7 @@ Plans, by what the index holds:
 - Token table (Qdrant Edge folders, tokens.py; a schema-3 folder, which stores no rows / cols,
   always runs this plan, with whatever table it has): `TOKEN_CANDIDATES` pages by MaxSim of the query
   against every page's centroids (a numpy scan of every page: no gate), plus the `mean` vector's
-  best `TOKEN_MEAN_CANDIDATES`. Chosen on the local-answer set (benchmarks/local_answer.py: the
+  best `TOKEN_MEAN_CANDIDATES`. Chosen on the local-answer set (benchmarks/shared/local_answer.py: the
   answer in 1-3% of a page's tokens), where the schema-2 plan below found the needle for 20% of
   the queries at 10,000 pages (issue 19); figures in benchmarks/results/search.md.
 - Schema 2 without a token table (a Qdrant server; a schema-2 Edge folder whose table is missing

@@ -35,7 +35,7 @@ CENTROIDS = 16  # per page: 3-6 text blocks + background need a few each (bench:
 KMEANS_ROUNDS = 6
 # The table's on-disk format: float32 rows. Measured against float16 (half the bytes): numpy
 # widens float16 to float32 without SIMD here, so the scan took 1.8x as long for one query at
-# 100,000 pages (benchmarks/results/search-scan-100k.md); int8 with a scale per centroid (a
+# 100,000 pages (benchmarks/results/experiments/search-scan-100k.md); int8 with a scale per centroid (a
 # quarter) saved ~10% of the scan at 10,000 pages (the product, not the reading, is what costs)
 # while moving a score by up to 0.13 (a scratch measurement, docs/search.md). A new format gets
 # a new file name beside this one, so that old tables still open.

@@ -433,7 +433,7 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         results = [{"query": q, "hits": [service.hit_json(h, body.explain) for h in hits]}
                    for q, hits in zip(texts, found)]
         # Server-Timing: the Index.search call itself and the wait for a worker, so a client
-        # can tell the HTTP layer's cost from the search's (benchmarks/bench_serve.py does)
+        # can tell the HTTP layer's cost from the search's (benchmarks/serve.py does)
         return JSONResponse(
             {**service.identity(), "mode": body.mode, "k": body.k, "results": results},
             headers={"Server-Timing": f"search;dur={took * 1000:.3f}, "

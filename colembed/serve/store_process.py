@@ -3,7 +3,7 @@
 qdrant-edge-py (0.9, the newest release) holds the GIL for the whole of a call into the shard: a
 search of a large index (~0.1-1 s) would stop every other thread of the server, the event loop
 included, so `/healthz`, refusals and the page would wait behind it (measured:
-benchmarks/results/serve.md). Here the child process owns the folder (Qdrant Edge allows one
+benchmarks/results/serve/serve.md). Here the child process owns the folder (Qdrant Edge allows one
 process per folder: the child is that process, holding the folder's lock) and runs the real
 `EdgeStore`; the server's `Index` talks to it through `ChildStore`, a `Store` whose every method
 is a call over a local connection. The parent waits on a socket (the GIL is free meanwhile), so

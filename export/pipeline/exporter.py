@@ -132,7 +132,7 @@ def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging
 
     The weights are memory-mapped from the safetensors file: pages once read stay resident until
     the whole model is freed (dropping a submodule releases nothing). A fresh load per graph keeps
-    only that graph's weights resident (benchmarks/results/export.md).
+    only that graph's weights resident (benchmarks/results/export/export.md).
     """
     import torch
 

@@ -4,7 +4,7 @@ The fp32 vision graph runs each block's attention as onnxruntime's fused
 `com.microsoft.MultiHeadAttention` (graphs.py): on CPU, without a mask, MLAS's flash attention in
 fp32, at about this machine's fp32 peak. At full Qwen2-VL-2B depth on a letter page (32 blocks,
 2,976 patches, 16 heads of 80) that is ~1.45 TFLOP, 10.2 s of a 25.2 s int8 page
-(results/embed-full.md). `int8_attentions` rewrites each such node (three inputs: no mask, no
+(results/embed/embed-full.md). `int8_attentions` rewrites each such node (three inputs: no mask, no
 bias, no past) into:
 
 - Q, K per (image, head) in one scale each (Q uint8 around 128; K int8 within +-63, so u8 x s8
@@ -17,7 +17,7 @@ bias, no past) into:
   One head's T x T score tensor instead of all heads': the passes over it stay near the cache.
 
 Why it exists and why it is off (recipes.INT8_VISION_ATTENTION, the one switch; the fp32 graph
-never changes): `benchmarks/bench_attention_int8.py` (results/attention-int8.md, its "int8 per
+never changes): `benchmarks/experiments/attention_int8.py` (results/experiments/attention-int8.md, its "int8 per
 head, P per row" row) measured one 2976-patch attention on the AVX-512 VNNI EPYC at 0.64x the
 fused fp32 attention's time on a quiet machine (1.57x faster; a full-depth int8 page ~27.9 ->
 ~24 s), at par under load ~10 (the passes over the score tensor compete for memory), at a

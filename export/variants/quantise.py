@@ -50,7 +50,7 @@ WEIGHT_PEAK = 63
 # point ACTIVATION_PEAK + 1 (uint8; MatMulInteger takes one a_zero_point). The pair-sum bound
 # above is on the stored codes: 8-bit activations (codes 1..255) need 7-bit weights; 7-bit
 # activations (peak 63, codes 1..127) leave 8-bit weights exact (127*127*2 = 32258 fits int16),
-# the trade measured in benchmarks/results/variants-int8-bits.md.
+# the trade measured in benchmarks/results/experiments/variants-int8-bits.md.
 ACTIVATION_PEAK = 127
 ROW_ZERO_POINT = ACTIVATION_PEAK + 1  # (today's default: codes 1..255 around 128)
 ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividing by zero
@@ -319,7 +319,7 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
     kernel's default zero point 2^(bits-1)), weight by weight, releasing each fp32 mapping after
     use. Returns how many were replaced. `bits=8` writes 8-bit blocks (with
     accuracy level 4 the kernel quantises the activation per token and block of K: what
-    benchmarks/results/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
+    benchmarks/results/experiments/variants-int8-bits.md measures against the "row" scheme; no recipe uses it)."""
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
     from ..graphs.edits import _const_float, _swap_in

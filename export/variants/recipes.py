@@ -30,7 +30,7 @@ see benchmarks/README.md):
   Weights use 7 bits: onnxruntime's u8 x s8 kernels on AVX2 without VNNI saturate 16-bit
   pair sums with 8-bit weights (measured: MatMulInteger off by 45877 of 146355), which the
   old recipe was exposed to. The per-token scheme is plain ONNX ops that onnxruntime does not
-  fuse into one kernel: its speed cost is in benchmarks/results/variants-int8-per-token.md. The
+  fuse into one kernel: its speed cost is in benchmarks/results/experiments/variants-int8-per-token.md. The
   "tensor" scheme (quantize_dynamic's nodes, fused into DynamicQuantizeMatMul) stays available
   to measure against (`quantize_int8(..., scheme="tensor")`).
   Not solved: on the 2B-width held-out stress checkpoint the page prompt's text tokens after
@@ -39,7 +39,7 @@ see benchmarks/README.md):
   misses the gate in every bucket (mean 0.990, queries as much as pages): each MatMul's
   rounding, ~1.5-2% of its output at 2B widths and dominated on random weights by the 7-bit
   weights' step, adds up over 28 layers. No exact split of the 16-bit pair sums does much
-  better (benchmarks/results/variants-int8-code-error.md); a second 7-bit code per weight
+  better (benchmarks/results/experiments/variants-int8-code-error.md); a second 7-bit code per weight
   ("int8x2", quantise_matmuls(weight_passes=2)) cuts each MatMul's cosine loss ~5x on random
   weights at twice the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
   variants-int8-passes-kernels.md), and almost nothing where activation outliers dominate.
@@ -114,7 +114,7 @@ INT8_ACTIVATIONS = "row"
 # The vision attention's QK^T and PV as integer products, one head at a time
 # (int8_attention.py). Off: on the VNNI EPYC one attention ran 1.57x faster than fp32
 # MultiHeadAttention on a quiet machine but at par under load, at a per-token min cosine of
-# 0.9990 (0.998 on sharper attention; results/attention-int8.md), and no end-to-end A/B nor gate
+# 0.9990 (0.998 on sharper attention; results/experiments/attention-int8.md), and no end-to-end A/B nor gate
 # at depth has said yes yet. On: the int8 vision graph carries it, the fp32 graph never does.
 INT8_VISION_ATTENTION = False
 # An input channel whose max |value| on a calibration item exceeds OUTLIER_RATIO x that item's
@@ -234,7 +234,7 @@ GATES = {
 # The int8 recipes by the int8 codes each weight gets (quantise.quantise_matmuls' weight_passes):
 # one code ("int8"), or two, the second for what the first left ("int8x2": ~13-bit weights, twice
 # the integer products; 1.64x one code's page time, 1.89x its query time at 2B widths, 8 + 7
-# layers: benchmarks/results/variants-speed-ab-passes.md). The recipe names the graph files
+# layers: benchmarks/results/experiments/variants-speed-ab-passes.md). The recipe names the graph files
 # (`{role}.{recipe}.onnx`) and is recorded with the variant's check, so which one a folder holds
 # is part of what the manifest (and an index's identity, its manifest hash) says.
 INT8_RECIPES = {"int8": 1, "int8x2": 2}
@@ -350,7 +350,7 @@ def quantize_int8(src: Path, work: Path | None = None, *,
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
     fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32.
     `weight_levels` / `activation_levels` default to quantise.WEIGHT_PEAK / ACTIVATION_PEAK,
-    read when called (benchmarks/variants_fidelity.py --int8-levels measures other pairs).
+    read when called (benchmarks/variants/fidelity.py --int8-levels measures other pairs).
     `weight_passes`: int8 codes per weight (1 or 2: INT8_RECIPES). `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
     products in int8 (int8_attention.py)."""
     import numpy as np
@@ -409,7 +409,7 @@ def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
     """MatMulNBits weight-only blocks (4 or 8 bits per MatMul by `role_bits`, or left fp32), every
     MatMul with a constant 2-D weight; written weight by weight from the memory-mapped fp32 graph
     (quantise.quantise_int4_matmuls) by onnxruntime's own block quantiser. The defaults are the
-    recipe (the module docstring says why); benchmarks/variants_fidelity.py --int4 and
+    recipe (the module docstring says why); benchmarks/variants/fidelity.py --int4 and
     variants_int4_recipes.py measure others."""
     import onnx_ir as ir
 

@@ -17,7 +17,7 @@ changes exactly three things for export, all checked against the unpatched tower
   `com.microsoft.RotaryEmbedding`, and q/k/v are sliced from the fused projection without the
   reference's permute (`qkv_with_rotary`): the layout ops around attention (Split, Transpose,
   Neg, Concat, Mul, Add) were a page's largest cost after attention and the GEMMs; without them a
-  letter page runs 1.05x (int8) and 1.03x (fp32) faster (benchmarks/results/embed-against-own.md).
+  letter page runs 1.05x (int8) and 1.03x (fp32) faster (benchmarks/results/embed/embed-against-own.md).
 
 `TextGraph` holds the checkpoint's language model and projection and replaces `masked_scatter` (a
 data-dependent op) with a gather driven by a host-made index. Position ids come from the host.
@@ -27,7 +27,7 @@ projections with the rotary and the attention as two custom ops, exported as onn
 `com.microsoft.GroupQueryAttention` (`causal_attention`: causal, right-padded batches, no
 padding mask, the key/value heads not repeated): the eager chain (Transposes, repeated key/value
 heads, the boolean mask's Where, Softmax, IsNaN) was over a third of a page's int8 text graph
-(what it bought: benchmarks/results/embed-against-own.md, against the release before it).
+(what it bought: benchmarks/results/embed/embed-against-own.md, against the release before it).
 """
 
 from __future__ import annotations

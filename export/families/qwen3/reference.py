@@ -62,7 +62,7 @@ def _shim_torchvision_free() -> None:
 def load_reference(folder: Path, dtype=None, attention: str | None = None):
     """(model, processor): colpali-engine's ColQwen3 in eval mode (fp32 unless `dtype`; the
     attention implementation `attention`, else transformers' default) and its processor. The
-    parity run uses the defaults; benchmarks/torch_reference.py times it in fp32 eager and bf16
+    parity run uses the defaults; benchmarks/embed/torch_reference.py times it in fp32 eager and bf16
     SDPA."""
     import json
 

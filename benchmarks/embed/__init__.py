@@ -1,0 +1,1 @@
+"""The embedding suite (`python -m benchmarks.embed`): the driver and its parts."""

@@ -1,0 +1,1 @@
+"""Concluded one-off experiments: each opens with its question, its answer and its result note."""

@@ -1,0 +1,1 @@
+"""The index suite (`python -m benchmarks.index`): stores, ingest, long runs, large searches."""

@@ -1,0 +1,1 @@
+"""What every benchmark may import: machine facts, documents, data generators, the benchmark model."""

@@ -1,0 +1,1 @@
+"""Variant fidelity and gate measurements (`python -m benchmarks.variants.fidelity`, ...)."""
