@@ -85,6 +85,28 @@ KIND_LABELS = {"random": "random weights", "stress": "stress traits (StressTrait
                "heldout": "held-out stress traits (HELD_OUT_STRESS)"}
 
 
+def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
+    """`name:key=value,...` -> (name, quantize_int4 keyword arguments)."""
+    name, _, spec = text.partition(":")
+    knobs: dict[str, Any] = {}
+    for part in filter(None, spec.split(",")):
+        key, _, value = part.partition("=")
+        if key == "block":
+            knobs["block_size"] = int(value)
+        elif key == "block8":
+            knobs["block_size_8bit"] = int(value)
+        elif key == "level":
+            knobs["accuracy_level"] = int(value)
+        elif key == "sym":
+            knobs["symmetric"] = bool(int(value))
+        elif key == "bits":
+            pairs = [p.rsplit(":", 1) for p in value.split("+")]
+            knobs["role_bits"] = tuple((("" if f == "*" else f), int(b)) for f, b in pairs)
+        else:
+            raise SystemExit(f"arm {name!r}: unknown knob {key!r} (block, block8, level, sym, bits)")
+    return name, knobs
+
+
 def build(config: str, root: Path) -> Path:
     """The fp32 export folder of `config` (built and exported unless already there)."""
     from colembed_export.pipeline.exporter import export_model
@@ -253,7 +275,6 @@ def main() -> int:
         alpha = None if args.smoothing_alpha == "none" else float(args.smoothing_alpha)
         recipes.quantize_int8.__kwdefaults__["alpha"] = alpha
     if args.int4:
-        from benchmarks.variants.int4_recipes import parse_arm
 
         recipes.quantize_int4.__kwdefaults__.update(parse_arm(f"int4:{args.int4}")[1])
 

@@ -37,29 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.variants.fidelity import parse_arm
+
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-
-
-def parse_arm(text: str) -> tuple[str, dict[str, Any]]:
-    """`name:key=value,...` -> (name, quantize_int4 keyword arguments)."""
-    name, _, spec = text.partition(":")
-    knobs: dict[str, Any] = {}
-    for part in filter(None, spec.split(",")):
-        key, _, value = part.partition("=")
-        if key == "block":
-            knobs["block_size"] = int(value)
-        elif key == "block8":
-            knobs["block_size_8bit"] = int(value)
-        elif key == "level":
-            knobs["accuracy_level"] = int(value)
-        elif key == "sym":
-            knobs["symmetric"] = bool(int(value))
-        elif key == "bits":
-            pairs = [p.rsplit(":", 1) for p in value.split("+")]
-            knobs["role_bits"] = tuple((("" if f == "*" else f), int(b)) for f, b in pairs)
-        else:
-            raise SystemExit(f"arm {name!r}: unknown knob {key!r} (block, block8, level, sym, bits)")
-    return name, knobs
 
 
 def record(folder: Path) -> tuple[list[tuple[str, str, int, dict]], Any]:
