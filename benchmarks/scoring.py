@@ -163,8 +163,9 @@ def scoring_at(ref: str):
 def contenders(queries, pages, scorer, only, onnx_min_queries=1, against=None):
     from colembed import scoring
 
-    wanted = (lambda key: (only is None or key in only)
-              and (key != "colembed onnx" or len(queries) >= onnx_min_queries))
+    def wanted(key):
+        return (only is None or key in only) and (
+            key != "colembed onnx" or len(queries) >= onnx_min_queries)
     found = {}
     if wanted("fast-maxsim"):
         try:

@@ -12,7 +12,6 @@ import textwrap
 import numpy as np
 import pypdfium2 as pdfium
 import pytest
-from PIL import Image
 
 import colembed
 from colembed.cli import main

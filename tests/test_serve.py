@@ -12,7 +12,6 @@ import io
 import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest

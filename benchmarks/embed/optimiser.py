@@ -73,8 +73,9 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
             for label, path in (("exported", src), ("transformer_optimiser", opt_path)):
                 session = Session(path, threads=threads,
                                   save_optimized=session_path if label == "exported" else None)
-                session.run(feeds[role])
-                timing[label] = min(_timed(lambda: session.run(feeds[role])) for _ in range(3))
+                feed = feeds[role]
+                session.run(feed)
+                timing[label] = min(_timed(lambda s=session, f=feed: s.run(f)) for _ in range(3))
                 del session
             in_session = collections.Counter(
                 n.op_type for n in onnx.load(str(session_path), load_external_data=False).graph.node)

@@ -269,11 +269,11 @@ def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
     and queries, top-1 agreement on its clear-winner ranking set (colembed_export.variants.gates)."""
     if not gates:
         return []
-    labels = sorted({label for per in gates.values() for label in per}, key=lambda l: l != "random weights")
+    labels = sorted({label for per in gates.values() for label in per}, key=lambda label: label != "random weights")
     lines = ["", "Variant gates as the exporter checked them (per-token cosine to fp32, mean / min; "
              "top-1 agreement on the clear-winner ranking set)", "",
-             "| variant | " + " | ".join(f"{l}: mean / min cosine | {l}: top-1 | {l}: gate"
-                                         for l in labels) + " |",
+             "| variant | " + " | ".join(f"{x}: mean / min cosine | {x}: top-1 | {x}: gate"
+                                         for x in labels) + " |",
              "|---|" + "---|---|---|" * len(labels)]
     for name, per in gates.items():
         cells = []

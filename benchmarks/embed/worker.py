@@ -206,6 +206,6 @@ def spawn(job: dict[str, Any], timeout: float) -> dict[str, Any]:
 if __name__ == "__main__":
     try:
         answer = run_worker(json.loads(sys.argv[1]))
-    except Exception as e:  # reported in the table instead of killing the whole run
+    except Exception as e:  # noqa: BLE001  (reported in the table; the run goes on)
         answer = {"error": f"{type(e).__name__}: {e}"}
     print("RESULT " + json.dumps(answer), flush=True)

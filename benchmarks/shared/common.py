@@ -243,7 +243,7 @@ def serve(handlers: dict[str, Callable[..., dict[str, Any]]]) -> int:
             return 0
         try:
             answer = handlers[op](**command)
-        except Exception as e:  # the driver reports it; the worker keeps serving
+        except Exception as e:  # noqa: BLE001  (the driver reports it; the worker serves on)
             answer = {"error": f"{type(e).__name__}: {e}\n{traceback.format_exc()[-1500:]}"}
         print("ANSWER " + json.dumps(answer), flush=True)
     return 0

@@ -121,7 +121,7 @@ def checkpoint_layout(config: dict[str, Any], folder: Path) -> Qwen3Layout:
     """The config's ColQwen3 layout, or ExportError naming the ones colembed reads."""
     layout = layout_of(config)
     if layout is None:
-        known = ", ".join(f"{l.config_model_type!r} ({l.name})" for l in LAYOUTS)
+        known = ", ".join(f"{x.config_model_type!r} ({x.name})" for x in LAYOUTS)
         raise ExportError(f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is "
                           f"no ColQwen3 layout colembed reads ({known})")
     return layout
