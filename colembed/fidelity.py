@@ -1,6 +1,6 @@
 """How far a variant's vectors are from fp32's: per token, per kind of token, per item.
 
-The export gate (`colembed_export.evaluation`) and `colembed check-variant` (a user's own queries
+The export gate (`colembed_export.variants.gates`) and `colembed check-variant` (a user's own queries
 and pages) judge a reduced-precision variant by the cosine of each token's vector to fp32's.
 A variant's error follows what a token is, not only how long its sequence is: digits, spaces and
 punctuation excite other channels than words do, so a set of plain sentences can pass while a

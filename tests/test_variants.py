@@ -484,7 +484,7 @@ def test_exporter_refuses_a_variant_wrong_only_on_digits(tiny_checkpoint, tmp_pa
     from tokenizers import Tokenizer
 
     from colembed.errors import ExportError
-    from colembed_export.exporter import export_model
+    from colembed_export.pipeline.exporter import export_model
 
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     digits = [tokenizer.token_to_id(str(d)) for d in range(10)]
