@@ -246,10 +246,15 @@ def _cmd_index(args) -> int:
         raise UsageError("--actors and --parquet need --ray")
     if args.from_parquet:
         return _cmd_index_parquet(args)
+    metadata = _assignments(args.meta) if args.meta else None
+    if metadata and (args.ray is not None or args.from_parquet):
+        raise UsageError("--meta applies to `colembed index PATH...` (set it afterwards with "
+                         "`colembed meta`)")
     with _open_index(args, create=True) as index:
         result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
                            batch_size=args.batch_size,
-                           progress=False if args.quiet or args.json else None)
+                           progress=False if args.quiet or args.json else None,
+                           metadata=metadata)
         total = len(index)
     _print_added(result, total, args)
     return EXIT_OK if result.ok else EXIT_FAILED
@@ -345,14 +350,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _assignments(items: list[str]) -> dict:
+    """`--meta key=value` / `--set key=value` as a dict (metadata.parse_assignment)."""
+    from .index.metadata import parse_assignment
+
+    return dict(parse_assignment(item) for item in items)
+
+
 def _cmd_search(args) -> int:
     with _open_index(args, create=False) as index:
-        results = index.search(args.queries, k=args.k, mode=args.mode, explain=bool(args.maps))
+        results = index.search(args.queries, k=args.k, mode=args.mode, explain=bool(args.maps),
+                               where=args.where or None)
         written = _write_maps(index, results, Path(args.maps)) if args.maps else {}
         empty = len(index) == 0
     if args.json:
         print(json.dumps([{"query": q, "hits": [
             {"rank": r, "score": h.score, "file": h.file, "page": h.page,
+             "metadata": h.metadata, "text": h.text, "text_truncated": h.text_truncated,
              "map": written.get((qi, r))} for r, h in enumerate(hits, 1)]}
             for qi, (q, hits) in enumerate(zip(args.queries, results))], indent=2))
         return EXIT_OK
@@ -360,11 +374,43 @@ def _cmd_search(args) -> int:
         print(f"query: {query}")
         print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")
         for rank, hit in enumerate(hits, 1):
-            print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {hit.file}")
+            meta = ("  " + " ".join(f"{k}={v}" for k, v in hit.metadata.items())
+                    if hit.metadata else "")
+            print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {hit.file}{meta}")
         if not hits:
             print("  (the index is empty)" if empty else "  (no page found)")
     if written and not args.quiet:
         print(f"similarity maps: {len(written)} PNG file(s) in {args.maps}")
+    return EXIT_OK
+
+
+def _cmd_meta(args) -> int:
+    """`colembed meta PATH... --db DIR [--set k=v] [--unset k] [--replace]`: show or change the
+    metadata of indexed files without embedding anything."""
+    update = _assignments(args.set or [])
+    update.update({key: None for key in args.unset or []})
+    with _open_index(args, create=False) as index:
+        changed = (index.set_metadata(args.paths, update, replace=args.replace,
+                                      pages=args.page or None)
+                   if update or args.replace else None)
+        stored = index.metadata(args.paths)
+    if args.json:
+        print(json.dumps({"changed_pages": changed, "files": {
+            path: {str(n): meta for n, meta in pages.items()} for path, pages in stored.items()}},
+            indent=2))
+        return EXIT_OK
+    if changed is not None:
+        print(f"metadata changed on {changed} page(s)")
+    for path, pages in stored.items():
+        values = {json.dumps(meta, sort_keys=True) for meta in pages.values()}
+        if len(values) == 1:
+            print(f"{path}: {values.pop()}")
+        else:
+            for n, meta in pages.items():
+                print(f"{path} page {n}: {json.dumps(meta, sort_keys=True)}")
+    if not stored:
+        print("no indexed file under the paths given")
+        return EXIT_FAILED
     return EXIT_OK
 
 
@@ -426,6 +472,9 @@ def _add_index_commands(sub) -> None:
                                         "files and --prune touch only this source's pages")
     index.add_argument("--batch-size", type=_positive_int, default=4,
                        help="pages per model call (default 4)")
+    index.add_argument("--meta", action="append", metavar="KEY=VALUE",
+                       help="metadata stored with every page of the files given (repeatable; a "
+                            "number, true/false or text; filter with search --where)")
     index.add_argument("--pool-factor", type=_positive_int,
                        help="store each page's image tokens hierarchically pooled to 1/N as many "
                             "(smaller index, some recall lost: docs/index.md); a new index only, "
@@ -440,8 +489,25 @@ def _add_index_commands(sub) -> None:
     search.add_argument("--mode", choices=("two-stage", "exact"), default="two-stage",
                         help="two-stage: pooled prefetch + exact rerank (default); exact: full scan")
     search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
+    search.add_argument("--where", action="append", metavar="COND",
+                        help="only pages meeting this condition (repeatable, all hold): "
+                             "key=value, key!=value, key>=n, key<n, 'key in a,b', page=2..5, "
+                             "folder=DIR, file=PATH, path=GLOB (docs/search.md#filters)")
     _index_options(search)
     search.set_defaults(func=_cmd_search)
+
+    meta = sub.add_parser("meta", help="show or change the metadata of indexed files (nothing "
+                                       "is embedded again)")
+    meta.add_argument("paths", nargs="+", metavar="PATH", help="indexed files or folders")
+    meta.add_argument("--set", action="append", metavar="KEY=VALUE",
+                      help="set a key (repeatable; merged into what the pages hold)")
+    meta.add_argument("--unset", action="append", metavar="KEY", help="remove a key (repeatable)")
+    meta.add_argument("--replace", action="store_true",
+                      help="replace the pages' metadata by the --set keys instead of merging")
+    meta.add_argument("--page", action="append", type=_positive_int, metavar="N",
+                      help="only this page of each file (repeatable)")
+    _index_options(meta)
+    meta.set_defaults(func=_cmd_meta)
 
     upgrade = sub.add_parser("upgrade", help="rewrite an index folder written by an older colembed "
                                              "at the current schema (faster search, less disk; no "

@@ -51,9 +51,11 @@ from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreErro
 from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
 from .plan import TOKENS_STAGE, Stage, stage_query
-from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
-                     SCHEMA_VERSION, PagePoint, image_tokens)
-from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .schema import (BULKY_FIELDS, COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
+                     SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, image_tokens)
+from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
+                    check_mode)
+from .where import Where
 from .tokens import CENTROIDS, COMPACTING, SET_ASIDE, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
@@ -177,17 +179,49 @@ def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
         on_disk=name in MAPPED_VECTORS)
 
 
-def _prefetch(query: np.ndarray, stage: Stage, token_ids: Sequence[str]) -> qe.Prefetch:
+def _prefetch(query: np.ndarray, stage: Stage, token_ids: Sequence[str],
+              where: qe.Filter | None = None) -> qe.Prefetch:
     """A plan stage as Edge's prefetch; `token_ids`: the centroid scan's pages for this query
-    (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id."""
+    (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id. `where`:
+    the search's filter, applied in every stage (the scan's pages are already among those it
+    allows)."""
     if stage.using == TOKENS_STAGE:
         ids = {uuid.UUID(i) for i in token_ids}
-        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
+        must = [qe.HasIdCondition(ids)] + ([where] if where is not None else [])
+        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=must),
                            query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR),
                                                   using=MEAN_VECTOR))
-    inner = [_prefetch(query, stage.within, token_ids)] if stage.within else None
-    return qe.Prefetch(limit=stage.limit, prefetches=inner, query=qe.Query.Nearest(
+    inner = [_prefetch(query, stage.within, token_ids, where)] if stage.within else None
+    return qe.Prefetch(limit=stage.limit, prefetches=inner, filter=where, query=qe.Query.Nearest(
         stage_query(query, stage.using), using=stage.using))
+
+
+def edge_filter(where: Where | None) -> qe.Filter | None:
+    """A checked filter (where.py) as Qdrant Edge's `Filter` (globs resolved by the store)."""
+    if not where:
+        return None
+    must: list[Any] = []
+    must_not: list[Any] = []
+    for c in where.conditions:
+        if c.kind == "eq":
+            must.append(qe.FieldCondition(c.key, match=qe.MatchValue(c.value)))
+        elif c.kind in ("any", "none"):
+            (must if c.kind == "any" else must_not).append(_any_of(c.key, c.value))
+        elif c.kind == "range":
+            must.append(qe.FieldCondition(c.key, range=qe.RangeFloat(**c.value)))
+        elif c.kind == "prefix":
+            must.append(qe.FieldCondition(c.key, match=qe.MatchPrefix(c.value)))
+        else:
+            raise StoreError(f"filter condition {c.kind!r} on {c.key!r} was not resolved")
+    return qe.Filter(must=must or None, must_not=must_not or None)
+
+
+def _any_of(key: str, values: Sequence[Any]) -> Any:
+    """Equal to any of `values`: one MatchAny when they are all strings or all ints (what it
+    takes), else one MatchValue each, any of which may hold."""
+    if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
+        return qe.FieldCondition(key, match=qe.MatchAny(list(values)))
+    return qe.Filter(should=[qe.FieldCondition(key, match=qe.MatchValue(v)) for v in values])
 
 
 class EdgeStore(Store):
@@ -215,6 +249,9 @@ class EdgeStore(Store):
             self._create(dim)
         self._cadence_start()
         self._open_tokens()
+        self._generation = 0  # counts writes: what a cached filter's page list was made at
+        self._allowed: dict[str, tuple[int, set[str]]] = {}
+        self._index_payload()
 
     def _open_tokens(self) -> None:
         """The centroid table, current when its live rows are exactly the shard's pages (by id:
@@ -267,17 +304,47 @@ class EdgeStore(Store):
         table = self.tokens.ids()
         return len(table) == self.count() and set(table) == set(self.ids())
 
-    def ids(self) -> list[str]:
-        """Every stored page's id (no payload, no vectors)."""
+    def ids(self, where: qe.Filter | None = None) -> list[str]:
+        """Every stored page's id (no payload, no vectors); with `where`, those it allows."""
         out: list[str] = []
         offset = None
         while True:
             with _edge_errors("list pages", self.folder):
                 records, offset = self.shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=4096, with_payload=False, with_vector=False))
+                    offset=offset, limit=4096, filter=where, with_payload=False,
+                    with_vector=False))
             out.extend(str(r.id) for r in records)
             if offset is None:
                 return out
+
+    def _index_payload(self) -> None:
+        """Payload indexes on the fields every filter and listing reads (`INDEXED_FIELDS`),
+        created when missing (a folder written before them gets them at its next open)."""
+        with _edge_errors("read the shard's payload indexes", self.folder):
+            have = set(self.shard.info().payload_schema)
+        kinds = {"keyword": qe.PayloadSchemaType.Keyword, "integer": qe.PayloadSchemaType.Integer}
+        for name, kind in INDEXED_FIELDS.items():
+            if name not in have:
+                with _edge_errors(f"index the payload field {name!r}", self.folder):
+                    self.shard.update(qe.UpdateOperation.create_field_index(name, kinds[kind]))
+
+    def allowed_ids(self, where: Where) -> set[str]:
+        """The pages `where` allows, listed by Qdrant (one home for the filter's meaning); kept
+        until the next write, so a filter used again (a tenant's, a folder's) is listed once."""
+        key = where.cache_key()
+        cached = self._allowed.get(key)
+        if cached is not None and cached[0] == self._generation:
+            return cached[1]
+        ids = set(self.ids(edge_filter(where)))
+        if len(self._allowed) >= 32:
+            self._allowed.pop(next(iter(self._allowed)))
+        self._allowed[key] = (self._generation, ids)
+        return ids
+
+    def file_paths(self) -> list[str]:
+        """The distinct stored paths (a `path` glob is matched against them)."""
+        return self._cached_paths(lambda: {p["path"] for _, p in self._scroll_payloads(
+            qe.PayloadSelector.Include(["path"])) if "path" in p})
 
     def has_tokens(self) -> bool:
         """Whether this folder holds a current token table; says once when it does not."""
@@ -405,6 +472,7 @@ class EdgeStore(Store):
             self._check_space(chunk)
             centroids = [page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload),
                                         CENTROIDS) for p in chunk]
+            self._generation += 1
             current, self._tokens_current = self._tokens_current, False  # until both are written
             self._drop_verified()
             with _edge_errors("store pages", self.folder):
@@ -417,8 +485,19 @@ class EdgeStore(Store):
             if self._flush_due():
                 self.flush()
 
+    def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        if ids:
+            self._generation += 1
+            with _edge_errors("update page payloads", self.folder):
+                self.shard.update(qe.UpdateOperation.set_payload(
+                    [uuid.UUID(i) for i in ids], payload))
+            self._unflushed += 1
+            if self._flush_due():
+                self.flush()
+
     def delete(self, ids: Sequence[str]) -> None:
         if ids:
+            self._generation += 1
             current, self._tokens_current = self._tokens_current, False  # until both are written
             self._drop_verified()
             with _edge_errors("delete pages", self.folder):
@@ -432,12 +511,15 @@ class EdgeStore(Store):
             return int(self.shard.count(qe.CountRequest(exact=True)))
 
     def payloads(self) -> list[tuple[str, dict[str, Any]]]:
+        return self._scroll_payloads(qe.PayloadSelector.Exclude(list(BULKY_FIELDS)))
+
+    def _scroll_payloads(self, selector) -> list[tuple[str, dict[str, Any]]]:
         out: list[tuple[str, dict[str, Any]]] = []
         offset = None
         while True:
             with _edge_errors("list pages", self.folder):
                 records, offset = self.shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, with_payload=True, with_vector=False))
+                    offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False))
             out.extend((str(r.id), dict(r.payload or {})) for r in records)
             if offset is None:
                 return out
@@ -447,14 +529,23 @@ class EdgeStore(Store):
             records, _ = self.shard.scroll(qe.ScrollRequest(limit=1, with_payload=True))
         return dict(records[0].payload or {}) if records else None
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
+               where: Where | None = None) -> list[list[StoredHit]]:
+        """`Store.search`; `where` holds in every stage: the centroid scan ranks only the pages
+        it allows (listed by Qdrant: `allowed_ids`), the `mean` stage and the exact rerank
+        filter in Qdrant."""
         check_mode(mode)
         queries = [np.asarray(q, dtype=np.float32) for q in queries]
+        where = self.resolve_where(where)
+        if where is not None and where.matches_nothing():
+            return [[] for _ in queries]
+        flt = edge_filter(where)
         stages = [] if mode == "exact" else self.plan(k)
         scans = [s.limit for s in stages if s.using == TOKENS_STAGE]
-        token_ids = (self.tokens.top_many(queries, max(scans)) if scans else
+        allowed = self.allowed_ids(where) if scans and where else None
+        token_ids = (self.tokens.top_many(queries, max(scans), allowed) if scans else
                      [[] for _ in queries])
-        requests = [self._request(q, k, stages, ids) for q, ids in zip(queries, token_ids)]
+        requests = [self._request(q, k, stages, ids, flt) for q, ids in zip(queries, token_ids)]
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
@@ -462,14 +553,14 @@ class EdgeStore(Store):
 
     @staticmethod
     def _request(query: np.ndarray, k: int, stages: Sequence[Stage],
-                 token_ids: Sequence[str]) -> qe.QueryRequest:
+                 token_ids: Sequence[str], where: qe.Filter | None = None) -> qe.QueryRequest:
         """Exact MaxSim over the page vectors, of every page (`stages` empty: exact mode) or of
-        the union of the plan's stages' pages."""
+        the union of the plan's stages' pages; of the pages `where` allows."""
         exact = qe.Query.Nearest(query, using=PAGE_VECTOR)
         if not stages:
-            return qe.QueryRequest(limit=k, query=exact, with_payload=True)
-        return qe.QueryRequest(limit=k, query=exact, with_payload=True, prefetches=[
-            _prefetch(query, stage, token_ids) for stage in stages])
+            return qe.QueryRequest(limit=k, query=exact, with_payload=True, filter=where)
+        return qe.QueryRequest(limit=k, query=exact, with_payload=True, filter=where, prefetches=[
+            _prefetch(query, stage, token_ids, where) for stage in stages])
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _edge_errors("read pages", self.folder):

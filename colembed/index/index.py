@@ -2,8 +2,9 @@
 
     index = colembed.Index("my-index", model="colqwen2-onnx")    # a folder: Qdrant Edge, embedded
     index = colembed.Index(url="http://qdrant:6333", api_key=..., model=...)   # a Qdrant server
-    result = index.add(["reports/", "scan.tiff"])    # .added / .skipped / .failed, with reasons
-    hits = index.search("revenue in 2023", k=5)     # Hit(file, page, score, payload, ...)
+    result = index.add(["reports/", "scan.tiff"], metadata={"team": "finance"})
+    hits = index.search("revenue in 2023", k=5, where={"team": "finance"})
+    hits[0].file, hits[0].page, hits[0].score, hits[0].metadata, hits[0].text
 
 The model is loaded on first use (an index opened only to count or remove pages never loads
 one). Reopened, an index loads the model it was built with (`model_source`, variant, image-token
@@ -29,8 +30,11 @@ from .maps import SimilarityMap, explain, overlay
 from .records import (AddResult, FileReport, ModelIdentity, default_source, dpi_of,  # noqa: F401
                       manifest_sha256, options_of, owned)
 from .pooling import CLUSTERS_FIELD, DEFAULT_POOL_FACTOR, check_pool_factor, decode_clusters
+from .metadata import MetadataError, check_metadata, merged, metadata_for
+from .schema import META_FIELD, TEXT_FIELD, TEXT_TRUNCATED_FIELD, decode_text
 from .sources import Document, discover
 from .store import DEFAULT_SEARCH_MODE, check_mode
+from .where import parse as parse_where
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,28 @@ class Hit:
     payload: dict[str, Any]
     id: str
     map: SimilarityMap | None = None
+
+    @property
+    def metadata(self) -> dict[str, Any]:
+        """The user metadata of the page's file (`Index.add(metadata=...)`, `set_metadata`)."""
+        return dict(self.payload.get(META_FIELD) or {})
+
+    @property
+    def text(self) -> str | None:
+        """The page's PDF text layer as extracted at indexing (at most schema.MAX_TEXT_BYTES;
+        `text_truncated` says when cut), "" for a PDF page without one, None when there is none
+        to give: an image or scanned file, or a page indexed before colembed kept text."""
+        stored = self.payload.get(TEXT_FIELD)
+        if stored is None:
+            return None
+        try:
+            return decode_text(stored)
+        except ValueError:
+            return None
+
+    @property
+    def text_truncated(self) -> bool:
+        return bool(self.payload.get(TEXT_TRUNCATED_FIELD))
 
 
 class Index:
@@ -161,7 +187,9 @@ class Index:
             dpi: float | None = None, prune: bool = False, batch_size: int = 4,
             progress: bool | None = None,
             on_progress: Callable[[int, int, AddResult], None] | None = None,
-            stop: threading.Event | None = None) -> AddResult:
+            stop: threading.Event | None = None,
+            metadata: dict[str, Any] | Callable[[str], dict[str, Any] | None] | None = None
+            ) -> AddResult:
         """Index PDFs and images (files or folders, walked). Stored pages are skipped; a changed
         file's old pages are replaced; `prune` drops pages of files that no longer exist under
         the folders and files given here (never under one that is missing), written by this
@@ -172,15 +200,38 @@ class Index:
         every batch of pages stored and every file reported (`result` fills in as it goes), so a
         caller shows progress per page, not per call. `stop` set: the run ends after the pages
         being embedded are written (each page whole), without the remaining files' reports; the
-        next run does the rest (colembed serve cancels a job this way)."""
+        next run does the rest (colembed serve cancels a job this way).
+
+        `metadata`: the files' user metadata (metadata.py says what is accepted), a dict for
+        every file or a function of a file's path (str) returning its dict (or None); merged
+        into what the file's pages hold (stored pages too: nothing is embedded for it), kept
+        when a changed file is replaced. A bad dict raises MetadataError before anything is
+        stored; a function's bad answer fails that file, naming it."""
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         paths = list(paths)
+        meta_of = metadata_for(metadata)
         identity = self.model_identity(dpi)
         self._check(identity)
         exclude = [Path(self.store.location)] if Path(str(self.store.location)).is_dir() else []
         found = discover(paths, exclude=exclude)
         result = AddResult.of_discovery(found.ignored, found.missing)
+        file_meta: dict[str, dict[str, Any]] = {}
+        documents = []
+        for doc in found.documents:
+            try:
+                meta = meta_of(str(doc))
+            except MetadataError as e:
+                result.failed.append(FileReport(str(doc), reason=str(e)))
+                continue
+            except Exception as e:  # noqa: BLE001 (the caller's function failed on this file)
+                result.failed.append(FileReport(str(doc), reason=f"metadata function failed: "
+                                                                 f"{type(e).__name__}: {e}"))
+                continue
+            if meta:
+                file_meta[str(doc)] = meta
+            documents.append(doc)
+        found = type(found)(documents, found.ignored, found.missing)
         bar = _progress_bar(progress, f"indexing {len(found.documents)} file(s)")
         already = len(result.skipped) + len(result.failed)
         counts = {"stored": 0, "planned": 0}
@@ -200,7 +251,8 @@ class Index:
         try:
             ingest(found.documents, self.store, self.model, identity,
                    dpi=dpi_of(identity.render), batch_size=batch_size, result=result,
-                   on_pages=on_pages, on_total=on_total, source=self.source, stop=stop)
+                   on_pages=on_pages, on_total=on_total, source=self.source, stop=stop,
+                   metadata=file_meta)
             on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
@@ -243,6 +295,46 @@ class Index:
                 return None
         return None
 
+    def set_metadata(self, paths: Iterable[str | os.PathLike] | str | os.PathLike,
+                     metadata: dict[str, Any], *, pages: Iterable[int] | None = None,
+                     replace: bool = False) -> int:
+        """Change the metadata of the stored pages of these files (or of the files under these
+        folders), without embedding anything: `metadata` is merged into each page's (a value
+        None removes that key), or replaces it with `replace=True`; `pages`: only these page
+        numbers. Returns the pages whose metadata changed."""
+        update = check_metadata(metadata, removals=True)
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        targets = [Path(p).expanduser().resolve() for p in paths]
+        wanted = None if pages is None else {int(n) for n in pages}
+        groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+        for pid, p in self.store.payloads():
+            if not any(_under(Path(p["path"]), t) for t in targets):
+                continue
+            if wanted is not None and int(p.get("page", 0)) not in wanted:
+                continue
+            stored = p.get(META_FIELD) or {}
+            new = merged(stored, update, replace)
+            if new != stored:
+                groups.setdefault(repr(sorted(new.items())), (new, []))[1].append(pid)
+        for new, ids in groups.values():
+            self.store.set_payload(ids, {META_FIELD: new})
+        self.store.flush()
+        return sum(len(ids) for _, ids in groups.values())
+
+    def metadata(self, paths: Iterable[str | os.PathLike] | str | os.PathLike
+                 ) -> dict[str, dict[int, dict[str, Any]]]:
+        """The stored metadata of these files' pages (or of the files under these folders):
+        path -> page -> metadata."""
+        if isinstance(paths, (str, os.PathLike)):
+            paths = [paths]
+        targets = [Path(p).expanduser().resolve() for p in paths]
+        out: dict[str, dict[int, dict[str, Any]]] = {}
+        for _, p in self.store.payloads():
+            if any(_under(Path(p["path"]), t) for t in targets):
+                out.setdefault(p["path"], {})[int(p.get("page", 0))] = dict(p.get(META_FIELD) or {})
+        return {path: dict(sorted(pages.items())) for path, pages in sorted(out.items())}
+
     def remove(self, paths: Iterable[str | os.PathLike] | str | os.PathLike) -> int:
         """Drop every page of these files (or of the files under these folders); returns pages."""
         if isinstance(paths, (str, os.PathLike)):
@@ -273,15 +365,19 @@ class Index:
         return self.store.count()
 
     def search(self, queries: str | Sequence[str], k: int = 5, *, mode: str = DEFAULT_SEARCH_MODE,
-               explain: bool = False) -> list[Hit] | list[list[Hit]]:
+               explain: bool = False, where: Any = None) -> list[Hit] | list[list[Hit]]:
         """The k best pages per query (a list of Hits for one str, one list per query for a
         list). `mode`: "two-stage" (pooled prefetch, exact rerank) or "exact" (full scan).
-        `explain=True` attaches each hit's SimilarityMap."""
+        `explain=True` attaches each hit's SimilarityMap. `where`: only pages this filter
+        allows (where.py: file, folder, path glob, page range, metadata equality / in / ranges;
+        a dict or "key=value" strings), in every stage of the search, so k pages come back
+        whenever k pages are allowed."""
         check_mode(mode)
+        condition = parse_where(where)
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
         vectors = self.model.embed_queries(texts)
-        found = self.store.search(vectors, k, mode)
+        found = self.store.search(vectors, k, mode, condition)
         hits = [[Hit(h.payload.get("path", ""), int(h.payload.get("page", 0)), h.score, h.payload,
                      h.id) for h in row] for row in found]
         if explain:

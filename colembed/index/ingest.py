@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from .metadata import merged
 from .records import (AddResult, Catalog, FileReport, ModelIdentity, embed_keeping_going,  # noqa: F401
                       file_report, page_failure, page_payload, stale_ids)
-from .schema import PagePoint, make_point, point_id
+from .schema import META_FIELD, PagePoint, make_point, point_id
 from .sources import Document, SourceError, file_sha256
 from .store import UPSERT_BATCH
 
@@ -63,6 +64,7 @@ class _Plan:
     reuse: dict[int, str] = field(default_factory=dict)
     follows: _Plan | None = None
     size: dict[int, tuple[int, int]] = field(default_factory=dict)
+    text: dict[int, str | None] = field(default_factory=dict)  # page -> its PDF text layer
     errors: dict[int, str] = field(default_factory=dict)
     stored: int = 0
     reused: int = 0
@@ -152,6 +154,10 @@ class _Renderer(threading.Thread):
                 plan.errors[page] = page_failure(page, e)
                 continue
             plan.size[page] = image.size
+            try:
+                plan.text[page] = doc.text(page)
+            except SourceError:  # the page's pixels are indexed; it has no text to keep
+                plan.text[page] = None
             self.events.put(("page", plan, page, image))
 
     def iter_events(self) -> Iterator[tuple]:
@@ -172,9 +178,12 @@ class _Writer(threading.Thread):
     (raised by `put` in the embedding thread) and later jobs are dropped."""
 
     def __init__(self, store, identity: ModelIdentity, source: str, result: AddResult,
-                 on_pages: Callable[[int], None]) -> None:
+                 on_pages: Callable[[int], None], metadata: dict[str, dict[str, Any]] | None = None,
+                 catalog: Catalog | None = None) -> None:
         super().__init__(name="colembed-write", daemon=True)
         self.store, self.identity, self.source = store, identity, source
+        self.metadata = metadata or {}  # path -> the checked metadata this run gives the file
+        self.catalog = catalog or Catalog()
         self.result, self.on_pages = result, on_pages
         self.jobs: queue.Queue = queue.Queue(maxsize=WRITE_AHEAD)
         self.error: BaseException | None = None
@@ -228,7 +237,8 @@ class _Writer(threading.Thread):
             try:
                 points.append((plan, make_point(vectors, layout, page_payload(
                     self.identity, path=str(plan.path), page=page, pages=plan.pages,
-                    sha256=plan.sha256, size=plan.size[page], source=self.source))))
+                    sha256=plan.sha256, size=plan.size[page], source=self.source,
+                    meta=self._meta(plan), text=plan.text.get(page)))))
             except Exception as e:  # noqa: BLE001 (that page fails, the run goes on)
                 plan.errors[page] = page_failure(page, e)
         if points:
@@ -263,13 +273,38 @@ class _Writer(threading.Thread):
             self.on_pages(len(copies))
 
     def _copied(self, source: PagePoint, plan: _Plan, page: int) -> PagePoint:
-        """`source` (a stored page of the same content) as page `page` of `plan`'s file."""
+        """`source` (a stored page of the same content) as page `page` of `plan`'s file: its
+        vectors and text, with the metadata of this path (never the other path's: metadata may
+        say who may see a file)."""
         payload = dict(source.payload, **self.identity.payload(), path=str(plan.path),
                        source=self.source)
+        payload.pop(META_FIELD, None)
+        meta = self._meta(plan)
+        if meta:
+            payload[META_FIELD] = meta
         return PagePoint(point_id(plan.sha256, page, str(plan.path)), source.vectors, payload)
 
+    def _meta(self, plan: _Plan) -> dict[str, Any]:
+        """A new page's metadata: the file's older version's (same path, replaced), updated with
+        what this run gives the file."""
+        base = next((self.catalog.meta[i] for i in plan.stale if i in self.catalog.meta), {})
+        return merged(base, self.metadata.get(str(plan.path), {}))
+
     def _done(self, plan: _Plan) -> None:
-        """Every page of the file was tried: drop its older version, report it."""
+        """Every page of the file was tried: its stored pages get this run's metadata, its
+        older version goes, it is reported."""
+        given = self.metadata.get(str(plan.path))
+        if given:
+            ids = [point_id(plan.sha256, n, str(plan.path)) for n in plan.have]
+            changes: dict[str, list[str]] = {}
+            for pid in ids:
+                stored = self.catalog.meta.get(pid, {})
+                new = merged(stored, given)
+                if new != stored:
+                    changes.setdefault(repr(sorted(new.items())), []).append(pid)
+                    self.catalog.meta[pid] = new
+            for group in changes.values():
+                self.store.set_payload(group, {META_FIELD: self.catalog.meta[group[0]]})
         self.store.delete(plan.stale)
         file_report(self.result, str(plan.path), pages=plan.pages, stored=plan.stored,
                     had=len(plan.have), errors=plan.errors, stale=bool(plan.stale),
@@ -284,13 +319,16 @@ class _Writer(threading.Thread):
 def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: float | None,
            batch_size: int, result: AddResult, on_pages: Callable[[int], None],
            on_total: Callable[[int], None], source: str,
-           stop: threading.Event | None = None) -> None:
+           stop: threading.Event | None = None,
+           metadata: dict[str, dict[str, Any]] | None = None) -> None:
     """Index `files` into `store` with `model`, filling `result` (see the module docstring).
     `stop` set: the pages already embedded are written and the run ends (files not finished
-    get no report; their stored pages are whole, and the next run does the rest)."""
-    renderer = _Renderer(files, Catalog.of(store.payloads()), max_pixels=model.config.max_pixels,
+    get no report; their stored pages are whole, and the next run does the rest). `metadata`:
+    path -> checked metadata (metadata.py) merged into each page of that file, stored or new."""
+    catalog = Catalog.of(store.payloads())
+    renderer = _Renderer(files, catalog, max_pixels=model.config.max_pixels,
                          dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source)
-    writer = _Writer(store, identity, source, result, on_pages)
+    writer = _Writer(store, identity, source, result, on_pages, metadata, catalog)
     renderer.start()
     writer.start()
     pending: list[tuple[_Plan, int, Any]] = []

@@ -152,10 +152,22 @@ def options_of(stored: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def page_payload(identity: ModelIdentity, *, path: str, page: int, pages: int, sha256: str,
-                 size: tuple[int, int], source: str) -> dict[str, Any]:
-    """The payload of page `page` of a file (everything but the grid, which `make_point` adds)."""
-    return dict(identity.payload(), path=path, page=page, pages=pages, sha256=sha256,
-                width=int(size[0]), height=int(size[1]), source=source)
+                 size: tuple[int, int], source: str, meta: dict[str, Any] | None = None,
+                 text: str | None = None) -> dict[str, Any]:
+    """The payload of page `page` of a file (everything but the grid, which `make_point` adds);
+    with the file's checked metadata and the page's text layer when it has them (schema.py's
+    META_FIELD, TEXT_FIELD)."""
+    from .schema import META_FIELD, TEXT_FIELD, TEXT_TRUNCATED_FIELD, encode_text
+
+    out = dict(identity.payload(), path=path, page=page, pages=pages, sha256=sha256,
+               width=int(size[0]), height=int(size[1]), source=source)
+    if meta:
+        out[META_FIELD] = dict(meta)
+    if text is not None:  # "" too: a PDF page without a text layer (a scan) says so
+        out[TEXT_FIELD], cut = encode_text(text)
+        if cut:
+            out[TEXT_TRUNCATED_FIELD] = True
+    return out
 
 
 # ---------------------------------------------------------------------------------- what is stored
@@ -168,6 +180,7 @@ class Catalog:
     by_sha: dict[str, dict[int, str]] = field(default_factory=dict)
     pages: dict[str, int] = field(default_factory=dict)
     source: dict[str, str] = field(default_factory=dict)
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> stored metadata
 
     @classmethod
     def of(cls, payloads: list[tuple[str, dict[str, Any]]]) -> Catalog:
@@ -178,6 +191,8 @@ class Catalog:
             out.by_sha.setdefault(sha, {}).setdefault(page, pid)
             out.pages[sha] = int(p.get("pages", 0))
             out.source[pid] = p.get("source", "")
+            if p.get("meta"):
+                out.meta[pid] = p["meta"]
         return out
 
     def have(self, path: str, sha256: str) -> set[int]:

@@ -59,6 +59,50 @@ POINT_NAMESPACE = uuid.UUID("5b0c1f3e-8f4a-5d2b-9c61-2f6a7e0d4c11")
 PAYLOAD_FIELDS = ("path", "page", "pages", "sha256", "width", "height", "grid", "image_start",
                   "model", "variant", "manifest_sha256", "schema")
 
+# Optional payload fields, declared here once (every store writes them as they come):
+# - META_FIELD: the user's metadata of the page's file (a JSON object, checked by metadata.py),
+#   nested under one key so that Qdrant filters address it as `meta.<key>` and no user key can
+#   shadow a field colembed reads.
+# - TEXT_FIELD: the page's PDF text layer, zlib-compressed and base64-encoded (`encode_text`),
+#   at most MAX_TEXT_BYTES of UTF-8 before compression (TEXT_TRUNCATED_FIELD set when cut).
+#   Absent on images, scans and pages indexed before text was kept.
+# - LEXICAL_VECTOR: a sparse vector (BM25 term weights of that text, with Qdrant's IDF modifier)
+#   for hybrid search (lexical.py); stored by collections that declare it.
+META_FIELD = "meta"
+TEXT_FIELD = "text_z"
+TEXT_TRUNCATED_FIELD = "text_truncated"
+LEXICAL_VECTOR = "lexical"
+MAX_TEXT_BYTES = 32 << 10  # a dense A4 page holds ~3-6 KB of text: 32 KiB keeps it whole
+# Payload fields the catalog and the prune / remove paths never read: left out of a full listing.
+BULKY_FIELDS = (TEXT_FIELD,)
+
+
+def encode_text(text: str) -> tuple[str, bool]:
+    """(the stored form of a page's text, whether it was cut to MAX_TEXT_BYTES)."""
+    import base64
+    import zlib
+
+    raw = text.encode("utf-8")
+    cut = len(raw) > MAX_TEXT_BYTES
+    if cut:
+        raw = raw[:MAX_TEXT_BYTES].decode("utf-8", "ignore").encode("utf-8")
+    return base64.b64encode(zlib.compress(raw, 6)).decode("ascii"), cut
+
+
+def decode_text(stored: str) -> str:
+    """The page's text from its stored form (`encode_text`); ValueError if it is damaged. The
+    output is bounded by MAX_TEXT_BYTES, whatever the payload claims."""
+    import base64
+    import binascii
+    import zlib
+
+    try:
+        data = zlib.decompressobj().decompress(base64.b64decode(stored, validate=True),
+                                               MAX_TEXT_BYTES)
+        return data.decode("utf-8", "replace")
+    except (binascii.Error, zlib.error, TypeError) as e:
+        raise ValueError(f"stored page text is damaged ({e})") from e
+
 
 def point_id(sha256: str, page: int, path: str) -> str:
     """Deterministic id of page `page` (1-based) of the file with this content at this path."""

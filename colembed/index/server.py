@@ -22,11 +22,13 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
-from .schema import (DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS, SERVER_SCHEMA,
-                     PagePoint, schema_of)
+from .schema import (BULKY_FIELDS, DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS,
+                     SERVER_SCHEMA, PagePoint, schema_of)
 from .errors import IndexNotFoundError, StoreError
 from .plan import Stage, stage_query
-from .store import SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
+                    check_mode)
+from .where import Where
 
 
 @contextlib.contextmanager
@@ -46,10 +48,39 @@ def _vector_params(dim: int, name: str) -> models.VectorParams:
                                on_disk=name == PAGE_VECTOR)  # as on Edge (edge.py says why)
 
 
-def _prefetch(query: np.ndarray, stage: Stage) -> models.Prefetch:
+def _prefetch(query: np.ndarray, stage: Stage,
+              where: models.Filter | None = None) -> models.Prefetch:
     return models.Prefetch(query=stage_query(query, stage.using).tolist(), using=stage.using,
-                           limit=stage.limit,
-                           prefetch=_prefetch(query, stage.within) if stage.within else None)
+                           limit=stage.limit, filter=where,
+                           prefetch=_prefetch(query, stage.within, where) if stage.within
+                           else None)
+
+
+def client_filter(where: Where | None) -> models.Filter | None:
+    """A checked filter (where.py) as qdrant-client's `Filter` (globs resolved by the store)."""
+    if not where:
+        return None
+    must: list[Any] = []
+    must_not: list[Any] = []
+    for c in where.conditions:
+        if c.kind == "eq":
+            must.append(models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value)))
+        elif c.kind in ("any", "none"):
+            (must if c.kind == "any" else must_not).append(_any_of(c.key, c.value))
+        elif c.kind == "range":
+            must.append(models.FieldCondition(key=c.key, range=models.Range(**c.value)))
+        elif c.kind == "prefix":
+            must.append(models.FieldCondition(key=c.key, match=models.MatchPrefix(prefix=c.value)))
+        else:
+            raise StoreError(f"filter condition {c.kind!r} on {c.key!r} was not resolved")
+    return models.Filter(must=must or None, must_not=must_not or None)
+
+
+def _any_of(key: str, values) -> Any:
+    if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
+        return models.FieldCondition(key=key, match=models.MatchAny(any=list(values)))
+    return models.Filter(should=[models.FieldCondition(key=key, match=models.MatchValue(value=v))
+                                 for v in values])
 
 
 class ServerStore(Store):
@@ -61,6 +92,7 @@ class ServerStore(Store):
                  path: Path | None = None, dim: int | None = None,
                  collection: str | None = None) -> None:
         self.collection = collection or DEFAULT_COLLECTION
+        self.local = path is not None
         self.location = f"{url or path} (collection {self.collection})"
         with _client_errors("connect", self.location):
             self.client = (QdrantClient(url=url, api_key=api_key) if url is not None
@@ -74,6 +106,7 @@ class ServerStore(Store):
                 raise StoreError(f"{self.location}: collection is not a colembed index "
                                  f"(vectors {sorted(params) if isinstance(params, dict) else params})")
             self.dim, self.schema = int(params[PAGE_VECTOR].size), schema
+            self._index_payload()
             return
         if dim is None:
             self.close()  # local mode locks its folder: a refused open must not keep it
@@ -83,6 +116,20 @@ class ServerStore(Store):
                 self.collection, vectors_config={n: _vector_params(dim, n)
                                                  for n in SCHEMA_VECTORS[SERVER_SCHEMA]})
         self.dim, self.schema = dim, SERVER_SCHEMA
+        self._index_payload()
+
+    def _index_payload(self) -> None:
+        """Payload indexes on `INDEXED_FIELDS`, created when missing (a Qdrant server filters
+        faster with them; qdrant-client's local mode has none and ignores the call)."""
+        if self.local:
+            return
+        with _client_errors("read the collection's payload indexes", self.location):
+            have = set(self.client.get_collection(self.collection).payload_schema or {})
+            kinds = {"keyword": models.PayloadSchemaType.KEYWORD,
+                     "integer": models.PayloadSchemaType.INTEGER}
+            for name, kind in INDEXED_FIELDS.items():
+                if name not in have:
+                    self.client.create_payload_index(self.collection, name, kinds[kind], wait=True)
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
@@ -92,6 +139,12 @@ class ServerStore(Store):
                      for p in points[lo:lo + UPSERT_BATCH]]
             with _client_errors("store pages", self.location):
                 self.client.upsert(self.collection, points=batch, wait=True)
+
+    def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        if ids:
+            with _client_errors("update page payloads", self.location):
+                self.client.set_payload(self.collection, payload=payload, points=list(ids),
+                                        wait=True)
 
     def delete(self, ids: Sequence[str]) -> None:
         if ids:
@@ -108,8 +161,9 @@ class ServerStore(Store):
         offset = None
         while True:
             with _client_errors("list pages", self.location):
-                records, offset = self.client.scroll(self.collection, limit=SCROLL_PAGE,
-                                                     offset=offset, with_payload=True)
+                records, offset = self.client.scroll(
+                    self.collection, limit=SCROLL_PAGE, offset=offset,
+                    with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)))
             out.extend((str(r.id), dict(r.payload or {})) for r in records)
             if offset is None:
                 return out
@@ -119,18 +173,26 @@ class ServerStore(Store):
             records, _ = self.client.scroll(self.collection, limit=1, with_payload=True)
         return dict(records[0].payload or {}) if records else None
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
+               where: Where | None = None) -> list[list[StoredHit]]:
+        """`Store.search`; `where` filters in every prefetch stage and the exact rerank."""
         check_mode(mode)
-        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode) for q in queries]
+        where = self.resolve_where(where)
+        if where is not None and where.matches_nothing():
+            return [[] for _ in queries]
+        flt = client_filter(where)
+        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode, flt)
+                    for q in queries]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
                 for r in responses]
 
-    def _request(self, query: np.ndarray, k: int, mode: str) -> models.QueryRequest:
-        stages = None if mode == "exact" else [_prefetch(query, s) for s in self.plan(k)]
+    def _request(self, query: np.ndarray, k: int, mode: str,
+                 where: models.Filter | None = None) -> models.QueryRequest:
+        stages = None if mode == "exact" else [_prefetch(query, s, where) for s in self.plan(k)]
         return models.QueryRequest(query=query.tolist(), using=PAGE_VECTOR, prefetch=stages,
-                                   limit=k, with_payload=True)
+                                   limit=k, with_payload=True, filter=where)
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _client_errors("read pages", self.location):

@@ -172,6 +172,26 @@ class Document:
         except DECODE_ERRORS as e:
             raise SourceError(self.path, f"page {page}: {_reason(self.kind, e)}") from e
 
+    def text(self, page: int) -> str | None:
+        """Page `page`'s text layer as pdfium reads it (a PDF; "" when the page has none, as a
+        scanned page), None for an image file (no text layer: OCR is not done). Lines end in
+        newlines; the caller bounds the size it stores (schema.encode_text)."""
+        if self._pdf is None:
+            return None
+        try:
+            pdf_page = self._pdf[page - 1]
+            try:
+                textpage = pdf_page.get_textpage()
+                try:
+                    text = textpage.get_text_bounded()
+                finally:
+                    textpage.close()
+            finally:
+                pdf_page.close()
+        except DECODE_ERRORS as e:
+            raise SourceError(self.path, f"page {page}: text layer: {_reason(self.kind, e)}") from e
+        return text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "").strip()
+
     def iter_pages(self, pages: Iterable[int]) -> Iterator[tuple[int, Image.Image]]:
         for page in pages:
             yield page, self.render(page)

@@ -26,8 +26,14 @@ from .errors import OldIndexWarning, StoreError
 from .plan import TOKENS_STAGE, Stage, two_stage_plan
 from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
                      SCHEMA_VECTORS, PagePoint, mean_from_payload, pooled_from_payload)
+from .where import Where, parse as parse_where
 
 SEARCH_MODES = ("two-stage", "exact")
+# Payload indexes every store keeps: `path` (file / folder / glob filters, listing paths) and
+# `page` (page ranges). Metadata keys are filtered without one: the exact rerank and the `mean`
+# stage scan every allowed page anyway (no HNSW graph), and Qdrant checks a condition on an
+# unindexed field page by page.
+INDEXED_FIELDS = {"path": "keyword", "page": "integer"}
 DEFAULT_SEARCH_MODE = "two-stage"  # the plan and its measured trade-offs: plan.py
 SCROLL_PAGE = 256  # payloads per scroll request
 UPSERT_BATCH = 16  # points per upsert request
@@ -107,19 +113,49 @@ class Store(ABC):
     def delete(self, ids: Sequence[str]) -> None: ...
 
     @abstractmethod
+    def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        """Set these top-level payload fields of the stored points `ids` (other fields are kept,
+        no vector is touched): how metadata changes without embedding a page again."""
+
+    @abstractmethod
     def count(self) -> int: ...
 
     @abstractmethod
     def payloads(self) -> list[tuple[str, dict[str, Any]]]:
-        """(id, payload) of every point."""
+        """(id, payload) of every point, without `schema.BULKY_FIELDS` (the page text)."""
 
     @abstractmethod
     def any_payload(self) -> dict[str, Any] | None:
         """The payload of one stored point (None when empty): the index's model identity."""
 
     @abstractmethod
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
-        """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim."""
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
+               where: Where | None = None) -> list[list[StoredHit]]:
+        """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim among those
+        `where` (where.py) allows, in every stage of the plan."""
+
+    def file_paths(self) -> list[str]:
+        """The distinct stored paths (a `path` glob is matched against them)."""
+        return self._cached_paths(lambda: {p["path"] for _, p in self.payloads() if "path" in p})
+
+    def _cached_paths(self, list_them) -> list[str]:
+        """`list_them()` sorted, kept until the store's next write where the store counts its
+        writes (`_generation`: one writer, an Edge folder); listed each time otherwise."""
+        generation = getattr(self, "_generation", None)
+        cached = getattr(self, "_paths_cache", None)
+        if generation is not None and cached is not None and cached[0] == generation:
+            return cached[1]
+        paths = sorted(list_them())
+        self._paths_cache = (generation, paths)
+        return paths
+
+    def resolve_where(self, where: Any) -> Where | None:
+        """A filter (either form, or a checked `Where`) with its `path` globs turned into the
+        stored paths they match."""
+        where = parse_where(where)
+        if where is None or not where.has_glob():
+            return where
+        return where.resolved(self.file_paths())
 
     @abstractmethod
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:

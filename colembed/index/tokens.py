@@ -97,26 +97,30 @@ def centroid_scores(table: np.ndarray, query: np.ndarray) -> np.ndarray:
 
 
 def centroid_scores_many(table: np.ndarray, queries: Sequence[np.ndarray],
-                         threads: int | None = None) -> np.ndarray:
+                         threads: int | None = None, rows: np.ndarray | None = None) -> np.ndarray:
     """(queries, pages) float32: `centroid_scores` of each query, in one pass over the table (one
     product per chunk for all the queries' tokens: the table is read once however many queries
-    come)."""
+    come). `rows`: score only these rows of the table (a filtered search: the pages a filter
+    allows), in their order; each chunk is gathered as it is scanned, so the work and the memory
+    follow the rows asked for, not the table."""
     qs = [np.asarray(q, dtype=np.float32) for q in queries]
     flat = np.ascontiguousarray(np.concatenate(qs).T) if qs else np.zeros((table.shape[-1], 0),
                                                                             np.float32)
     starts = np.cumsum([0] + [len(q) for q in qs])[:-1]
-    out = np.empty((len(qs), len(table)), dtype=np.float32)
-    if not qs or not len(table):
+    pages = len(table) if rows is None else len(rows)
+    out = np.empty((len(qs), pages), dtype=np.float32)
+    if not qs or not pages:
         return out
     threads = threads or SCAN_THREADS
-    threads = max(1, min(threads, len(table) // SCAN_MIN_PAGES_PER_THREAD))
-    chunks = [(lo, min(lo + SCAN_CHUNK_PAGES, len(table)))
-              for lo in range(0, len(table), SCAN_CHUNK_PAGES)]
+    threads = max(1, min(threads, pages // SCAN_MIN_PAGES_PER_THREAD))
+    chunks = [(lo, min(lo + SCAN_CHUNK_PAGES, pages))
+              for lo in range(0, pages, SCAN_CHUNK_PAGES)]
 
     def scan(part: Sequence[tuple[int, int]]) -> None:
         with one_thread():
             for lo, hi in part:
-                block = np.asarray(table[lo:hi], dtype=np.float32)
+                block = np.asarray(table[lo:hi] if rows is None else table[rows[lo:hi]],
+                                   dtype=np.float32)
                 sims = block.reshape(-1, block.shape[-1]) @ flat  # (pages * k, all query tokens)
                 best = sims.reshape(hi - lo, block.shape[1], -1).max(axis=1)
                 out[:, lo:hi] = np.add.reduceat(best, starts, axis=1).T
@@ -223,6 +227,7 @@ class TokenTable:
         newest.sort()
         self._rows = newest
         self._ids = _uuid_strings(records[newest, :16])
+        self._positions: dict[str, int] | None = None  # id -> index in _ids, made when filtered
         self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
                                  shape=(n_table, self.k, self.dim)) if n_table else
                        np.zeros((0, self.k, self.dim), np.float32))
@@ -290,18 +295,29 @@ class TokenTable:
         """The ids of the `limit` pages whose centroids best match the query."""
         return self.top_many([query], limit)[0]
 
-    def top_many(self, queries: Sequence[np.ndarray], limit: int) -> list[list[str]]:
-        """`top` of each query, the table scanned once for all of them."""
+    def top_many(self, queries: Sequence[np.ndarray], limit: int,
+                 allowed: set[str] | None = None) -> list[list[str]]:
+        """`top` of each query, the table scanned once for all of them. `allowed`: only these
+        pages are scanned and ranked (a filtered search), so a filter that keeps few pages still
+        gets `limit` candidates among them, and costs less than a full scan."""
         ids = self.ids()
-        if not ids:
+        if allowed is None:
+            positions = np.arange(len(ids))
+            every = (centroid_scores_many(self._table, queries)[:, self._rows] if ids else None)
+        else:
+            if self._positions is None:
+                self._positions = {pid: n for n, pid in enumerate(ids)}
+            positions = np.array(sorted(self._positions[i] for i in allowed
+                                        if i in self._positions), dtype=np.int64)
+            every = (centroid_scores_many(self._table, queries, rows=self._rows[positions])
+                     if len(positions) else None)
+        if every is None:
             return [[] for _ in queries]
-        every = centroid_scores_many(self._table, queries)
-        limit = min(limit, len(ids))
+        limit = min(limit, len(positions))
         out = []
         for scores in every:
-            scores = scores[self._rows]
             best = np.argpartition(-scores, limit - 1)[:limit]
-            out.append([ids[i] for i in best[np.argsort(-scores[best])]])
+            out.append([ids[positions[i]] for i in best[np.argsort(-scores[best])]])
         return out
 
     def reset(self) -> None:

@@ -38,6 +38,7 @@ from .. import __version__
 from ..errors import ColembedError, InputError
 from ..index import SEARCH_MODES, DEFAULT_SEARCH_MODE, StoreError
 from ..index.maps import overlay
+from ..index.schema import TEXT_FIELD
 from ..index.sources import SourceError
 from .encoding import ENCODINGS, encode
 from .jobs import JobQueueFull, JobRunner
@@ -50,6 +51,9 @@ log = logging.getLogger("colembed.serve")
 lifecycle = logging.getLogger("uvicorn.error")  # printed with uvicorn's own start/stop lines
 
 API_KEY_HEADER = "X-API-Key"
+# Payload fields a hit's JSON leaves out: the server's own model folder, and the stored form of
+# the page text (given decoded as `text`).
+HIDDEN_PAYLOAD = frozenset({"model_source", TEXT_FIELD})
 QUERY_CACHE = 256  # query texts whose vectors are kept for the page maps
 
 
@@ -99,6 +103,10 @@ class SearchRequest(BaseModel):
     k: int = Field(5, ge=1)
     mode: Literal["two-stage", "exact"] = DEFAULT_SEARCH_MODE
     explain: bool = Field(False, description="add each hit's similarity map (as data)")
+    where: dict[str, Any] | list[str] | str | None = Field(
+        None, description="only pages this filter allows: a dict ({\"lang\": \"en\", \"page\": "
+                          "{\"gte\": 2}}) or conditions as strings ([\"lang=en\", \"page>=2\"]); "
+                          "docs/search.md#filters")
 
 
 class IndexPath(BaseModel):
@@ -187,10 +195,12 @@ class Service:
 
     def hit_json(self, hit, explain: bool) -> dict[str, Any]:
         roots = self.settings.roots
-        payload = {k: v for k, v in hit.payload.items() if k != "model_source"}
+        payload = {k: v for k, v in hit.payload.items() if k not in HIDDEN_PAYLOAD}
         payload["path"] = roots.display(hit.file)
         out = {"id": hit.id, "file": roots.display(hit.file), "page": hit.page,
                "score": float(hit.score), "payload": payload,
+               "metadata": hit.metadata, "text": hit.text,
+               "text_truncated": hit.text_truncated,
                "image_url": f"/v1/pages/{hit.id}/image"}
         if explain and hit.map is not None:
             m = hit.map
@@ -424,7 +434,8 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
             raise over(422, "k", body.k, limits.max_k, "--max-k")
         def work():
             start = time.perf_counter()
-            found = index.search(texts, k=body.k, mode=body.mode, explain=body.explain)
+            found = index.search(texts, k=body.k, mode=body.mode, explain=body.explain,
+                                 where=body.where)
             return found, time.perf_counter() - start
 
         asked = time.perf_counter()

@@ -43,7 +43,7 @@ from ..index.schema import PagePoint
 
 # The store's methods the child answers; anything else is refused there.
 CALLS = frozenset({"upsert", "delete", "count", "payloads", "any_payload", "search", "points",
-                   "page_vectors", "flush", "has_tokens"})
+                   "page_vectors", "flush", "has_tokens", "set_payload", "file_paths"})
 
 
 def open_store_in_child(location=None, *, url: str | None = None, api_key: str | None = None,
@@ -141,8 +141,16 @@ class ChildStore(Store):
     def any_payload(self) -> dict[str, Any] | None:
         return self._call("any_payload")
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str) -> list[list[StoredHit]]:
-        return self._call("search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode)
+    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
+               where=None) -> list[list[StoredHit]]:
+        return self._call("search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode,
+                          where)
+
+    def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
+        self._call("set_payload", list(ids), payload)
+
+    def file_paths(self) -> list[str]:
+        return self._call("file_paths")
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         return self._call("points", list(ids))
