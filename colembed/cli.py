@@ -486,8 +486,10 @@ def _add_index_commands(sub) -> None:
     search = sub.add_parser("search", help="the best pages for a question")
     search.add_argument("queries", nargs="+", metavar="QUESTION")
     search.add_argument("-k", type=_positive_int, default=5, help="pages per question (default 5)")
-    search.add_argument("--mode", choices=("two-stage", "exact"), default="two-stage",
-                        help="two-stage: pooled prefetch + exact rerank (default); exact: full scan")
+    search.add_argument("--mode", choices=("two-stage", "exact", "hybrid"), default="two-stage",
+                        help="two-stage: cheap candidates + exact rerank (default); exact: full "
+                             "scan; hybrid: two-stage fused with BM25 over the pages' text "
+                             "(exact identifiers)")
     search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
     search.add_argument("--where", action="append", metavar="COND",
                         help="only pages meeting this condition (repeatable, all hold): "

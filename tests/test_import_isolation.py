@@ -101,7 +101,7 @@ OWNERS = {
     "colembed_export": {"cli"},
     "peft": set(),  # merging a LoRA adapter at export: colembed_export only (export/families/qwen2_5/adapter.py)
     "huggingface_hub": {"registry"},
-    "qdrant_edge": {"index.edge"},  # the index's two stores, each behind the store interface
+    "qdrant_edge": {"index.edge", "index.lexical"},  # the index's two stores, each behind the store interface
     "qdrant_client": {"index.server"},
     "pypdfium2": {"index.sources"},
     "tqdm": {"index.index"},

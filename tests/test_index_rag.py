@@ -188,3 +188,83 @@ def test_cli_meta_where_and_json(docs, exported_tiny, capsys):
     assert "key=value" in capsys.readouterr().err
     assert main(["index", str(docs), *common, "--meta", "page=3"]) == 1
     assert "'page' is reserved" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------- hybrid
+FILLER = ["Quarterly report on revenue and margins", "Minutes of the board meeting",
+          "Holiday schedule for the support team", "Safety instructions for the warehouse",
+          "Product roadmap and release plan", "Travel expense policy", "Onboarding checklist",
+          "Office seating plan", "Customer survey results", "Server maintenance window",
+          "Training catalogue", "Parking regulations"]
+
+
+def _planted(folder: Path, target: int) -> list[Path]:
+    """One text PDF per filler topic; page `target` also carries an invoice number."""
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i, topic in enumerate(FILLER):
+        lines = [topic, "Prepared by the operations office"]
+        if i == target:
+            lines.append("Invoice number ZX-7781-QK payable within 30 days")
+        out.append(write_text_pdf(folder / f"doc{i:02d}.pdf", [lines]))
+    return out
+
+
+@pytest.mark.parametrize("kind", ["edge", "client-local"])
+def test_hybrid_finds_a_planted_identifier_maxsim_ranks_low(kind, tmp_path, small_model):
+    """MaxSim with random weights cannot tell the page holding "ZX-7781-QK" from the others;
+    BM25 over the pages' text gives it the only lexical match, and reciprocal rank fusion puts
+    it first."""
+    query = "invoice ZX-7781-QK"
+    with Index(tmp_path / "db", model=small_model, local=kind == "client-local") as index:
+        assert index.store.has_lexical
+        files = _planted(tmp_path / "docs", target=5)
+        assert index.add(files).ok
+        dense = {Path(h.file).name: h.score
+                 for h in index.search(query, k=len(FILLER), mode="exact")}
+        # MaxSim alone does not single it out: another page scores as high or higher (with
+        # random weights the prompt rows carry the whole score, so pages tie)
+        assert max(v for name, v in dense.items() if name != "doc05.pdf") >= dense["doc05.pdf"]
+        hybrid = index.search(query, k=3, mode="hybrid")
+        assert Path(hybrid[0].file).name == "doc05.pdf"
+        assert hybrid[0].score > hybrid[1].score  # first in both lists' fusion, by a margin
+        # filters hold in hybrid mode too
+        assert index.search(query, k=3, mode="hybrid", where={"file": str(files[5])})[0].page == 1
+        assert all(Path(h.file).name != "doc05.pdf"
+                   for h in index.search(query, k=5, mode="hybrid", where={"path": "doc1*.pdf"}))
+
+
+def test_upgrade_adds_the_lexical_vector_to_a_folder_made_without_it(tmp_path, small_model,
+                                                                      monkeypatch, capsys):
+    from colembed.index import edge
+
+    files = _planted(tmp_path / "docs", target=2)
+    with monkeypatch.context() as m:  # a folder as colembed made it before hybrid search
+        real = edge.EdgeStore._create
+
+        def without_lexical(self, dim):
+            real(self, dim)
+            self.shard.close()
+            import shutil
+
+            shutil.rmtree(self.folder / edge.SHARD_DIR)
+            self.shard = edge.qe.EdgeShard.create(str(self.folder / edge.SHARD_DIR), edge.qe.EdgeConfig(
+                vectors={n: edge._vector_params(dim, n) for n in edge.SCHEMA_VECTORS[3]}))
+            edge._write_meta(self.folder, {"schema": 3, "dim": dim, "store": "qdrant-edge"})
+            self.has_lexical = False
+
+        m.setattr(edge.EdgeStore, "_create", without_lexical)
+        with Index(tmp_path / "db", model=small_model) as index:
+            assert index.add(files).ok and not index.store.has_lexical
+    with Index(tmp_path / "db", model=small_model) as index:
+        with pytest.raises(colembed.index.StoreError, match="colembed upgrade --db"):
+            index.search("ZX-7781-QK", mode="hybrid")
+        before = {h.id: h.score for h in index.search("x", k=12, mode="exact")}
+    assert main(["upgrade", "--db", str(tmp_path / "db"), "--quiet"]) == 0
+    assert "added the lexical (BM25) vector for hybrid search (12 page(s) with text)" in \
+        capsys.readouterr().out
+    with Index(tmp_path / "db", model=small_model) as index:
+        assert index.store.has_lexical
+        assert Path(index.search("invoice ZX-7781-QK", k=1, mode="hybrid")[0].file).name == \
+            "doc02.pdf"
+        assert {h.id: h.score for h in index.search("x", k=12, mode="exact")} == before

@@ -50,9 +50,9 @@ from ..safe_fs import STAGING_MARKER, commit_folder, discard_staging, staging_fo
 from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreError
 from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
-from .plan import TOKENS_STAGE, Stage, stage_query
-from .schema import (BULKY_FIELDS, COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
-                     SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, image_tokens)
+from .plan import HYBRID_CANDIDATES, RRF_K, TOKENS_STAGE, Stage, stage_query
+from .schema import (BULKY_FIELDS, COLS_VECTOR, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR,
+                     ROWS_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, image_tokens)
 from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
                     check_mode)
 from .where import Where
@@ -166,6 +166,12 @@ def _release(shard, lock) -> None:
             lock.release()
 
 
+# The lexical (BM25) sparse vector of hybrid search (lexical.py): Qdrant's IDF modifier weighs
+# each term by its document frequency over the shard at query time.
+def _LEXICAL_PARAMS() -> qe.EdgeSparseVectorParams:
+    return qe.EdgeSparseVectorParams(modifier=qe.Modifier.Idf)
+
+
 # The vectors a new shard keeps memory-mapped (the rest, `mean`, in RAM): see the module docstring.
 MAPPED_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)
 
@@ -229,6 +235,8 @@ class EdgeStore(Store):
 
     upgrade_hint = ("`colembed upgrade --db FOLDER` (or colembed.index.upgrade_index) rewrites it "
                     "from its stored vectors, without embedding a page again")
+    lexical_hint = ("`colembed upgrade --db FOLDER` adds it from the pages' stored text "
+                    "(nothing is embedded again)")
 
     def __init__(self, folder: Path, *, dim: int | None = None) -> None:
         self.folder = Path(folder)
@@ -242,6 +250,7 @@ class EdgeStore(Store):
                 raise StoreError(f"{self.folder}: index schema {meta.get('schema')} is not one "
                                  f"this colembed reads ({', '.join(map(str, SCHEMA_VECTORS))})")
             self.dim, self.schema = int(meta["dim"]), int(meta["schema"])
+            self.has_lexical = bool(meta.get("lexical"))
             self._locked(lambda: qe.EdgeShard.load(str(self.folder / SHARD_DIR)), "open the shard")
             if (self.folder / CREATING_MARKER).exists():  # killed after the meta file: complete
                 (self.folder / CREATING_MARKER).unlink(missing_ok=True)
@@ -392,10 +401,13 @@ class EdgeStore(Store):
                 shutil.rmtree(self.folder / SHARD_DIR, ignore_errors=True)
             (self.folder / CREATING_MARKER).write_text(f"{os.getpid()}\n")
             config = qe.EdgeConfig(vectors={name: _vector_params(dim, name)
-                                            for name in SCHEMA_VECTORS[SCHEMA_VERSION]})
+                                            for name in SCHEMA_VECTORS[SCHEMA_VERSION]},
+                                   sparse_vectors={LEXICAL_VECTOR: _LEXICAL_PARAMS()})
             with _edge_errors("create the shard", self.folder):
                 self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
-            _write_meta(self.folder, {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge"})
+            _write_meta(self.folder, {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge",
+                                      "lexical": True})
+            self.has_lexical = True
             (self.folder / CREATING_MARKER).unlink()
         except OSError as e:
             self._abandon()
@@ -467,8 +479,8 @@ class EdgeStore(Store):
             chunk = points[lo:lo + UPSERT_BATCH]
             stored = [self.stored_vectors(p) for p in chunk]
             # Edge takes lists: tolist() is exact and ~25% cheaper than its reading numpy rows
-            batch = [qe.Point(id=p.id, payload=p.payload, vector={
-                k: v.tolist() for k, v in vectors.items()}) for p, vectors in zip(chunk, stored)]
+            batch = [qe.Point(id=p.id, payload=p.payload, vector=self._named_vectors(p, vectors))
+                     for p, vectors in zip(chunk, stored)]
             self._check_space(chunk)
             centroids = [page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload),
                                         CENTROIDS) for p in chunk]
@@ -484,6 +496,13 @@ class EdgeStore(Store):
             self._unflushed_bytes += sum(4 * v.size for vectors in stored for v in vectors.values())
             if self._flush_due():
                 self.flush()
+
+    def _named_vectors(self, point: PagePoint, vectors: dict[str, np.ndarray]) -> dict[str, Any]:
+        out: dict[str, Any] = {k: v.tolist() for k, v in vectors.items()}
+        terms = self.lexical_terms(point)
+        if terms is not None:
+            out[LEXICAL_VECTOR] = qe.SparseVector(*terms)
+        return out
 
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         if ids:
@@ -530,26 +549,50 @@ class EdgeStore(Store):
         return dict(records[0].payload or {}) if records else None
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None) -> list[list[StoredHit]]:
+               where: Where | None = None,
+               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
         """`Store.search`; `where` holds in every stage: the centroid scan ranks only the pages
         it allows (listed by Qdrant: `allowed_ids`), the `mean` stage and the exact rerank
-        filter in Qdrant."""
+        filter in Qdrant. "hybrid": the two-stage result's best HYBRID_CANDIDATES and the BM25
+        search's, fused by RRF in the same request."""
         check_mode(mode)
+        self.check_hybrid(mode, texts, len(queries))
         queries = [np.asarray(q, dtype=np.float32) for q in queries]
         where = self.resolve_where(where)
         if where is not None and where.matches_nothing():
             return [[] for _ in queries]
         flt = edge_filter(where)
-        stages = [] if mode == "exact" else self.plan(k)
+        stages = ([] if mode == "exact" else
+                  self.plan(max(k, HYBRID_CANDIDATES) if mode == "hybrid" else k))
         scans = [s.limit for s in stages if s.using == TOKENS_STAGE]
         allowed = self.allowed_ids(where) if scans and where else None
         token_ids = (self.tokens.top_many(queries, max(scans), allowed) if scans else
                      [[] for _ in queries])
-        requests = [self._request(q, k, stages, ids, flt) for q, ids in zip(queries, token_ids)]
+        if mode == "hybrid":
+            from .lexical import query_terms
+
+            requests = [self._hybrid(self._request(q, max(k, HYBRID_CANDIDATES), stages, ids,
+                                                   flt), query_terms(text), k, flt)
+                        for q, ids, text in zip(queries, token_ids, texts)]
+        else:
+            requests = [self._request(q, k, stages, ids, flt)
+                        for q, ids in zip(queries, token_ids)]
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
                 for points in results]
+
+    @staticmethod
+    def _hybrid(dense: qe.QueryRequest, terms: tuple[list[int], list[float]], k: int,
+                where: qe.Filter | None) -> qe.QueryRequest:
+        """The dense request as one prefetch, the BM25 search as another, fused by RRF."""
+        stages = [qe.Prefetch(limit=dense.limit, query=dense.query, prefetches=dense.prefetches,
+                              filter=where)]
+        if terms[0]:  # a query of stop words only has no terms: the dense ranking alone
+            stages.append(qe.Prefetch(limit=dense.limit, filter=where, query=qe.Query.Nearest(
+                qe.SparseVector(*terms), using=LEXICAL_VECTOR)))
+        return qe.QueryRequest(limit=k, prefetches=stages, query=qe.Fusion.Rrf(k=RRF_K),
+                               filter=where, with_payload=True)
 
     @staticmethod
     def _request(query: np.ndarray, k: int, stages: Sequence[Stage],
@@ -631,14 +674,22 @@ class Upgraded:
     rewritten: int = 0
     tokens_rebuilt: int = 0
     rows_compacted: int = 0
+    lexical_added: int | None = None  # pages given BM25 terms when the lexical vector was added
     old_schema: int = SCHEMA_VERSION
     dropped: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.rewritten or self.tokens_rebuilt or self.rows_compacted)
+        return bool(self.rewritten or self.tokens_rebuilt or self.rows_compacted
+                    or self.lexical_added is not None)
 
     def describe(self) -> str:
         """One line for `colembed upgrade` (what was done, never more)."""
+        if self.lexical_added is not None:
+            done = Upgraded(self.rewritten, self.tokens_rebuilt, self.rows_compacted,
+                            old_schema=self.old_schema, dropped=self.dropped)
+            lexical = (f"added the lexical (BM25) vector for hybrid search ({self.lexical_added} "
+                       "page(s) with text)")
+            return lexical + ("; " + done.describe() if done else "")
         if self.rewritten:
             dropped = (f"; dropped the {' / '.join(self.dropped)} vectors, which its search does "
                        "not read" if self.dropped else "")
@@ -667,9 +718,11 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
     old = EdgeStore(folder)
     try:
         if old.schema == SCHEMA_VERSION:
+            lexical = None if old.has_lexical else add_lexical(old, progress)
             if not old._tokens_current:
-                return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress))
-            return Upgraded(rows_compacted=old.tokens.compact())
+                return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress),
+                                lexical_added=lexical)
+            return Upgraded(rows_compacted=old.tokens.compact(), lexical_added=lexical)
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in _OWN_ENTRIES)
         if foreign:
             raise StoreError(f"{folder}: also holds {', '.join(foreign)}, which colembed did not "
@@ -690,6 +743,37 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
         old.close()
     return Upgraded(rewritten=copied, old_schema=old.schema, dropped=tuple(
         n for n in SCHEMA_VECTORS[old.schema] if n not in SCHEMA_VECTORS[SCHEMA_VERSION]))
+
+
+def add_lexical(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
+    """Add the lexical sparse vector to a shard created without it (Edge adds a named vector
+    in place) and give each page with stored text its BM25 terms; returns those pages. The meta
+    file records it last, so a kill midway leaves a folder that adds it again next time."""
+    with _edge_errors("add the lexical vector", store.folder):
+        store.shard.update(qe.UpdateOperation.create_sparse_vector(LEXICAL_VECTOR,
+                                                                   qe.Modifier.Idf))
+    store.has_lexical = True
+    ids = [pid for pid, _ in store.payloads()]
+    done = 0
+    for lo in range(0, len(ids), SCROLL_PAGE):
+        chunk = ids[lo:lo + SCROLL_PAGE]
+        with _edge_errors("read pages", store.folder):
+            records = store.shard.retrieve([uuid.UUID(i) for i in chunk], with_payload=True,
+                                           with_vector=False)
+        updates = []
+        for r in records:
+            terms = store.lexical_terms(PagePoint(str(r.id), {}, dict(r.payload or {})))
+            if terms is not None:
+                updates.append(qe.PointVectors(r.id, {LEXICAL_VECTOR: qe.SparseVector(*terms)}))
+        if updates:
+            with _edge_errors("store the lexical vectors", store.folder):
+                store.shard.update(qe.UpdateOperation.update_vectors(updates))
+        done += len(updates)
+        if progress is not None:
+            progress(min(lo + SCROLL_PAGE, len(ids)), len(ids))
+    store.flush()
+    _write_meta(store.folder, dict(_read_meta(store.folder), lexical=True))
+    return done
 
 
 def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:

@@ -367,7 +367,9 @@ class Index:
     def search(self, queries: str | Sequence[str], k: int = 5, *, mode: str = DEFAULT_SEARCH_MODE,
                explain: bool = False, where: Any = None) -> list[Hit] | list[list[Hit]]:
         """The k best pages per query (a list of Hits for one str, one list per query for a
-        list). `mode`: "two-stage" (pooled prefetch, exact rerank) or "exact" (full scan).
+        list). `mode`: "two-stage" (cheap candidates, exact MaxSim rerank), "exact" (full
+        scan) or "hybrid" (two-stage fused with BM25 over the pages' text by reciprocal rank
+        fusion: finds exact identifiers MaxSim ranks low; scores are fusion scores).
         `explain=True` attaches each hit's SimilarityMap. `where`: only pages this filter
         allows (where.py: file, folder, path glob, page range, metadata equality / in / ranges;
         a dict or "key=value" strings), in every stage of the search, so k pages come back
@@ -377,7 +379,8 @@ class Index:
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
         vectors = self.model.embed_queries(texts)
-        found = self.store.search(vectors, k, mode, condition)
+        found = self.store.search(vectors, k, mode, condition,
+                                  texts if mode == "hybrid" else None)
         hits = [[Hit(h.payload.get("path", ""), int(h.payload.get("page", 0)), h.score, h.payload,
                      h.id) for h in row] for row in found]
         if explain:

@@ -36,6 +36,13 @@ MEAN_CANDIDATES = 150  # schema 2: pages the mean vector sends straight to the r
 MEAN_POOL = 1000  # schema 2: pages the mean vector keeps for the rows / cols MaxSim stages
 POOLED_CANDIDATES = 25  # schema 2: per rows / cols stage within MEAN_POOL
 PREFETCH_CANDIDATES = 100  # schema 1: per rows / cols stage over every page
+# "hybrid" (opt-in): the dense two-stage search's best HYBRID_CANDIDATES and the lexical (BM25)
+# search's best HYBRID_CANDIDATES, fused by reciprocal rank fusion (score sum of 1 / (RRF_K +
+# rank)): a page first in either list beats a page ranked low in both. RRF_K = 60 is the
+# constant of the RRF paper (Cormack et al. 2009) and Qdrant's default; a page only one list
+# holds still ranks by its rank there.
+HYBRID_CANDIDATES = 50
+RRF_K = 60
 
 
 @dataclass(frozen=True)

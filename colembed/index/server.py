@@ -22,10 +22,10 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
-from .schema import (BULKY_FIELDS, DEFAULT_COLLECTION, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS,
-                     SERVER_SCHEMA, PagePoint, schema_of)
+from .schema import (BULKY_FIELDS, DEFAULT_COLLECTION, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR,
+                     SCHEMA_VECTORS, SERVER_SCHEMA, PagePoint, schema_of)
 from .errors import IndexNotFoundError, StoreError
-from .plan import Stage, stage_query
+from .plan import HYBRID_CANDIDATES, RRF_K, Stage, stage_query
 from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
                     check_mode)
 from .where import Where
@@ -100,7 +100,9 @@ class ServerStore(Store):
             exists = self.client.collection_exists(self.collection)
         if exists:
             with _client_errors("read the collection", self.location):
-                params = self.client.get_collection(self.collection).config.params.vectors
+                config = self.client.get_collection(self.collection).config.params
+            params = config.vectors
+            self.has_lexical = LEXICAL_VECTOR in (config.sparse_vectors or {})
             schema = schema_of(params) if isinstance(params, dict) else None
             if schema is None:
                 raise StoreError(f"{self.location}: collection is not a colembed index "
@@ -114,7 +116,10 @@ class ServerStore(Store):
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
                 self.collection, vectors_config={n: _vector_params(dim, n)
-                                                 for n in SCHEMA_VECTORS[SERVER_SCHEMA]})
+                                                 for n in SCHEMA_VECTORS[SERVER_SCHEMA]},
+                sparse_vectors_config={LEXICAL_VECTOR: models.SparseVectorParams(
+                    modifier=models.Modifier.IDF)})
+        self.has_lexical = True
         self.dim, self.schema = dim, SERVER_SCHEMA
         self._index_payload()
 
@@ -133,12 +138,17 @@ class ServerStore(Store):
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
-            batch = [models.PointStruct(id=p.id, payload=p.payload,
-                                        vector={n: v.tolist()
-                                                for n, v in self.stored_vectors(p).items()})
+            batch = [models.PointStruct(id=p.id, payload=p.payload, vector=self._named(p))
                      for p in points[lo:lo + UPSERT_BATCH]]
             with _client_errors("store pages", self.location):
                 self.client.upsert(self.collection, points=batch, wait=True)
+
+    def _named(self, point: PagePoint) -> dict[str, Any]:
+        out: dict[str, Any] = {n: v.tolist() for n, v in self.stored_vectors(point).items()}
+        terms = self.lexical_terms(point)
+        if terms is not None:
+            out[LEXICAL_VECTOR] = models.SparseVector(indices=terms[0], values=terms[1])
+        return out
 
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         if ids:
@@ -174,19 +184,42 @@ class ServerStore(Store):
         return dict(records[0].payload or {}) if records else None
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None) -> list[list[StoredHit]]:
-        """`Store.search`; `where` filters in every prefetch stage and the exact rerank."""
+               where: Where | None = None,
+               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
+        """`Store.search`; `where` filters in every prefetch stage and the exact rerank.
+        "hybrid": the two-stage result and the BM25 search fused by RRF (edge.py alike)."""
         check_mode(mode)
+        self.check_hybrid(mode, texts, len(queries))
         where = self.resolve_where(where)
         if where is not None and where.matches_nothing():
             return [[] for _ in queries]
         flt = client_filter(where)
-        requests = [self._request(np.asarray(q, dtype=np.float32), k, mode, flt)
-                    for q in queries]
+        if mode == "hybrid":
+            requests = [self._hybrid(np.asarray(q, dtype=np.float32), text, k, flt)
+                        for q, text in zip(queries, texts)]
+        else:
+            requests = [self._request(np.asarray(q, dtype=np.float32), k, mode, flt)
+                        for q in queries]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
         return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
                 for r in responses]
+
+    def _hybrid(self, query: np.ndarray, text: str, k: int,
+                where: models.Filter | None) -> models.QueryRequest:
+        from .lexical import query_terms
+
+        n = max(k, HYBRID_CANDIDATES)
+        dense = self._request(query, n, "two-stage", where)
+        stages = [models.Prefetch(query=dense.query, using=PAGE_VECTOR, prefetch=dense.prefetch,
+                                  limit=n, filter=where)]
+        indices, values = query_terms(text)
+        if indices:
+            stages.append(models.Prefetch(query=models.SparseVector(indices=indices,
+                                                                    values=values),
+                                          using=LEXICAL_VECTOR, limit=n, filter=where))
+        return models.QueryRequest(prefetch=stages, query=models.RrfQuery(rrf=models.Rrf(k=RRF_K)),
+                                   limit=k, with_payload=True, filter=where)
 
     def _request(self, query: np.ndarray, k: int, mode: str,
                  where: models.Filter | None = None) -> models.QueryRequest:

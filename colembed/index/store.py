@@ -11,6 +11,9 @@ Search modes (`SEARCH_MODES`):
 - "two-stage": cheap stages pick candidates, then exact MaxSim reranks their union inside
   Qdrant (`plan.two_stage_plan`: which stages, by what the index holds, and why). The scores of
   returned pages are exact; a page can be missed only if no stage ranks it in its candidates.
+- "hybrid" (opt-in): "two-stage"'s ranking fused with a BM25 ranking of the pages' text
+  (lexical.py) by reciprocal rank fusion inside Qdrant (plan.HYBRID_CANDIDATES, RRF_K); scores
+  are fusion scores, not MaxSim. Needs a collection with the lexical vector (`has_lexical`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,11 @@ import numpy as np
 
 from .errors import OldIndexWarning, StoreError
 from .plan import TOKENS_STAGE, Stage, two_stage_plan
-from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
-                     SCHEMA_VECTORS, PagePoint, mean_from_payload, pooled_from_payload)
+from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
+                     TEXT_FIELD, PagePoint, decode_text, mean_from_payload, pooled_from_payload)
 from .where import Where, parse as parse_where
 
-SEARCH_MODES = ("two-stage", "exact")
+SEARCH_MODES = ("two-stage", "exact", "hybrid")
 # Payload indexes every store keeps: `path` (file / folder / glob filters, listing paths) and
 # `page` (page ranges). Metadata keys are filtered without one: the exact rerank and the `mean`
 # stage scan every allowed page anyway (no HNSW graph), and Qdrant checks a condition on an
@@ -51,8 +54,10 @@ class Store(ABC):
 
     location: str
     upgrade_hint: str  # how an older-schema index gets this schema's plan
+    lexical_hint: str = "index the files into a new index"  # how one gets the lexical vector
     schema: int  # the schema version of the stored collection (`schema.SCHEMA_VECTORS`)
     plan_schema: int | None = None  # run another schema's plan (benchmarks); None: `schema`'s
+    has_lexical: bool = False  # holds the LEXICAL_VECTOR sparse vector (hybrid search)
     use_tokens: bool | None = None  # force the token table on / off (benchmarks); None: if current
 
     def has_tokens(self) -> bool:
@@ -130,9 +135,35 @@ class Store(ABC):
 
     @abstractmethod
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None) -> list[list[StoredHit]]:
+               where: Where | None = None,
+               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
         """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim among those
-        `where` (where.py) allows, in every stage of the plan."""
+        `where` (where.py) allows, in every stage of the plan; "hybrid" also needs the queries'
+        `texts` (their lexical terms)."""
+
+    def lexical_terms(self, point: PagePoint) -> tuple[list[int], list[float]] | None:
+        """The point's BM25 terms (lexical.py) when this collection stores them and the page
+        has text with words in it; None otherwise."""
+        stored = point.payload.get(TEXT_FIELD)
+        if not self.has_lexical or not stored:
+            return None
+        from .lexical import document_terms
+
+        try:
+            terms = document_terms(decode_text(stored))
+        except ValueError:
+            return None
+        return terms if terms[0] else None
+
+    def check_hybrid(self, mode: str, texts: Sequence[str] | None, n: int) -> None:
+        """Refuse "hybrid" on a collection without the lexical vector, or without query texts."""
+        if mode != "hybrid":
+            return
+        if not self.has_lexical:
+            raise StoreError(f"{self.location}: this index holds no lexical (BM25) vector, so "
+                             f"it cannot search in hybrid mode: {self.lexical_hint}")
+        if texts is None or len(texts) != n:
+            raise ValueError("hybrid search needs each query's text")
 
     def file_paths(self) -> list[str]:
         """The distinct stored paths (a `path` glob is matched against them)."""

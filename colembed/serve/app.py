@@ -101,7 +101,7 @@ class SearchRequest(BaseModel):
     query: str | None = Field(None, description="one query (or `queries`)")
     queries: list[str] | None = Field(None, description="several queries: one result list each")
     k: int = Field(5, ge=1)
-    mode: Literal["two-stage", "exact"] = DEFAULT_SEARCH_MODE
+    mode: Literal["two-stage", "exact", "hybrid"] = DEFAULT_SEARCH_MODE
     explain: bool = Field(False, description="add each hit's similarity map (as data)")
     where: dict[str, Any] | list[str] | str | None = Field(
         None, description="only pages this filter allows: a dict ({\"lang\": \"en\", \"page\": "

@@ -78,6 +78,7 @@ class ChildStore(Store):
         self._address = value["address"]
         self.location, self.schema, self.dim = value["location"], value["schema"], value["dim"]
         self.upgrade_hint = value["upgrade_hint"]
+        self.has_lexical = value.get("has_lexical", False)
         self._free: list[Connection] = []
         self._connections: list[Connection] = []
         self._lock = threading.Lock()
@@ -142,9 +143,9 @@ class ChildStore(Store):
         return self._call("any_payload")
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where=None) -> list[list[StoredHit]]:
+               where=None, texts=None) -> list[list[StoredHit]]:
         return self._call("search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode,
-                          where)
+                          where, texts)
 
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         self._call("set_payload", list(ids), payload)
@@ -218,7 +219,7 @@ def _child_main() -> None:
     listener = Listener(authkey=bytes.fromhex(request["authkey"]))  # a Unix socket, private folder
     _answer(out, "ok", {"address": listener.address, "location": store.location,
                         "schema": store.schema, "dim": store.dim,
-                        "upgrade_hint": store.upgrade_hint})
+                        "upgrade_hint": store.upgrade_hint, "has_lexical": store.has_lexical})
     threading.Thread(target=_accept, args=(listener, store), name="colembed-store-accept",
                      daemon=True).start()
     told = bool(sys.stdin.readline())  # a "close" line, or "" once the server's process is gone
