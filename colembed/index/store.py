@@ -27,8 +27,9 @@ import numpy as np
 
 from .errors import OldIndexWarning, StoreError
 from .plan import TOKENS_STAGE, Stage, two_stage_plan
-from .schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR, SCHEMA_VECTORS,
-                     TEXT_FIELD, PagePoint, decode_text, mean_from_payload, pooled_from_payload)
+from .schema import (COLS_VECTOR, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
+                     SCHEMA_VECTORS, TEXT_FIELD, PagePoint, decode_text, mean_from_payload,
+                     pooled_from_payload)
 from .where import Where, parse as parse_where
 
 SEARCH_MODES = ("two-stage", "exact", "hybrid")
@@ -211,9 +212,11 @@ def _nested(stage: Stage) -> list[Stage]:
 
 def as_point(record: Any) -> PagePoint:
     """A record retrieved with its vectors and payload (either client's: `.id`, `.vector` by
-    name, `.payload`) as a PagePoint with float32 vectors."""
+    name, `.payload`) as a PagePoint with float32 vectors. The lexical sparse vector is left
+    out: a store makes it again from the payload's text (`lexical_terms`)."""
     return PagePoint(str(record.id), {name: np.asarray(v, dtype=np.float32)
-                                      for name, v in record.vector.items()},
+                                      for name, v in record.vector.items()
+                                      if name != LEXICAL_VECTOR},
                      dict(record.payload or {}))
 
 
