@@ -44,6 +44,7 @@ K = 4
 def server(tmp_path_factory, exported_tiny):
     from colembed.index import Index
     from colembed.serve.app import Settings, create_app
+    from colembed.serve.run import uvicorn_config
     from colembed.serve.store_process import open_store_in_child
 
     base = tmp_path_factory.mktemp("browser")
@@ -55,7 +56,7 @@ def server(tmp_path_factory, exported_tiny):
     sock.bind(("127.0.0.1", 0))  # a free port, held by us until uvicorn takes the socket
     port = sock.getsockname()[1]
     app = create_app(index, Settings(api_key=KEY))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, "warning"))  # as served
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -7,15 +7,17 @@ of those folders: it is refused without an API key unless `--insecure` says so o
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 
 from ..errors import ColembedError
 
 API_KEY_ENV = "COLEMBED_API_KEY"
 GRACEFUL_SHUTDOWN_S = 30  # uvicorn waits this long for open requests at shutdown
-# uvicorn answers 503 past this many open connections (before the app sees them): a cap on
-# sockets and memory far above the pool's own bound, which is the one that says Retry-After.
-MAX_CONNECTIONS = 1024
+# uvicorn answers 503 past this many connections or requests in flight beyond the slow ones
+# connections.py closes: the last bound on sockets and memory, far above the pool's own bound
+# (the one that says Retry-After).
+CONNECTION_HEADROOM = 64
 
 
 def is_loopback(host: str) -> bool:
@@ -45,11 +47,28 @@ def serve(index, settings, *, host: str = "127.0.0.1", port: int = 8000,
     from .app import create_app
 
     check_exposure(host, settings.api_key, insecure)
+    settings = dataclasses.replace(settings, host=host)  # the Host rule follows the bound address
     app = create_app(index, settings, close_index=True)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
-                            timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                            limit_concurrency=MAX_CONNECTIONS, server_header=False)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, host, port, log_level))
     if on_ready is not None:
         on_ready(server)
     server.run()
+
+
+def uvicorn_config(app, host: str, port: int, log_level: str = "info", *,
+                   head_timeout: float | None = None):
+    """uvicorn's settings for `colembed serve`: its h11 protocol with the head deadline (default
+    `HEAD_TIMEOUT_S`) and the eviction of slow connections (connections.py), the keep-alive and
+    head-size bounds."""
+    import uvicorn
+
+    from .connections import (HEAD_TIMEOUT_S, KEEP_ALIVE_S, MAX_HEAD_BYTES, open_file_budget,
+                              protocol_class)
+
+    max_open = open_file_budget()
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                          http=protocol_class(head_timeout or HEAD_TIMEOUT_S, max_open),
+                          timeout_keep_alive=KEEP_ALIVE_S,
+                          h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+                          timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                          limit_concurrency=max_open + CONNECTION_HEADROOM, server_header=False)
