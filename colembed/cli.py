@@ -529,6 +529,7 @@ def _cmd_serve(args) -> int:
         import uvicorn  # noqa: F401
 
         from .serve.app import Settings
+        from .serve.hosts import AllowedHosts
         from .serve.limits import Limits
         from .serve.roots import Roots, parse_roots
         from .serve.run import API_KEY_ENV, check_exposure, serve
@@ -539,10 +540,12 @@ def _cmd_serve(args) -> int:
     try:  # a command line that cannot be served: usage errors, before loading anything
         check_exposure(args.host, api_key, args.insecure)
         roots = Roots(parse_roots(args.allow_root or []))
+        AllowedHosts(args.host, args.allowed_host or [])  # each --allowed-host parses
     except ColembedError as e:
         raise UsageError(str(e)) from None
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
     settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
+                        host=args.host, allowed_hosts=args.allowed_host or [],
                         roots=roots, limits=limits,
                         workers=args.workers, queue=args.queue,
                         render_workers=args.render_workers,

@@ -108,11 +108,12 @@ OWNERS = {
     "scipy": {"index.pooling"},  # Ward linkage for index-time token pooling, on first use
     "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
     "pyarrow": {"distributed.targets", "distributed.pipeline"},
-    # the serve extra: the web framework lives in colembed.serve.app, the server in serve.run
-    "fastapi": {"serve.app"},
-    "starlette": set(),
+    # the serve extra: the web framework lives in colembed.serve.app and the middleware before
+    # it (serve.guards), the server in serve.run and its protocol (serve.connections)
+    "fastapi": {"serve.app", "serve.guards"},
+    "starlette": {"serve.app"},  # the multipart parser's own HTTPException
     "pydantic": {"serve.app"},
-    "uvicorn": {"serve.run", "cli"},  # the CLI's serve-extra check, inside `serve` only
+    "uvicorn": {"serve.run", "serve.connections", "cli"},  # the CLI's check: in `serve` only
     "multipart": set(),
     "httpx": set(),
     "playwright": set(),

@@ -35,6 +35,7 @@ from colembed.serve.store_process import ChildStore, open_store_in_child  # noqa
 TOKENS = 64
 KEY = "s3cret-key"
 AUTH = {"X-API-Key": KEY}
+BASE = "http://127.0.0.1:8000"  # a Host the default server (bound to 127.0.0.1) answers to
 DOCS = {"report.pdf": 3, "memo.pdf": 1, "photo.png": 1, "scan.tiff": 2}
 
 
@@ -68,7 +69,7 @@ def served(tmp_path_factory, small_model):
     index = Index(base / "db", model=small_model, store_opener=open_store_in_child)
     assert isinstance(index.store, ChildStore)
     settings = Settings(api_key=KEY, roots=Roots(parse_roots([f"docs={docs}"])))
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url=BASE) as client:
         job = client.post("/v1/index", json={"paths": [{"root": "docs", "path": "."}]},
                           headers=AUTH)
         assert job.status_code == 202, job.text
@@ -92,7 +93,7 @@ def test_healthz_info_and_openapi(served, small_model):
             "/v1/info", "/healthz"} <= set(schema["paths"])
     assert "multipart/form-data" in schema["paths"]["/v1/embed/images"]["post"]["requestBody"][
         "content"]
-    assert client.get("/docs").status_code == 404  # Swagger UI loads a CDN: off
+    assert client.get("/docs", headers=AUTH).status_code == 404  # Swagger UI loads a CDN: off
 
 
 def test_the_index_job_reported_progress_and_confined_symlinks(served):
@@ -235,7 +236,7 @@ def test_a_changed_file_is_no_longer_served(tmp_path, small_model):
     index = Index(tmp_path / "db", model=small_model)
     index.add([docs])
     [hit] = index.search("first", k=1)
-    with TestClient(create_app(index)) as client:
+    with TestClient(create_app(index), base_url=BASE) as client:
         assert client.get(f"/v1/pages/{hit.id}/image").status_code == 200
         write_pdf(docs / "a.pdf", ["changed"])  # same path, new content: sha256 differs
         r = client.get(f"/v1/pages/{hit.id}/image")
@@ -274,7 +275,7 @@ def test_index_refusals_without_roots_and_with_an_unknown_root(served, tmp_path,
     assert r.status_code == 403 and "not one of ['docs']" in r.json()["detail"]
     assert client.post("/v1/index", json={"paths": []}, headers=AUTH).status_code == 422
     index = Index(tmp_path / "db", model=small_model)
-    with TestClient(create_app(index)) as bare:
+    with TestClient(create_app(index), base_url=BASE) as bare:
         r = bare.post("/v1/index", json={"paths": ["report.pdf"]})
         assert r.status_code == 403 and "--allow-root" in r.json()["detail"]
     index.close()
@@ -299,7 +300,7 @@ def test_a_job_reports_bad_files_while_searches_run(tmp_path, small_model):
     good_folder(root / "good")
     index = Index(root / "db", model=small_model, store_opener=open_store_in_child)
     settings = Settings(roots=Roots(parse_roots([f"r={root}"])))
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url=BASE) as client:
         job_id = client.post("/v1/index", json={"paths": ["."]}).json()["id"]
         searched = 0
         while client.get(f"/v1/jobs/{job_id}").json()["state"] in ("queued", "running"):
@@ -349,7 +350,7 @@ def test_no_cors_unless_configured(served, tmp_path, small_model):
     assert "access-control-allow-origin" not in pre.headers
     index = Index(tmp_path / "db", model=small_model)
     app = create_app(index, Settings(cors_origins=["http://good.example"]))
-    with TestClient(app) as other:
+    with TestClient(app, base_url=BASE) as other:
         ok = other.get("/v1/info", headers={"Origin": "http://good.example"})
         assert ok.headers["access-control-allow-origin"] == "http://good.example"
         assert "access-control-allow-origin" not in other.get("/v1/info", headers=origin).headers
@@ -364,7 +365,7 @@ def limited(tmp_path_factory, small_model):
     index = Index(base / "db", model=small_model)
     limits = Limits(max_body_bytes=300_000, max_image_bytes=200_000, max_image_pixels=1_000_000,
                     max_batch=3, max_images=2, max_query_chars=50, max_k=10, max_queries=2)
-    with TestClient(create_app(index, Settings(limits=limits)),
+    with TestClient(create_app(index, Settings(limits=limits)), base_url=BASE,
                     raise_server_exceptions=False) as client:
         yield client, index
     index.close()
@@ -488,7 +489,7 @@ def test_shutdown_during_a_job_leaves_a_consistent_index(tmp_path, small_model):
         page(f"page {i}").save(docs / f"p{i:02d}.png")
     index = Index(tmp_path / "db", model=small_model, store_opener=open_store_in_child)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
-    with TestClient(create_app(index, settings, close_index=True)) as client:
+    with TestClient(create_app(index, settings, close_index=True), base_url=BASE) as client:
         job_id = client.post("/v1/index", json={"paths": ["."]}).json()["id"]
         queued = client.post("/v1/index", json={"paths": ["p00.png"]}).json()["id"]
         service = client.app.state.service

@@ -34,7 +34,7 @@ from colembed.serve.app import Settings, create_app  # noqa: E402
 from colembed.serve.limits import Limits  # noqa: E402
 from colembed.serve.roots import Roots, parse_roots  # noqa: E402
 from colembed.serve.store_process import ChildStore, open_store_in_child  # noqa: E402
-from test_serve import small_model, wait_job  # noqa: E402,F401 (the module's model fixture)
+from test_serve import BASE, small_model, wait_job  # noqa: E402,F401 (the module's model fixture)
 
 # Synthetic pages of a realistic shape for the searches below (no model call).
 QUERIES = 4
@@ -85,7 +85,8 @@ def test_healthz_answers_while_a_long_search_runs(tmp_path, small_model):
     texts = [f"what did the annual report say about region {i}?" for i in range(QUERIES)]
     answers = {}
     try:
-        with TestClient(create_app(index, Settings(limits=Limits(max_queries=QUERIES)))) as client:
+        with TestClient(create_app(index, Settings(limits=Limits(max_queries=QUERIES))),
+                        base_url=BASE) as client:
             def search():
                 answers["search"] = client.post("/v1/search", json={
                     "queries": texts, "k": 2, "mode": "exact"})
@@ -131,7 +132,7 @@ def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model,
     monkeypatch.setattr(sources.Document, "render", held_render)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
     answers = {}
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url=BASE) as client:
         assert client.get(f"/v1/pages/{hit.id}/image").status_code == 200  # a warm renderer
         job_id = client.post("/v1/index", json={"paths": ["big.pdf"]}).json()["id"]
         try:
@@ -160,7 +161,7 @@ def test_job_progress_advances_per_page_with_failures(tmp_path, small_model):
     index = Index(tmp_path / "db", model=small_model, store_opener=open_store_in_child)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
     seen = []
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url=BASE) as client:
         job_id = client.post("/v1/index", json={"paths": ["."]}).json()["id"]
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:

@@ -17,7 +17,6 @@ import base64
 import binascii
 import collections
 import contextlib
-import hmac
 import io
 import logging
 import threading
@@ -28,11 +27,12 @@ from importlib import resources
 from typing import Any, Literal
 
 import numpy as np
-from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from PIL import Image
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from .. import __version__
 from ..errors import ColembedError, InputError
@@ -40,17 +40,19 @@ from ..index import SEARCH_MODES, DEFAULT_SEARCH_MODE, StoreError
 from ..index.maps import overlay
 from ..index.schema import TEXT_FIELD
 from ..index.sources import SourceError
+from . import guards
 from .encoding import ENCODINGS, encode
+from .hosts import AllowedHosts
 from .jobs import JobQueueFull, JobRunner
 from .limits import Limits
 from .pool import Busy, WorkerPool
+from .public import public_message
 from .render import PageRenderer
 from .roots import PathMissing, PathRefused, Roots
 
 log = logging.getLogger("colembed.serve")
 lifecycle = logging.getLogger("uvicorn.error")  # printed with uvicorn's own start/stop lines
 
-API_KEY_HEADER = "X-API-Key"
 # Payload fields a hit's JSON leaves out: the server's own model folder, and the stored form of
 # the page text (given decoded as `text`).
 HIDDEN_PAYLOAD = frozenset({"model_source", TEXT_FIELD})
@@ -61,6 +63,8 @@ QUERY_CACHE = 256  # query texts whose vectors are kept for the page maps
 class Settings:
     api_key: str | None = None
     cors_origins: list[str] = field(default_factory=list)
+    host: str = "127.0.0.1"  # the bound address: which Host headers are this server's (hosts.py)
+    allowed_hosts: list[str] = field(default_factory=list)  # --allowed-host
     roots: Roots = field(default_factory=lambda: Roots([]))
     limits: Limits = field(default_factory=Limits)
     workers: int = 1
@@ -119,52 +123,6 @@ class IndexRequest(BaseModel):
 
 
 # ---------------------------------------------------------------------------------- the app
-class _BodyTooLarge(HTTPException):
-    """Raised from the body stream; an HTTPException so that FastAPI's body parsing passes it
-    on as it is (it turns other errors into 400)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(413, message)
-
-
-class BodyLimit:
-    """ASGI middleware: 413 once a request body passes `limit` bytes (Content-Length or count)."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        message = (f"request body is over the limit of {self.limit} bytes "
-                   "(--max-body-bytes)")
-        declared = dict(scope.get("headers") or []).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limit:
-            return await _send_json(send, 413, {"detail": message})
-        seen = 0
-
-        async def counted():
-            nonlocal seen
-            event = await receive()
-            if event["type"] == "http.request":
-                seen += len(event.get("body", b""))
-                if seen > self.limit:
-                    raise _BodyTooLarge(message)
-            return event
-
-        await self.app(scope, counted, send)
-
-
-async def _send_json(send, status: int, body: dict) -> None:
-    import json
-
-    data = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
-
-
 class Service:
     """What the routes share: the index, its model, the pool, the jobs, the query cache."""
 
@@ -243,6 +201,10 @@ def check_images(blobs: list[bytes], limits: Limits) -> None:
         try:
             with Image.open(io.BytesIO(blob)) as header:
                 width, height = header.size
+        except Image.DecompressionBombError as e:  # PIL's own bound refuses it at open
+            raise LimitExceeded(413, f"image {i} pixels: over the limit of "
+                                     f"{limits.max_image_pixels} (--max-image-pixels; {e})"
+                                ) from None
         except Exception as e:  # noqa: BLE001 (PIL raises many types on bad data)
             raise InputError(f"not an image PIL can read ({type(e).__name__}: {e})",
                              index=i) from None
@@ -282,26 +244,9 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
                   docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
                   description="ColQwen2-family embeddings and page search (docs/serve.md).")
     app.state.service = service
-    if settings.cors_origins:
-        from fastapi.middleware.cors import CORSMiddleware
-
-        app.add_middleware(CORSMiddleware, allow_origins=settings.cors_origins,
-                           allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", API_KEY_HEADER, "Content-Type"])
-    app.add_middleware(BodyLimit, limit=limits.max_body_bytes)
-
-    def authorised(request: Request) -> None:
-        if settings.api_key is None:
-            return
-        given = request.headers.get(API_KEY_HEADER)
-        bearer = request.headers.get("authorization", "")
-        if given is None and bearer.lower().startswith("bearer "):
-            given = bearer[7:]
-        if given is None or not hmac.compare_digest(given.encode(), settings.api_key.encode()):
-            raise HTTPException(401, "missing or wrong API key (X-API-Key or Authorization: "
-                                     "Bearer)", headers={"WWW-Authenticate": "Bearer"})
-
-    guard = [Depends(authorised)]
+    guards.install(app, hosts=AllowedHosts(settings.host, settings.allowed_hosts,
+                                           settings.cors_origins),
+                   api_key=settings.api_key, max_body_bytes=limits.max_body_bytes)
 
     # ------------------------------------------------------------------------- error mapping
     @app.exception_handler(Busy)
@@ -330,7 +275,10 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
             status = 422
         else:
             status = 500
-        return JSONResponse({"detail": str(e)}, status)
+        if isinstance(e, (LimitExceeded, PathRefused)):  # the client's own words
+            return JSONResponse({"detail": str(e)}, status)
+        about = [e.path] if isinstance(e, SourceError) else []
+        return JSONResponse({"detail": public_message(str(e), settings.roots, about)}, status)
 
     @app.exception_handler(Exception)
     async def internal(request: Request, e: Exception):
@@ -352,13 +300,15 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         return HTMLResponse(page_html, headers={
             "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
                                        "style-src 'self' 'unsafe-inline'; "
-                                       "script-src 'self' 'unsafe-inline'"})
+                                       "script-src 'self' 'unsafe-inline'; object-src 'none'; "
+                                       "base-uri 'none'; form-action 'self'; "
+                                       "frame-ancestors 'none'"})
 
     @app.get("/healthz", tags=["status"])
     async def healthz():
         return {"status": "ok"}
 
-    @app.get("/v1/info", tags=["status"], dependencies=guard)
+    @app.get("/v1/info", tags=["status"])
     async def info():
         m = service.model
         running = service.jobs.running
@@ -370,14 +320,14 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
                 "limits": asdict(limits), "workers": settings.workers, "queue": settings.queue}
 
     # ------------------------------------------------------------------------------ embedding
-    @app.post("/v1/embed/queries", tags=["embed"], dependencies=guard)
+    @app.post("/v1/embed/queries", tags=["embed"])
     async def embed_queries(body: QueriesRequest):
         check_texts(body.texts, limits, batch=limits.max_batch, option="--max-batch")
         vectors = await service.pool.run(service.model.embed_queries, body.texts)
         return {**service.identity(), "encoding": body.encoding,
                 "embeddings": [encode(v, body.encoding) for v in vectors]}
 
-    @app.post("/v1/embed/images", tags=["embed"], dependencies=guard, openapi_extra={
+    @app.post("/v1/embed/images", tags=["embed"], openapi_extra={
         "requestBody": {"required": True, "content": {
             "multipart/form-data": {"schema": {"type": "object", "properties": {
                 "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
@@ -388,10 +338,13 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         kind = request.headers.get("content-type", "")
         if kind.startswith("multipart/form-data"):
             try:
-                form = await request.form(max_files=limits.max_images + 1, max_fields=8)
-            except HTTPException as e:
-                raise LimitExceeded(422, f"multipart: {e.detail} (--max-images "
-                                         f"{limits.max_images})") from None
+                form = await request.form(max_files=limits.max_images, max_fields=8)
+            except StarletteHTTPException as e:  # Starlette's 400 for a malformed form
+                if "files" in str(e.detail).lower():  # more file parts than max_files
+                    raise LimitExceeded(422, (
+                        f"images in the request: more than the limit of {limits.max_images} "
+                        "(--max-images)")) from None
+                raise LimitExceeded(422, f"multipart: {e.detail}") from None
             uploads = [v for v in form.getlist("files") if not isinstance(v, str)]
             if len(uploads) > limits.max_images:
                 raise over(422, "images in the request", len(uploads), limits.max_images,
@@ -424,7 +377,7 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
                 "embeddings": [encode(v, encoding) for v in vectors]}
 
     # --------------------------------------------------------------------------------- search
-    @app.post("/v1/search", tags=["search"], dependencies=guard)
+    @app.post("/v1/search", tags=["search"])
     async def search(body: SearchRequest):
         if (body.query is None) == (body.queries is None):
             raise LimitExceeded(422, "give exactly one of query or queries")
@@ -471,13 +424,13 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         return Response(await service.pool.run(work), media_type="image/png",
                         headers={"Cache-Control": "private, max-age=60"})
 
-    @app.get("/v1/pages/{page_id}/image", tags=["pages"], dependencies=guard,
+    @app.get("/v1/pages/{page_id}/image", tags=["pages"],
              response_class=Response, responses={200: {"content": {"image/png": {}}}})
     async def page_image(page_id: str, width: int | None = Query(None, ge=16, le=4096)):
         """The page re-rendered at its indexed size (or `width` pixels wide), as PNG."""
         return await page_png(page_id, width, None)
 
-    @app.get("/v1/pages/{page_id}/map", tags=["pages"], dependencies=guard,
+    @app.get("/v1/pages/{page_id}/map", tags=["pages"],
              response_class=Response, responses={200: {"content": {"image/png": {}}}})
     async def page_map(page_id: str, q: str = Query(..., min_length=1),
                        width: int | None = Query(None, ge=16, le=4096)):
@@ -485,7 +438,7 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         return await page_png(page_id, width, q)
 
     # ----------------------------------------------------------------------------------- jobs
-    @app.post("/v1/index", tags=["index"], dependencies=guard, status_code=202)
+    @app.post("/v1/index", tags=["index"], status_code=202)
     async def start_index(body: IndexRequest):
         if not body.paths:
             raise LimitExceeded(422, "no paths in the request")
@@ -496,14 +449,14 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         job = service.jobs.submit(targets)
         return {"id": job.id, "state": job.state, "url": f"/v1/jobs/{job.id}"}
 
-    @app.get("/v1/jobs/{job_id}", tags=["index"], dependencies=guard)
+    @app.get("/v1/jobs/{job_id}", tags=["index"])
     async def job_status(job_id: str):
         job = service.jobs.jobs.get(job_id)
         if job is None:
             raise HTTPException(404, f"unknown job id {job_id!r}")
         return job.to_dict()
 
-    @app.get("/v1/jobs", tags=["index"], dependencies=guard)
+    @app.get("/v1/jobs", tags=["index"])
     async def job_list():
         return {"jobs": [{"id": j.id, "state": j.state, "files_done": j.files_done,
                           "files_total": j.files_total} for j in service.jobs.jobs.values()]}

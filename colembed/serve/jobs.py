@@ -7,7 +7,8 @@ batch of pages stored and every file reported, so `GET /v1/jobs/{id}` advances p
 stored and planned, pages/s, files done, failures with their reasons as they happen. Shutdown
 sets the call's `stop` event: the pages being embedded are written (each whole) and the job ends
 `cancelled`; running it again does the rest. Paths were confined to their roots when the job was
-accepted (`roots.py`); the job hands `Index.add` resolved paths only.
+accepted (`roots.py`); the job hands `Index.add` resolved paths only. Reasons are shown with
+paths in the roots' naming (`public.py`), never the server's absolute paths.
 
 pdfium is not thread-safe, and the job's renderer is the only thread of this process that calls
 it: page images are rendered in worker processes of their own (`app.py`), so they never wait for
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .public import public_message
 from .roots import Root, Roots
 
 KEEP_FINISHED = 100  # finished jobs remembered for GET /v1/jobs/{id}
@@ -135,7 +137,8 @@ class JobRunner:
                                         "reason": report.reason})
                 for report in result.failed[seen["failed"]:]:
                     job.failed.append({"file": self.roots.display(report.path),
-                                       "reason": report.reason})
+                                       "reason": public_message(report.reason, self.roots,
+                                                                [report.path])})
                 seen.update(added=len(result.added), skipped=len(result.skipped),
                             failed=len(result.failed))
                 job.files_done = (len(job.added) + len(job.skipped) - skipped_before
@@ -151,7 +154,8 @@ class JobRunner:
             else:
                 job.state = "done"
         except Exception as e:  # noqa: BLE001 (a job must never take the server down)
-            job.state, job.error = "failed", f"{type(e).__name__}: {e}"
+            job.state = "failed"
+            job.error = f"{type(e).__name__}: {public_message(str(e), self.roots)}"
             traceback.print_exc()
         finally:
             job.finished = time.time()

@@ -19,6 +19,10 @@ def add_serve_options(parser: argparse.ArgumentParser) -> None:
                                        "/v1; or $COLEMBED_API_KEY (not visible in ps)")
     net.add_argument("--insecure", action="store_true",
                      help="allow a non-loopback --host without an API key")
+    net.add_argument("--allowed-host", action="append", metavar="NAME[:PORT]",
+                     help="also answer requests whose Host is NAME (repeatable): the name a "
+                          "reverse proxy or users reach the server by; any other Host than the "
+                          "bound address (and localhost forms on loopback) is refused")
     net.add_argument("--cors-origin", action="append", metavar="ORIGIN",
                      help="allow cross-origin requests from ORIGIN (repeatable; default none)")
     net.add_argument("--allow-root", action="append", metavar="[NAME=]DIR",
