@@ -1,8 +1,8 @@
 """`colembed serve` under a slow-client attack, on loopback only: /healthz latency and ordinary
 clients' success while `--slow` sockets send half a request head and stop.
 
-    .venv/bin/python benchmarks/serve_slow_clients.py                  # 1,100 sockets, 2 x 60 s
-    .venv/bin/python benchmarks/serve_slow_clients.py --seconds 20     # a quick look (not committed)
+    python -m benchmarks.serve_slow_clients                  # 1,100 sockets, 2 x 60 s
+    python -m benchmarks.serve_slow_clients --seconds 20     # a quick look (not committed)
 
 Setup: the tiny random-weight model (exported once into $COLEMBED_BENCH_DIR) and an index of a few
 rendered pages; the server is `python -m colembed.cli serve` as users run it (its own process,
@@ -19,7 +19,7 @@ Reported per phase: /healthz p50/p99/max and status counts, search successes / a
 p50/p99, attacker sockets open at the end and how many the server closed. Bounded: `--slow` <=
 5,000 and `--seconds` <= 600, loopback only.
 
-Writes benchmarks/results/serve-slow-clients.{md,json} (a run of fewer than 60 s per phase:
+Writes benchmarks/results/serve/serve-slow-clients.{md,json} (a run of fewer than 60 s per phase:
 serve-slow-clients-quick.*).
 """
 
@@ -36,10 +36,11 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.shared.common import (BENCH_WORKDIR, load_average, machine_info,
+                                     markdown_table, results_markdown, tiny_folder,
+                                     write_results)
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-from common import (BENCH_WORKDIR, load_average, machine_info, markdown_table,  # noqa: E402
-                    results_markdown, tiny_folder, write_results)
 
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # a head that never ends
 
@@ -253,7 +254,7 @@ def main() -> None:
     finally:
         proc.terminate()
         proc.wait(60)
-    stem = HERE / "results" / ("serve-slow-clients" if args.seconds >= 60
+    stem = HERE / "results" / "serve" / ("serve-slow-clients" if args.seconds >= 60
                                else "serve-slow-clients-quick")
     text = report(results, info)
     write_results(stem, text, info, results)

@@ -33,16 +33,8 @@ RESERVED_FDS = 128  # file descriptors kept for the model, the index and the ren
 
 
 
-class _Slow:
-    """Per uvicorn server: the connections waiting for a request head (oldest first) and those
-    closed for it whose close has not completed (still among uvicorn's connections)."""
-
-    def __init__(self) -> None:
-        self.waiting: dict[GuardedH11Protocol, None] = {}
-        self.closing: set[GuardedH11Protocol] = set()
-
-
-_slow: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# per uvicorn server: the connections waiting for a request head, oldest first
+_waiting: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 class GuardedH11Protocol(H11Protocol):
@@ -53,11 +45,11 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_made(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._waiting_for = None  # the cycle before the head being waited for
-        self._slow = _slow.setdefault(self.server_state, _Slow())
+        self._waiting = _waiting.setdefault(self.server_state, {})
         self._await_head()
-        excess = len(self.connections) - len(self._slow.closing) - self.max_open
+        excess = len(self.connections) - self.max_open
         if excess > 0:
-            waiting = self._slow.waiting
+            waiting = self._waiting
             for slow in list(itertools.islice((p for p in waiting if p is not self), excess)):
                 slow._close_slow()
 
@@ -74,26 +66,26 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_lost(self, exc) -> None:
         self._head_arrived()
-        self._slow.closing.discard(self)
         super().connection_lost(exc)
 
     def _await_head(self) -> None:
         self._head_arrived()
         self._waiting_for = self.cycle
         self._head_timer = self.loop.call_later(self.head_timeout, self._close_slow)
-        self._slow.waiting[self] = None
+        self._waiting[self] = None
 
     def _head_arrived(self) -> None:
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
-        self._slow.waiting.pop(self, None)
+        self._waiting.pop(self, None)
 
     def _close_slow(self) -> None:
         self._head_arrived()
         if not self.transport.is_closing():
-            self._slow.closing.add(self)
             self.transport.close()
+        # no longer counted against the bounds (uvicorn's too) while the close completes
+        self.connections.discard(self)
 
 
 def protocol_class(head_timeout: float = HEAD_TIMEOUT_S, max_open: int = MAX_OPEN) -> type:
