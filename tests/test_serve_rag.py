@@ -34,7 +34,7 @@ def served(tmp_path_factory, exported_tiny):
     index.add([docs / "invoice.pdf"], metadata={"kind": "invoice", "year": 2024})
     index.add([docs / "photo.png"], metadata={"kind": "photo"})
     settings = Settings(roots=Roots(parse_roots([f"docs={docs}"])))
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url="http://127.0.0.1:8000") as client:
         yield client, index, docs
     index.close()
 
