@@ -200,6 +200,10 @@ class Family:
     # Whether the family's pinned reference reads the vision rotary base from the config
     # (transformers 5.x: `vision_config.rope_parameters`); 4.57.1's towers fix it at 10000.
     vision_rope_from_config: bool = False
+    # How its pinned reference makes a decoded page RGB (preprocess/images.py TRANSPARENCY_RULES):
+    # "dropped" (transformers 4.57.1: `convert("RGB")`) or "on white" (transformers 5.x
+    # composites a page still carrying a transparency key onto white).
+    transparency: str = "dropped"
 
     def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
         value = vision_config.get(key)
@@ -342,6 +346,7 @@ COLQWEN3 = Family(
     default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
     vision_extras=True,
     vision_rope_from_config=True,  # colpali-engine 0.3.18 on transformers 5.x
+    transparency="on white",  # its reference runs on transformers 5.x (docs/reference-colqwen3.md)
 )
 FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3)}
 # What a manifest that names no family holds: every folder the first release (format 1 without

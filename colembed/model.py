@@ -283,11 +283,13 @@ class ColQwen2Model:
         workers = min(len(batch), self._preprocess_threads)
         if workers > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="colembed-prepare") as pool:
-                futures = [pool.submit(prepare_image, obj, self.config, index=start + offset)
+                futures = [pool.submit(prepare_image, obj, self.config, index=start + offset,
+                                       transparency=self.family.transparency)
                            for offset, obj in enumerate(batch)]
             outcomes = (future.result for future in futures)
         else:  # lazily, so a bad page stops the work at once
-            outcomes = (functools.partial(prepare_image, obj, self.config, index=start + offset)
+            outcomes = (functools.partial(prepare_image, obj, self.config, index=start + offset,
+                                          transparency=self.family.transparency)
                         for offset, obj in enumerate(batch))
         results: list[PreparedImage] = []
         for outcome in outcomes:
@@ -299,7 +301,8 @@ class ColQwen2Model:
 
     def image_features(self, images: Sequence[Any]) -> list[np.ndarray]:
         """The image graph's merged features per image, (tokens, text width): for checks."""
-        return self._vision_features([prepare_image(o, self.config, index=i)
+        return self._vision_features([prepare_image(o, self.config, index=i,
+                                                    transparency=self.family.transparency)
                                       for i, o in enumerate(images)])[0]
 
     def _embed_prepared(self, prepared: list[PreparedImage]) -> list[np.ndarray]:

@@ -1,6 +1,6 @@
 """Every path colembed reads from a model folder, and every folder it deletes, goes through here.
 
-Two rules, each owned by one function so that no caller can get them wrong:
+Three rules, each owned by one function so that no caller can get them wrong:
 
 - `inside(folder, name)`: a file name that comes from a manifest, a registry entry or a user's
   model name is resolved against its folder (symlinks followed) and refused unless it stays inside
@@ -12,6 +12,12 @@ Two rules, each owned by one function so that no caller can get them wrong:
   (`is_export_folder` lives with the manifest). Anything else is refused with ColembedError, so a
   flag like `--overwrite` or `--out .` can never wipe a user's directory.
 
+- `open_file(path, within=roots)`: a document colembed indexes or renders is opened so that the
+  file read is the one at `path` at that moment and a regular file: with `within`, `path` must lie
+  in one of those folders and is opened component by component from the folder, following no link
+  (`O_NOFOLLOW` at every step), so a file or folder swapped for a link after it was checked is
+  refused, not read. The caller hashes and decodes that one descriptor, never the name again.
+
 `staging_folder(dest)` makes the marked sibling folder an operation assembles its output in, and
 `commit_folder(staging, dest, replaceable=...)` moves it into place (replacing `dest` only when
 `replaceable(dest)` vouches for it). Standard library only.
@@ -19,12 +25,14 @@ Two rules, each owned by one function so that no caller can get them wrong:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import stat
 import time
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Iterable
 
 from .errors import ColembedError, ModelFolderError
 
@@ -49,6 +57,92 @@ def inside(folder: str | os.PathLike, name: str | os.PathLike) -> Path:
         raise ModelFolderError(f"file name {raw!r} resolves outside the model folder "
                                "(a link pointing elsewhere)")
     return path
+
+
+class UnsafePathError(ColembedError, PermissionError):
+    """A file to read is not the one that was checked: a link in its path (swapped in after the
+    check), outside the folders it must stay in, or not a regular file."""
+
+
+# An open that meets a link where O_NOFOLLOW forbids one fails with ELOOP (Linux, macOS), EMLINK
+# (FreeBSD) or, for a link where a folder was asked for, ENOTDIR.
+_LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
+_WALKS_WITHOUT_LINKS = (hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
+                        and os.open in os.supports_dir_fd)
+
+
+def open_file(path: str | os.PathLike, *,
+              within: Iterable[str | os.PathLike] | None = None) -> BinaryIO:
+    """`path` opened for reading as a binary file object, refusing (UnsafePathError) anything but
+    a regular file (a FIFO would block the reader forever; it is opened non-blocking to find out).
+
+    With `within` (folders, resolved here), `path` must be absolute and lie inside one of them, and
+    the descriptor returned is that very file: each component under the folder is opened relative
+    to the one before with `O_NOFOLLOW`, so no link is followed and nothing swapped in after a
+    check is read. Where the platform has no `openat` (Windows), the opened file's identity
+    (device, inode) must be that of the resolved path, which must lie inside the folder."""
+    path = Path(path)
+    if within is None:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    else:
+        fd = _open_within(path, [Path(r).resolve() for r in within])
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise UnsafePathError(f"{path}: not a regular file")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        handle = os.fdopen(fd, "rb")
+        handle.raw.name = str(path)  # not the bare descriptor number, in repr and messages
+        return handle
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_within(path: Path, roots: list[Path]) -> int:
+    if not path.is_absolute():
+        raise UnsafePathError(f"{path}: not an absolute path")
+    root = next((r for r in roots if path == r or r in path.parents), None)
+    if root is None or ".." in path.parts:
+        raise UnsafePathError(f"{path}: outside the folders it may be read from")
+    parts = path.relative_to(root).parts
+    if not parts:
+        raise UnsafePathError(f"{path}: not a regular file")
+    if not _WALKS_WITHOUT_LINKS:
+        return _open_checked_identity(path, root)
+    folder = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            flags = os.O_RDONLY | os.O_NOFOLLOW | (os.O_NONBLOCK if last else os.O_DIRECTORY)
+            try:
+                fd = os.open(part, flags, dir_fd=folder)
+            except OSError as e:
+                if e.errno in _LINK_ERRNOS and os.path.islink(os.path.join(root, *parts[:i + 1])):
+                    raise UnsafePathError(f"{path}: a link in its path "
+                                          f"({os.path.join(*parts[:i + 1])}) is not followed "
+                                          "here") from None
+                raise
+            os.close(folder)
+            folder = fd
+        return folder
+    except BaseException:
+        os.close(folder)
+        raise
+
+
+def _open_checked_identity(path: Path, root: Path) -> int:
+    """Without `openat`: open, then check the descriptor is the file the resolved path names."""
+    real = path.resolve()
+    if real != path or not (real == root or root in real.parents):
+        raise UnsafePathError(f"{path}: a link in its path is not followed here")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+    opened, named = os.fstat(fd), os.stat(real)
+    if (opened.st_dev, opened.st_ino) != (named.st_dev, named.st_ino):
+        os.close(fd)
+        raise UnsafePathError(f"{path}: the file changed while it was opened")
+    return fd
 
 
 def _write_marker(folder: Path, marker: str, purpose: str) -> None:

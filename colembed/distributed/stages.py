@@ -31,7 +31,7 @@ import numpy as np
 from ..index.records import (ModelIdentity, default_source, embed_keeping_going, page_failure,
                               page_payload)
 from ..index.schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, PagePoint, make_point, point_id
-from ..index.sources import HASH_CHUNK, Document, SourceError, file_sha256
+from ..index.sources import HASH_CHUNK, Document, SourceError
 
 PAGE, FILE, FAILED = "page", "file", "failed"
 VECTOR_COLUMNS = {PAGE_VECTOR: "page_vectors", ROWS_VECTOR: "rows_vectors", COLS_VECTOR: "cols_vectors"}
@@ -40,15 +40,16 @@ COPY_PREFIX = "colembed-doc-"
 
 
 class _local_copy:
-    """(a local path, the file's sha256): the file itself when local, else a private temporary
-    copy (pdfium and PIL read local files), hashed while copied and deleted on exit."""
+    """(a local path, its sha256 or None): the file itself when local (`Document` hashes the
+    bytes it reads), else a private temporary copy (pdfium and PIL read local files), hashed while
+    copied and deleted on exit."""
 
     def __init__(self, path: str, filesystem) -> None:
         self.path, self.filesystem, self.copy = path, filesystem, None
 
     def __enter__(self) -> tuple[Path, str]:
         if self.filesystem is None:
-            return Path(self.path), file_sha256(Path(self.path))
+            return Path(self.path), None
         digest = hashlib.sha256()
         fd, name = tempfile.mkstemp(prefix=COPY_PREFIX, suffix=Path(self.path).suffix)
         self.copy = Path(name)
@@ -104,7 +105,9 @@ class PageEmbedder:
         a document that cannot be opened is one "failed" row."""
         try:
             with _local_copy(path, self.filesystem) as (local, sha):
-                with Document(local, max_pixels=self.model.config.max_pixels, dpi=self.dpi) as doc:
+                with Document(local, max_pixels=self.model.config.max_pixels, dpi=self.dpi,
+                              sha256=sha) as doc:
+                    sha = doc.sha256
                     meta = dict(path=path, pages=doc.pages, sha256=sha)
                     todo = [n for n in range(1, doc.pages + 1)
                             if point_id(sha, n, path) not in self.stored]
@@ -177,7 +180,7 @@ def _render(doc, pages: list[int]) -> dict[int, Any]:
     out: dict[int, Any] = {}
     for n in pages:
         try:
-            out[n] = doc.render(n)
+            out[n] = doc.page_image(n)
         except Exception as e:  # noqa: BLE001 (MemoryError on a poster page: that page fails)
             out[n] = page_failure(n, e)
     return out

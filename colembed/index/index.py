@@ -188,8 +188,8 @@ class Index:
             progress: bool | None = None,
             on_progress: Callable[[int, int, AddResult], None] | None = None,
             stop: threading.Event | None = None,
-            metadata: dict[str, Any] | Callable[[str], dict[str, Any] | None] | None = None
-            ) -> AddResult:
+            metadata: dict[str, Any] | Callable[[str], dict[str, Any] | None] | None = None,
+            within: Sequence[str | os.PathLike] | None = None) -> AddResult:
         """Index PDFs and images (files or folders, walked). Stored pages are skipped; a changed
         file's old pages are replaced; `prune` drops pages of files that no longer exist under
         the folders and files given here (never under one that is missing), written by this
@@ -200,7 +200,9 @@ class Index:
         every batch of pages stored and every file reported (`result` fills in as it goes), so a
         caller shows progress per page, not per call. `stop` set: the run ends after the pages
         being embedded are written (each page whole), without the remaining files' reports; the
-        next run does the rest (colembed serve cancels a job this way).
+        next run does the rest (colembed serve cancels a job this way). `within`: folders every
+        file must lie in, checked again when each file is opened, with no link followed
+        (colembed serve's `--allow-root`s): a file swapped for a link meanwhile is refused.
 
         `metadata`: the files' user metadata (metadata.py says what is accepted), a dict for
         every file or a function of a file's path (str) returning its dict (or None); merged
@@ -214,7 +216,7 @@ class Index:
         identity = self.model_identity(dpi)
         self._check(identity)
         exclude = [Path(self.store.location)] if Path(str(self.store.location)).is_dir() else []
-        found = discover(paths, exclude=exclude)
+        found = discover(paths, exclude=exclude, within=within)
         result = AddResult.of_discovery(found.ignored, found.missing)
         file_meta: dict[str, dict[str, Any]] = {}
         documents = []
@@ -252,7 +254,7 @@ class Index:
             ingest(found.documents, self.store, self.model, identity,
                    dpi=dpi_of(identity.render), batch_size=batch_size, result=result,
                    on_pages=on_pages, on_total=on_total, source=self.source, stop=stop,
-                   metadata=file_meta)
+                   metadata=file_meta, within=within)
             on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
@@ -450,16 +452,22 @@ class Index:
 
 
 def render_stored_page(file: str, page: int, payload: dict[str, Any], *, max_pixels: int,
-                       dpi: float | None):
+                       dpi: float | None, within: Sequence[str | os.PathLike] | None = None):
     """A stored page rendered again at its indexed size, only while the file's sha256 is the one
-    indexed (SourceError otherwise): `Index.page_image`, as a function of plain values."""
-    from .sources import file_sha256
+    indexed (SourceError otherwise): `Index.page_image`, as a function of plain values. The file
+    is opened once, hashed and drawn from that descriptor; a stored path inside one of `within`
+    (colembed serve's roots) is opened confined to it, with no link followed."""
+    from .sources import open_source, sha256_of
 
     path = Path(file)
-    if file_sha256(path) != payload.get("sha256"):
-        raise SourceError(path, "file changed since it was indexed")
-    with Document(path, max_pixels=max_pixels, dpi=dpi) as doc:
-        return doc.render(page, (payload["width"], payload["height"]))
+    roots = [Path(r).resolve() for r in within or ()]
+    confined = [r for r in roots if path == r or r in path.parents] or None
+    with open_source(path, confined) as handle:
+        sha = sha256_of(handle, path)
+        if sha != payload.get("sha256"):
+            raise SourceError(path, "file changed since it was indexed")
+        with Document(path, max_pixels=max_pixels, dpi=dpi, handle=handle, sha256=sha) as doc:
+            return doc.render(page, (payload["width"], payload["height"]))
 
 
 def _under(path: Path, target: Path) -> bool:

@@ -38,7 +38,7 @@ from .metadata import merged
 from .records import (AddResult, Catalog, FileReport, ModelIdentity, embed_keeping_going,  # noqa: F401
                       file_report, page_failure, page_payload, stale_ids)
 from .schema import META_FIELD, PagePoint, make_point, point_id
-from .sources import Document, SourceError, file_sha256
+from .sources import Document, SourceError, open_source, sha256_of
 from .store import UPSERT_BATCH
 
 RENDER_AHEAD = 8  # pages rendered ahead of the model (at least two batches)
@@ -83,9 +83,9 @@ class _Renderer(threading.Thread):
     caller, so the run cannot end early looking complete."""
 
     def __init__(self, files: list[Path], catalog: Catalog, *, max_pixels: int,
-                 dpi: float | None, ahead: int, source: str) -> None:
+                 dpi: float | None, ahead: int, source: str, within=None) -> None:
         super().__init__(name="colembed-render", daemon=True)
-        self.files, self.catalog, self.source = files, catalog, source
+        self.files, self.catalog, self.source, self.within = files, catalog, source, within
         self.max_pixels, self.dpi = max_pixels, dpi
         self.events: queue.Queue = queue.Queue(maxsize=ahead)
         self.stop = threading.Event()
@@ -106,19 +106,22 @@ class _Renderer(threading.Thread):
     def _one(self, path: Path) -> None:
         plan, posted = None, False
         try:
-            sha = file_sha256(path)
-            plan = self._plan(path, sha, None)
-            if plan is not None and not plan.todo:  # nothing to render: no need to open it
-                self.claimed.setdefault(sha, plan)
-                self.events.put(("file", plan))
-                posted = True
-            else:
-                with Document(path, max_pixels=self.max_pixels, dpi=self.dpi) as doc:
-                    plan = self._plan(path, sha, doc.pages)
+            # opened once: the bytes hashed are the bytes decoded (sources.py)
+            with open_source(path, self.within) as handle:
+                sha = sha256_of(handle, path)
+                plan = self._plan(path, sha, None)
+                if plan is not None and not plan.todo:  # nothing to render: not decoded
                     self.claimed.setdefault(sha, plan)
                     self.events.put(("file", plan))
                     posted = True
-                    self._render(doc, plan)
+                else:
+                    with Document(path, max_pixels=self.max_pixels, dpi=self.dpi,
+                                  handle=handle, sha256=sha) as doc:
+                        plan = self._plan(path, sha, doc.pages)
+                        self.claimed.setdefault(sha, plan)
+                        self.events.put(("file", plan))
+                        posted = True
+                        self._render(doc, plan)
         except Exception as e:  # noqa: BLE001 (a file that cannot be read fails, the run goes on)
             reason = e.reason if isinstance(e, SourceError) else page_failure(0, e)
             if not posted:
@@ -149,7 +152,7 @@ class _Renderer(threading.Thread):
             if self.stop.is_set():
                 return
             try:
-                image = doc.render(page)
+                image = doc.page_image(page)
             except Exception as e:  # noqa: BLE001 (MemoryError on a poster page: that page fails)
                 plan.errors[page] = page_failure(page, e)
                 continue
@@ -320,14 +323,16 @@ def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: flo
            batch_size: int, result: AddResult, on_pages: Callable[[int], None],
            on_total: Callable[[int], None], source: str,
            stop: threading.Event | None = None,
-           metadata: dict[str, dict[str, Any]] | None = None) -> None:
+           metadata: dict[str, dict[str, Any]] | None = None, within=None) -> None:
     """Index `files` into `store` with `model`, filling `result` (see the module docstring).
     `stop` set: the pages already embedded are written and the run ends (files not finished
     get no report; their stored pages are whole, and the next run does the rest). `metadata`:
-    path -> checked metadata (metadata.py) merged into each page of that file, stored or new."""
+    path -> checked metadata (metadata.py) merged into each page of that file, stored or new.
+    `within`: the folders every file must lie in when it is opened (sources.open_source)."""
     catalog = Catalog.of(store.payloads())
     renderer = _Renderer(files, catalog, max_pixels=model.config.max_pixels,
-                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source)
+                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source,
+                         within=within)
     writer = _Writer(store, identity, source, result, on_pages, metadata, catalog)
     renderer.start()
     writer.start()

@@ -80,43 +80,103 @@ class PreparedImage:
 
 # -- decoding ------------------------------------------------------------------------------------
 
+# The formats colembed decodes, by PIL format id, with the file suffixes the index takes for them
+# (sources.py reads them from here). Every decode opens with these plugins only
+# (`Image.open(..., formats=...)`): by default PIL identifies a file by its content among every
+# plugin it has, and its EPS plugin hands such a file to Ghostscript, an interpreter with a record
+# of sandbox escapes, whatever the file is called. A JPEG with several pictures (MPO) is a JPEG.
+IMAGE_FORMATS: dict[str, tuple[str, ...]] = {
+    "PNG": (".png",), "JPEG": (".jpg", ".jpeg"), "TIFF": (".tif", ".tiff"), "WEBP": (".webp",),
+    "BMP": (".bmp",), "GIF": (".gif",)}
+_FORMAT_IDS = tuple(IMAGE_FORMATS)
 
-def load_image(obj: ImageInput, *, index: int = 0) -> Image.Image:
-    """Decode `obj` to an RGB PIL image, as the reference's `convert_to_rgb`.
+# How a family's pinned reference turns a decoded page into RGB (families.py declares which):
+# - TRANSPARENCY_DROPPED: `image.convert("RGB")` (colpali-engine's processors, then transformers
+#   4.57.1's `convert_to_rgb`, a no-op on RGB): alpha and a transparency key are dropped, the
+#   pixels under them keep their colour.
+# - TRANSPARENCY_ON_WHITE: the same `convert("RGB")`, then transformers 5.x's `convert_to_rgb`,
+#   which composites onto white any image that still carries a transparency key (`convert`
+#   keeps a palette, L or RGB image's single-colour tRNS key as an RGB one): those pixels become
+#   white. Alpha channels (RGBA, LA, PA) are already gone after the first step.
+TRANSPARENCY_DROPPED = "dropped"
+TRANSPARENCY_ON_WHITE = "on white"
+TRANSPARENCY_RULES = (TRANSPARENCY_DROPPED, TRANSPARENCY_ON_WHITE)
+
+
+def pixel_limit() -> int | None:
+    """The most pixels (width x height) colembed decodes or renders for one page, on every path
+    (`embed_images`, `colembed index`, serve jobs and uploads, Ray): PIL's
+    `Image.MAX_IMAGE_PIXELS`, read at each call, so setting it (None lifts it) moves them all."""
+    return Image.MAX_IMAGE_PIXELS
+
+
+def check_pixels(size: tuple[int, int], *, index: int | None = None, item=None) -> None:
+    """ImageError unless `size` (width, height) is non-empty and within `pixel_limit()`."""
+    width, height = size
+    if width <= 0 or height <= 0:
+        raise ImageError(f"zero-size image ({width}x{height})", index=index, item=item)
+    limit = pixel_limit()
+    if limit is not None and width * height > limit:
+        raise ImageError(
+            f"decompression bomb refused: {width}x{height} = {width * height} pixels exceeds "
+            f"the limit of {limit} (PIL.Image.MAX_IMAGE_PIXELS)",
+            index=index,
+            item=item,
+        )
+
+
+def open_image(source, *, index: int | None = None, item=None) -> Image.Image:
+    """`source` (a path or a binary file object) opened as one of `IMAGE_FORMATS`, its declared
+    size checked against `pixel_limit()` before a pixel is decoded (PIL opens lazily). Raises
+    ImageError naming `index` for anything else: another format, a bomb, unreadable data."""
+    try:
+        image = Image.open(source, formats=_FORMAT_IDS)
+    except UnidentifiedImageError as e:
+        raise ImageError("not an image of a format colembed reads "
+                         f"({', '.join(IMAGE_FORMATS)}; no decoder recognises the data)",
+                         index=index, item=item) from e
+    except Image.DecompressionBombError as e:
+        raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
+    except FileNotFoundError as e:
+        raise ImageError(f"no such file: {item if item is not None else source}", index=index,
+                         item=item) from e
+    except DECODER_ERRORS as e:
+        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
+                         item=item) from e
+    try:
+        check_pixels(image.size, index=index, item=item)
+    except ImageError:
+        image.close()  # closes the file only if PIL opened it (a path)
+        raise
+    return image
+
+
+def load_image(obj: ImageInput, *, index: int = 0,
+               transparency: str = TRANSPARENCY_DROPPED) -> Image.Image:
+    """Decode `obj` to an RGB PIL image, as the family's reference does (`transparency`: its
+    declared rule, see TRANSPARENCY_RULES).
 
     Accepts a path (str or os.PathLike), bytes/bytearray/memoryview, a binary file object, or a
     PIL image. Raises ImageError (naming `index` and the reason) for data that is not a decodable
-    image: corrupt or truncated data, zero-size images, and decompression bombs (a file with more
-    pixels than PIL's `Image.MAX_IMAGE_PIXELS`; set it to None to lift the limit; PIL also emits its
-    DecompressionBombWarning). Raises InputTypeError for other Python types.
+    image of `IMAGE_FORMATS`: another format, corrupt or truncated data, zero-size images, and
+    decompression bombs (more pixels than `pixel_limit()`, PIL's `Image.MAX_IMAGE_PIXELS`; set it
+    to None to lift the limit; PIL also emits its DecompressionBombWarning). Raises
+    InputTypeError for other Python types.
     """
     if isinstance(obj, Image.Image):
-        _check_size(obj.size, index=index, item=obj)
-        return _decoded_rgb(obj, index=index, item=obj)
+        check_pixels(obj.size, index=index, item=obj)
+        return _decoded_rgb(obj, transparency, index=index, item=obj)
     source = _as_source(obj, index)
     owns_file = source is not obj or isinstance(obj, (str, os.PathLike))  # not a caller's file object
-    try:
-        return _open_rgb(source, owns_file, index=index, item=obj)
-    except ImageError:
-        raise
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"decompression bomb refused: {e}", index=index, item=obj) from e
-    except UnidentifiedImageError as e:
-        raise ImageError("not an image (no decoder recognises the data)", index=index, item=obj) from e
-    except FileNotFoundError as e:
-        raise ImageError(f"no such file: {obj}", index=index, item=obj) from e
-    except DECODER_ERRORS as e:
-        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
-                         item=obj) from e
+    return _open_rgb(source, owns_file, transparency, index=index, item=obj)
 
 
-def _open_rgb(source, owns_file: bool, *, index: int, item) -> Image.Image:
+def _open_rgb(source, owns_file: bool, transparency: str, *, index: int, item) -> Image.Image:
     """Open, check the size, decode to RGB; a multi-frame file is copied so it can be closed."""
-    opened = Image.open(source)
+    opened = open_image(source, index=index, item=item)
     rgb = None
     try:
-        _check_size(opened.size, index=index, item=item, limit=Image.MAX_IMAGE_PIXELS)
-        rgb = _decoded_rgb(opened, index=index, item=item)
+        rgb = _decoded_rgb(opened, transparency, index=index, item=item)
         if rgb is opened and owns_file and getattr(opened, "n_frames", 1) > 1:
             rgb = opened.copy()  # PIL keeps a multi-frame file (MPO, TIFF) open after load()
     finally:
@@ -144,25 +204,28 @@ def _as_source(obj: object, index: int):
     )
 
 
-def _check_size(size: tuple[int, int], *, index: int, item, limit: int | None = None) -> None:
-    width, height = size
-    if width <= 0 or height <= 0:
-        raise ImageError(f"zero-size image ({width}x{height})", index=index, item=item)
-    if limit is not None and width * height > limit:
-        raise ImageError(
-            f"decompression bomb refused: {width}x{height} = {width * height} pixels exceeds "
-            f"PIL.Image.MAX_IMAGE_PIXELS = {limit}",
-            index=index,
-            item=item,
-        )
+def to_rgb(image: Image.Image, transparency: str = TRANSPARENCY_DROPPED) -> Image.Image:
+    """A decoded image as RGB by the family's rule (`TRANSPARENCY_RULES`); an RGB image without
+    a transparency key is returned as it is (both references leave it unchanged)."""
+    if transparency not in TRANSPARENCY_RULES:
+        raise ValueError(f"transparency rule {transparency!r} is not one of {TRANSPARENCY_RULES}")
+    keyed = image.info.get("transparency") is not None
+    if image.mode == "RGB" and not (keyed and transparency == TRANSPARENCY_ON_WHITE):
+        return image
+    rgb = image.convert("RGB")
+    if transparency == TRANSPARENCY_DROPPED or rgb.info.get("transparency") is None:
+        return rgb
+    rgba = rgb.convert("RGBA")
+    white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+    return Image.alpha_composite(white, rgba).convert("RGB")
 
 
-def _decoded_rgb(image: Image.Image, *, index: int, item) -> Image.Image:
-    """`convert_to_rgb` of transformers (the image itself if RGB, else `convert("RGB")`), decoded
-    here so that corrupt or truncated data fails with the item's index."""
+def _decoded_rgb(image: Image.Image, transparency: str, *, index: int, item) -> Image.Image:
+    """The family's RGB (`to_rgb`), decoded here so that corrupt or truncated data fails with
+    the item's index."""
     try:
         image.load()
-        return image if image.mode == "RGB" else image.convert("RGB")
+        return to_rgb(image, transparency)
     except Image.DecompressionBombError as e:
         raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
     except DECODER_ERRORS as e:
@@ -222,9 +285,11 @@ def num_image_tokens(height: int, width: int, config: PreprocessConfig) -> int:
 # -- patches -------------------------------------------------------------------------------------
 
 
-def prepare_image(obj: ImageInput, config: PreprocessConfig, *, index: int = 0) -> PreparedImage:
-    """Decode, resize, normalise and patchify one page (see the module docstring)."""
-    image = load_image(obj, index=index)
+def prepare_image(obj: ImageInput, config: PreprocessConfig, *, index: int = 0,
+                  transparency: str = TRANSPARENCY_DROPPED) -> PreparedImage:
+    """Decode (by the family's `transparency` rule), resize, normalise and patchify one page (see
+    the module docstring)."""
+    image = load_image(obj, index=index, transparency=transparency)
     try:
         grid = resized_grid(image.height, image.width, config)
     except ImageError as e:

@@ -40,6 +40,7 @@ from ..index import SEARCH_MODES, DEFAULT_SEARCH_MODE, StoreError
 from ..index.maps import overlay
 from ..index.schema import TEXT_FIELD
 from ..index.sources import SourceError
+from ..preprocess.images import IMAGE_FORMATS
 from . import guards
 from .encoding import ENCODINGS, encode
 from .hosts import AllowedHosts
@@ -130,7 +131,8 @@ class Service:
         self.index, self.settings = index, settings
         self.model = index.model  # loaded now: the first request does not pay for it
         self.pool = WorkerPool(settings.workers, settings.queue, settings.retry_after)
-        self.renderer = PageRenderer(settings.render_workers, index.render_options())
+        self.renderer = PageRenderer(settings.render_workers, dict(
+            index.render_options(), within=[str(r.folder) for r in settings.roots.roots]))
         self.jobs = JobRunner(index, settings.roots, max_queued=settings.max_queued_jobs)
         self._queries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._queries_lock = threading.Lock()
@@ -199,7 +201,7 @@ def check_images(blobs: list[bytes], limits: Limits) -> None:
             raise over(413, f"image {i} bytes", len(blob), limits.max_image_bytes,
                        "--max-image-bytes")
         try:
-            with Image.open(io.BytesIO(blob)) as header:
+            with Image.open(io.BytesIO(blob), formats=list(IMAGE_FORMATS)) as header:
                 width, height = header.size
         except Image.DecompressionBombError as e:  # PIL's own bound refuses it at open
             raise LimitExceeded(413, f"image {i} pixels: over the limit of "

@@ -7,8 +7,10 @@ batch of pages stored and every file reported, so `GET /v1/jobs/{id}` advances p
 stored and planned, pages/s, files done, failures with their reasons as they happen. Shutdown
 sets the call's `stop` event: the pages being embedded are written (each whole) and the job ends
 `cancelled`; running it again does the rest. Paths were confined to their roots when the job was
-accepted (`roots.py`); the job hands `Index.add` resolved paths only. Reasons are shown with
-paths in the roots' naming (`public.py`), never the server's absolute paths.
+accepted (`roots.py`) and are checked again when the job runs: the job hands `Index.add`
+resolved paths and the roots as `within`, so each file is opened inside its root with no link
+followed (a file swapped for a link after the job was accepted is refused, not read). Reasons
+are shown with paths in the roots' naming (`public.py`), never the server's absolute paths.
 
 pdfium is not thread-safe, and the job's renderer is the only thread of this process that calls
 it: page images are rendered in worker processes of their own (`app.py`), so they never wait for
@@ -146,7 +148,8 @@ class JobRunner:
 
             if files and not self._stop.is_set():
                 result = self.index.add(files, progress=False, on_progress=on_progress,
-                                        stop=self._stop)
+                                        stop=self._stop,
+                                        within=[r.folder for r in self.roots.roots])
                 on_progress(job.pages_stored, job.pages_planned, result)
             if self._stop.is_set() and job.files_done < len(files):
                 job.state = "cancelled"
