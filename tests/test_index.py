@@ -43,7 +43,8 @@ def test_add_embedded_sizes_a_page_by_the_manifest_of_its_model_folder(exported_
     manifest["preprocess"]["patch_size"] = 16
     (folder / "colembed_manifest.json").write_text(json.dumps(manifest))
     identity = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "model_source": str(folder)}
-    vectors = np.random.default_rng(0).standard_normal((2 + 3 * 4, 8)).astype(np.float32)
+    vectors = np.random.default_rng(0).standard_normal((2 + 3 * 4, 8))
+    vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
     open_store(tmp_path / "db", dim=8).close()
     with Index(tmp_path / "db") as index:
         index.add_embedded([EmbeddedPage("/docs/a.pdf", 1, vectors, (3, 4), 2, sha256="a" * 64)],

@@ -28,6 +28,7 @@ import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from ..errors import InputError
 from ..index.backends import open_store
 from ..index.errors import StoreError
 from ..index.schema import SERVER_SCHEMA, PagePoint
@@ -189,24 +190,85 @@ def _multivectors(arrays: list[np.ndarray], dim: int) -> pa.Array:
 
 
 def read_points(folder: str, *, filesystem: pafs.FileSystem | None = None) -> dict[str, PagePoint]:
-    """Every page of a Parquet target, one per point id (float32 vectors, payload dict). Rows of
-    an older version of a changed file remain in the folder: compare `payload["sha256"]`."""
+    """Every page of a Parquet target, one per point id (float32 vectors, payload dict, `origin`
+    naming its file and row). Rows of an older version of a changed file remain in the folder:
+    compare `payload["sha256"]`. A part that is not what `write_part` writes (a column missing
+    or of another type, a row's vectors of mixed widths, a payload that is not JSON) raises
+    InputError naming the file, row and column; what a payload holds is checked by
+    `Index.add_embedded` (index/embedded.py)."""
     target = ParquetTarget(folder, filesystem=filesystem)
     parts = target.parts()
     if not parts:
         raise StoreError(f"{folder}: no Parquet pages here")
-    table = pads.dataset(parts, format="parquet", filesystem=target.filesystem).to_table()
-    columns = {col: _ragged(table[col].combine_chunks()) for col in VECTOR_COLUMNS.values()}
     points: dict[str, PagePoint] = {}
-    for i, (pid, payload) in enumerate(zip(table["id"].to_pylist(), table["payload"].to_pylist())):
-        vectors = {name: columns[col][i] for name, col in VECTOR_COLUMNS.items()}
-        points.setdefault(pid, PagePoint(pid, vectors, json.loads(payload)))
+    for part in parts:
+        for point in _part_points(part, target.filesystem):
+            points.setdefault(point.id, point)
     return points
 
 
-def _ragged(column: pa.ListArray) -> list[np.ndarray]:
-    """A list<fixed_size_list<float32, dim>> column as one (rows, dim) float32 array per row."""
-    rows = column.values  # FixedSizeListArray over every row of every page
-    flat = rows.values.to_numpy(zero_copy_only=False).reshape(len(rows), rows.type.list_size)
+REQUIRED_COLUMNS = ("id", "payload", *VECTOR_COLUMNS.values())
+
+
+def _part_points(part: str, filesystem: pafs.FileSystem) -> list[PagePoint]:
+    try:
+        table = pq.read_table(part, filesystem=filesystem)
+    except (pa.ArrowException, OSError) as e:
+        raise InputError(f"{part}: not a readable Parquet file ({e})") from None
+    missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
+    if missing:
+        raise InputError(f"{part}: no column {', '.join(missing)} (a part of a colembed Parquet "
+                         f"target has {', '.join(REQUIRED_COLUMNS)})")
+    columns = {col: _ragged(table[col].combine_chunks(), part, col)
+               for col in VECTOR_COLUMNS.values()}
+    points = []
+    for i, (pid, payload) in enumerate(zip(table["id"].to_pylist(), table["payload"].to_pylist())):
+        where = f"{part} row {i}"
+        if not isinstance(pid, str):
+            raise InputError(f"{where}, column id: not a string ({type(pid).__name__})")
+        try:
+            data = json.loads(payload)
+        except (TypeError, ValueError) as e:
+            raise InputError(f"{where}, column payload: not JSON ({e})") from None
+        vectors = {name: columns[col][i] for name, col in VECTOR_COLUMNS.items()}
+        points.append(PagePoint(pid, vectors, data, origin=where))
+    return points
+
+
+def _ragged(column: pa.Array, part: str, name: str) -> list[np.ndarray]:
+    """A column of per-row lists of equal-width float vectors (what `write_part` writes:
+    list<fixed_size_list<float32, dim>>; variable-size inner lists are taken when every vector
+    of a row has the same width) as one (vectors, width) float32 array per row."""
+    kind = column.type
+    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
+            pa.types.is_fixed_size_list(kind.value_type) or pa.types.is_list(kind.value_type)
+            or pa.types.is_large_list(kind.value_type)) or not (
+            pa.types.is_floating(kind.value_type.value_type)
+            or pa.types.is_integer(kind.value_type.value_type)):
+        raise InputError(f"{part}, column {name}: expected lists of float vectors, got {kind}")
+    if column.null_count:
+        row = int(np.flatnonzero(np.asarray(column.is_null()))[0])
+        raise InputError(f"{part} row {row}, column {name}: no vectors (null)")
     offsets = column.offsets.to_numpy()
+    rows = column.values  # every vector of every row
+    if rows.null_count:
+        row = int(np.searchsorted(offsets, np.flatnonzero(np.asarray(rows.is_null()))[0],
+                                  side="right") - 1)
+        raise InputError(f"{part} row {row}, column {name}: a null vector")
+    if pa.types.is_fixed_size_list(rows.type):
+        width = rows.type.list_size
+    else:
+        lengths = np.asarray(rows.value_lengths())
+        widths = np.unique(lengths)
+        if widths.size > 1:
+            first = int(np.flatnonzero(lengths != lengths[0])[0])
+            row = int(np.searchsorted(offsets, first, side="right") - 1)
+            raise InputError(f"{part} row {row}, column {name}: vectors of different widths "
+                             f"({lengths[0]} and {lengths[first]})")
+        width = int(widths[0]) if widths.size else 0
+    values = rows.flatten() if not pa.types.is_fixed_size_list(rows.type) else rows.values
+    if values.null_count:
+        raise InputError(f"{part}, column {name}: null numbers inside vectors")
+    flat = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+    flat = flat.reshape(len(rows), width) if width else flat.reshape(len(rows), 0)
     return [flat[offsets[i]:offsets[i + 1]] for i in range(len(column))]

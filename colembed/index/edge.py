@@ -539,14 +539,20 @@ class EdgeStore(Store):
             with _edge_errors("list pages", self.folder):
                 records, offset = self.shard.scroll(qe.ScrollRequest(
                     offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False))
-            out.extend((str(r.id), dict(r.payload or {})) for r in records)
+            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {}))
+                                              for r in records))
             if offset is None:
                 return out
 
     def any_payload(self) -> dict[str, Any] | None:
-        with _edge_errors("read a page", self.folder):
-            records, _ = self.shard.scroll(qe.ScrollRequest(limit=1, with_payload=True))
-        return dict(records[0].payload or {}) if records else None
+        offset = None
+        while True:  # the first stored page whose payload fits the schema (the first, nearly always)
+            with _edge_errors("read a page", self.folder):
+                records, offset = self.shard.scroll(qe.ScrollRequest(
+                    offset=offset, limit=16, with_payload=True))
+            good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
+            if good or offset is None:
+                return good[0][1] if good else None
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
                where: Where | None = None,
@@ -579,8 +585,8 @@ class EdgeStore(Store):
                         for q, ids in zip(queries, token_ids)]
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
-        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
-                for points in results]
+        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points
+                 if self.readable(str(p.id), dict(p.payload or {}))] for points in results]
 
     @staticmethod
     def _hybrid(dense: qe.QueryRequest, terms: tuple[list[int], list[float]], k: int,
@@ -609,7 +615,8 @@ class EdgeStore(Store):
         with _edge_errors("read pages", self.folder):
             records = self.shard.retrieve([uuid.UUID(i) for i in ids], with_payload=True,
                                           with_vector=True)
-        return {str(r.id): as_point(r) for r in records}
+        return {str(r.id): as_point(r) for r in records
+                if self.readable(str(r.id), dict(r.payload or {}))}
 
     def flush(self) -> None:
         started = time.perf_counter()

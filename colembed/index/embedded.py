@@ -5,7 +5,10 @@ the page came from) or ready `PagePoint`s (as `colembed.distributed.read_points`
 and stores them with the schema `Index.add` writes: same point ids, payload, pooled vectors and
 token table, and the same identity check (a page of another model, variant or export is refused
 with the fields that differ). Every page is checked before any is stored, and a bad one is named
-(path and page): a wrong width, non-finite values, a grid that does not fit the vectors.
+(path and page, and for a Parquet row its file and row): the whole payload against the schema
+(`schema.payload_problems`: every field's type, page 1..pages), a wrong width, values that are
+not finite in the stored precision (float16), rows whose norms are not a ColQwen model's (unit
+length, or zero at masked rows, within `NORM_TOLERANCE`), a grid that does not fit the vectors.
 
 `colembed index --from-parquet DIR --db DB` loads what the Ray job's Parquet target wrote; with
 no --model the index takes the identity the rows carry (they must all agree). numpy only here;
@@ -24,7 +27,8 @@ import numpy as np
 from ..errors import InputError
 from .pooling import CLUSTERS_FIELD, decode_clusters
 from .records import ModelIdentity, identity_mismatches
-from .schema import PAGE_VECTOR, PagePoint, make_point, point_id
+from .schema import (PAGE_VECTOR, STORED_DTYPE, PagePoint, make_point, payload_problems,
+                     point_id)
 from .errors import ModelMismatchError
 from .store import UPSERT_BATCH, Store
 
@@ -64,18 +68,47 @@ class EmbeddedPage:
     token_px: int | None = None
 
 
-def _name(path: Any, page: Any) -> str:
-    return f"{path} page {page}"
+# ColQwen models L2-normalise every output row and zero the rows of padding, so each row of a
+# page is unit length or zero. A row further than this from both is not this model family's (a
+# page scaled x1000 would top every query). 0.01 leaves room for fp16 / int8 variants and vectors
+# that went through a float16 store (both within ~1e-3 of unit length).
+NORM_TOLERANCE = 0.01
+
+
+def _name(path: Any, page: Any, origin: str = "") -> str:
+    return f"{origin + ': ' if origin else ''}{_short(path)} page {_short(page)}"
+
+
+def _short(value: Any) -> str:
+    text = str(value)
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def check_vectors(vectors: Any, dim: int, grid: Sequence[int], image_start: int,
                   where: str) -> np.ndarray:
     """The page's vectors as float32 (tokens, dim), or InputError naming the page."""
-    v = np.asarray(vectors, dtype=np.float32)
+    try:
+        v = np.asarray(vectors, dtype=np.float32)
+    except (TypeError, ValueError) as e:
+        raise InputError(f"{where}: vectors are not a (tokens, {dim}) array of numbers "
+                         f"({e})") from None
     if v.ndim != 2 or v.shape[1] != dim:
         raise InputError(f"{where}: vectors of shape {v.shape}, the index holds {dim}-d rows")
     if not np.isfinite(v).all():
         raise InputError(f"{where}: vectors hold NaN or infinite values")
+    with np.errstate(over="ignore"):
+        if not np.isfinite(v.astype(STORED_DTYPE)).all():
+            raise InputError(f"{where}: vectors hold values beyond {np.dtype(STORED_DTYPE).name}'s "
+                             f"range (|x| > {float(np.finfo(STORED_DTYPE).max):g}), the precision "
+                             "the index stores")
+    norms = np.linalg.norm(v.astype(np.float64), axis=1)
+    off = np.flatnonzero((np.abs(norms - 1.0) > NORM_TOLERANCE) & (norms > NORM_TOLERANCE))
+    if off.size:
+        raise InputError(f"{where}: row {int(off[0])} has norm {norms[off[0]]:.4g} ({off.size} "
+                         "row(s) off): a ColQwen model's rows are unit length (or zero), within "
+                         f"{NORM_TOLERANCE}; these vectors were not made by one, or were scaled")
+    if not (isinstance(image_start, (int, np.integer)) and len(grid) == 2):
+        raise InputError(f"{where}: grid and image_start must be ints")
     rows, cols = (int(x) for x in grid)
     if rows < 1 or cols < 1 or image_start < 0 or image_start + rows * cols > len(v):
         raise InputError(f"{where}: a {rows} x {cols} image-token grid from row {image_start} "
@@ -90,8 +123,11 @@ def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int,
     from ..model import PageLayout
 
     where = _name(page.path, page.page)
-    if not (1 <= int(page.page) <= int(page.pages)):
-        raise InputError(f"{where}: page must be 1..pages ({page.pages})")
+    numbers = {"page": page.page, "pages": page.pages, "image_start": page.image_start,
+               "grid": list(page.grid) if isinstance(page.grid, (list, tuple)) else page.grid}
+    problems = [p for p in payload_problems(dict(_VALID_PAYLOAD, **numbers), strict=False)]
+    if problems:
+        raise InputError(f"{where}: " + "; ".join(problems))
     v = check_vectors(page.vectors, dim, page.grid, page.image_start, where)
     path = str(Path(page.path).expanduser().resolve())
     sha = page.sha256
@@ -114,19 +150,35 @@ def page_point(page: EmbeddedPage, identity: dict[str, Any], dim: int,
     # the layout's token_px is not stored (make_point reads the grid and where it starts)
     layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=int(page.image_start),
                         num_tokens=len(v), token_px=int(px or 1))
-    return make_point(v, layout, dict(identity, path=path, page=int(page.page),
-                                      pages=int(page.pages), sha256=sha, width=int(width),
-                                      height=int(height)))
+    point = make_point(v, layout, dict(identity, path=path, page=int(page.page),
+                                       pages=int(page.pages), sha256=sha, width=int(width),
+                                       height=int(height)))
+    _check_payload(point.payload, where)
+    return point
+
+
+# A payload every rule accepts: page_point checks a page's own numbers against the rules before
+# its payload exists (the payload it makes is checked whole at the end).
+_VALID_PAYLOAD = {"path": "/p", "page": 1, "pages": 1, "sha256": "0" * 64, "width": 1,
+                  "height": 1, "grid": [1, 1], "image_start": 0, "model": "", "variant": "",
+                  "manifest_sha256": "", "schema": 1}
+
+
+def _check_payload(payload: Any, where: str) -> None:
+    problems = payload_problems(payload, strict=True)
+    if problems:
+        raise InputError(f"{where}: the payload does not fit the index's schema: "
+                         + "; ".join(problems))
 
 
 def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -> PagePoint:
     """A ready point (a Parquet row) checked as a page would be: id, vectors, grid, identity."""
     p = point.payload
-    where = _name(p.get("path"), p.get("page"))
-    missing = [f for f in ("path", "page", "pages", "sha256", "grid", "image_start", "model",
-                           "variant", "manifest_sha256", "schema") if f not in p]
-    if missing:
-        raise InputError(f"{where}: payload lacks {missing}")
+    if not isinstance(p, dict):
+        raise InputError(f"{_name('?', '?', point.origin)}: the payload must be an object, got "
+                         f"{type(p).__name__}")
+    where = _name(p.get("path"), p.get("page"), point.origin)
+    _check_payload(p, where)
     if point.id != point_id(p["sha256"], p["page"], p["path"]):
         raise InputError(f"{where}: point id {point.id} is not the one its path, page and "
                          "sha256 make")
@@ -141,7 +193,7 @@ def checked_point(point: PagePoint, identity: dict[str, Any] | None, dim: int) -
     else:
         check_vectors(point.vectors.get(PAGE_VECTOR), dim, p["grid"], p["image_start"], where)
     if identity is not None:
-        problems = identity_mismatch(p, identity)
+        problems = identity_mismatch(identity, p)
         if problems:
             raise ModelMismatchError(f"{where}: embedded by another model or export than the "
                                      "index's (" + "; ".join(problems) + ")")
@@ -162,7 +214,7 @@ def add_embedded(store: Store, items: Iterable[EmbeddedPage | PagePoint],
     points: list[PagePoint] = []
     for item in items:
         if isinstance(item, PagePoint):
-            if identity is None:
+            if identity is None and isinstance(item.payload, dict):
                 identity = {f: item.payload[f] for f in (*IDENTITY_FIELDS, "model_source")
                             if f in item.payload}
             point = checked_point(item, identity, store.dim)

@@ -11,6 +11,7 @@ or a decoder to name an error.
       DiskFullError       the index's disk is full: names the folder and the space it needs
     SourceError           one file (or page) cannot be indexed: names it and why
     OldIndexWarning       an index of an older schema: it works, with a slower search plan
+    BadPointWarning       a stored point whose payload does not fit the schema: skipped, named
 """
 
 from __future__ import annotations
@@ -72,6 +73,12 @@ class SourceError(ColembedError, ValueError):
 
 class OldIndexWarning(UserWarning):
     """The index was written by an older schema: it works, with a slower search plan."""
+
+
+class BadPointWarning(UserWarning):
+    """A stored point's payload does not fit the schema (written by hand, or by something other
+    than colembed): every read skips it and says so once, naming it, so one bad point never stops
+    a search or an indexing run. `Index.remove` of its path, or deleting its id, drops it."""
 
 
 def describe_holder(holder: dict[str, Any]) -> str:

@@ -35,10 +35,13 @@ Standard library and numpy only: no store client is imported here.
 from __future__ import annotations
 
 import uuid
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+
+from .pooling import CLUSTERS_FIELD
 
 SCHEMA_VERSION = 3  # the newest: a new Qdrant Edge folder (page + mean, a token table beside)
 SERVER_SCHEMA = 2  # a new Qdrant server collection and a Parquet target (their plan reads rows/cols)
@@ -51,6 +54,7 @@ SCHEMA_VECTORS = {1: MULTI_VECTORS, 2: (*MULTI_VECTORS, MEAN_VECTOR),
                   3: (PAGE_VECTOR, MEAN_VECTOR)}  # version -> vector names
 ALL_VECTORS = SCHEMA_VECTORS[2]  # what make_point makes (every store keeps a subset)
 DEFAULT_COLLECTION = "colembed"
+STORED_DTYPE = np.float16  # what both stores keep every vector as (edge.py, server.py)
 
 # Point ids: uuid5 in a fixed namespace of "sha256/page/path", so re-running over the same files
 # makes the same ids (idempotent upserts) and a changed file makes new ones.
@@ -104,6 +108,76 @@ def decode_text(stored: str) -> str:
         raise ValueError(f"stored page text is damaged ({e})") from e
 
 
+def _is_int(v: Any, low: int) -> bool:
+    return (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+            and v >= low)
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+# What each payload field must be: (in words, the check). Every ready point from outside
+# (`Index.add_embedded`, `--from-parquet`, a Ray target's rows) is checked against all of it
+# before anything is written (`payload_problems(strict=True)`: every field here, nothing else);
+# a reader skips a stored point that fails it (`strict=False`: fields it does not know are left
+# alone, so a newer colembed's points stay readable).
+PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "path": ("a non-empty str", lambda v: isinstance(v, str) and v != "" and "\x00" not in v),
+    "page": ("an int >= 1", lambda v: _is_int(v, 1)),
+    "pages": ("an int >= page", lambda v: _is_int(v, 1)),
+    "sha256": ("64 lower-case hex digits", lambda v: isinstance(v, str)
+               and _SHA256.fullmatch(v) is not None),
+    "width": ("an int >= 1", lambda v: _is_int(v, 1)),
+    "height": ("an int >= 1", lambda v: _is_int(v, 1)),
+    "grid": ("[rows, cols], two ints >= 1", lambda v: isinstance(v, (list, tuple))
+             and len(v) == 2 and all(_is_int(x, 1) for x in v)),
+    "image_start": ("an int >= 0", lambda v: _is_int(v, 0)),
+    "model": ("a str", lambda v: isinstance(v, str)),
+    "variant": ("a str", lambda v: isinstance(v, str)),
+    "manifest_sha256": ("a str", lambda v: isinstance(v, str)),
+    "schema": (f"a schema version ({', '.join(map(str, SCHEMA_VECTORS))})",
+               lambda v: _is_int(v, 1) and int(v) in SCHEMA_VECTORS),
+}
+# Fields a page may carry beyond PAYLOAD_FIELDS (records.ModelIdentity's, the writer's source,
+# a pooled page's clusters); absent on pages written by older colembeds.
+OPTIONAL_PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "max_image_tokens": ("an int >= 1", lambda v: _is_int(v, 1)),
+    "render": ("a str", lambda v: isinstance(v, str)),
+    "source": ("a str", lambda v: isinstance(v, str)),
+    "model_source": ("a str", lambda v: isinstance(v, str)),
+    "pool_factor": ("an int >= 1", lambda v: _is_int(v, 1)),
+    CLUSTERS_FIELD: ("a str", lambda v: isinstance(v, str)),
+}
+
+
+def payload_problems(payload: Any, *, strict: bool = True) -> list[str]:
+    """What is wrong with a page's payload ("field: must be ..., got ..."), empty if nothing.
+    `strict`: a field the schema does not know is a problem too (points from outside)."""
+    if not isinstance(payload, dict):
+        return [f"the payload must be an object, got {type(payload).__name__}"]
+    problems = []
+    for name, (words, ok) in PAYLOAD_RULES.items():
+        if name not in payload:
+            problems.append(f"{name}: missing")
+        elif not ok(payload[name]):
+            problems.append(f"{name}: must be {words}, got {_shown(payload[name])}")
+    for name, (words, ok) in OPTIONAL_PAYLOAD_RULES.items():
+        if name in payload and not ok(payload[name]):
+            problems.append(f"{name}: must be {words}, got {_shown(payload[name])}")
+    if not problems and payload["pages"] < payload["page"]:
+        problems.append(f"pages: must be an int >= page ({payload['page']}), got "
+                        f"{payload['pages']}")
+    if strict:
+        unknown = sorted(str(k) for k in payload if k not in PAYLOAD_RULES
+                         and k not in OPTIONAL_PAYLOAD_RULES)
+        if unknown:
+            problems.append(f"unknown field(s) {unknown}")
+    return problems
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def point_id(sha256: str, page: int, path: str) -> str:
     """Deterministic id of page `page` (1-based) of the file with this content at this path."""
     return str(uuid.uuid5(POINT_NAMESPACE, f"{sha256}/{page}/{path}"))
@@ -111,11 +185,13 @@ def point_id(sha256: str, page: int, path: str) -> str:
 
 @dataclass(frozen=True)
 class PagePoint:
-    """One page ready for a store: its id, its vectors by name (float32) and payload."""
+    """One page ready for a store: its id, its vectors by name (float32) and payload; `origin`
+    says where a point read from outside came from (a Parquet file and row), for messages."""
 
     id: str
     vectors: dict[str, np.ndarray]
     payload: dict[str, Any]
+    origin: str = ""
 
 
 def pooled_vectors(vectors: np.ndarray, layout) -> tuple[np.ndarray, np.ndarray]:

@@ -174,14 +174,20 @@ class ServerStore(Store):
                 records, offset = self.client.scroll(
                     self.collection, limit=SCROLL_PAGE, offset=offset,
                     with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)))
-            out.extend((str(r.id), dict(r.payload or {})) for r in records)
+            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {}))
+                                              for r in records))
             if offset is None:
                 return out
 
     def any_payload(self) -> dict[str, Any] | None:
-        with _client_errors("read a page", self.location):
-            records, _ = self.client.scroll(self.collection, limit=1, with_payload=True)
-        return dict(records[0].payload or {}) if records else None
+        offset = None
+        while True:  # the first stored page whose payload fits the schema (the first, nearly always)
+            with _client_errors("read a page", self.location):
+                records, offset = self.client.scroll(self.collection, limit=16, offset=offset,
+                                                     with_payload=True)
+            good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
+            if good or offset is None:
+                return good[0][1] if good else None
 
     def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
                where: Where | None = None,
@@ -202,8 +208,8 @@ class ServerStore(Store):
                         for q in queries]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
-        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
-                for r in responses]
+        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points
+                 if self.readable(str(p.id), dict(p.payload or {}))] for r in responses]
 
     def _hybrid(self, query: np.ndarray, text: str, k: int,
                 where: models.Filter | None) -> models.QueryRequest:
@@ -231,7 +237,8 @@ class ServerStore(Store):
         with _client_errors("read pages", self.location):
             records = self.client.retrieve(self.collection, ids=list(ids), with_payload=True,
                                            with_vectors=True)
-        return {str(r.id): as_point(r) for r in records}
+        return {str(r.id): as_point(r) for r in records
+                if self.readable(str(r.id), dict(r.payload or {}))}
 
     def close(self) -> None:
         if getattr(self, "client", None) is not None:

@@ -25,11 +25,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import OldIndexWarning, StoreError
+from .errors import BadPointWarning, OldIndexWarning, StoreError
 from .plan import TOKENS_STAGE, Stage, two_stage_plan
 from .schema import (COLS_VECTOR, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
                      SCHEMA_VECTORS, TEXT_FIELD, PagePoint, decode_text, mean_from_payload,
-                     pooled_from_payload)
+                     payload_problems, pooled_from_payload)
 from .where import Where, parse as parse_where
 
 SEARCH_MODES = ("two-stage", "exact", "hybrid")
@@ -64,6 +64,29 @@ class Store(ABC):
     def has_tokens(self) -> bool:
         """Whether this store holds a current centroid table (tokens.py); Edge folders do."""
         return False
+
+    def readable(self, pid: str, payload: Any) -> bool:
+        """Whether a stored point's payload fits the schema (`schema.payload_problems`, fields
+        a newer colembed added left alone). Every read of payloads, hits and points skips one
+        that does not, and says so once per point (BadPointWarning naming it), so one point
+        written by something else never stops a search or a run."""
+        problems = payload_problems(payload, strict=False)
+        if not problems:
+            return True
+        warned = self.__dict__.setdefault("_warned_points", set())
+        if pid not in warned:
+            warned.add(pid)
+            path = payload.get("path") if isinstance(payload, dict) else None
+            warnings.warn(f"{self.location}: skipping stored point {pid}"
+                          + (f" ({str(path)[:200]!r})" if path is not None else "")
+                          + ": its payload does not fit the index's schema ("
+                          + "; ".join(problems) + "); remove it (Index.remove of its path, or "
+                          "its id) or index its file again", BadPointWarning, stacklevel=3)
+        return False
+
+    def readable_payloads(self, records) -> list[tuple[str, dict[str, Any]]]:
+        """(id, payload) of the records whose payloads fit the schema."""
+        return [(pid, p) for pid, p in records if self.readable(pid, p)]
 
     def searches_with_tokens(self) -> bool:
         """Whether its two-stage plan takes candidates from the centroid table."""
