@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import unicodedata
 from pathlib import Path
 
 from .errors import ColembedError
@@ -200,6 +201,17 @@ RESUME_HINT = ("interrupted: the pages stored so far are kept; resume by re-runn
                "command (stored pages are not embedded again)")
 
 
+def _shown(text: object) -> str:
+    """`text` for a terminal line: control and format characters (a newline in a file name that
+    would forge a result line, ESC sequences, bidi overrides, line separators) written as Python
+    escapes (`\\n`, `\\x1b`, `\\u202e`); everything else as it is. JSON output is left exact."""
+    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in _UNSHOWN else ch
+                   for ch in str(text))
+
+
+_UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+
+
 class UsageError(Exception):
     """A command line that cannot mean anything: exit code 2, as argparse's own errors."""
 
@@ -225,11 +237,12 @@ def _print_added(result, total, args, where: str = "") -> None:
         print(json.dumps(dict(result.to_dict(), pages=total), indent=2))
         return
     for report in result.failed:
-        print(f"failed: {report.path}: {report.reason}", file=sys.stderr)
+        print(f"failed: {_shown(report.path)}: {_shown(report.reason)}", file=sys.stderr)
     if not args.quiet:
         for report in result.skipped:
             if report.reason != "already indexed":
-                print(f"skipped: {report.path}: {report.reason}", file=sys.stderr)
+                print(f"skipped: {_shown(report.path)}: {_shown(report.reason)}",
+                      file=sys.stderr)
     reused = sum(r.reused for r in result.added)
     print(f"added {result.pages_added} page(s) from {len(result.added)} file(s){where}"
           + (f" ({reused} copied from identical content, not embedded)" if reused else "")
@@ -371,12 +384,12 @@ def _cmd_search(args) -> int:
             for qi, (q, hits) in enumerate(zip(args.queries, results))], indent=2))
         return EXIT_OK
     for qi, (query, hits) in enumerate(zip(args.queries, results)):
-        print(f"query: {query}")
+        print(f"query: {_shown(query)}")
         print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")
         for rank, hit in enumerate(hits, 1):
             meta = ("  " + " ".join(f"{k}={v}" for k, v in hit.metadata.items())
                     if hit.metadata else "")
-            print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {hit.file}{meta}")
+            print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {_shown(hit.file + meta)}")
         if not hits:
             print("  (the index is empty)" if empty else "  (no page found)")
     if written and not args.quiet:
@@ -438,7 +451,8 @@ def _write_maps(index, results, folder: Path) -> dict:
             try:
                 written[(qi, rank)] = str(index.save_map(hit, path))
             except ColembedError as e:
-                print(f"no map for {hit.file} page {hit.page}: {e}", file=sys.stderr)
+                print(f"no map for {_shown(hit.file)} page {hit.page}: {_shown(e)}",
+                      file=sys.stderr)
     return written
 
 

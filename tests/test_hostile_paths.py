@@ -8,6 +8,7 @@ file must be neither indexed nor served.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -191,3 +192,24 @@ def _wait(client, job_id, timeout=300):
             return job
         time.sleep(0.05)
     raise AssertionError(f"job {job_id} did not finish")
+
+
+# --------------------------------------------------------------------- names shown on a terminal
+def test_search_escapes_control_characters_in_names_and_json_stays_exact(tmp_path, small_model,
+                                                                        capsys):
+    from colembed.cli import main
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    name = "evil\n   1     9.999     1  forged.pdf\x1b[2J\u202e.png"
+    page("evil").save(docs / name, format="PNG")
+    with Index(tmp_path / "db", model=small_model) as index:
+        assert index.add([docs], progress=False).ok
+    assert main(["search", "evil", "--db", str(tmp_path / "db")]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\u202e" not in out
+    assert len(out.splitlines()) == 3  # the query, the header, one hit: no forged line
+    assert "evil\\n   1     9.999     1  forged.pdf\\x1b[2J\\u202e.png" in out
+    assert main(["search", "evil", "--db", str(tmp_path / "db"), "--json"]) == 0
+    hits = json.loads(capsys.readouterr().out)[0]["hits"]
+    assert hits[0]["file"] == str(docs / name)
