@@ -37,6 +37,7 @@ from typing import BinaryIO, Callable, Iterable
 from .errors import ColembedError, ModelFolderError
 
 STAGING_MARKER = ".colembed-staging"
+REPLACED_PURPOSE = "replaced output"  # the marker's purpose on what commit_folder sets aside
 WORK_MARKER = ".colembed-workdir"
 
 
@@ -232,7 +233,7 @@ def commit_folder(staging: str | os.PathLike, dest: str | os.PathLike, *,
                 raise UnsafeDeletionError(
                     f"{dest}: exists and does not hold colembed's output; refusing to replace it")
             os.rename(dest, old)
-            _write_marker(old, STAGING_MARKER, "replaced output")
+            _write_marker(old, STAGING_MARKER, REPLACED_PURPOSE)
             os.rename(staging, dest)
             (dest / STAGING_MARKER).unlink()
             discard_staging(old)

@@ -46,7 +46,8 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import qdrant_edge as qe
 
-from ..safe_fs import STAGING_MARKER, commit_folder, discard_staging, staging_folder
+from ..safe_fs import (REPLACED_PURPOSE, STAGING_MARKER, commit_folder, discard_staging,
+                       is_staging_folder, remove_tree, staging_folder)
 from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreError
 from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
@@ -63,6 +64,16 @@ SHARD_DIR = "shard"
 TOKENS_DIR = "tokens"
 VERIFIED_FILE = "verified.json"  # in TOKENS_DIR: the last clean close found the table current
 CREATING_MARKER = ".colembed-creating"  # present from a new folder's first write to its meta file
+# An upgrade of a folder that cannot be renamed (a mount point) builds the new shard in
+# IN_PLACE_NEW inside it, moves the old entries to IN_PLACE_OLD, then the new ones in (the meta
+# file out first and in last, so "no meta file" means a swap under way); both carry the staging
+# marker with UPGRADE_PURPOSE.
+IN_PLACE_NEW = ".colembed-upgrade-new"
+IN_PLACE_OLD = ".colembed-upgrade-old"
+UPGRADE_PURPOSE = "colembed index upgrade"
+SET_ASIDE_DONE = ".colembed-set-aside"  # in IN_PLACE_OLD once every old entry is in it
+# A folder that rename() cannot move: a mount point (EBUSY on Linux), or across devices (EXDEV).
+_CANNOT_RENAME = frozenset({errno.EBUSY, errno.EXDEV})
 _NO_GRAPH = dict(m=0, ef_construct=100, full_scan_threshold=1 << 30)
 
 # Flush cadence. Edge appends every upsert to its write-ahead log (~2.5x the page's stored bytes:
@@ -244,6 +255,11 @@ class EdgeStore(Store):
         self.shard = self.lock = None
         self._finalizer = None
         _recover_interrupted_swap(self.folder)
+        if (self.folder / META_FILE).is_file() or _is_upgrade_folder(self.folder / IN_PLACE_OLD):
+            self.lock = FolderLock(self.folder)  # no upgrade can be running: this holds the lock
+            _finish_interrupted_upgrade(self.folder)
+            self.lock.release()
+            self.lock = None
         if (self.folder / META_FILE).is_file():
             meta = _read_meta(self.folder)
             if meta.get("schema") not in SCHEMA_VECTORS:
@@ -648,7 +664,10 @@ class EdgeStore(Store):
 # What colembed writes in an index folder (the token table's compaction siblings included)
 _OWN_ENTRIES = frozenset({META_FILE, f".{META_FILE}.tmp", SHARD_DIR, TOKENS_DIR,
                           TOKENS_DIR + COMPACTING, TOKENS_DIR + SET_ASIDE, LOCK_FILE,
-                          CREATING_MARKER, STAGING_MARKER})
+                          CREATING_MARKER, STAGING_MARKER, IN_PLACE_NEW, IN_PLACE_OLD})
+# What an in-place swap moves (the lock file stays: the upgrade holds it throughout)
+_SWAPPED = tuple(sorted(_OWN_ENTRIES - {META_FILE, LOCK_FILE, STAGING_MARKER, IN_PLACE_NEW,
+                                        IN_PLACE_OLD})) + (META_FILE,)
 
 
 def _is_index_folder(path: Path) -> bool:
@@ -669,6 +688,91 @@ def _recover_interrupted_swap(folder: Path) -> None:
         folder.rmdir()
     os.rename(old, folder)
     (folder / STAGING_MARKER).unlink(missing_ok=True)
+
+
+def _is_upgrade_folder(path: Path) -> bool:
+    """A folder an upgrade made: its staging marker, recording the upgrade's purpose (or
+    `commit_folder`'s for the old index it set aside). Never a user's folder."""
+    if not (path.is_dir() and not path.is_symlink() and is_staging_folder(path)):
+        return False
+    try:
+        purpose = json.loads((path / STAGING_MARKER).read_text()).get("purpose")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return purpose in (UPGRADE_PURPOSE, REPLACED_PURPOSE)
+
+
+def _finish_interrupted_upgrade(folder: Path) -> None:
+    """What a killed `colembed upgrade` left, with the folder's lock held (so no upgrade is
+    running): an in-place swap under way is finished (the new shard was complete before it
+    began), and the upgrade's own leftovers (a staging copy beside or inside the folder, the old
+    index set aside) are removed. Only folders carrying the upgrade's marker are touched."""
+    new, old = folder / IN_PLACE_NEW, folder / IN_PLACE_OLD
+    if not (folder / META_FILE).is_file() and _is_upgrade_folder(old):
+        if (old / SET_ASIDE_DONE).is_file():  # the new shard was complete; moving it in
+            _move_entries(new, folder)
+        elif _is_upgrade_folder(new) and _is_index_folder(new):
+            _move_entries(folder, old)  # whatever of the old index was not moved out yet
+            _move_entries(new, folder)
+        else:  # the new shard was never complete: put the old index back
+            _move_entries(old, folder)
+    leftovers = [p for p in (new, old) if p.exists()] + [
+        p for pattern in (f".{folder.name}.staging-*", f".{folder.name}.replaced-*")
+        for p in folder.parent.glob(pattern)]
+    for path in leftovers:
+        if _is_upgrade_folder(path):
+            remove_tree(path, owner=_is_upgrade_folder)
+    (folder / STAGING_MARKER).unlink(missing_ok=True)  # a swap killed before its last step
+
+
+def _move_entries(source: Path, dest: Path) -> None:
+    """Move an index's own entries from `source` into `dest` (each one rename, on one
+    filesystem), the meta file last."""
+    for name in _SWAPPED:
+        if (source / name).exists() and not (dest / name).exists():
+            os.rename(source / name, dest / name)
+
+
+def _upgrade_in_place(old: EdgeStore, progress) -> int:
+    """`upgrade_index` for a folder that cannot be renamed: the new shard is built inside it, then
+    the entries are swapped (`_move_entries`; a kill is finished by the next open)."""
+    folder = old.folder
+    for path in (folder / IN_PLACE_NEW, folder / IN_PLACE_OLD):
+        if path.exists():
+            remove_tree(path, owner=_is_upgrade_folder)
+    new_folder = folder / IN_PLACE_NEW
+    new_folder.mkdir()
+    _write_upgrade_marker(new_folder)
+    try:
+        new = EdgeStore(new_folder, dim=old.dim)
+        try:
+            copied = _copy_points(old, new, progress)
+        finally:
+            new.close()
+        with _edge_errors("close the shard", folder):
+            old.shard.flush()
+            old.shard.close()
+        old.shard = None
+        aside = folder / IN_PLACE_OLD
+        aside.mkdir()
+        _write_upgrade_marker(aside)
+        os.rename(folder / META_FILE, aside / META_FILE)  # from here, the next open finishes it
+        _move_entries(folder, aside)
+        (aside / SET_ASIDE_DONE).write_text("")
+        _move_entries(new_folder, folder)
+    except BaseException:
+        if not (folder / IN_PLACE_OLD).exists():
+            remove_tree(new_folder, owner=_is_upgrade_folder)
+        raise
+    for path in (new_folder, folder / IN_PLACE_OLD):
+        remove_tree(path, owner=_is_upgrade_folder)
+    return copied
+
+
+def _write_upgrade_marker(folder: Path) -> None:
+    (folder / STAGING_MARKER).write_text(json.dumps({"purpose": UPGRADE_PURPOSE,
+                                                     "pid": os.getpid(),
+                                                     "created": time.time()}) + "\n")
 
 
 @dataclass(frozen=True)
@@ -735,17 +839,27 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
             raise StoreError(f"{folder}: also holds {', '.join(foreign)}, which colembed did not "
                              "write; the upgrade replaces the whole folder, so move them out "
                              "first")
-        staging = staging_folder(folder, "colembed index upgrade")
-        try:
-            new = EdgeStore(staging, dim=old.dim)
+        if not _renamable(folder):
+            copied = _upgrade_in_place(old, progress)
+        else:
+            staging = staging_folder(folder, UPGRADE_PURPOSE)
             try:
-                copied = _copy_points(old, new, progress)
-            finally:
-                new.close()
-            _swap(old, staging)
-        except BaseException:
-            discard_staging(staging)  # nothing to do once the swap has moved it
-            raise
+                new = EdgeStore(staging, dim=old.dim)
+                try:
+                    copied = _copy_points(old, new, progress)
+                finally:
+                    new.close()
+                _swap(old, staging)
+            except OSError as e:
+                discard_staging(staging)  # nothing to do once the swap has moved it
+                if e.errno not in _CANNOT_RENAME or not _is_index_folder(folder):
+                    raise
+                old.close()  # the rename was refused: nothing moved; do it inside the folder
+                old = EdgeStore(folder)
+                copied = _upgrade_in_place(old, progress)
+            except BaseException:
+                discard_staging(staging)
+                raise
     finally:
         old.close()
     return Upgraded(rewritten=copied, old_schema=old.schema, dropped=tuple(
@@ -781,6 +895,17 @@ def add_lexical(store: EdgeStore, progress: Callable[[int, int], None] | None = 
     store.flush()
     _write_meta(store.folder, dict(_read_meta(store.folder), lexical=True))
     return done
+
+
+def _renamable(folder: Path) -> bool:
+    """Whether the folder can be replaced by a rename: not a mount point, and its parent on the
+    same device and writable (a Docker volume is all three)."""
+    parent = folder.resolve().parent
+    try:
+        same_device = os.stat(folder).st_dev == os.stat(parent).st_dev
+    except OSError:
+        return False
+    return same_device and not os.path.ismount(folder) and os.access(parent, os.W_OK)
 
 
 def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
