@@ -247,3 +247,187 @@ def test_mutated_manifest_loads_or_raises_manifest_error(manifest_json, data):
         assert str(e)
         return
     assert Manifest.from_dict(manifest.to_dict()) == manifest
+
+
+# ---------------------------------------------------- declared sizes and the index's decoder
+FUZZ_HOSTILE = settings(max_examples=30, deadline=None, derandomize=True,
+                        suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                               HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+def _declare_size(data: bytes, fmt: str, width: int, height: int) -> bytes:
+    """A real file whose header claims `width` x `height` (the pixels stay the small image's)."""
+    import struct
+    import zlib
+
+    out = bytearray(data)
+    if fmt == "PNG":  # IHDR right after the signature; its CRC made to match
+        out[16:24] = struct.pack(">II", width, height)
+        out[29:33] = struct.pack(">I", zlib.crc32(bytes(out[12:29])) & 0xFFFFFFFF)
+    elif fmt == "GIF":  # the logical screen and the first image descriptor
+        out[6:10] = struct.pack("<HH", min(width, 65535), min(height, 65535))
+        at = out.find(b"\x2c", 13)
+        if at > 0:
+            out[at + 5:at + 9] = struct.pack("<HH", min(width, 65535), min(height, 65535))
+    elif fmt == "BMP":
+        out[18:26] = struct.pack("<ii", min(width, 2**31 - 1), min(height, 2**31 - 1))
+    elif fmt == "JPEG":  # the first start-of-frame marker
+        at = out.find(b"\xff\xc0")
+        if at > 0:
+            out[at + 5:at + 9] = struct.pack(">HH", min(height, 65535), min(width, 65535))
+    elif fmt == "TIFF":  # ImageWidth / ImageLength entries of the first directory (little-endian)
+        ifd = struct.unpack("<I", out[4:8])[0]
+        for i in range(struct.unpack("<H", out[ifd:ifd + 2])[0]):
+            at = ifd + 2 + 12 * i
+            tag = struct.unpack("<H", out[at:at + 2])[0]
+            if tag in (256, 257):
+                out[at + 2:at + 12] = struct.pack("<HII", 4, 1, width if tag == 256 else height)
+    return bytes(out)
+
+
+@st.composite
+def declared_huge(draw) -> bytes:
+    fmt = draw(st.sampled_from(["PNG", "GIF", "BMP", "JPEG", "TIFF"]))
+    image = Image.fromarray(np.random.default_rng(draw(st.integers(0, 99))).integers(
+        0, 256, (8, 8, 3), dtype=np.uint8))
+    side = st.integers(1, 2**31 - 1) if fmt in ("PNG", "TIFF") else st.integers(1, 65535)
+    return _damage(draw, bytearray(_declare_size(_encode([image], fmt), fmt, draw(side),
+                                                 draw(side))))
+
+
+EPS_LIKE = st.sampled_from([b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 100 100\n",
+                            b"\xc5\xd0\xd3\xc6" + b"\0" * 28, b"%PDF-1.4\n", b"P6\n8 8\n255\n"
+                            + b"\0" * 192, b"II*\0" + b"\xff" * 60])
+HOSTILE_PAGES = st.one_of(page_bytes(), declared_huge(), st.binary(max_size=512), EPS_LIKE)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@FUZZ_HOSTILE
+@given(data=HOSTILE_PAGES, suffix=st.sampled_from([".png", ".jpg", ".tiff", ".gif"]),
+       index=st.integers(0, 99))
+def test_every_decode_path_decodes_within_the_limit_or_names_the_item(tmp_path, data, suffix,
+                                                                      index):
+    """embed's decoder and the index's reader, on the same bytes: a success within the pixel
+    limit, or the typed error naming the item; never another exception, never Ghostscript."""
+    from colembed.index.sources import Document, SourceError
+    from colembed.preprocess.images import load_image, pixel_limit
+
+    try:
+        image = load_image(data, index=index)
+        assert image.mode == "RGB" and image.width * image.height <= pixel_limit()
+    except ImageError as e:
+        assert e.index == index and f"item {index}" in str(e)
+    path = tmp_path / f"page{suffix}"
+    path.write_bytes(data)
+    try:
+        with Document(path, max_pixels=40_000) as document:
+            for page in range(1, document.pages + 1):
+                image = document.page_image(page)
+                assert image.width * image.height <= pixel_limit()
+    except SourceError as e:
+        assert e.path == path and str(path) in str(e)
+
+
+# ---------------------------------------------- ready points, Parquet rows and add_embedded
+P_DIM, P_ROWS, P_COLS, P_START = 8, 2, 2, 1
+JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
+                                     st.floats(allow_nan=True), st.text(max_size=8)),
+                           lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+                           max_leaves=6)
+
+
+def _valid_payload() -> dict:
+    from colembed.index.schema import SCHEMA_VERSION
+
+    return {"path": "/docs/a.pdf", "page": 1, "pages": 1, "sha256": "a" * 64, "width": 56,
+            "height": 56, "grid": [P_ROWS, P_COLS], "image_start": P_START, "model": "m",
+            "variant": "fp32", "manifest_sha256": "h", "schema": SCHEMA_VERSION,
+            "model_source": "/m"}
+
+
+@st.composite
+def ready_points(draw):
+    """A valid ready point, then maybe: fields replaced by any JSON value, removed or added,
+    vectors scaled, reshaped, made non-finite or ragged."""
+    from colembed.index.schema import PagePoint, point_id
+
+    payload = _valid_payload()
+    for _ in range(draw(st.integers(0, 3))):
+        action = draw(st.sampled_from(["replace", "remove", "add"]))
+        name = draw(st.sampled_from(sorted(payload) + ["token_clusters", "pool_factor"]))
+        if action == "replace":
+            payload[name] = draw(JSON_VALUES)
+        elif action == "remove":
+            payload.pop(name, None)
+        else:
+            payload[draw(st.text(min_size=1, max_size=6))] = draw(JSON_VALUES)
+    n = P_START + P_ROWS * P_COLS + draw(st.integers(-2, 2))
+    rng = np.random.default_rng(draw(st.integers(0, 99)))
+    v = rng.standard_normal((max(n, 0), P_DIM))
+    v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-9)
+    v = v * draw(st.sampled_from([1.0, 1.0, 1.0, 1.004, 0.0, 3.0, 1e6, float("nan")]))
+    vectors = draw(st.sampled_from(["ok", "wide", "flat", "list"]))
+    page = {"ok": v, "wide": np.hstack([v, v]), "flat": v.reshape(-1),
+            "list": [list(r) for r in v] + [[1.0]]}[vectors]
+    try:
+        pid = point_id(payload.get("sha256"), payload.get("page"), payload.get("path"))
+    except Exception:  # noqa: BLE001 (a payload that cannot even make an id: any id then)
+        pid = "00000000-0000-5000-8000-000000000000"
+    if draw(st.booleans()):
+        pid = draw(st.sampled_from([pid, "not-a-uuid", ""]))
+    return PagePoint(pid, {"page": page}, payload, origin="part-x.parquet row 0")
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@FUZZ_HOSTILE
+@given(points=st.lists(ready_points(), min_size=1, max_size=3))
+def test_ready_points_are_stored_whole_or_refused_by_name_before_any_is_written(tmp_path_factory,
+                                                                               points):
+    from colembed.errors import ColembedError
+    from colembed.index import Index, open_store
+
+    db = tmp_path_factory.mktemp("ready") / "db"
+    open_store(db, dim=P_DIM).close()
+    with Index(db) as index:
+        try:
+            stored = index.add_embedded(points)
+        except ColembedError as e:
+            assert len(index) == 0  # every point checked before any is written
+            assert "parquet row 0" in str(e) or "given twice" in str(e) or "model" in str(e)
+            return
+        from colembed.index.schema import payload_problems
+
+        assert stored == len(index) == len(points)
+        payloads = index.store.payloads()
+        assert len(payloads) == stored  # every stored point reads back, and fits the schema
+        assert not any(payload_problems(p, strict=False) for _, p in payloads)
+
+
+@FUZZ_HOSTILE
+@given(data=st.data())
+def test_any_parquet_part_is_read_or_refused_naming_the_file(tmp_path_factory, data):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from colembed.distributed.targets import read_points
+    from colembed.errors import ColembedError
+
+    folder = tmp_path_factory.mktemp("parquet")
+    rows = data.draw(st.integers(0, 3))
+    floats = st.lists(st.lists(st.floats(width=32), max_size=3), max_size=3)
+    column = st.one_of(
+        st.lists(floats, min_size=rows, max_size=rows).map(
+            lambda v: pa.array(v, type=pa.list_(pa.list_(pa.float32())))),
+        st.lists(st.text(max_size=5), min_size=rows, max_size=rows).map(pa.array),
+        st.lists(st.integers(), min_size=rows, max_size=rows).map(pa.array))
+    names = data.draw(st.lists(st.sampled_from(["id", "payload", "page_vectors", "rows_vectors",
+                                                "cols_vectors", "path"]), unique=True))
+    table = pa.table({name: data.draw(column) for name in names}) if names else \
+        pa.table({"x": pa.array([0] * rows)})
+    pq.write_table(table, folder / "part-0.parquet")
+    try:
+        points = read_points(str(folder))
+    except ColembedError as e:
+        assert "part-0.parquet" in str(e)
+        return
+    assert all(p.origin.startswith(str(folder / "part-0.parquet")) for p in points.values())
