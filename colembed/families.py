@@ -16,6 +16,7 @@ make per grid) and by the exporter (`colembed_export.families` adds the torch si
 | merger output, MLP  | hidden_size, mlp_ratio    | out_hidden_size, intermediate_size           |
 | vision attention    | full                      | windowed (`window_size` px, from the config) |
 | extra grid inputs   | none                      | `window_layout(grid, ...).graph_inputs()`    |
+| transparency key    | dropped                   | dropped (ColQwen3: composited onto white)    |
 
 ColQwen3 (Qwen3-VL, docs/reference-colqwen3.md) adds two declared traits, carried by a folder's
 `VisionExtras` (manifest `vision_extras`, numbers from the checkpoint): the tower's learned position

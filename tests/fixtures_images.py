@@ -95,3 +95,14 @@ def animated(fmt: str = "GIF", frames: int = 3, *, seed: int = 10) -> bytes:
     buffer = io.BytesIO()
     images[0].save(buffer, format=fmt, save_all=True, append_images=images[1:])
     return buffer.getvalue()
+
+
+def keyed_transparency(fmt: str = "PNG", mode: str = "P") -> bytes:
+    """A page whose file carries a single-colour transparency key (a tRNS chunk, GIF's
+    transparent index): a 250x170 noise page `.quantize(12)` with index 5 transparent (mode
+    "P"), or its L / RGB version keyed on its first pixel's value."""
+    page = rgb(250, 170, seed=5)
+    if mode == "P":
+        return encode(page.quantize(12), fmt, transparency=5)
+    image = page.convert(mode)
+    return encode(image, fmt, transparency=image.getpixel((0, 0)))

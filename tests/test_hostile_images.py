@@ -13,6 +13,7 @@ import os
 import stat
 import warnings
 
+import numpy as np
 import pytest
 from PIL import EpsImagePlugin, Image, ImageFile
 
@@ -211,3 +212,24 @@ def test_embedding_refuses_the_same_bomb_by_the_same_limit(small_limit, decodes,
     with pytest.raises(ImageError, match="item 2: decompression bomb refused: 1200x1000"):
         prepare_image(bomb, config, index=2)
     assert (1200, 1000) not in decodes
+
+
+# ------------------------------------------------------------ a family's transparency rule
+@pytest.mark.parametrize("fmt,mode", [("PNG", "P"), ("GIF", "P"), ("PNG", "L"), ("PNG", "RGB")])
+def test_the_index_hands_the_model_the_page_as_decoded_so_each_family_keeps_its_rule(
+        tmp_path, fmt, mode):
+    from fixtures_images import keyed_transparency
+
+    data = keyed_transparency(fmt, mode)
+    path = tmp_path / f"keyed.{fmt.lower()}"
+    path.write_bytes(data)
+    with Document(path, max_pixels=10**6) as doc:
+        page = doc.page_image(1)
+    assert page.info.get("transparency") is not None
+    for rule in images.TRANSPARENCY_RULES:  # the index's page and embed's bytes: the same RGB
+        assert np.array_equal(np.asarray(images.to_rgb(page, rule)),
+                              np.asarray(load_image(data, transparency=rule)))
+    white = np.asarray(load_image(data, transparency="on white"))
+    dropped = np.asarray(load_image(data, transparency="dropped"))
+    keyed = np.any(white != dropped, axis=-1)
+    assert keyed.any() and (white[keyed] == 255).all()  # only keyed pixels differ: now white

@@ -40,6 +40,12 @@ IMAGE_CASES = {
     "cmyk_jpeg": fx.cmyk_jpeg,
     "gray16_png_I;16": fx.gray16_png,
     "letter_page": fx.document_page,
+    # a transparency key: ColQwen2's reference drops it (convert("RGB")); ColQwen3's composites
+    # those pixels onto white (tests/test_qwen3_reference.py)
+    "palette_png_transparency_key": lambda: fx.keyed_transparency("PNG"),
+    "palette_gif_transparency_key": lambda: fx.keyed_transparency("GIF"),
+    "mode_L_png_transparency_key": lambda: fx.keyed_transparency("PNG", "L"),
+    "rgb_png_transparency_key": lambda: fx.keyed_transparency("PNG", "RGB"),
 }
 
 # transformers infers the channel axis from the array shape: an RGB array (1|3, W, 3) is read as

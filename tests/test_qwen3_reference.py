@@ -43,8 +43,10 @@ def test_page_ids_pixels_grids_and_positions_are_the_processors(qwen3_preset, tm
 
     ref = reference(tmp_path_factory, qwen3_preset)
     config, encoder = _preprocessing(checkpoint(tmp_path_factory, qwen3_preset))
+    from colembed.families import COLQWEN3
+
     for i, page in enumerate(reference_pages()):
-        prepared = prepare_image(page, config, index=i)
+        prepared = prepare_image(page, config, index=i, transparency=COLQWEN3.transparency)
         assert prepared.grid_thw == tuple(int(v) for v in ref[f"page{i}_grid"])
         assert prepared.patches.dtype == np.float32 and prepared.patches.shape[1] == 1536
         np.testing.assert_array_equal(prepared.patches, ref[f"page{i}_pixels"])  # bit for bit

@@ -1,12 +1,16 @@
 """Page images to vision patches in numpy, bit-identical to Qwen2VLImageProcessor (PIL, slow).
 
-Owns decoding (`load_image`), the resized size (`smart_resize`, `resized_grid`: the one function
+Owns decoding (`load_image`, `open_image`: the formats decoded, `IMAGE_FORMATS`, and the one pixel
+limit, `pixel_limit`), the resized size (`smart_resize`, `resized_grid`: the one function
 both preprocessing and token counting use) and patch extraction (`prepare_image`).
 
 Mirrors transformers 4.57.1 `ColQwen2Processor.process_images` ->
 `Qwen2VLImageProcessor._preprocess`, step for step, with the same arithmetic:
 
 1. `image.convert("RGB")` unless already RGB (alpha dropped, not composited; EXIF not applied).
+   That is ColQwen2 / 2.5's rule; ColQwen3's reference (transformers 5.x) also composites a page
+   still carrying a transparency key onto white: each family declares its rule
+   (`Family.transparency`, `to_rgb`).
 2. `smart_resize` to multiples of patch*merge (28) within [min_pixels, max_pixels], then PIL
    `resize((w, h), BICUBIC)` on the uint8 RGB image (skipped when the size is unchanged: PIL would
    return an identical copy).

@@ -38,7 +38,11 @@ QUERIES = ("What was the revenue in 2023?", "", "表格中的数字是多少？"
 
 
 def reference_pages() -> list:
-    """The export check's sample pages plus sizes that hit both pixel bounds and odd aspects."""
+    """The export check's sample pages plus sizes that hit both pixel bounds and odd aspects,
+    and pages whose files carry a transparency key (a palette PNG and GIF, an RGB PNG), decoded
+    as a user would open them: transformers 5.x composites those pixels onto white."""
+    import io
+
     from PIL import Image
 
     from colembed_export.pipeline.verify import sample_pages
@@ -46,7 +50,14 @@ def reference_pages() -> list:
     rng = np.random.default_rng(7)
     extra = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
              for h, w in ((37, 300), (520, 410), (1200, 900))]
-    return sample_pages() + extra
+    keyed = []
+    page = Image.fromarray(rng.integers(0, 256, (170, 250, 3), dtype=np.uint8))
+    for image, fmt, key in ((page.quantize(12), "PNG", 5), (page.quantize(12), "GIF", 5),
+                            (page, "PNG", page.getpixel((0, 0)))):
+        encoded = io.BytesIO()
+        image.save(encoded, fmt, transparency=key)
+        keyed.append(Image.open(io.BytesIO(encoded.getvalue())))
+    return sample_pages() + extra + keyed
 
 
 def _shim_torchvision_free() -> None:
