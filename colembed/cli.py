@@ -130,15 +130,10 @@ def _check_pages(path: str, limit: int, max_pixels: int) -> tuple[list, list[str
                     images.append(image)
                     names.append(f"{document.name} page {number}")
         except SourceError as e:
-            print(f"skipped: {_printable(str(e))}", file=sys.stderr)
+            print(f"skipped: {_shown(str(e))}", file=sys.stderr)
     if not images:
         raise UsageError(f"--pages {path}: no readable PDF or image pages")
     return images, names
-
-
-def _printable(text: str) -> str:
-    """`text` with control characters escaped (file names in human output)."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def _cmd_check_variant(args) -> int:
@@ -179,13 +174,13 @@ def _print_variant_check(report: dict) -> None:
         low = min(rows, key=lambda r: r["min"])
         mean = sum(r["mean"] * r["tokens"] for r in rows) / max(1, sum(r["tokens"] for r in rows))
         print(f"{kind}: {len(rows)}, mean token cosine {mean:.5f}, worst {low['min']:.5f} "
-              f"({_printable(low['item'])})")
+              f"({_shown(low['item'])})")
     print("query tokens by kind:")
     for kind, row in report["token_classes"].items():
         print(f"  {kind:<26} {row['tokens']:>6} tokens  mean {row['mean']:.5f}  min "
-              f"{row['min']:.5f}  worst {_printable(repr(row['worst']['text']))} in "
+              f"{row['min']:.5f}  worst {_shown(repr(row['worst']['text']))} in "
               f"{row['worst']['item']}")
-    print(f"worst query {_printable(describe_token(report['worst_token']))}")
+    print(f"worst query {_shown(describe_token(report['worst_token']))}")
     ranking = report["ranking"]
     if ranking["top1_agreement"] is not None:
         print(f"ranking against fp32 over {ranking['queries']} queries x {ranking['pages']} pages: "

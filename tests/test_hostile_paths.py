@@ -166,7 +166,7 @@ def test_serve_a_job_swapped_for_a_link_after_it_was_accepted_reads_nothing_outs
     page("secret").save(outside / "secret.png")
     index = Index(tmp_path / "db", model=small_model)
     settings = Settings(roots=Roots(parse_roots([f"docs={docs}"])))
-    with TestClient(create_app(index, settings)) as client:
+    with TestClient(create_app(index, settings), base_url="http://127.0.0.1:8000") as client:
         a = client.post("/v1/index", json={"paths": ["long.pdf"]})
         b = client.post("/v1/index", json={"paths": ["swap/a.png"]})
         assert (a.status_code, b.status_code) == (202, 202), (a.text, b.text)

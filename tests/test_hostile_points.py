@@ -68,7 +68,20 @@ BAD_PAYLOADS = {
     "model not a str": ({"model": ["m"]}, "model: must be a str"),
     "an unknown field": ({"secret": 1}, "unknown field(s) ['secret']"),
     "pool_factor 0": ({"pool_factor": 0}, "pool_factor: must be an int >= 1"),
+    "metadata a list": ({"meta": ["a"]}, "meta: must be an object with str keys"),
+    "text not a str": ({"text_z": 5}, "text_z: must be a str"),
+    "text_truncated a str": ({"text_truncated": "yes"}, "text_truncated: must be a bool"),
 }
+
+
+def test_a_ready_point_with_metadata_and_text_is_accepted(empty_index):
+    """The fields an index itself writes (the user's metadata, the page text) pass the check."""
+    from colembed.index.schema import encode_text, payload_problems
+
+    stored, cut = encode_text("Invoice INV-2024-00317")
+    point = ready_point(7, meta={"team": "finance", "year": 2024}, text_z=stored,
+                        text_truncated=cut)
+    assert payload_problems(point.payload) == []
 
 
 @pytest.mark.parametrize("case", list(BAD_PAYLOADS))

@@ -369,7 +369,7 @@ class EdgeStore(Store):
     def file_paths(self) -> list[str]:
         """The distinct stored paths (a `path` glob is matched against them)."""
         return self._cached_paths(lambda: {p["path"] for _, p in self._scroll_payloads(
-            qe.PayloadSelector.Include(["path"])) if "path" in p})
+            qe.PayloadSelector.Include(["path"]), whole=False) if isinstance(p.get("path"), str)})
 
     def has_tokens(self) -> bool:
         """Whether this folder holds a current token table; says once when it does not."""
@@ -548,15 +548,18 @@ class EdgeStore(Store):
     def payloads(self) -> list[tuple[str, dict[str, Any]]]:
         return self._scroll_payloads(qe.PayloadSelector.Exclude(list(BULKY_FIELDS)))
 
-    def _scroll_payloads(self, selector) -> list[tuple[str, dict[str, Any]]]:
+    def _scroll_payloads(self, selector, whole: bool = True) -> list[tuple[str, dict[str, Any]]]:
+        """(id, payload) of every page, the payload as `selector` picks it; `whole`: the
+        selector reads whole payloads, so one that does not fit the schema is skipped (a part
+        of a payload cannot be judged whole)."""
         out: list[tuple[str, dict[str, Any]]] = []
         offset = None
         while True:
             with _edge_errors("list pages", self.folder):
                 records, offset = self.shard.scroll(qe.ScrollRequest(
                     offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False))
-            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {}))
-                                              for r in records))
+            read = ((str(r.id), dict(r.payload or {})) for r in records)
+            out.extend(self.readable_payloads(read) if whole else read)
             if offset is None:
                 return out
 

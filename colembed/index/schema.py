@@ -145,6 +145,11 @@ OPTIONAL_PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "model_source": ("a str", lambda v: isinstance(v, str)),
     "pool_factor": ("an int >= 1", lambda v: _is_int(v, 1)),
     CLUSTERS_FIELD: ("a str", lambda v: isinstance(v, str)),
+    # the user's metadata (what a value may be: metadata.py, which checks it where it is set)
+    META_FIELD: ("an object with str keys", lambda v: isinstance(v, dict)
+                 and all(isinstance(k, str) for k in v)),
+    TEXT_FIELD: ("a str (encode_text's form)", lambda v: isinstance(v, str)),
+    TEXT_TRUNCATED_FIELD: ("a bool", lambda v: isinstance(v, bool)),
 }
 
 
