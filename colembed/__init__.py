@@ -1,4 +1,4 @@
-"""colembed: ColQwen2 document retrieval on onnxruntime, torch-free.
+"""colembed: ColQwen-family (ColQwen2, ColQwen2.5, ColQwen3) document retrieval on onnxruntime, torch-free.
 
 `import colembed` imports only the standard library and colembed's errors (no torch, transformers,
 onnxruntime or fastembed; tests/test_import_isolation.py enforces it), so the
@@ -28,7 +28,8 @@ __version__ = "0.1.0"
 # Resolved on first use, so `import colembed` stays cheap (no onnxruntime session machinery).
 _LAZY = {
     "load": ("colembed.model", "load"),
-    "ColQwen2Model": ("colembed.model", "ColQwen2Model"),
+    "ColQwenModel": ("colembed.model", "ColQwenModel"),
+    "ColQwen2Model": ("colembed.model", "ColQwen2Model"),  # old name, one release
     "score": ("colembed.scoring", "score"),
     "top_k": ("colembed.scoring", "top_k"),
     "Index": ("colembed.index", "Index"),
@@ -51,6 +52,7 @@ def __dir__():
 
 
 __all__ = [
+    "ColQwenModel",
     "ColQwen2Model",
     "Index",
     "load",

@@ -39,7 +39,7 @@ What FastEmbed sees (its contract for multimodal late-interaction models):
 Model descriptions come from `models.json` (`colembed.registry`); the folder is found by
 `registry.resolve_model_folder` (specific path, cache, published export, else an error naming
 `colembed export`), complete when it holds what its own manifest lists for the variant. The
-vectors are colembed's own (`ColQwen2Model`), bit for bit.
+vectors are colembed's own (`ColQwenModel`), bit for bit.
 
 Imports fastembed (which never imports torch); `import colembed` works without fastembed.
 """
@@ -174,7 +174,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         self.verify = verify
         self._verified = not verify
         self._text_encoder = None
-        # `self.model` (a colembed ColQwen2Model) exists only once loaded, as in FastEmbed.
+        # `self.model` (a colembed ColQwenModel) exists only once loaded, as in FastEmbed.
         if not lazy_load:
             self.load_onnx_model()
 

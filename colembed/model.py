@@ -106,8 +106,8 @@ class PageLayout:
         return col * t * sx, row * t * sy, (col + 1) * t * sx, (row + 1) * t * sy
 
 
-class ColQwen2Model:
-    """A ColQwen2-family model (ColQwen2, ColQwen2.5: the manifest's `family`) on onnxruntime.
+class ColQwenModel:
+    """A ColQwen-family model (ColQwen2, ColQwen2.5, ColQwen3: the manifest's `family`) on onnxruntime.
     Make one with `colembed.load(...)`.
 
     `embed_queries` / `embed_images` return one float32 (tokens, dim) array per item, padding
@@ -199,7 +199,7 @@ class ColQwen2Model:
 
     def __repr__(self) -> str:
         random = ", random_weights=True" if self.manifest.model.random_weights else ""
-        return (f"ColQwen2Model(name={self.name!r}, family={self.family.name!r}, "
+        return (f"ColQwenModel(name={self.name!r}, family={self.family.name!r}, "
                 f"variant={self.variant!r}, "
                 f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
                 f"providers={self.providers}{random}, folder='{self.folder}')")
@@ -422,6 +422,10 @@ class ColQwen2Model:
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
 
 
+# The old name, kept importable for one release (see CHANGELOG.md).
+ColQwen2Model = ColQwenModel
+
+
 def _refuse_single(items: Any, what: str) -> None:
     """A str/bytes/path is one item, not a batch: iterating it would embed characters or bytes."""
     if isinstance(items, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(items, "read") \
@@ -478,7 +482,7 @@ def load(
     cpu_mem_arena: bool = True,
     session_config: Mapping[str, str] | None = None,
     execution_order: str = "default",
-) -> ColQwen2Model:
+) -> ColQwenModel:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
     - `variant`: which graphs ("fp32"; quantised variants when the folder has them). Unnamed:
@@ -516,7 +520,7 @@ def load(
         path = registry.resolve_model_folder(str(source))
     if variant is None:
         variant = default_variant(path, providers)
-    return ColQwen2Model(path, variant=variant, providers=providers, threads=threads,
+    return ColQwenModel(path, variant=variant, providers=providers, threads=threads,
                          max_image_tokens=max_image_tokens, verify=verify,
                          cpu_mem_arena=cpu_mem_arena, session_config=session_config,
                          execution_order=execution_order)

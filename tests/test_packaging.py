@@ -60,3 +60,14 @@ def test_sdist_and_wheel_ship_models_json_and_one_version(tmp_path):
     assert f"Version: {colembed.__version__}" in lines
     requires = [line for line in lines if line.startswith("Requires-Dist: onnxruntime")]
     assert len(requires) == 2 and all("sys_platform" in line for line in requires)
+
+
+def test_the_model_class_is_colqwenmodel_and_the_old_name_is_an_alias():
+    import colembed
+    import colembed.model
+
+    assert colembed.ColQwenModel is colembed.model.ColQwenModel
+    assert colembed.ColQwenModel.__name__ == "ColQwenModel"
+    assert colembed.ColQwen2Model is colembed.ColQwenModel
+    assert colembed.model.ColQwen2Model is colembed.ColQwenModel
+    assert {"ColQwenModel", "ColQwen2Model"} <= set(colembed.__all__)

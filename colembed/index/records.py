@@ -80,7 +80,7 @@ class ModelIdentity:
     @classmethod
     def of_model(cls, model: Any, *, schema: int, dpi: float | None,
                  pool_factor: int = 1) -> ModelIdentity:
-        """The identity of a loaded `ColQwen2Model` (its effective image budget)."""
+        """The identity of a loaded `ColQwenModel` (its effective image budget)."""
         return cls(model=model.name, variant=model.variant,
                    manifest_sha256=manifest_sha256(model.folder),
                    max_image_tokens=int(model.max_image_tokens), render=render_policy(dpi),
