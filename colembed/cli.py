@@ -25,8 +25,11 @@ from .errors import ColembedError
 from .layout import BASE_VARIANT
 
 EXPORT_EXTRA_HINT = ("this command needs the export extra (torch, transformers, onnx): "
-                     "pip install 'colembed[export]'  (on these machines: pip install torch==2.13.0 "
-                     "first; never torchvision)")
+                     "pip install 'colembed[export]'  (to skip a CUDA download, first install a "
+                     "CPU torch: pip install torch --index-url "
+                     "https://download.pytorch.org/whl/cpu; leave torchvision out: one that does "
+                     "not match the torch build fails to import and breaks transformers' image "
+                     "processing)")
 
 
 def _import_export_package():

@@ -2,7 +2,7 @@
 
 The fp32 vision graph runs each block's attention as onnxruntime's fused
 `com.microsoft.MultiHeadAttention` (graphs.py): on CPU, without a mask, MLAS's flash attention in
-fp32, at about this machine's fp32 peak. At full Qwen2-VL-2B depth on a letter page (32 blocks,
+fp32, at about the CPU's fp32 peak. At full Qwen2-VL-2B depth on a letter page (32 blocks,
 2,976 patches, 16 heads of 80) that is ~1.45 TFLOP, 10.2 s of a 25.2 s int8 page
 (results/embed/embed-full.md). `int8_attentions` rewrites each such node (three inputs: no mask, no
 bias, no past) into:
