@@ -9,7 +9,7 @@ step; and time 16 short queries and the mixed batch. Modes, side by side in one 
 - `shipped`: queries grouped by length within the text attention budget, and the CPU arena handing
   its free chunks back after each run;
 - `no-shrink`: the same without the arena's shrinkage run option (what shrinking costs and buys);
-- `previous`: every batch padded into one run, no shrinkage (the behaviour before issue 10).
+- `previous`: every batch padded into one run, no shrinkage (the earlier behaviour).
 
 Writes benchmarks/results/query_memory/query_memory.{md,json}. RSS and times vary with the machine's load;
 read ratios, not absolute times.

@@ -5,7 +5,7 @@ fp32 GEMM peak measured in the same run, so each cell reports its fraction of th
     python -m benchmarks.scoring --quick    # 1/32 queries x 200 pages
     flock /work/wt/bigmem.lock python -m benchmarks.scoring --grid \
         --only 'colembed numpy,colembed onnx,fast-maxsim' --out benchmarks/results/scoring/scoring-grid.md
-    # issue 25's grid: 1/4/32 queries x 1,000/5,000/10,000/20,000 pages (20,000 pages are 7.7 GB)
+    # the standard grid: 1/4/32 queries x 1,000/5,000/10,000/20,000 pages (20,000 pages are 7.7 GB)
 
 Data (one process, every contender on the same arrays): L2-normalised random float32 vectors,
 dim 128; pages of 700-800 tokens (ColQwen2 pages: up to 768 image tokens plus the prompt), each
@@ -516,7 +516,7 @@ def cpu_seconds(row: dict, machine: dict) -> float:
 
 
 def targets(cases: list[dict]) -> list[dict]:
-    """colembed's best backend ahead of fast-maxsim in every cell (issue 25), and >= 2x
+    """colembed's best backend ahead of fast-maxsim in every cell, and >= 2x
     score_retrieval where that ran."""
     out = []
     for case in cases:
@@ -537,7 +537,7 @@ def targets(cases: list[dict]) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="cells 1x200 and 32x200")
-    parser.add_argument("--grid", action="store_true", help=f"issue 25's cells: {GRID}")
+    parser.add_argument("--grid", action="store_true", help=f"the standard cells: {GRID}")
     parser.add_argument("--cases", default="32x2000,1x10000", help="QUERIESxPAGES, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--big-rounds", type=int, default=None,

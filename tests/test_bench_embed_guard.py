@@ -1,4 +1,4 @@
-"""The release guard's own mechanics (benchmarks/embed/against.py, issue 25): what one timed
+"""The release guard's own mechanics (benchmarks/embed/against.py): what one timed
 sample holds and when this version's and the other version's exports are reused. No timing is
 asserted: the guard's figures live in benchmarks/results/embed/embed-against.md."""
 

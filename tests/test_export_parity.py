@@ -1,4 +1,4 @@
-"""Issue 3: the exported graphs, run torch-free by colembed, match ColQwen2ForRetrieval per token.
+"""The exported graphs, run torch-free by colembed, match ColQwen2ForRetrieval per token.
 
 Reference: transformers 4.57.1 ColQwen2Processor (PIL image processor) + ColQwen2ForRetrieval,
 fp32, one item at a time, real rows (attention mask 1) only.

@@ -1,4 +1,4 @@
-"""Issue 3: the exporter refuses what it cannot export faithfully, with a clear message."""
+"""The exporter refuses what it cannot export faithfully, with a clear message."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """benchmarks/shared/flops.py counts ColQwen3's DeepStack: the mergers that turn the outputs of some vision
-blocks into features for the first language layers (issue #22). The count is checked against the
+blocks into features for the first language layers. The count is checked against the
 work the real modules do: every `nn.Linear` call inside the tower's DeepStack mergers, recorded by
 forward hooks on a tiny-3 checkpoint (transformers' own Qwen3-VL), rows x in x out x 2."""
 

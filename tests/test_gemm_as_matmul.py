@@ -1,4 +1,4 @@
-"""Gemm -> MatMul (+ Add) before int8 (export/variants/gemm_as_matmul.py, issue 25): the rewrite computes
+"""Gemm -> MatMul (+ Add) before int8 (export/variants/gemm_as_matmul.py): the rewrite computes
 the same function, leaves Gemms it cannot express alone, and the int8 vision graph has no fp32
 weight-GEMM left (the patch merger's two Linears stayed fp32 before; 0.1.0 ran them in int8)."""
 

@@ -1,4 +1,4 @@
-"""Fault injection for the index (issues #20, #26): an error at each boundary of the pipeline, a
+"""Fault injection for the index: an error at each boundary of the pipeline, a
 SIGKILL at each write step, a disk that fills up mid-run. Each run ends with either a complete
 index or a clear error and a non-zero exit, and after a re-run with the index an uninterrupted run
 makes.

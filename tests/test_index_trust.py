@@ -1,4 +1,4 @@
-"""An index users can trust (issue #20): no silent short run, no leaked lock, nothing deleted that
+"""An index users can trust: no silent short run, no leaked lock, nothing deleted that
 the run does not own, reopened as it was built, a CLI that says what happened.
 
 Faults are injected at library boundaries (pypdfium2, the model's `embed_pages`, the store's
@@ -449,7 +449,7 @@ def test_symlinked_subfolders_are_followed_once(tmp_path, small_model):
 
 def test_an_int8_index_is_searched_with_int8_without_being_told(tmp_path, exported_variants,
                                                                 capsys):
-    """Issue #20 item 3 as seen: `colembed index --variant int8`, then `colembed search` with no
+    """The case as a user met it: `colembed index --variant int8`, then `colembed search` with no
     --model / --variant loaded fp32 and stopped with "variant: index has 'int8'"."""
     db, folder = tmp_path / "db", exported_variants.folder
     docs = write_pdf(tmp_path / "a.pdf", ["alpha", "beta"])

@@ -1,4 +1,4 @@
-"""The int8 vision attention (export/variants/int8_attention.py, issue 25; off by default,
+"""The int8 vision attention (export/variants/int8_attention.py; off by default,
 recipes.INT8_VISION_ATTENTION): the rewrite keeps each image's attention within 0.999 per token
 of onnxruntime's fp32 MultiHeadAttention (images at unlike scales: one scale per image and
 head), leaves the attentions it cannot express alone, and the int8 recipe writes it into the

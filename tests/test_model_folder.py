@@ -1,4 +1,4 @@
-"""Issue 3: the runtime refuses a tampered model folder, and each error names the file."""
+"""The runtime refuses a tampered model folder, and each error names the file."""
 
 from __future__ import annotations
 
@@ -145,7 +145,7 @@ def test_unchanged_files_are_not_hashed_twice(copy_model_folder, monkeypatch):
         colembed.load(folder, verify="sometimes")
 
 
-# ----------------------------------------------------------------- issue 10: confinement, tamper
+# --------------------------------------------------------------------------- confinement, tamper
 def test_manifest_round_trips(exported_tiny):
     from colembed.manifest import Manifest
 

@@ -177,7 +177,7 @@ def test_threaded_preparation_keeps_order_and_error_semantics(exported_tiny, thr
         np.testing.assert_allclose(got, want, atol=1e-5)
 
 
-# --------------------------------------------------- issue 10: per-item contract, query bound
+# ---------------------------------------------------------- per-item contract, query bound
 def test_lone_surrogate_names_the_item_and_keeps_the_queries_before_it(tiny_model):
     queries = [f"query number {i}" for i in range(5)]
     with pytest.raises(InputError, match=r"item 3: query is not valid Unicode") as caught:

@@ -1,4 +1,4 @@
-"""The runtime's speed rules (issue 25): how queries are grouped into runs, and when a run hands
+"""The runtime's speed rules: how queries are grouped into runs, and when a run hands
 the CPU arena's memory back. Their speed is measured in benchmarks/ (results/embed/embed-against.md);
 these tests hold the decisions: an ordinary query batch is one run, a long query runs apart, and
 only an unusually large query run shrinks the arena (page runs and ordinary runs never do)."""

@@ -1,4 +1,4 @@
-"""Issue 4: runtime embeddings rank pages as the reference model's do, under the same exact scorer."""
+"""Runtime embeddings rank pages as the reference model's do, under the same exact scorer."""
 
 from __future__ import annotations
 

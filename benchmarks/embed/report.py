@@ -217,7 +217,7 @@ def markdown(results: dict[str, Any]) -> str:
 
 # Speed targets against the torch reference, per page (744 image tokens), in the same run.
 TARGETS = {BASE_VARIANT: 1.0, "int8": 2.5}
-# ... and against torch bf16 SDPA (pages, single-query latency), issue 25's full-depth targets
+# ... and against torch bf16 SDPA (pages, single-query latency), the full-depth targets
 TARGETS_VS_BF16 = {"int8": (1.5, 2.0)}
 
 

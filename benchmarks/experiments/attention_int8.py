@@ -4,7 +4,7 @@
     python -m benchmarks.experiments.attention_int8 --tokens 1024 --rounds 7
     python -m benchmarks.experiments.attention_int8 --only "int8 per head, P per row"
 
-Issue 25 asks whether the vision tower's attention (QK^T and PV over ~3,000 patches, 32 blocks,
+Question: should the vision tower's attention (QK^T and PV over ~3,000 patches, 32 blocks,
 ~1.45 TFLOP a page at full depth, all fp32) should run its products in int8 through
 MatMulInteger. This times one block's attention on the shapes of a letter page (16 heads of 80,
 `--tokens` patches, one image) as onnxruntime graphs with the same threads:

@@ -1,4 +1,4 @@
-"""Disk in use during a long index run, and reopening after a SIGKILL (issue #26).
+"""Disk in use during a long index run, and reopening after a SIGKILL.
 
     python -m benchmarks.experiments.index_disk --pages 10000 [--unflushed-pages 3000]
 
@@ -11,7 +11,7 @@ page's, upserted 4 pages at a time (the writer's batch). It measures:
 
 - peak disk used by the index folder, sampled every 0.25 s while the pages are written (allocated
   blocks, not apparent sizes: Edge's WAL and segment files are sparse), beside the final disk
-  after the run (the ratio issue #26 bounds at ~1.2x), the flushes the cadence made and what one
+  after the run (the ratio the disk target bounds at ~1.2x), the flushes the cadence made and what one
   cost;
 - the same for a run with the cadence off (`--unflushed-pages`, only the final flush, as before
   #26), to show what it replaces;

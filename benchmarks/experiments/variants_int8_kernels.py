@@ -5,7 +5,7 @@
 Arms, on one MatMul with a constant (K, N) weight: quantise.py's "row" scheme (7-bit weights per
 column, one activation scale per token, MatMulIntegerToFloat) and com.microsoft MatMulNBits with
 8-bit asymmetric weight blocks of 16, 32 or 128 along K, accuracy level 4 (the kernel quantises the
-activation to int8 per token and per block of K: candidate (b) of issue 24, "an activation scale
+activation to int8 per token and per block of K: the candidate "an activation scale
 per row per group of input channels", fused in one kernel) or level 1 (fp32 compute). Per arm:
 per-token cosine to the float64 product (min / mean), then time at 20 and 200 tokens,
 interleaved (order reversed every round), median of 3 rounds (5 with `--row-only`), ratio to the

@@ -22,7 +22,7 @@ folder at the end (only a folder this script made).
 The export runs with the check on (the torch reference, then onnxruntime on the exported graphs),
 as a user's `colembed export` does. Per step: wall time and the step's own peak RSS (the kernel's
 high-water mark is reset at each step start, colembed_export.measure). The figure that matters is
-the overall peak against the fp32 weights' size: the target is <= 1.1x (issue 24: a full-size export with `--variant int8,fp16` within the memory users have).
+the overall peak against the fp32 weights' size: the target is <= 1.1x (a full-size export with `--variant int8,fp16` within the memory users have).
 
 Writes benchmarks/results/export/export.{md,json} (ColQwen2), export-colqwen2_5.{md,json} or
 export-colqwen3.{md,json} (the latest run of each family only; `--results` elsewhere).
@@ -44,7 +44,7 @@ from benchmarks.shared.machine import machine_info, markdown_header  # noqa: E40
 from colembed.layout import BASE_VARIANT  # noqa: E402
 
 RESULTS = HERE / "results" / "export"
-TARGET_PEAK_RATIO = 1.1  # issue 24: a full-size export with variants within 1.1x the fp32 weights
+TARGET_PEAK_RATIO = 1.1  # a full-size export with variants within 1.1x the fp32 weights
 # family -> (default preset, default vision depth, default text layers, results file, widths)
 FAMILIES = {
     "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
@@ -140,7 +140,7 @@ def markdown(info: dict, result: dict, widths: str = "Qwen2-VL-2B") -> str:
     ]
     for s in result["steps"]:  # a sub-step (a part of the variant step) is listed before its step
         label = f"&nbsp;&nbsp;part: {s['step'].removeprefix('variants: ')}" if s.get("parent") else s["step"]
-        anon = s.get("peak_anon_gb")  # results before session 14 have none
+        anon = s.get("peak_anon_gb")  # older results have none
         lines.append(f"| {label} | {s['seconds']:.1f} | {s['peak_rss_gb']:.2f} | "
                      f"{s['peak_rss_gb'] / result['weights_gb']:.2f}x | "
                      f"{'-' if anon is None else f'{anon:.2f}'} | {s['rss_after_gb']:.2f} |")

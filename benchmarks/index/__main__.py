@@ -8,7 +8,7 @@ embedding alone.
     python -m benchmarks.index --ingest-only   # indexing throughput (< 5 min)
     python -m benchmarks.index --long-run /tmp/x --pages 10000 --set local \
         --kill-at 2500 --kill-at 5000 --kill-at 7500 [--ab-cadence] [--pool-factor 3]
-                                                  # issue #26 (index_long.py); pooled: issue #19
+                                                  # long runs (index/long_run.py); pooled: --pool-factor
 
 Data (`--set`): synthetic page embeddings of real shape, what each models and does not said in
 its module: `synthetic_pages.py` (a topic spanning the page, grid-structured) and
@@ -191,7 +191,7 @@ def main() -> None:
                              "earlier run (same set and size) instead of building that store")
     parser.add_argument("--long-run", type=Path, metavar="FOLDER",
                         help="one long build of --pages pages into FOLDER (new), killed at each "
-                             "--kill-at and resumed (issue #26; index_long.py); writes "
+                             "--kill-at and resumed (index/long_run.py); writes "
                              "index-long-N.{md,json}")
     parser.add_argument("--kill-at", type=int, action="append", default=[],
                         help="with --long-run: SIGKILL the writer once this many pages are stored")

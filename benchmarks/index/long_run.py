@@ -1,4 +1,4 @@
-"""Long index runs (issue #26): one build killed at points and resumed, and what a kill costs.
+"""Long index runs: one build killed at points and resumed, and what a kill costs.
 
 Driven by `bench_index.py --long-run FOLDER --pages N --kill-at P ... [--ab-cadence]` (each job a
 fresh interpreter through its `--worker long|reopen`). What it models: the write side of a long
@@ -63,7 +63,7 @@ def bench_point(data: str, i: int, pool_factor: int = 1):
 
 
 
-# ------------------------------------------------------------------ long runs (issue #26)
+# ------------------------------------------------------------------------------------ long runs
 LONG_BATCH = 64  # pages handed to Store.upsert at a time by the long-run writer
 LONG_REPORT_EVERY = 64  # pages between the writer's progress lines (the driver kills on one)
 # A pooled page's Ward linkage (~40 ms) is most of its cost: the writer of a pooled store has it

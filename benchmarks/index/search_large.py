@@ -1,4 +1,4 @@
-"""Search on large built Qdrant Edge stores (issue 19's Show list at 100,000 pages), without an
+"""Search on large built Qdrant Edge stores (the search targets at 100,000 pages), without an
 Edge exact scan.
 
     # the stores: bench_index.py --long-run FOLDER --pages N --set local [--pool-factor F]

@@ -16,7 +16,7 @@ from colembed.layout import BASE_VARIANT, MANIFEST_NAME  # noqa: E402
 
 # The export in --workdir is reused only when it was made by the exporter source it would be made
 # by now: an A/B of an exporter change (--against REF) would otherwise time the cached graphs of
-# whatever checkout wrote them first against REF (it happened: session 12). The stamp sits beside
+# whatever checkout wrote them first against REF (this has happened). The stamp sits beside
 # the model folder, not in it: the exporter replaces only folders holding nothing but its own
 # files (colembed_export.pipeline.destination), so a stamp inside made every re-export a refusal.
 EXPORTER_STAMP = "bench_exporter.sha256"

@@ -59,7 +59,7 @@ CONFIGS = {
     "tiny-2.5-random": ("tiny-2.5", None, None, "random"),
     "tiny-2.5-stress": ("tiny-2.5", None, None, "stress"),
     "tiny-2.5-heldout": ("tiny-2.5", None, None, "heldout"),
-    # Error accumulation over depth (issue 24): the tiny widths at the real model's depth (32
+    # Error accumulation over depth: the tiny widths at the real model's depth (32
     # vision blocks, 28 text layers) and at depths between, where int8's per-MatMul rounding
     # compounds through the residual stream as it does in the real 2B (whose full-size export
     # missed the gate at mean 0.990 while every 1-4-layer fixture passed). They model how error

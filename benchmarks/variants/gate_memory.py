@@ -16,8 +16,8 @@ its start) and the RSS it left after gc and glibc's malloc_trim. Arms:
 - `kept`: the committed gate (fp16 weights stay fp16 in the session, cast per MatMul run);
 - `kept-arena-2`: the same with `MALLOC_ARENA_MAX=2` (glibc's per-thread malloc arenas capped);
 - `mapped`: fp16 kept, and every block of 1 MB or more its own mapping, returned when freed
-  (`evaluation.map_large_blocks`), instead of glibc's threshold that grows to 32 MB (the gate of
-  session 9);
+  (`evaluation.map_large_blocks`), instead of glibc's threshold that grows to 32 MB (an earlier
+  gate);
 - `gate`: the committed gate: `mapped`, and fp16 sessions in onnxruntime's priority-based node
   order (`evaluation.GATE_EXECUTION_ORDER`: each weight's fp32 cast made next to its MatMul).
 

@@ -3,7 +3,7 @@
 Why: a query's answer usually sits in a few percent of a page's tokens (one table cell, one
 caption), while most tokens are blank paper that looks alike on every page. A page-level summary
 (the `mean` vector, row/column pooling) dilutes those few tokens into the background, so a page
-whose mean is ordinary never reaches the exact rerank (issue 19: 8 of 40 local-answer queries at
+whose mean is ordinary never reaches the exact rerank (docs/search.md: 8 of 40 local-answer queries at
 10,000 pages). Clustering a page's image tokens keeps a text block as a centroid of its own, and
 the MaxSim of the query against each page's `CENTROIDS` centroids ranks every page (no gate).
 

@@ -265,7 +265,7 @@ def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
 # Whether a calibration probe's session prepacks its weights (onnxruntime's default). Off: a probe
 # runs a handful of items once, and unpacked weights stay the external-data file's memory-mapped
 # pages (file-backed, which the kernel can drop under pressure) instead of a packed anonymous copy
-# of every fp32 weight (the 4B variant step's 1.16x peak of session 13 came from such a probe of
+# of every fp32 weight (a 4B variant step's 1.16x peak came from such a probe of
 # the fp32 text graph), and loading skips the packing: results/experiments/variants-probe-prepacking-2b-full.md.
 PROBE_PREPACKING = False
 

@@ -16,7 +16,7 @@ see benchmarks/README.md):
 
 - int8 (quantise.py writes it, weight by weight): every MatMul with a constant weight gets int8
   weights, symmetric per output column, and its activation quantised with ONE SCALE PER TOKEN
-  (row), not onnxruntime's one scale per tensor. Why (issue 24): a per-tensor scale is set by
+  (row), not onnxruntime's one scale per tensor. Why: a per-tensor scale is set by
   the largest value anywhere in the run (every token, every batched item, padding), so a token's
   precision depended on the sequence length and its neighbours; under trained-like activations
   (2B widths, held-out stress traits, export/testing/tiny_qwen2.py HELD_OUT_STRESS) per-tensor int8 gave
@@ -58,7 +58,7 @@ see benchmarks/README.md):
   4) with bits per MatMul role (INT4_ROLE_BITS). Why (issue 22; benchmarks/results/
   variants-int4-recipes-4b-2+2*.md, random weights at Qwen3-VL-4B widths, 2+2 layers, the text
   graph against fp32's on the gate's items, worst bucket mean against the gate's 0.98): with
-  every MatMul 4-bit (the recipe until session 10) 0.9668 (the exporter refused int4 there,
+  every MatMul 4-bit (the earlier recipe) 0.9668 (the exporter refused int4 there,
   mean 0.97812), while at Qwen2-VL-2B widths it had held at 0.9855. The error is the 4-bit
   weights': one MatMul's output is off by ~7% of its norm with blocks of 16 (8% / 9% / 10% with
   blocks of 32 / 64 / 128; symmetric blocks worse), 8-bit blocks ~0.5% (results/

@@ -230,7 +230,7 @@ def write_variants(
     # refuses (a ranking set fp32 cannot tell apart) no variant can be judged, so none is made.
     # Measured at Qwen3-VL-4B size, full depth, random weights: the refusal came after 9 min of
     # making variant graphs that could never have been written
-    # (session 13's run; results/export/export-colqwen3-full-variants.md has this exporter's).
+    # (results/export/export-colqwen3-full-variants.md).
     say("running the gate set through fp32, the reference every variant is judged against")
     try:
         reference = fp32_reference(staging, step=step)
