@@ -24,8 +24,8 @@ Backends (`backend=`):
 - "onnx": the scorer graph of `maxsim_graph` (`maxsim.onnx` in a model folder, or built in memory
   when the `onnx` package is installed) on onnxruntime's CPU provider, fed padded chunks of pages
   sorted by length, every query token as a one-token query (no padding of ragged queries).
-- "auto": the graph when there is one and there are many query tokens (`ONNX_MIN_QUERY_TOKENS`,
-  measured crossover), else numpy. Both give bitwise-equal scores on the machine measured.
+- "auto": the graph when there is one and there are many query tokens (`ONNX_MIN_QUERY_TOKENS`),
+  else numpy. Both give bitwise-equal scores on the machines measured.
 Memory: pages are processed in chunks whose scratch (stacked or padded copies, the similarity
 matrix, onnxruntime's intermediates) stays under `memory_budget_bytes`; a chunk always holds at
 least one page, and queries are split into groups when one page against all queries would not fit.
@@ -61,45 +61,29 @@ REFERENCE_BATCH_SIZE = 128
 BACKENDS = ("auto", "numpy", "onnx")
 # Pages read (and validated) from an iterable at a time; the onnx path sorts each block by length.
 BLOCK_DOCUMENTS = 512
-# A list or tuple of pages is already in memory, so blocking it saves no memory: it is taken in
-# blocks of up to this many pages instead. Each block ends on a barrier (every worker thread waits
-# for the last run, then the main thread validates the next block while the workers sleep); on a
-# busy machine each barrier also waits for descheduled threads to be woken, so fewer is faster.
+# A list or tuple of pages is already in memory, so it is taken in blocks of up to this many
+# pages: each block ends on a barrier, and on a busy machine fewer barriers are faster.
 BLOCK_DOCUMENTS_IN_MEMORY = 1 << 16
-# numpy kernel choice (measured on a 2-core AVX-512 Xeon, dim 128, OpenBLAS): one GEMM per page on
-# the caller's array (no copy; its similarities stay in cache) wins for 700-800-token pages at every
-# query count tried (26 to 2,496 query tokens: 1.5x at 26, even at 832+). Stacking the pages of a
-# chunk wins only for few query tokens against short pages, where a call per page costs more than
-# the GEMM (26 query tokens: 2x at 8-token pages, 1.1x at 256).
+# numpy kernel choice: one GEMM per page on the caller's array (no copy, similarities in cache)
+# wins for real page lengths; stacking a chunk's pages wins only for few query tokens against
+# short pages, where a call per page costs more than its GEMM.
 STACKED_MAX_QUERY_TOKENS = 128
 STACKED_MAX_PAGE_TOKENS = 384  # mean over the block
-# backend="auto" uses the graph (when there is one) from this many query tokens. Measured with
-# 700-800-token pages, best of 4: 32 queries (~830 tokens) graph 211 vs numpy 205 GFLOP/s (1.03-1.1x
-# over several runs), 16 queries (~420) 181 vs 200, 1 query 59 vs 61 (pages already in memory;
-# the graph pays a padded copy of every page, numpy none). With OPENBLAS_CORETYPE=Haswell pinning
-# numpy's kernels on this AVX-512 CPU, the graph led by 1.15x at 832 (onnxruntime picks its own).
+# backend="auto" uses the graph (when there is one) from this many query tokens: the measured
+# crossover, below which numpy's no-copy path wins (docs/scoring.md, "The kernels").
 ONNX_MIN_QUERY_TOKENS = 640
-# Pages against queries, one GEMM per page: a multi-threaded BLAS call per page pays a thread
-# hand-off per page, which on a busy machine waits for a descheduled thread. So the pages are dealt
-# to `_page_workers()` threads, each calling a single-threaded BLAS on its own pages (what
-# fast-maxsim does with its own kernels): no hand-off per page, every core busy. First for a search
-# (1-4 queries, small GEMMs); at load ~28 on the 2-core EPYC it also beat one multi-threaded call
-# per page for 32 queries (830 rows) in every interleaved round (docs/scoring.md), so every query
-# count takes it (this is the limit only tests lower). Needs OpenBLAS's per-thread thread count
-# (`openblas_set_num_threads_local`, OpenBLAS >= 0.3.27, numpy's wheels); without it the
-# one-call-per-page path runs as before.
+# Pages are dealt to `_page_workers()` threads, each calling a single-threaded BLAS, instead of
+# one multi-threaded BLAS call per page, whose per-page thread hand-off waits for descheduled
+# threads on a busy machine (docs/scoring.md). Every query count takes this path (only tests
+# lower the limit); it needs OpenBLAS's `openblas_set_num_threads_local` (>= 0.3.27), and
+# without it the one-call-per-page path runs.
 PARALLEL_MAX_QUERY_ROWS = 1 << 30
-# Pages a worker takes at a time on that path (fewer when a block has few pages, so every worker
-# gets several runs): small enough that the last run of a block costs little waiting, large enough
-# that taking one costs nothing beside its GEMMs (~0.2 ms a page for one query).
+# Pages a worker takes at a time: small enough that a block's last run costs little waiting,
+# large enough that taking one costs nothing beside its GEMMs.
 PARALLEL_CHUNK_PAGES = 8
-# The per-page kernels pad the query columns (`_query_columns`) with zero columns to a multiple of
-# this: OpenBLAS's sgemm (Haswell kernels, as on the AVX2 EPYC) runs the query dimension in strips
-# of 8, and a partial strip costs about a whole one. Measured single-threaded on 700-800-token
-# pages (exploratory, under load ~4-5): 20-38 columns padded to 24/32/40 never cost more and were
-# up to 12% cheaper (22 -> 24, 38 -> 40); the grouped column max is cheaper too. Its SkylakeX
-# kernels (the AVX-512 EPYC) take strips of 16 with 8/4/2/1 tails: 26-30 padded to 32 cost less
-# than unpadded there, 34 padded to 40 ~10% more (docs/scoring.md); 8 stays.
+# The per-page kernels pad the query columns (`_query_columns`) to a multiple of this: OpenBLAS's
+# sgemm runs the query dimension in strips of 8 (or 16 with 8-wide tails), and a partial strip
+# costs about a whole one (docs/scoring.md, "The query columns").
 QUERY_COLUMN_MULTIPLE = 8
 # `_column_max` views this many similarity rows as one row (see there).
 MAX_GROUP_ROWS = 8

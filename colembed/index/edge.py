@@ -1,30 +1,19 @@
 """Qdrant Edge (`qdrant-edge-py`, pinned in pyproject): the embedded store, one shard in a folder.
 
-Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (what this folder
-is: schema version, vector size), `<db>/shard/` (Edge's own files: segments and a write-ahead log,
-so an update that returned survives a killed process) and `<db>/colembed_index.lock` (one process
-at a time, readers included, as Edge itself requires: lock.py names the holder). Vectors are stored
-as float16 (half the disk and page cache, scores moved far below the gaps that order pages:
-docs/index.md says by how much); no HNSW graph on any vector (full-scan MaxSim is exact and
-Edge's brute force is fast). A new folder is created at schema 3 (schema.py): the `page`
-multivector and the `mean` vector only, since its plan takes candidates from the token table and
-the `mean` vector and never read the pooled `rows` / `cols` (they were ~23% of a pooled folder).
-Every multivector (`page`, and in older folders `rows` / `cols`) stays on disk, memory-mapped
-(`on_disk`); only the `mean` vector (256 bytes a page) is held in RAM. Why: Edge drops a shard's
-files from the page cache when it closes, and an in-RAM vector is read whole at every open, so the
-open grew with the index (in-RAM `rows` / `cols`: 210 MiB read and 320 MiB more RSS at 10,000
-pages, 3.2 s at 100,000) while a search reads a few hundred pages' worth: mapped, the open reads
-the `mean` vectors only and a search faults in the pages it touches (measured:
-benchmarks/results/index/history/index-10k.md, benchmarks/results/experiments/search-reopen.md). The storage is chosen when
-a shard is created: folders created before keep theirs (schema 1 or 2 with `rows` / `cols`; `page`
-only mapped, or everything in RAM before that) and open and search as they did.
-`<db>/tokens/` holds the centroid table of the token stage (tokens.py), written after each shard
-write and checked against the shard's page ids on open (and compacted there when mostly dead
-rows). A schema-2 folder without a current table (made by an older colembed, or a kill between the
-two writes) searches with the mean-gated plan and says so; a schema-3 folder, which has no rows /
-cols for that plan, searches with the table it has (a page missing from it is found by its `mean`
-vector only) and says so. `colembed upgrade` rewrites a schema-1 or 2 folder at schema 3 and
-rebuilds a stale table, from the stored vectors.
+Everything Edge-specific lives here. Folder layout: `<db>/colembed_index.json` (schema version,
+vector size), `<db>/shard/` (Edge's segments and write-ahead log, so an update that returned
+survives a killed process), `<db>/colembed_index.lock` (one process at a time, readers included,
+as Edge requires: lock.py) and `<db>/tokens/` (the token stage's centroid table, tokens.py,
+written after each shard write and checked against the shard's page ids on open).
+
+Vectors are float16 (half the disk; scores move far below the gaps that order pages:
+docs/index.md), with no HNSW graph (full-scan MaxSim is exact and Edge's brute force is fast).
+A new folder is schema 3 (schema.py): the `page` multivector and the `mean` vector only. Every
+multivector is memory-mapped (`on_disk`) and only `mean` is held in RAM, because Edge reads an
+in-RAM vector whole at every open while a search touches a few hundred pages
+(benchmarks/results/experiments/search-reopen.md). Older folders keep the storage they were
+created with and search as they did, saying when they lack a current token table;
+`colembed upgrade` rewrites them at schema 3.
 """
 
 from __future__ import annotations

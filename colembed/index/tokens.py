@@ -7,10 +7,9 @@ whose mean is ordinary never reaches the exact rerank (docs/search.md: 8 of 40 l
 10,000 pages). Clustering a page's image tokens keeps a text block as a centroid of its own, and
 the MaxSim of the query against each page's `CENTROIDS` centroids ranks every page (no gate).
 
-Why numpy and not a Qdrant vector: Qdrant's MaxSim over a multivector is a per-pair loop (16
-centroids x 10,000 pages took 0.22 s a query here, 2 s at 100,000); one BLAS matmul over the
-same matrix is ~20x faster, and an HNSW graph over 1.6 million centroid points took 525 s to
-build per 10,000 pages on this 2-core machine (benchmarks/results/search.md).
+Why numpy and not a Qdrant vector: Qdrant's MaxSim over a multivector is a per-pair loop, and
+one BLAS matmul over the same matrix is ~20x faster; an HNSW graph over the centroids as points
+is too slow to build at 100,000 pages (docs/search.md, "Measured alternatives").
 
 The table lives beside the store (`TokenTable`: two append-only files, memory-mapped); it is
 derived data, rebuilt from the stored `page` vectors when it does not match the store (a crash

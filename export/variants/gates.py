@@ -34,18 +34,13 @@ RANKING_PAGES = 24
 # 28-pixel tokens; ColQwen3 (32-pixel tokens, at least 64) resizes it up to 8 x 9.
 RANKING_SIZE = (112, 140)
 # A clear winner: fp32's own page beats the runner-up by this many standard deviations of the
-# other pages' scores for that query. Measured against the spread, not the score: every score
-# holds a part all pages get alike (the page prompt's tokens, which the query copies share, score
-# ~1 each against any page; and whatever direction a checkpoint gives all its vectors), whose
-# share grows with the image tokens per page and with how alike a checkpoint makes tokens. On
-# ColQwen3's stress checkpoint (image tokens of different pages at cosine 0.989, 72 of them) every
-# query's own page won by 13-25 spreads, yet by only 0.13-0.22% of the score, which the relative
-# margin this replaced (0.5% of the score) refused as no winner at all. The spread is the scale
-# a variant must keep the winner clear of; the fixtures' smallest leads are 8.6-14 spreads
-# (docs/reference-colqwen3.md, "Why the ranking gate refused it before").
+# other pages' scores. Measured against the spread, not the score: every score holds a part all
+# pages get alike (prompt tokens, a checkpoint's common direction), so a relative margin refuses
+# real winners on checkpoints whose tokens are alike (docs/reference-colqwen3.md, "Why the
+# ranking gate refused it before").
 CLEAR_SPREADS = 3.0
 MIN_CLEAR_QUERIES = 16
-# One sentence repeated to reach a length (the issue's 221-token query was one sentence x 8).
+# One sentence repeated to reach a length (a 221-token query of one sentence x 8 once broke int8).
 GATE_SENTENCE = "Net revenue in the northern region grew by 12% while operating costs fell. "
 CALIBRATION_SENTENCE = "Which table lists the quarterly figures for each product line? "
 GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the bound itself
@@ -76,44 +71,29 @@ VOCABULARY_SEED = 11
 QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
 PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the last to the budget
 # How the gate loads each model: sizes checked (the files were just written), and no CPU memory
-# arena. The gate runs every item once, of sizes from one token to the full image budget; an
-# arena keeps each session's high-water mark after the run that set it, so both sessions held
-# their largest runs' memory at once, on top of the weights. Without it a tensor's memory goes
-# back when its last reader ran, and the gate's peak is the largest run's live tensors
-# (measured at Qwen2-VL-2B widths: docs/variants.md, "The variant step's memory").
+# arena, which would keep each session's high-water mark after the run that set it, so both
+# sessions would hold their largest runs' memory at once (docs/variants.md, "The variant step's
+# memory").
 GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
-# onnxruntime session config of each variant's gate sessions, on top of GATE_LOAD. fp16: the CPU
-# provider has no fp16 MatMul, so it casts the fp16 weights to fp32 around it (its
-# CastFloat16Transformer) and then folds each cast weight into a new fp32 initializer at load
-# (FuseFp16InitializerToFp32NodeTransformer): an fp16 session held the fp32 weights' size (the
-# full-size gate's fp16 run peaked at 1.63x the fp32 weights). Without that fold each weight
-# stays fp16 and is cast when its MatMul runs, and freed after; the values are the same (a cast
-# of fp16 to fp32 is exact; the activations are fp32 into those MatMuls either way), so are the
-# verdicts (tests/test_variants_gate_memory.py), at the casts' time (docs/variants.md, "The
-# variant step's memory").
+# onnxruntime session config of each variant's gate sessions, on top of GATE_LOAD. fp16: keep the
+# weights fp16 in memory, each cast to fp32 when its MatMul runs, instead of folded into fp32
+# initializers at load (which made an fp16 session hold the fp32 weights' size). The cast is
+# exact, so the verdicts are the same (tests/test_variants_gate_memory.py;
+# benchmarks/results/export/export-variants-2b.md).
 GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
     "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
 }
-# onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16:
-# with its weights kept fp16 (above) each MatMul weight is cast to fp32 by a Cast node whose only
-# input is the weight, so onnxruntime's default topological order, which takes ready nodes in
-# graph order, runs most of those casts at the start of a run: measured on the fp16 graphs at the
-# real depth (tiny widths, 32 + 28), 61% of the text graph's cast fp32 bytes and all of the vision
-# graph's were alive at once, and at full 2B size the fp16 gate set peaked at 1.19x the fp32
-# weights. Its priority-based order runs such a cast only when nothing before it can run, i.e.
-# just before the MatMul that reads it, whose end frees it: 1% and 12% alive at once on those
-# graphs. The order changes when a node runs, not what it computes: the gate's fp16 figures are
-# the same bit for bit (tests/test_variants_gate_memory.py; docs/variants.md, "The variant step's
-# memory").
+# onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16: the
+# priority-based order runs each weight's fp32 cast just before the MatMul that reads it, where
+# the default order runs most casts at the start of a run and holds them all at once. The order
+# changes when a node runs, not what it computes (tests/test_variants_gate_memory.py;
+# docs/variants.md, "The variant step's memory").
 GATE_EXECUTION_ORDER: dict[str, str] = {"fp16": "priority"}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}
-# glibc: every block of at least this many bytes gets its own mapping, handed back to the system
-# when freed. glibc's default threshold grows to the largest block freed so far (up to 32 MB), so
-# once the gate's first large activation is freed, every later one below 32 MB comes from the
-# heap, whose freed blocks fragment it over a run's layers; with a fixed threshold a run's
-# transient peak fell by a fifth to a third (Qwen2-VL-2B widths, 2+2 layers: a query at the bound
-# +0.38 -> +0.25 GB over the loaded model, the full-budget page beside the smallest +0.64 -> +0.49
-# GB; docs/variants.md, "The variant step's memory").
+# glibc: every block of at least this many bytes gets its own mapping, handed back when freed.
+# glibc's default threshold grows with the largest block freed (up to 32 MB), after which freed
+# activations fragment the heap over a run's layers; a fixed threshold cuts a run's transient
+# peak (docs/variants.md, "The variant step's memory").
 GATE_MMAP_THRESHOLD = 1 << 20
 
 

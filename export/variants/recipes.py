@@ -11,79 +11,32 @@
 |         |                                            | the token-embedding table fp32                    |
 | fp16    | fp16 weights and weight-GEMMs, fp32 rest   | fp16 weights and weight-GEMMs, fp32 rest          |
 
-Why these choices (measured on the Qwen2-VL-2B-width benchmark model and the stress checkpoint,
-see benchmarks/README.md):
+Why these choices (the figures, with their result notes, are in docs/variants.md):
 
-- int8 (quantise.py writes it, weight by weight): every MatMul with a constant weight gets int8
-  weights, symmetric per output column, and its activation quantised with ONE SCALE PER TOKEN
-  (row), not onnxruntime's one scale per tensor. Why: a per-tensor scale is set by
-  the largest value anywhere in the run (every token, every batched item, padding), so a token's
-  precision depended on the sequence length and its neighbours; under trained-like activations
-  (2B widths, held-out stress traits, export/testing/tiny_qwen2.py HELD_OUT_STRESS) per-tensor int8 gave
-  queries mean 0.992-0.996 / min 0.987 and pages min 0.13 (a 779-token page); per token plus the
-  rest below, queries hold mean 0.9994 / min 0.999 from 13 to 613 tokens. Input channels whose
-  max |value| on a calibration item exceeds OUTLIER_RATIO x its median channel (the massive
-  channels, the value-bias channel feeding layer 0's o_proj) are computed in fp32 beside the
-  int8 product (LLM.int8()'s decomposition), judged per item because a page's image tokens set
-  other channel maxima than a query's text tokens. SmoothQuant (alpha 0.5) still folds range
-  from the norms' outputs into the weights first (function-preserving, constants only).
-  Weights use 7 bits: onnxruntime's u8 x s8 kernels on AVX2 without VNNI saturate 16-bit
-  pair sums with 8-bit weights (measured: MatMulInteger off by 45877 of 146355), which the
-  old recipe was exposed to. The per-token scheme is plain ONNX ops that onnxruntime does not
-  fuse into one kernel: its speed cost is in benchmarks/results/experiments/variants-int8-per-token.md. The
-  "tensor" scheme (quantize_dynamic's nodes, fused into DynamicQuantizeMatMul) stays available
-  to measure against (`quantize_int8(..., scheme="tensor")`).
-  Not solved: on the 2B-width held-out stress checkpoint the page prompt's text tokens after
-  the image tokens still fall to min ~0.83-0.90; the gate refuses such a variant at export.
-  Not solved either: depth. At full Qwen2-VL-2B depth (32 + 28) on random weights this recipe
-  misses the gate in every bucket (mean 0.990, queries as much as pages): each MatMul's
-  rounding, ~1.5-2% of its output at 2B widths and dominated on random weights by the 7-bit
-  weights' step, adds up over 28 layers. No exact split of the 16-bit pair sums does much
-  better (benchmarks/results/experiments/variants-int8-code-error.md); a second 7-bit code per weight
-  ("int8x2", quantise_matmuls(weight_passes=2)) cuts each MatMul's cosine loss ~5x on random
-  weights at twice the integer products (1.8-3.1x one MatMul's time, benchmarks/results/
-  variants-int8-passes-kernels.md), and almost nothing where activation outliers dominate.
-  Measured together at 2B widths, 8 + 7 layers: the loss 4.1x less (mean 0.99521 -> 0.99882),
-  pages 1.64x and queries 1.89x one code's time, 0.73x / 0.70x fp32's (benchmarks/results/
-  variants-fidelity-2b-8+7*.md, variants-speed-ab-passes.md); at full depth two codes pass the
-  gate in every bucket where one code is refused (mean 0.98984 -> 0.99758, benchmarks/results/
-  export-variants-2b-passes-2.md). So the int8 variant is made by the fastest recipe that holds
-  (`recipe_attempts`): one code per weight ("int8") first, and when the gate refuses it, two
-  ("int8x2", its `fallback`), gated again against the same fp32 run; the manifest's check
-  records which was written and the refused attempt's verdict (docs/variants.md).
+- int8 (quantise.py writes it, weight by weight): int8 weights symmetric per output column, and
+  each MatMul's activation quantised with one scale per token, not one per tensor: a per-tensor
+  scale is set by the largest value anywhere in the run (padding and neighbours included), so a
+  token's precision would depend on its batch ("int8: one activation scale per token"). Input
+  channels past OUTLIER_RATIO x their median are computed in fp32 beside the int8 product
+  (LLM.int8()'s decomposition), judged per item; SmoothQuant (alpha 0.5) folds range from the
+  norms' outputs into the weights first. Weights use 7 bits: u8 x s8 kernels on AVX2 without VNNI
+  saturate 16-bit pair sums with 8-bit weights (benchmarks/results/experiments/variants-int8-bits.md).
+  Error compounds over depth, so the variant is the fastest recipe that holds
+  (`recipe_attempts`): one code per weight ("int8"), then two ("int8x2", its `fallback`) when the
+  gate refuses one, gated again against the same fp32 run ("int8: the fastest recipe that holds").
 - int4 is for the language model, where query work is memory-bound; the vision tower is
-  compute-bound, where 4 bits save nothing over int8 compute but cost accuracy, so the int4
-  variant reuses the int8 vision graph file. Its text graph is onnxruntime's MatMulNBits
-  (asymmetric blocks along K, activations int8 per token and block in the kernel: accuracy level
-  4) with bits per MatMul role (INT4_ROLE_BITS). Why (issue 22; benchmarks/results/
-  variants-int4-recipes-4b-2+2*.md, random weights at Qwen3-VL-4B widths, 2+2 layers, the text
-  graph against fp32's on the gate's items, worst bucket mean against the gate's 0.98): with
-  every MatMul 4-bit (the earlier recipe) 0.9668 (the exporter refused int4 there,
-  mean 0.97812), while at Qwen2-VL-2B widths it had held at 0.9855. The error is the 4-bit
-  weights': one MatMul's output is off by ~7% of its norm with blocks of 16 (8% / 9% / 10% with
-  blocks of 32 / 64 / 128; symmetric blocks worse), 8-bit blocks ~0.5% (results/
-  variants-int4-weight-error.md), and the activations' int8 in the kernel adds nothing measurable (accuracy level 0: 0.98849 against 0.98826, queries
-  1.7x slower). The roles' losses add up (one role 4-bit, the rest fp32, 1 - worst bucket mean:
-  v_proj 0.0070, o_proj 0.0069, gate 0.0040, up 0.0038, down 0.0036, q_proj 0.0032 for 2 layers;
-  their sum 0.0285 of the whole 0.0332), so per weight the attention's projections cost ~3x the
-  MLP's: attention 8-bit + the final projection fp32 (INT4_ROLE_BITS, the recipe) gives
-  0.98826 (mean 0.99186, min 0.9850),
-  at 8.3 bits a weight for a quarter of each layer's weights (blocks of 128; blocks of 16,
-  10.5 bits, 0.98840). The down projection 8-bit as well: 0.99165 (more margin, 92 MB a layer).
-  Per 4B layer: 86 MB (the all-4-bit recipe 79 MB, int8 101 MB); the fp32 token-embedding table
-  (1.56 GB at 4B) is in every variant.
-  Depth: not measured at 4B widths (at 2+2 the margin is 0.0083; docs/variants.md, "int4 at
-  depth").
-- fp16 targets DirectML: fp16 weights (half the bytes) and fp16 weight-GEMMs (the bulk of the
-  work); norms, softmax, activations, residual adds, rotary tables, attention scores and the
-  final projection + L2 normalisation stay fp32, with one Cast into and one out of each GEMM
-  group. No value rounds through fp16 between two fp32 ops (graph_edits.round_trip_casts == 0),
-  and a residual stream above 65504 (the fp16 maximum) stays finite. A GEMM whose input or
-  output comes near 65504 on the sample inputs stays fp32 (Qwen2.5-VL's gated vision MLP feeds
-  its down-projection silu(gate) * up, the seed notes' overflow point). onnxruntime's CPU
-  provider runs fp16 MatMuls in fp32 between its own casts (measured: an fp16 island fed 2e5
-  returns the fp32 result), so the cosine gate run on CPU cannot see an fp16 overflow: the gate
-  checks the measured peak at every fp16 GEMM instead (`Gate.fp16_peak`), and any inf/NaN.
+  compute-bound, so the int4 variant reuses the int8 vision graph file. Its text graph is
+  MatMulNBits (asymmetric blocks along K, accuracy level 4) with bits per MatMul role
+  (INT4_ROLE_BITS): the attention's projections cost ~3x the MLP's error per weight, so they are
+  8-bit, the MLP 4-bit, the final projection fp32 ("int4: the MLP 4-bit, the attention 8-bit,
+  the projection fp32"; benchmarks/results/variants/variants-int4-recipes-4b-2+2-b.md).
+- fp16 targets DirectML: fp16 weights and weight-GEMMs; norms, softmax, activations, residual
+  adds, rotary tables, attention scores and the final projection + L2 normalisation stay fp32,
+  one Cast into and one out of each GEMM group, no value rounding through fp16 between two fp32
+  ops. A GEMM whose input or output comes near 65504 (the fp16 maximum) on the sample inputs
+  stays fp32. onnxruntime's CPU provider runs fp16 MatMuls in fp32, so a cosine gate on CPU
+  cannot see an fp16 overflow: the gate checks the measured peak at every fp16 GEMM
+  (`Gate.fp16_peak`) and any inf/NaN.
 
 Gates: per-token cosine between the variant's and fp32's embeddings (mean and min over all tokens)
 and top-1 agreement on a ranking set built so that fp32 has clear winners (variants/gates.py); no
