@@ -459,3 +459,17 @@ def test_new_shards_store_no_rows_or_cols_and_a_folder_holding_them_in_ram_still
             assert len(gated) == 3 and needle_free(gated, points[NEEDLE].id)
         store.close()
     assert vector_on_disk(tmp_path / "old")["rows"] is False
+
+
+def test_the_centroid_scan_computes_the_exact_scorers_maxsim():
+    """The token stage keeps its own kernel (ARCHITECTURE.md, "Two MaxSim kernels"), but not its own
+    definition: each page's centroids scored as a page by `colembed.score` give the scan's score."""
+    from colembed import score
+    from colembed.index import tokens
+
+    rng = np.random.default_rng(5)
+    table = _unit(rng.standard_normal((tokens.SCAN_CHUNK_PAGES + 9, tokens.CENTROIDS, DIM)))
+    queries = [_unit(rng.standard_normal((n, DIM))) for n in (1, 7, 20)]
+    exact = score(queries, list(table), backend="numpy")
+    np.testing.assert_allclose(tokens.centroid_scores_many(table, queries), exact,
+                               rtol=1e-5, atol=1e-5)
