@@ -9,6 +9,7 @@
     colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
     colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
     colembed serve --db DIR              HTTP API and search page (needs the serve extra)
+    colembed eval DATASET --model M      nDCG@k, recall@k, MRR@k on a labelled set (BEIR, ViDoRe)
 """
 
 from __future__ import annotations
@@ -672,7 +673,51 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, else fp32)")
     doctor.set_defaults(func=_cmd_doctor)
     _add_serve_command(sub)
+    _add_eval_command(sub)
     return parser
+
+
+def _cmd_eval(args) -> int:
+    """`colembed eval DATASET --model M`: search quality on a labelled set (docs/eval.md)."""
+    try:
+        from .evaluation.run import DEFAULT_MODES, evaluate
+    except ImportError as e:
+        raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
+    report = evaluate(args.dataset, args.model, variants=args.variant or [BASE_VARIANT],
+                      budgets=args.max_image_tokens or [None],
+                      modes=args.mode or DEFAULT_MODES, k=args.k,
+                      split=args.split, work=args.work,
+                      progress=False if args.quiet or args.json else None,
+                      note=None if args.quiet or args.json else _progress)
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+        return EXIT_OK
+    print(f"{report.dataset}: {report.queries} queries scored ({report.skipped_queries} without "
+          f"a relevant label left out), {report.corpus_pages} corpus pages, "
+          f"{report.unknown_labels} relevant label(s) naming no corpus page")
+    print(report.table())
+    return EXIT_OK
+
+
+def _add_eval_command(sub) -> None:
+    ev = sub.add_parser("eval", help="nDCG@k, recall@k and MRR@k of search on a labelled set "
+                                     "(BEIR-style or ViDoRe / MTEB Parquet folder), per mode, "
+                                     "variant and image-token budget")
+    ev.add_argument("dataset", help="the labelled set's folder (docs/eval.md: layouts)")
+    ev.add_argument("--model", required=True, help="model folder or name")
+    ev.add_argument("--variant", action="append", help=f"graph variant (repeatable; default "
+                                                       f"{BASE_VARIANT})")
+    ev.add_argument("--max-image-tokens", type=_positive_int, action="append",
+                    help="image-token budget (repeatable; default: the model's)")
+    ev.add_argument("--mode", action="append", choices=("two-stage", "exact", "hybrid"),
+                    help="search mode (repeatable; default all three)")
+    ev.add_argument("-k", type=_positive_int, default=10, help="cut-off of the metrics (default 10)")
+    ev.add_argument("--split", default="test", help="the labels' split (default test)")
+    ev.add_argument("--work", help="folder for the run's indexes, kept and reused (default: a "
+                                   "temporary folder, removed at the end)")
+    ev.add_argument("--json", action="store_true", help="machine-readable output")
+    ev.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    ev.set_defaults(func=_cmd_eval)
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:

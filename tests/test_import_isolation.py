@@ -107,7 +107,8 @@ OWNERS = {
     "tqdm": {"index.index"},
     "scipy": {"index.pooling"},  # Ward linkage for index-time token pooling, on first use
     "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
-    "pyarrow": {"distributed.targets", "distributed.pipeline"},
+    "pyarrow": {"distributed.targets", "distributed.pipeline",
+                "evaluation.labelled"},  # `colembed eval` reading ViDoRe / MTEB Parquet
     # the serve extra: the web framework lives in colembed.serve.app and the middleware before
     # it (serve.guards), the server in serve.run and its protocol (serve.connections)
     "fastapi": {"serve.app", "serve.guards"},
