@@ -85,6 +85,20 @@ def test_the_core_the_index_and_the_cli_load_no_web_framework():
     assert "fastapi" in loaded_after("import colembed.serve.app", WEB)  # the probe sees it
 
 
+RAG = ("langchain_core", "langchain", "llama_index", "httpx")
+
+
+def test_the_rag_frameworks_load_only_with_their_retriever():
+    """`import colembed`, the index and the CLI load neither framework; each retriever module
+    loads its own framework and not the other."""
+    assert loaded_after("import colembed, colembed.index, colembed.integrations", RAG) == []
+    assert loaded_after(HELP, RAG) == []
+    assert "llama_index" not in loaded_after("import colembed.integrations.langchain", RAG)
+    assert "langchain_core" in loaded_after("import colembed.integrations.langchain", RAG)
+    assert "langchain_core" not in loaded_after("import colembed.integrations.llamaindex", RAG)
+    assert "llama_index" in loaded_after("import colembed.integrations.llamaindex", RAG)
+
+
 def test_the_probe_detects_a_leak():
     """The check can fail: with transformers imported first, the same probe reports it."""
     assert "transformers" in loaded_after("import transformers\nimport colembed")
@@ -113,10 +127,13 @@ OWNERS = {
     # it (serve.guards), the server in serve.run and its protocol (serve.connections)
     "fastapi": {"serve.app", "serve.guards"},
     "starlette": {"serve.app"},  # the multipart parser's own HTTPException
-    "pydantic": {"serve.app"},
+    "pydantic": {"serve.app", "integrations.langchain"},  # LangChain's retriever is a model
     "uvicorn": {"serve.run", "serve.connections", "cli"},  # the CLI's check: in `serve` only
     "multipart": set(),
-    "httpx": set(),
+    "httpx": {"integrations.pages"},  # the retrievers' client of colembed serve
+    # the RAG frameworks (the langchain / llamaindex extras), each by its retriever only
+    "langchain_core": {"integrations.langchain"},
+    "llama_index": {"integrations.llamaindex"},
     "playwright": set(),
 }
 
