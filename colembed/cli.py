@@ -227,7 +227,8 @@ def _open_index(args, *, create: bool, store_opener=None):
                  collection=args.collection, variant=args.variant,
                  max_image_tokens=args.max_image_tokens, create=create,
                  source=getattr(args, "source", None),
-                 pool_factor=getattr(args, "pool_factor", None), store_opener=store_opener)
+                 pool_factor=getattr(args, "pool_factor", None), store_opener=store_opener,
+                 providers=args.providers)
 
 
 def _print_added(result, total, args, where: str = "") -> None:
@@ -316,7 +317,7 @@ def _cmd_index_ray(args) -> int:
     result = index_with_ray(args.paths, target, model=args.model, address=args.ray,
                             actors=args.actors or 1, batch_size=args.batch_size,
                             variant=args.variant, max_image_tokens=args.max_image_tokens,
-                            dpi=args.dpi, source=args.source,
+                            providers=args.providers, dpi=args.dpi, source=args.source,
                             progress=not (args.quiet or args.json))
     total = None
     if not args.parquet:  # the pages the collection holds now (the store alone: no model)
@@ -466,6 +467,8 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--variant", help=f"graph variant (default: the index's, {BASE_VARIANT} for a new one)")
     model.add_argument("--max-image-tokens", type=_positive_int,
                        help="image tokens per page (default: the index's, the model's for a new one)")
+    model.add_argument("--providers", help="where the model runs: cpu (default), openvino (the "
+                                           "openvino extra; its variants only), directml, auto")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
 
@@ -584,6 +587,19 @@ def _add_serve_command(sub) -> None:
 def _cmd_doctor(args) -> int:
     from .doctor import run_doctor
 
+    if args.measure:
+        from .doctor import measure
+
+        found = measure(Path(args.folder), threads=args.threads)
+        print(json.dumps(found, indent=2))
+        for key, label in (("fastest", "fastest here"), ("fastest_exact", "fastest exact")):
+            row = found[key]
+            fidelity = row["fidelity_vs_cpu_fp32"]
+            print(f"{label}: {row['variant']} on {row['provider']}: page {row['page_s']:.3f} s, "
+                  f"query {row['query_s'] * 1e3:.0f} ms; vs CPU fp32 min token cosine "
+                  f"{fidelity['min_token_cosine']:.5f}, max abs diff {fidelity['max_abs_diff']:.2e}")
+        print(f"providers=\"auto\" will use {found['fastest_exact']['provider']} for this folder here")
+        return 0
     report = run_doctor(Path(args.folder), providers=args.providers, variant=args.variant)
     print(json.dumps(report, indent=2))
     first = report["requested_providers"][0]
@@ -669,8 +685,16 @@ def build_parser() -> argparse.ArgumentParser:
                                            "parity against CPU fp32")
     doctor.add_argument("folder")
     doctor.add_argument("--providers", default="auto",
-                        help="auto (DirectML when available), cpu, directml, ... (default auto)")
-    doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, else fp32)")
+                        help="auto (DirectML when available), cpu, directml, openvino, ... "
+                             "(default auto)")
+    doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, openvino "
+                                          "on OpenVINO, else fp32)")
+    doctor.add_argument("--measure", action="store_true",
+                        help="time every variant on every provider that runs it here, with its "
+                             "fidelity to CPU fp32; name the fastest, and let providers=\"auto\" "
+                             "use the fastest exact one for this folder")
+    doctor.add_argument("--threads", type=_positive_int,
+                        help="threads for --measure (default: physical cores)")
     doctor.set_defaults(func=_cmd_doctor)
     _add_serve_command(sub)
     _add_eval_command(sub)

@@ -38,8 +38,9 @@ class TensorSpec:
         return cls(name=d["name"], dtype=d["dtype"], dims=tuple(d["dims"]))
 
     def matches(self, ort_arg: Any) -> str | None:
-        """None if an onnxruntime NodeArg agrees with this spec, else what differs."""
-        if ort_arg.name != self.name:
+        """None if an onnxruntime NodeArg (or an OpenVINO port described alike, whose tensor may
+        carry several names: `names`) agrees with this spec, else what differs."""
+        if self.name not in getattr(ort_arg, "names", {ort_arg.name}):
             return f"name {ort_arg.name!r} != {self.name!r}"
         if ort_arg.type != ORT_TYPES[self.dtype]:
             return f"{self.name}: type {ort_arg.type} != {ORT_TYPES[self.dtype]}"

@@ -7,7 +7,12 @@ Written for a Windows user with onnxruntime-directml, who cannot be reproduced h
   fell back to the CPU (onnxruntime falls back silently);
 - parity: the same sample page and queries through the chosen variant on the chosen providers and
   through fp32 on the CPU; the report gives the max absolute difference and the min per-token
-  cosine of the final embeddings.
+  cosine of the final embeddings;
+- speed (`measure`, `colembed doctor --measure`): every variant of the folder on every provider
+  that runs it here (onnxruntime's CPU provider; OpenVINO when installed), timed on the sample
+  page and queries, with its fidelity to CPU fp32 on them and its export gate's figures; the
+  fastest overall and the fastest exact one (fp32 or OpenVINO's f32 form) are named, and the
+  provider of the latter is recorded for `providers="auto"` (`provider_choice`).
 Nothing here prints; the CLI does. Profiles are written to a temporary folder and removed.
 """
 
@@ -22,9 +27,14 @@ from typing import Any
 import numpy as np
 
 from .layout import BASE_VARIANT
-from .sessions import Session, _name, onnxruntime_facts, resolve_providers
+from .sessions import (CPU, OPENVINO, OPENVINO_VARIANTS, Session, _name, onnxruntime_facts,
+                       openvino_installed, resolve_providers)
 
 SAMPLE_QUERIES = ("What was the revenue in 2023?", "operating margin by region")
+# Timed runs per candidate after one warm-up run (the median is reported).
+MEASURE_REPEATS = 3
+# The variants that compute fp32 (no reduced precision): "auto" chooses among these only.
+EXACT_VARIANTS = (BASE_VARIANT, "openvino")
 
 
 def sample_page() -> Any:
@@ -105,10 +115,86 @@ def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | No
     reference = load(folder, variant=BASE_VARIANT, providers=None, verify=False)
     model = load(folder, variant=chosen, providers=providers, verify=True)
     feeds = _recorded_feeds(reference)
+    facts = onnxruntime_facts()
+    if _name(resolved[0]) == OPENVINO:  # OpenVINO compiles a whole graph or refuses it
+        from .openvino_runtime import openvino_facts
+
+        facts.update(openvino_facts())
+        where = {role: {"session_providers": session.providers, "providers": {OPENVINO: "all"},
+                        "off_first_provider": {}, "precision_compiled": session.precision}
+                 for role, session in model._sessions.items()}
+    else:
+        where = placement(folder, chosen, resolved, feeds)
     return {
-        **onnxruntime_facts(),
+        **facts,
         "requested_providers": [_name(p) for p in resolved],
         "variant": chosen,
-        "placement": placement(folder, chosen, resolved, feeds),
+        "placement": where,
         "parity_vs_cpu_fp32": parity(model, reference),
     }
+
+
+def _median_seconds(run: Any, repeats: int) -> float:
+    import statistics
+    import time
+
+    run()  # warm-up: first-run allocations, kernel selection
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def candidates(variants: Any) -> list[tuple[str, str]]:
+    """(provider, variant) pairs that run here: onnxruntime's CPU provider runs the folder's
+    onnxruntime variants, OpenVINO (when installed) its own."""
+    found = [(CPU, v) for v in variants if v not in OPENVINO_VARIANTS]
+    if openvino_installed():
+        found += [(OPENVINO, v) for v in variants if v in OPENVINO_VARIANTS]
+    return found
+
+
+def measure(folder: str | Path, *, threads: int | None = None,
+            repeats: int = MEASURE_REPEATS, remember: bool = True) -> dict[str, Any]:
+    """Time every (provider, variant) that runs here on the sample page and queries (median of
+    `repeats` after a warm-up), with its fidelity to CPU fp32 on them; name the fastest and the
+    fastest exact one, and (`remember`) record the latter's provider for "auto"."""
+    from . import provider_choice
+    from .manifest import read_manifest
+    from .model import load
+
+    folder = Path(folder)
+    manifest = read_manifest(folder)
+    reference = load(folder, variant=BASE_VARIANT, providers=None, threads=threads, verify=False)
+    page, queries = sample_page(), list(SAMPLE_QUERIES)
+    rows = []
+    for provider, variant in candidates(manifest.variants):
+        model = reference if (provider, variant) == (CPU, BASE_VARIANT) else load(
+            folder, variant=variant, threads=threads, verify=False,
+            providers=None if provider == CPU else provider)
+        row = {"provider": provider, "variant": variant,
+               "page_s": _median_seconds(lambda: model.embed_images([page]), repeats),
+               "query_s": _median_seconds(lambda: model.embed_queries(queries[:1]), repeats),
+               "fidelity_vs_cpu_fp32": parity(model, reference)}
+        if provider == OPENVINO:
+            row["precision_compiled"] = model._sessions["vision"].precision
+        check = manifest.checks.get(variant)
+        if check is not None and variant != BASE_VARIANT:
+            row["gate"] = {k: check.get(k) for k in ("mean_cosine", "min_cosine")}
+        rows.append(row)
+        del model
+
+    def cost(row: dict[str, Any]) -> float:
+        return row["page_s"] + row["query_s"]
+
+    fastest = min(rows, key=cost)
+    exact = min((r for r in rows if r["variant"] in EXACT_VARIANTS), key=cost)
+    report = {"candidates": rows, "fastest": fastest, "fastest_exact": exact,
+              "threads": threads}
+    if remember:
+        report["recorded_for_auto"] = str(provider_choice.remember(folder, {
+            "provider": exact["provider"], "variant": exact["variant"],
+            "page_s": exact["page_s"], "query_s": exact["query_s"]}))
+    return report

@@ -35,6 +35,7 @@ What FastEmbed sees (its contract for multimodal late-interaction models):
   `device_ids`, `threads`, `enable_cpu_mem_arena`, `local_files_only`, `specific_model_path`,
   `embedding_size` / `get_embedding_size`, `list_supported_models`.
 - colembed's own options pass through as keywords: `variant`, `max_image_tokens`, `verify`.
+  `providers=["openvino"]` runs the folder's OpenVINO variant (the openvino extra).
 
 Model descriptions come from `models.json` (`colembed.registry`); the folder is found by
 `registry.resolve_model_folder` (specific path, cache, published export, else an error naming
@@ -76,7 +77,7 @@ from .layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE, variant_files
 from .integrity import verify_files
 from .manifest import read_manifest
 from .safe_fs import inside
-from .sessions import CUDA, available_providers
+from .sessions import CUDA, available_providers, default_openvino_variant
 
 SUPPORTED_FASTEMBED = ((0, 9), (0, 10))  # [lower, upper): the versions this module was tested with
 
@@ -145,7 +146,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         device_id: int | None = None,
         specific_model_path: str | None = None,
         enable_cpu_mem_arena: bool = True,
-        variant: str = BASE_VARIANT,
+        variant: str | None = None,
         max_image_tokens: int | None = None,
         verify: bool = True,
         **kwargs: Any,
@@ -154,6 +155,8 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         if unknown:
             raise TypeError(f"ColQwen2 got unexpected keyword arguments {unknown}")
         super().__init__(model_name, cache_dir, threads, **kwargs)  # sets _local_files_only
+        # unnamed: fp32, or on OpenVINO its exact variant (the only exact one it runs)
+        variant = variant or default_openvino_variant(providers) or BASE_VARIANT
         self.model_description = self._get_model_description(model_name)
         self._entry = registry.get_model(self.model_description.model)
         self.cache_dir = str(registry.default_cache_dir(cache_dir))

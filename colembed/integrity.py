@@ -47,12 +47,17 @@ def describe_file(path: Path) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------ stamps
-def _stamp_store() -> Path:
-    """Where hashes already checked are remembered (COLEMBED_CACHE_DIR, else the user cache)."""
-    root = os.environ.get("COLEMBED_CACHE_DIR") or os.path.join(
+def user_cache_root() -> Path:
+    """colembed's own cache (hash stamps, measured provider choices):
+    COLEMBED_CACHE_DIR, else the user cache."""
+    return Path(os.environ.get("COLEMBED_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "colembed")
-    return Path(root) / "verified-files.json"
+        "colembed"))
+
+
+def _stamp_store() -> Path:
+    """Where hashes already checked are remembered."""
+    return user_cache_root() / "verified-files.json"
 
 
 def _stamp(path: Path, sha256: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .contracts import GraphContract
-from .errors import GraphOutputError, InputError, InputTypeError, ModelFolderError
+from .errors import GraphOutputError, InputError, InputTypeError, ModelFolderError, ProviderError
 from .integrity import check_graph_files, verify_files
 from .layout import BASE_VARIANT, GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .families import get_family
@@ -30,7 +30,8 @@ from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
-from .sessions import Session, arena_shrinking_options, physical_cores, resolve_providers
+from .sessions import (OPENVINO, OPENVINO_VARIANTS, Session, _name, arena_shrinking_options,
+                       open_session, physical_cores, resolve_providers)
 
 # Queries of a batch run in groups of similar length, chosen to cost the least: a run costs a fixed
 # part (every weight read once, every kernel launched: RUN_COST_TOKENS, in padded tokens) plus its
@@ -151,7 +152,9 @@ class ColQwenModel:
             patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
             text_hidden=self._text_hidden, embedding_dim=self.embedding_size,
             extras=self.manifest.vision_extras)
-        self._provider_request = resolve_providers(providers)
+        self._provider_request = resolve_providers(providers,
+                                                   auto_openvino=_auto_openvino(self.folder))
+        check_variant_provider(variant, self._provider_request, self.manifest.variants)
         self._sessions: dict[str, Session] = {}
         for role in GRAPH_ROLES:
             self._sessions[role] = self._open(self.manifest.graph(variant, role),
@@ -175,9 +178,13 @@ class ColQwenModel:
         if problems:
             raise ModelFolderError(f"the manifest's contract is not {self.family.display_name}'s: "
                                    + "; ".join(problems), path=path)
-        session = Session(str(path), self._provider_request, threads=threads,
-                          cpu_mem_arena=cpu_mem_arena, session_config=session_config,
-                          execution_order=execution_order)
+        if _name(self._provider_request[0]) == OPENVINO:
+            session = open_session(str(path), self._provider_request, threads=threads,
+                                   precision=OPENVINO_VARIANTS[self.variant])
+        else:
+            session = open_session(str(path), self._provider_request, threads=threads,
+                                   cpu_mem_arena=cpu_mem_arena, session_config=session_config,
+                                   execution_order=execution_order)
         problems = entry.contract.mismatches(session.session)
         if problems:
             raise ModelFolderError("graph does not match its manifest contract: "
@@ -528,11 +535,39 @@ def load(
 
 def default_variant(folder: str | Path, providers: Any) -> str:
     """fp16 when DirectML would run the graphs and the folder has fp16 (the variant built for GPUs,
-    with fp32 islands), fp32 otherwise."""
-    from .sessions import DIRECTML, resolve_providers
+    with fp32 islands); "openvino" (fp32 in OpenVINO's form, exact) on OpenVINO; fp32 otherwise.
+    A reduced precision is never chosen for the caller: name it (`colembed doctor --measure`
+    says what each costs and gains here)."""
+    from .sessions import DIRECTML
 
-    first = resolve_providers(providers)[0]
-    first = first if isinstance(first, str) else first[0]
-    if first == DIRECTML and "fp16" in read_manifest(Path(folder)).variants:
+    folder = Path(folder)
+    first = _name(resolve_providers(providers, auto_openvino=_auto_openvino(folder))[0])
+    if first == DIRECTML and "fp16" in read_manifest(folder).variants:
         return "fp16"
+    if first == OPENVINO:
+        return "openvino"
     return BASE_VARIANT
+
+
+def _auto_openvino(folder: Path) -> bool:
+    """Whether "auto" picks OpenVINO for this folder: only when `colembed doctor --measure` timed
+    its exact variant ("openvino") faster than onnxruntime fp32 on this machine for this folder
+    (`provider_choice`)."""
+    from . import provider_choice
+
+    measured = provider_choice.measured(folder)
+    return bool(measured) and measured["provider"] == OPENVINO
+
+
+def check_variant_provider(variant: str, providers: list[Any], variants: Any) -> None:
+    """OpenVINO runs the variants made for it and no other; they run on OpenVINO only."""
+    on_openvino = _name(providers[0]) == OPENVINO
+    if on_openvino and variant not in OPENVINO_VARIANTS:
+        made = sorted(v for v in variants if v in OPENVINO_VARIANTS)
+        raise ProviderError(
+            f"variant {variant!r} is not made for OpenVINO (its ONNX front end reads the fp32 "
+            f"graphs' vision rotary with another meaning); this folder has {made or 'none'} "
+            "(export one with `colembed export ... --variant openvino`)")
+    if not on_openvino and variant in OPENVINO_VARIANTS:
+        raise ProviderError(f"variant {variant!r} is made for OpenVINO: load it with "
+                            "providers=\"openvino\"")

@@ -9,11 +9,16 @@ graph (DirectML does so for `Reshape(allowzero=1)`), so after creating a session
 provider it really got and raise instead of running slowly on the wrong device. A graph onnxruntime
 cannot load raises ModelFolderError naming the file (onnxruntime's own exception types vary).
 
+"openvino" is not an onnxruntime provider: `open_session` hands those graphs to the OpenVINO
+runtime (`openvino_runtime.py`, the `openvino` extra), which runs only the variants made for it
+(`OPENVINO_VARIANTS`).
+
 The only colembed module that imports onnxruntime (lazily: importing this module is cheap).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import threading
 from dataclasses import dataclass
@@ -24,9 +29,16 @@ from .errors import ModelFolderError, ProviderError
 CPU = "CPUExecutionProvider"
 DIRECTML = "DmlExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+OPENVINO = "OpenVINO"  # the OpenVINO runtime itself (openvino_runtime.py), not an onnxruntime EP
 
-# name users may pass -> onnxruntime provider name
-ALIASES = {"cpu": CPU, "directml": DIRECTML, "dml": DIRECTML, "cuda": CUDA}
+# name users may pass -> provider name
+ALIASES = {"cpu": CPU, "directml": DIRECTML, "dml": DIRECTML, "cuda": CUDA, "openvino": OPENVINO}
+
+# The variants made for OpenVINO (export/graphs/openvino_form.py writes their graphs) and the inference
+# precision each is compiled with. OpenVINO runs these and no other (its ONNX front end reads the
+# fp32 graphs' vision rotary with another meaning); no other provider runs them.
+OPENVINO_VARIANTS = {"openvino": "f32", "openvino-bf16": "bf16", "openvino-int8": "f32"}
+OPENVINO_EXTRA_HINT = "pip install 'colembed[openvino]'"
 
 
 @dataclass(frozen=True)
@@ -78,6 +90,11 @@ def available_providers() -> list[str]:
     return list(ort.get_available_providers())
 
 
+def openvino_installed() -> bool:
+    """Whether the OpenVINO runtime can be imported (found, not imported: that is slow)."""
+    return importlib.util.find_spec("openvino") is not None
+
+
 def physical_cores() -> int:
     """Physical cores (hyper-threads share one core's FPUs, so matmul-bound work uses these)."""
     try:
@@ -99,21 +116,35 @@ def physical_cores() -> int:
     return max(1, (os.cpu_count() or 2) // 2) if (os.cpu_count() or 1) > 1 else 1
 
 
-def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[ProviderSpec]:
-    """Normalise the user's request. None -> CPU; "auto" -> DirectML when available, else CPU."""
+def resolve_providers(providers: str | Sequence[ProviderSpec] | None, *,
+                      auto_openvino: bool = False) -> list[ProviderSpec]:
+    """Normalise the user's request. None -> CPU; "auto" -> DirectML when available, else
+    OpenVINO when `auto_openvino` (the caller's measured choice: `model.auto_providers`), else
+    CPU. OpenVINO runs a whole graph or nothing, so it is never listed beside another provider."""
     available = available_providers()
     if providers is None:
         return [CPU]
     if isinstance(providers, str):
         if providers.lower() == "auto":
-            return [DIRECTML, CPU] if DIRECTML in available else [CPU]
+            if DIRECTML in available:
+                return [DIRECTML, CPU]
+            return [OPENVINO] if auto_openvino and openvino_installed() else [CPU]
         providers = [providers]
     resolved: list[ProviderSpec] = []
     for spec in providers:
+        if isinstance(spec, (list, tuple)) and len(spec) != 2:
+            raise ProviderError(f"provider {spec!r} is not a name or a (name, options) pair")
         name, options = (spec, None) if isinstance(spec, str) else spec
         if not isinstance(name, str):
             raise ProviderError(f"provider {spec!r} is not a name or a (name, options) pair")
         name = ALIASES.get(name.lower(), name)
+        if name == OPENVINO:
+            if not openvino_installed():
+                raise ProviderError(f"the OpenVINO runtime is not installed ({OPENVINO_EXTRA_HINT})")
+            if options is not None and not isinstance(options, dict):
+                raise ProviderError(f"OpenVINO options {options!r} are not a dict")
+            resolved.append(name if options is None else (name, options))
+            continue
         if name not in available:
             hint = (" (on Windows x64 colembed installs onnxruntime-directml; if `onnxruntime` was "
                     "installed next to it, e.g. by fastembed, run `pip uninstall -y onnxruntime "
@@ -125,7 +156,41 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None) -> list[Pr
         resolved.append(name if options is None else (name, options))
     if not resolved:
         raise ProviderError("an empty provider list was given")
+    if OPENVINO in [_name(p) for p in resolved] and len(resolved) > 1:
+        raise ProviderError("OpenVINO runs a whole graph: give it alone, not beside "
+                            f"{[_name(p) for p in resolved if _name(p) != OPENVINO]}")
     return resolved
+
+
+def default_openvino_variant(providers: Any) -> str | None:
+    """"openvino" when `providers` (as given, unresolved) asks for OpenVINO first, else None: the
+    variant a caller that names no variant gets there (the only exact one OpenVINO runs)."""
+    if isinstance(providers, str):
+        providers = [providers]
+    if not providers or isinstance(providers, (bytes, dict)):
+        return None
+    first = providers[0]
+    name = first if isinstance(first, str) else (first[0] if isinstance(first, (list, tuple))
+                                                 and first else None)
+    return "openvino" if isinstance(name, str) and ALIASES.get(name.lower(), name) == OPENVINO \
+        else None
+
+
+def open_session(source: str | os.PathLike, providers: Sequence[ProviderSpec] | None, *,
+                 threads: int | None = None, precision: str | None = None, **options: Any):
+    """The session for a model graph: OpenVINO's when `providers` (resolved) is OpenVINO, with
+    `precision` (the variant's) unless its options name one; else onnxruntime's `Session` with
+    `options`. Both have `run(feeds)`, `providers` and `session` (its inputs and outputs)."""
+    providers = list(providers) if providers else [CPU]
+    if _name(providers[0]) != OPENVINO:
+        return Session(source, providers, threads=threads, **options)
+    from . import openvino_runtime
+
+    given = providers[0][1] if isinstance(providers[0], tuple) else {}
+    settings = dict(given)
+    if precision is not None:
+        settings.setdefault("precision", precision)
+    return openvino_runtime.Session(source, settings, threads=threads or physical_cores())
 
 
 def arena_shrinking_options(providers: list[str], cpu_mem_arena: bool):

@@ -19,7 +19,8 @@ from pathlib import Path
 import colembed
 
 PACKAGE = Path(colembed.__file__).parent
-HEAVY = ("torch", "transformers", "onnxruntime", "fastembed", "onnx", "peft", "scipy")
+HEAVY = ("torch", "transformers", "onnxruntime", "fastembed", "onnx", "peft", "scipy", "openvino",
+         "nncf")
 
 # argv[1]: the code to run first; prints one JSON line: the heavy modules loaded.
 PROBE = """
@@ -99,6 +100,13 @@ def test_the_rag_frameworks_load_only_with_their_retriever():
     assert "llama_index" in loaded_after("import colembed.integrations.llamaindex", RAG)
 
 
+def test_no_module_under_colembed_loads_openvino_when_imported():
+    """OpenVINO (the openvino extra) and NNCF are loaded only when a graph is opened on OpenVINO:
+    importing every colembed module, `colembed --help` included, loads neither."""
+    assert loaded_after(WALK, ("openvino", "nncf")) == []
+    assert loaded_after(HELP, ("openvino", "nncf")) == []
+
+
 def test_the_probe_detects_a_leak():
     """The check can fail: with transformers imported first, the same probe reports it."""
     assert "transformers" in loaded_after("import transformers\nimport colembed")
@@ -108,6 +116,8 @@ def test_the_probe_detects_a_leak():
 # top-level package -> the colembed modules allowed to import it (lazily or not)
 OWNERS = {
     "onnxruntime": {"sessions"},
+    "openvino": {"openvino_runtime"},  # the openvino extra: the OpenVINO runtime's sessions
+    "nncf": set(),  # OpenVINO's int8 weights at export: colembed_export only
     "fastembed": {"fastembed"},
     "onnx": {"maxsim_graph", "cli"},  # building the scorer graph; the export extra check
     "torch": {"cli"},  # the CLI's export-extra check, inside the export commands only

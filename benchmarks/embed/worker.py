@@ -74,9 +74,14 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         config = read_preprocess_config(Path(job["checkpoint"]))
     else:
         import colembed
+        from colembed.sessions import OPENVINO_VARIANTS
 
+        # the OpenVINO variants run on OpenVINO (a compiled-model cache of the job's own, so the
+        # load time is a first compile's)
+        openvino = job["variant"] in OPENVINO_VARIANTS
         model = colembed.load(job["folder"], variant=job["variant"], threads=job["threads"],
-                              cpu_mem_arena=job.get("cpu_mem_arena", True))
+                              cpu_mem_arena=job.get("cpu_mem_arena", True),
+                              providers=[("openvino", {"cache_dir": ""})] if openvino else None)
         config = model.config
     load_s = time.perf_counter() - start
     after_load = rss_mib()

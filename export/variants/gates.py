@@ -412,12 +412,32 @@ def map_large_blocks(threshold: int = GATE_MMAP_THRESHOLD) -> bool:
 
 def gate_model(folder: Any, variant: str) -> Any:
     """`variant` of the staged folder as the gate runs it: the colembed runtime, loaded with
-    GATE_LOAD and the variant's GATE_SESSION_CONFIG and GATE_EXECUTION_ORDER."""
+    GATE_LOAD and the variant's GATE_SESSION_CONFIG and GATE_EXECUTION_ORDER; the OpenVINO
+    variants on OpenVINO, at their own inference precision."""
     import colembed
+    from colembed.sessions import OPENVINO_VARIANTS
 
+    if variant in OPENVINO_VARIANTS:
+        return colembed.load(folder, variant=variant, providers="openvino", verify=False)
     return colembed.load(folder, variant=variant, **GATE_LOAD,
                          session_config=GATE_SESSION_CONFIG.get(variant),
                          execution_order=GATE_EXECUTION_ORDER.get(variant, "default"))
+
+
+def ran_on(model: Any) -> dict[str, Any]:
+    """Where a gate ran a variant: its providers and, on OpenVINO, the release, the precision the
+    plugin compiled (a bf16 request runs f32 on a CPU without bf16 arithmetic: such a check says
+    nothing about bf16) and this CPU (the manifest keeps it with the variant's figures)."""
+    from colembed.provider_choice import cpu_signature
+
+    facts: dict[str, Any] = {"providers": list(model.providers), "cpu": cpu_signature()}
+    session = model._sessions["text"]
+    if getattr(session, "precision", None) is not None:
+        from colembed.openvino_runtime import openvino_facts
+
+        facts.update(openvino_facts())
+        facts["precision_compiled"] = {role: s.precision for role, s in model._sessions.items()}
+    return facts
 
 
 @dataclass
@@ -499,6 +519,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
         with step(f"variants: gate set through {name}"):
             with step(f"variants: gate set through {name}: load"):
                 model = gate_model(folder, name)
+                where = ran_on(model)
             with step(f"variants: gate set through {name}: run"):
                 got = _embed_gate_set(model, queries, pages)
                 scores = embed_ranking_set(model, rank_pages, rank_queries)
@@ -511,7 +532,7 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
             figures.update(query_class_figures(reference, got))
             figures["ranking"] = top1_agreement(scores, reference.scores, reference.clear)
         figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
-                        "pages": len(pages), "queries": len(queries)})
+                        "pages": len(pages), "queries": len(queries), "ran_on": where})
         misses = gates[name].misses(figures)
         if misses:
             figures["misses"] = misses

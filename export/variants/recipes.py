@@ -10,6 +10,10 @@
 |         |                                            | 8-bit (blocks of 128), the final projection and   |
 |         |                                            | the token-embedding table fp32                    |
 | fp16    | fp16 weights and weight-GEMMs, fp32 rest   | fp16 weights and weight-GEMMs, fp32 rest          |
+| openvino| fp32 in OpenVINO's form (openvino_form.py; | the same: GroupQueryAttention decomposed          |
+|         | per-token rotary position ids)             |                                                   |
+| openvino-bf16 | the openvino files, compiled at bf16 inference precision by OpenVINO        |         |
+| openvino-int8 | the openvino form with NNCF INT8_ASYM weights (per output channel)          |         |
 
 Why these choices (the figures, with their result notes, are in docs/variants.md):
 
@@ -170,7 +174,7 @@ class VariantSpec:
     tried when the gate refuses `recipes` (slower, closer to fp32), None: none."""
 
     name: str
-    recipes: dict[str, str]  # role -> recipe ("int8", "int8x2", "int4", "fp16")
+    recipes: dict[str, str]  # role -> recipe ("int8", "int8x2", "int4", "fp16", "openvino", ...)
     gate: Gate
     fallback: dict[str, str] | None = None
 
@@ -178,10 +182,19 @@ class VariantSpec:
 # fp16 gate: fp16 keeps 11 significant bits, so honest rounding over a few dozen layers moves a
 # token's direction by ~1e-3 relative (cosine 1 - 1e-6 ... 1 - 1e-4). A cosine below 0.999 (mean)
 # / 0.99 (any token) means an overflow or a lost small value somewhere.
+# The OpenVINO variants are judged as OpenVINO runs them (gates.gate_model). "openvino" is
+# the fp32 graphs in the form OpenVINO computes exactly (openvino_form.py), at f32 inference
+# precision: f32 rounding only (the parity bound, 1e-4 per unit vector, is a cosine above
+# 1 - 5e-9), so anything below 0.9999 is a different computation. bf16 keeps 8 significant bits,
+# int8 weights (NNCF INT8_ASYM, per output channel) ~the int8 variant's error: their gates are
+# int8's.
 GATES = {
     "int8": Gate(mean_cosine=0.99, min_cosine=0.95),
     "int4": Gate(mean_cosine=0.98),
     "fp16": Gate(mean_cosine=0.999, min_cosine=0.99, fp16_peak=FP16_SAFE_PEAK),
+    "openvino": Gate(mean_cosine=0.99999, min_cosine=0.9999, top1_agreement=1.0),
+    "openvino-bf16": Gate(mean_cosine=0.99, min_cosine=0.95),
+    "openvino-int8": Gate(mean_cosine=0.99, min_cosine=0.95),
 }
 
 # The int8 recipes by the int8 codes each weight gets (quantise.quantise_matmuls' weight_passes):
@@ -197,6 +210,15 @@ VARIANTS: dict[str, VariantSpec] = {
                         fallback={"vision": "int8x2", "text": "int8x2"}),
     "int4": VariantSpec("int4", {"vision": "int8", "text": "int4"}, GATES["int4"]),
     "fp16": VariantSpec("fp16", {"vision": "fp16", "text": "fp16"}, GATES["fp16"]),
+    # OpenVINO's (colembed.sessions.OPENVINO_VARIANTS: the precision each is compiled with).
+    # openvino-bf16 runs the openvino graph files (written once) at bf16 inference precision.
+    "openvino": VariantSpec("openvino", {"vision": "openvino", "text": "openvino"},
+                            GATES["openvino"]),
+    "openvino-bf16": VariantSpec("openvino-bf16", {"vision": "openvino", "text": "openvino"},
+                                 GATES["openvino-bf16"]),
+    "openvino-int8": VariantSpec("openvino-int8",
+                                 {"vision": "openvino-int8", "text": "openvino-int8"},
+                                 GATES["openvino-int8"]),
 }
 
 
@@ -430,8 +452,19 @@ def make_graph(recipe: str, src: Path, work: Path,
         return quantize_int4(src), {}
     if recipe == "fp16":
         return convert_fp16(src, calibration)
+    if recipe == "openvino":
+        from ..graphs.openvino_form import openvino_graph
+
+        return openvino_graph(src)
+    if recipe == "openvino-int8":
+        from ..graphs.openvino_form import openvino_int8_graph
+
+        return openvino_int8_graph(src, work)
     raise ExportError(f"unknown recipe {recipe!r}")
 
 
 # Recipes that read the fp32 graph's activations on sample inputs.
 CALIBRATED_RECIPES = (*INT8_RECIPES, "fp16")
+# Recipes writing OpenVINO's form (openvino_form.py): their graphs are checked against
+# data/openvino_ops.json when written.
+OPENVINO_RECIPES = ("openvino", "openvino-int8")

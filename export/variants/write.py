@@ -31,6 +31,7 @@ from colembed.manifest import GraphEntry
 from ..graphs.onnx_io import EXTERNAL_DATA_THRESHOLD
 from .recipes import (
     CALIBRATED_RECIPES,
+    OPENVINO_RECIPES,
     GATES,
     VARIANTS,
     Gate,
@@ -120,6 +121,13 @@ class _GraphWriter:
                                                          external=fp32.data_file is not None)
                             del model
                         log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
+                        if recipe in OPENVINO_RECIPES:  # the form must be OpenVINO's exactly
+                            from ..graphs.openvino import openvino_problems
+
+                            problems = openvino_problems(self.staging / file)
+                            if problems:
+                                raise ExportError(f"{file}: not in OpenVINO's form: "
+                                                  + "; ".join(problems))
                         self.written[(role, recipe)] = (
                             GraphEntry(file=file, data_file=data_file, opset=fp32.opset,
                                        contract=fp32.contract), figures)
