@@ -175,8 +175,8 @@ def measure(folder: str | Path, *, threads: int | None = None,
             folder, variant=variant, threads=threads, verify=False,
             providers=None if provider == CPU else provider)
         row = {"provider": provider, "variant": variant,
-               "page_s": _median_seconds(lambda: model.embed_images([page]), repeats),
-               "query_s": _median_seconds(lambda: model.embed_queries(queries[:1]), repeats),
+               "page_s": _median_seconds(lambda m=model: m.embed_images([page]), repeats),
+               "query_s": _median_seconds(lambda m=model: m.embed_queries(queries[:1]), repeats),
                "fidelity_vs_cpu_fp32": parity(model, reference)}
         if provider == OPENVINO:
             row["precision_compiled"] = model._sessions["vision"].precision

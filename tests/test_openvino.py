@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PARITY_TOLERANCE, build_once, export_report
+from conftest import PARITY_TOLERANCE, build_once
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from samples import PAGES, QUERIES

@@ -150,7 +150,6 @@ def _static_width(value: Any, what: str, node: Any) -> int:
 def _decomposed_attention(graph: Any, node: Any) -> int:
     """Replace a GroupQueryAttention of the form graphs.py writes (no cache, no rotary inputs,
     causal over the whole prompt) by standard ops; returns 1."""
-    import onnx_ir as ir
 
     inputs = list(node.inputs) + [None] * (9 - len(node.inputs))
     query, key, value = inputs[:3]
