@@ -104,9 +104,23 @@ class TomoroReference:
         prompts = ["" + t.strip() + self.tokenizer.pad_token * 10 for t in texts]
         return self._embed(dict(self.tokenizer(prompts, padding="longest", return_tensors="pt")))
 
+    @staticmethod
+    def _rgb(image):
+        """A page as colpali-engine's ColQwen3 hands it over on transformers 5.x: its own
+        `convert("RGB")`, then 5.x's `convert_to_rgb`, which composites a transparency key the
+        first conversion kept onto white (4.57.1's processor below would drop it)."""
+        from PIL import Image
+
+        rgb = image.convert("RGB")
+        if rgb.info.get("transparency") is None:
+            return rgb
+        white = Image.new("RGBA", rgb.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgb.convert("RGBA")).convert("RGB")
+
     def pages(self, images) -> list[np.ndarray]:
         from colembed_export.families.preprocess_config import UPSTREAM_PAGE_PROMPT
 
+        images = [self._rgb(image) for image in images]
         found = self.image_processor(images=images, return_tensors="pt")
         merge = self.image_processor.merge_size ** 2
         prompts = [UPSTREAM_PAGE_PROMPT.replace("<|image_pad|>", "<|image_pad|>" * int(g.prod() // merge))

@@ -121,15 +121,15 @@ def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model,
     [hit] = index.search("small", k=1)
     write_pdf(docs / "big.pdf", [f"big page {i}" for i in range(40)])
     rendering, release = threading.Event(), threading.Event()
-    real_render = sources.Document.render
+    real_page_image = sources.Document.page_image
 
-    def held_render(self, page, size=None):  # the job's thread, mid-document
+    def held_page_image(self, page):  # the job's thread, mid-document
         if self.path.name == "big.pdf" and page == 2:
             rendering.set()
             release.wait(300)
-        return real_render(self, page, size)
+        return real_page_image(self, page)
 
-    monkeypatch.setattr(sources.Document, "render", held_render)
+    monkeypatch.setattr(sources.Document, "page_image", held_page_image)
     settings = Settings(roots=Roots(parse_roots([str(docs)])))
     answers = {}
     with TestClient(create_app(index, settings), base_url=BASE) as client:
