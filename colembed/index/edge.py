@@ -79,13 +79,9 @@ FLUSH_MAX_PAGES = 1000
 FLUSH_SECONDS = 60.0
 # ... or once the batches since the last flush carried FLUSH_MAX_LOG_BYTES of float32 vectors
 # (the log holds ~1.15x that). Why bytes as well as pages: a killed run's next open replays the
-# log at about the speed Edge stores pages (~25 ms a page of ~750 tokens on one core), so the
-# page bounds alone let a kill at 100,000 pages leave FLUSH_MAX_PAGES (1,000 pages, ~550 MB) to
-# replay (issue #26's target: within 5 s of a clean open). Measured under load ~23 on 2 cores:
-# a kill with 80 pages unflushed cost +6.3 s over the clean open of the same folder (~80 ms a
-# page); 32 MiB is ~72 such pages (~5 s at that load, less on a quiet machine), and a page of
-# more tokens counts for more. Measured: benchmarks/index/__main__.py
-# --long-run (benchmarks/index/long_run.py), benchmarks/results/index/index-long-6k.md.
+# log at about the speed Edge stores pages, so the page bounds alone could leave ~1,000 pages
+# to replay; the rule is that a killed run's next open takes at most ~5 s more than a clean one,
+# and 32 MiB of vectors is about that (benchmarks/results/index/index-long-6k.md).
 FLUSH_MAX_LOG_BYTES = 32 << 20
 # Free disk kept in hand before a write, so that a run meeting a full disk stops with DiskFullError
 # while the index can still be opened: Edge's log and segments grow by ~1.7x the float32 bytes a
