@@ -164,17 +164,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.folder is None:
         parser.error("--folder is required")
+    from colembed.layout import BASE_VARIANT
     from colembed.manifest import read_manifest
     from colembed.sessions import physical_cores
 
     info = machine_info()
     threads = args.threads or physical_cores()
     manifest = read_manifest(args.folder)
-    files = {v: {r: manifest.graph(v, r).file for r in ROLES} for v in ("fp32", "openvino")}
+    files = {v: {r: manifest.graph(v, r).file for r in ROLES} for v in (BASE_VARIANT, "openvino")}
     work = Path(tempfile.mkdtemp(prefix="openvino-paths-"))
     names = record_feeds(args.folder, work)
     cache = work / "cache"
-    ways = [("onnxruntime CPU", "fp32", {}, sys.executable),
+    ways = [("onnxruntime CPU", BASE_VARIANT, {}, sys.executable),
             ("OpenVINO runtime f32 (no cache)", "openvino", {"precision": "f32"}, sys.executable),
             ("OpenVINO runtime f32 (cache filled)", "openvino",
              {"precision": "f32", "cache_dir": str(cache)}, sys.executable),
