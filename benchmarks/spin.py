@@ -6,7 +6,7 @@ when it returns (`colembed.sessions.RUN_THREAD_CONFIG`), against spinning left o
 Runs a 256x512 @ 512x512 MatMul session of 2 threads a few times, then sleeps `--pause` seconds
 and reports the process CPU time spent during the pause (median over `--rounds`), for the
 runtime's configuration and for `session.force_spinning_stop` 0. A timing, so it lives here and
-not in tests/ (tests/test_runtime_speed_rules.py checks the configuration itself).
+not in tests/ (tests/runtime/test_speed_rules.py checks the configuration itself).
 """
 
 from __future__ import annotations

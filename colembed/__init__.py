@@ -1,7 +1,7 @@
 """colembed: ColQwen-family (ColQwen2, ColQwen2.5, ColQwen3) document retrieval on onnxruntime, torch-free.
 
 `import colembed` imports only the standard library and colembed's errors (no torch, transformers,
-onnxruntime or fastembed; tests/test_import_isolation.py enforces it), so the
+onnxruntime or fastembed; tests/project/test_import_isolation.py enforces it), so the
 `colembed` command starts fast. `load`, `score` and `top_k` are resolved on first use. The exporter
 lives in the separate `colembed_export` package (the `export` extra); the FastEmbed integration is
 `colembed.fastembed` (the `fastembed` extra), imported only by those who use it.

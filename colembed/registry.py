@@ -147,7 +147,7 @@ def models_json_path() -> Path:
     """The `models.json` this colembed reads: the wheel's `colembed/models.json`, and in a source
     checkout (an editable install, which has no build step) the top-level file it is built from.
 
-    The source tree never holds `colembed/models.json` (tests/test_packaging.py), so the two
+    The source tree never holds `colembed/models.json` (tests/project/test_packaging.py), so the two
     places are one file seen from an installed wheel and from a checkout."""
     packaged = Path(__file__).with_name(MODELS_JSON)
     return packaged if packaged.is_file() else Path(__file__).resolve().parents[1] / MODELS_JSON

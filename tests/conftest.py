@@ -1,12 +1,12 @@
 """Shared fixtures: tiny random-weight ColQwen2 checkpoints of the real architecture, the pinned
-reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run;
-and the suite's one parity tolerance, one reference-rows helper and one page generator (tests
-import them: `from conftest import PARITY_TOLERANCE, reference_rows, noise_page`).
+reference (transformers 4.57.1 ColQwen2Processor / ColQwen2ForRetrieval, fp32), built once per run.
+What tests import besides fixtures lives in `tests/fixtures/` (the parity tolerance, `build_once`,
+page generators, documents, the ColQwen2.5 and ColQwen3 checkpoints).
 
 The README's command runs the suite on two pytest-xdist workers, a whole file per worker
 (`--dist loadfile`). Checkpoints and exports are built once per run for all workers
 (`build_once`: the first worker to need one builds it under a file lock, the other waits for it),
-and the files with the heaviest fixtures are handed out first (`HEAVY_FIRST`).
+and the files marked `heavy` are handed out first (`schedule`).
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fixtures_images import rgb as noise_page  # noqa: F401  (the one page generator: seeded noise)
+from tests.fixtures.builds import (ALT_HUB_REPO, ALT_HUB_REVISION, ALT_TOLERANCE, build_once,
+                                   export_report)
 
-# Max abs difference per token between colembed's vectors and the reference model's (fp32; the
-# exporter's own check uses the same bound by default).
-PARITY_TOLERANCE = 1e-4
 
 # Offline by construction: nothing in the suite may reach a hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -39,66 +37,43 @@ EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "expor
                                 "exported_alt_from_hub", "cli_export",
                                 "exported_colnomic_layout"})
 
-# Files with exports of their own or first users of a shared one, in the order xdist hands them out
-# (loadfile, `--no-loadscope-reorder`; a worker gets the next file when its own is almost done):
-# the two workers start on different checkpoints and exports (tiny with variants; the ColQwen2.5
-# pair), so neither waits for the other's build, and no long file is handed out last. Every other
-# file follows in its usual order.
-HEAVY_FIRST = ("test_variants.py", "test_qwen2_5_export.py", "test_qwen3_reference.py",
-               "test_variants_stress.py", "test_qwen3_variants_stress.py",
-               "test_export_check.py", "test_qwen2_5_variants.py", "test_exporter_refusals.py",
-               "test_qwen2_5_peft.py", "test_qwen2_5_models.py", "test_export_parity.py",
-               "test_demo.py", "test_fastembed.py",
-               "test_distributed.py", "test_runtime_inputs.py", "test_directml.py")
+# Files marked `heavy(build)` build, or are the first users of, one of these shared checkpoints or
+# exports (`build_once`). They are handed out first, taking the builds in turn in this order, so the
+# two xdist workers (loadfile, `--no-loadscope-reorder`) start on different builds and neither waits
+# for the other's; every other file follows in collection order.
+HEAVY_BUILDS = ("tiny-variants", "qwen2.5", "qwen3", "stress", "qwen3-stress", "tiny", "demo",
+                "ray")
+
+
+def schedule(items: list) -> list:
+    """Heavy files first, one build after another in turn; files stay whole and in their order."""
+    files: dict = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+    queues: dict = {build: [] for build in HEAVY_BUILDS}
+    light = []
+    for path, file_items in files.items():
+        mark = file_items[0].get_closest_marker("heavy")
+        if mark is None:
+            light.append(file_items)
+            continue
+        build = mark.args[0]
+        if build not in queues:
+            raise pytest.UsageError(f"{path}: heavy({build!r}) names no build in HEAVY_BUILDS")
+        queues[build].append(file_items)
+    ordered = []
+    while any(queues.values()):
+        for queue in queues.values():
+            if queue:
+                ordered.append(queue.pop(0))
+    return [item for file_items in ordered + light for item in file_items]
 
 
 def pytest_collection_modifyitems(items):
     for item in items:
         if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files stay whole
-
-
-def build_once(tmp_path_factory, name: str, build) -> Path:
-    """The folder `build(folder)` fills, built once per test run and shared by all xdist workers.
-
-    The first worker that needs `name` builds it while holding a file lock in the run's shared
-    temporary folder; a worker that needs it meanwhile waits for it. Without xdist this is a plain
-    build in the run's temporary folder.
-    """
-    from filelock import FileLock
-
-    base = tmp_path_factory.getbasetemp()
-    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared"
-    root.mkdir(exist_ok=True)
-    folder, done = root / name, root / f"{name}.done"
-    with FileLock(str(root / f"{name}.lock")):
-        if not done.exists():
-            if folder.exists():
-                pytest.fail(f"building {name} failed in another worker (see its error)")
-            folder.mkdir()
-            build(folder)
-            done.touch()
-    return folder
-
-
-def export_report(folder: Path):
-    """An ExportReport read back from a finished export folder (what every worker sees)."""
-    from colembed.manifest import read_manifest
-    from colembed_export.pipeline.exporter import ExportReport
-
-    manifest = read_manifest(folder)
-    return ExportReport(folder=folder, manifest=manifest, check=dict(manifest.checks))
-
-
-def reference_rows(model, batch) -> np.ndarray:
-    """The reference model's vectors for the first item of a processor batch, padding removed."""
-    import torch
-
-    with torch.no_grad():
-        out = model(**batch).embeddings[0]
-    return out[batch["attention_mask"][0] == 1].numpy()
+    items[:] = schedule(items)
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -202,7 +177,6 @@ def exported_variants(tiny_checkpoint, tmp_path_factory):
 # call, answers with the local folder), written over a copy of the tiny export (another model) with
 # overwrite, the check on at half the default tolerance. Serves the second-architecture parity
 # tests, the hub-source, overwrite and tolerance-plumbing tests.
-ALT_HUB_REPO, ALT_HUB_REVISION, ALT_TOLERANCE = "someone/colqwen2-test", "abc123", 5e-5
 
 
 @pytest.fixture(scope="session")
@@ -239,8 +213,8 @@ def exported_tiny_2_5(tmp_path_factory):
     """ColQwen2.5 "tiny-2.5" (windows of 2x2 merged tokens) exported from colpali-engine's
     published layout (`qwen2_5_vl` config, `custom_text_proj`), with the check on, and with every
     variant (int8, int4, fp16, each gated by the exporter): one export serves the family's fp32
-    tests and its variant tests (test_qwen2_5_variants.py), which exported it again before."""
-    from qwen2_5_fixtures import checkpoint
+    tests and its variant tests (tests/export/families/qwen2_5/test_variants.py)."""
+    from tests.fixtures.qwen2_5 import checkpoint
 
     return _shared_export(tmp_path_factory, "exported-tiny-2.5",
                           checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5",
@@ -251,7 +225,7 @@ def exported_tiny_2_5(tmp_path_factory):
 def exported_tiny_2_5_alt(tmp_path_factory):
     """ColQwen2.5 "tiny-2.5-alt" (windows of 4x4 merged tokens, the 3B's 112 px; 64-dim vectors)
     exported from transformers' layout (`colqwen2` over `qwen2_5_vl`), with the check on."""
-    from qwen2_5_fixtures import checkpoint
+    from tests.fixtures.qwen2_5 import checkpoint
 
     return _shared_export(tmp_path_factory, "exported-tiny-2.5-alt",
                           checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),

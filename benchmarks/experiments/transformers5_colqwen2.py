@@ -6,7 +6,7 @@ The same tiny random-weight ColQwen2 checkpoint (`colembed_export.testing.tiny_q
 same processor outputs (ids, pixels, grids from 4.57.1's ColQwen2Processor on the export check's
 sample pages and queries) go through `ColQwen2ForRetrieval` of the installed transformers (4.57.1,
 this interpreter) and of the reference environment's (5.x, `--reference-python`, the one
-`tests/qwen3_fixtures.py` creates). Printed: max abs difference per item on real tokens.
+`tests/fixtures/qwen3.py` creates). Printed: max abs difference per item on real tokens.
 Only the model differs between the two runs, not the inputs. The checkpoint's `mlp_ratio` is
 written as an int: 5.x's strict config refuses the float 2.0 the 4.57.1 builder writes.
 """

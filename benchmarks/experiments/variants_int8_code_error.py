@@ -14,7 +14,7 @@ error is set by the code steps alone; through 28 layers these errors add up (the
 grows about linearly with depth, benchmarks/results/variants-fidelity-depth.md). What it does
 not: trained or stress-trait activations (outlier channels, heavy tails: there the activations'
 step dominates, variants-int8-bits.md), SmoothQuant, the outlier split, or kernel exactness
-(tests/test_quantise_levels.py runs the real kernels).
+(tests/export/variants/test_quantise_levels.py runs the real kernels).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ Plans, by what the index holds:
   against every page's centroids (a numpy scan of every page: no gate), plus the `mean` vector's
   best `TOKEN_MEAN_CANDIDATES`. Chosen on the local-answer set (benchmarks/shared/local_answer.py: the
   answer in 1-3% of a page's tokens), where the schema-2 plan below found the needle for 20% of
-  the queries at 10,000 pages (issue 19); figures in benchmarks/results/search.md.
+  the queries at 10,000 pages (benchmarks/results/experiments/search-local-10k.md).
 - Schema 2 without a token table (a Qdrant server; a schema-2 Edge folder whose table is missing
   or stale until `colembed upgrade`): the `mean` vector's best `MEAN_CANDIDATES` go to the rerank
   and its best `MEAN_POOL` form a pool in which MaxSim on the row- and column-pooled multivectors

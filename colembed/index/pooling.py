@@ -19,7 +19,7 @@ runs scipy's `pdist` over n rows of n distances each (n³/2 work in a plain loop
 the same distances follow from the dim-wide vectors in two matmuls (`1 - X Xᵀ` has rank
 <= dim + 1: |d_i - d_j|² = (x_i - x_j)ᵀ XᵀX (x_i - x_j)): n² x dim work, in BLAS. They agree to rounding
 (float64 here; colpali-engine's similarities are float32), so the clusters are the same unless two
-merge costs tie within ~1e-7 (tests/test_index_pooling.py compares with colpali-engine itself).
+merge costs tie within ~1e-7 (tests/runtime/index/test_pooling.py compares with colpali-engine itself).
 
 Which token went into which cluster is kept (`encode_clusters`, a compact payload string) so a
 similarity map of a pooled page still covers its grid (`Index.explain_page`, maps.py).

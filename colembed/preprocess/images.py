@@ -54,7 +54,7 @@ _RESAMPLE = Image.Resampling.BICUBIC
 # What PIL's format plugins may raise on malformed data: not only OSError (corrupt multi-frame
 # TIFFs give TypeError, KeyError and SyntaxError; other plugins struct.error, EOFError, IndexError,
 # ZeroDivisionError). Any of them while decoding one page is that page's ImageError, so nothing
-# escapes the per-item contract (tests/test_fuzz.py).
+# escapes the per-item contract (tests/runtime/test_fuzz.py).
 DECODER_ERRORS = (OSError, SyntaxError, ValueError, TypeError, LookupError, EOFError,
                   struct.error, ArithmeticError, AttributeError, RuntimeError, AssertionError,
                   MemoryError)

@@ -7,7 +7,7 @@ nodes on the written fp32 graph, so onnxruntime's own graphs stay as they are:
 
 - `RotaryEmbedding` becomes its standard-op decomposition: each token's table rows gathered by
   its position id, then rotate-half per head. Two reasons, both measured on OpenVINO 2026.4.1
-  (tests/test_openvino.py): where `position_ids` is a (1,) offset (the vision rotary: token t
+  (tests/runtime/test_openvino.py): where `position_ids` is a (1,) offset (the vision rotary: token t
   reads row offset + t, onnxruntime's meaning), OpenVINO's front end gathers the tables by the
   ids as given, so every token read row 0 (the identity rotation); and where the ids are per
   token (the text rotary), the fused RoPE kernel OpenVINO makes of the node computes right when

@@ -157,7 +157,7 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     4.57.1's classes (its prompts are ColQwen2Processor's with query prefix "", its image
     processor the PIL Qwen2VLImageProcessor at the folder's patch 16, mean/std and bounds). That
     these give colpali-engine's own ids, pixels and embeddings on transformers 5.x is what
-    `tests/test_qwen3_reference.py` pins. The tower returns (features, DeepStack features): the
+    `tests/export/families/qwen3/test_reference.py` pins. The tower returns (features, DeepStack features): the
     features are compared here, DeepStack through the final embeddings."""
     import torch
 

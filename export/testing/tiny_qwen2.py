@@ -277,7 +277,7 @@ class StressTraits:
 # Held out from every gate and every choice of recipe: other channels, other magnitudes (a larger
 # massive ratio and norm outliers, a smaller typical scale, larger image features). The exporter's
 # gates and recipes were tuned on `StressTraits()`; a recipe that only holds there is fitted to
-# one checkpoint. tests/test_variants_stress.py judges the variants on this one.
+# one checkpoint. tests/export/variants/test_stress.py judges the variants on this one.
 HELD_OUT_STRESS = StressTraits(massive_ratio=2500.0, text_typical=3.0, norm_outlier=45.0,
                                vision_typical=400.0, vision_peak=150_000.0, feature_peak=800.0,
                                small_norm_weight=0.01, channel_fractions=((3, 11), (9, 13)))

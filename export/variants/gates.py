@@ -78,7 +78,7 @@ GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
 # onnxruntime session config of each variant's gate sessions, on top of GATE_LOAD. fp16: keep the
 # weights fp16 in memory, each cast to fp32 when its MatMul runs, instead of folded into fp32
 # initializers at load (which made an fp16 session hold the fp32 weights' size). The cast is
-# exact, so the verdicts are the same (tests/test_variants_gate_memory.py;
+# exact, so the verdicts are the same (tests/export/variants/test_gate_memory.py;
 # benchmarks/results/export/export-variants-2b.md).
 GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
     "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
@@ -86,7 +86,7 @@ GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
 # onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16: the
 # priority-based order runs each weight's fp32 cast just before the MatMul that reads it, where
 # the default order runs most casts at the start of a run and holds them all at once. The order
-# changes when a node runs, not what it computes (tests/test_variants_gate_memory.py;
+# changes when a node runs, not what it computes (tests/export/variants/test_gate_memory.py;
 # docs/variants.md, "The variant step's memory").
 GATE_EXECUTION_ORDER: dict[str, str] = {"fp16": "priority"}
 BUCKET_LABELS = {"query": "queries", "page": "pages"}

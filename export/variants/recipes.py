@@ -93,7 +93,7 @@ INT4_DEFAULT_BITS = 4
 # (0.8M weights, straight into the L2 normalisation) stays fp32; the attention projections
 # (q, k, v, o: a quarter of a layer's weights, half its 4-bit error) are 8-bit; the MLP 4-bit
 # (the module docstring's measurements). DirectML runs it: its MatMulNBits kernel takes 4- and
-# 8-bit blocks alike (export/graphs/data/directml_kernels.json, node_rules; tests/test_directml.py).
+# 8-bit blocks alike (export/graphs/data/directml_kernels.json, node_rules; tests/export/graphs/test_directml.py).
 INT4_ROLE_BITS: tuple[tuple[str, int], ...] = (("projection", 32), ("self_attn", 8))
 # Block size of the 8-bit roles: 8.3 bits a weight with the scales (blocks of 16: 10.5); on the
 # 4B-width 2+2 model the same fidelity as blocks of 16 (worst bucket 0.98826 against 0.98840).

@@ -45,7 +45,7 @@ PEFT_NOTES = ("The PEFT config's `base_model_name_or_path` was renamed",
               "Input and output embeddings are no longer tied")
 # Path pieces of peft's wrappers in saved keys (`q_proj.base_layer.bias`: a trained bias of a LoRA
 # layer; `custom_text_proj.modules_to_save.weight`: the trained copy) and the untrained copy it
-# also saves with bias="all" (measured with peft 0.21: tests/test_qwen2_5_models.py).
+# also saves with bias="all" (measured with peft 0.21: tests/export/families/qwen2_5/test_models.py).
 PEFT_WRAPPERS = (".base_layer.", ".modules_to_save.")
 PEFT_COPY_OF_THE_BASE = ".original_module."
 # Config keys whose patterns speak the training layout's module names and so cannot be renamed

@@ -2,7 +2,7 @@
 
 The export environment pins transformers 4.57.1 (ColQwen2's reference), whose own `Qwen3VLModel`
 computes what colpali-engine 0.3.18's `ColQwen3` (a `Qwen3VLModel` subclass on transformers 5.x)
-computes: measured on the same weights, docs/reference-colqwen3.md, `tests/test_qwen3_reference.py`.
+computes: measured on the same weights, docs/reference-colqwen3.md, `tests/export/families/qwen3/test_reference.py`.
 So the exporter wraps the checkpoint's weights in 4.57.1's modules and adds the head both
 published codes add (a linear projection with bias, L2 normalisation, times the mask), nothing else.
 

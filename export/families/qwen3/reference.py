@@ -3,7 +3,7 @@
 colpali-engine 0.3.18 `ColQwen3` + `ColQwen3Processor` need transformers >= 5.3; colembed's export
 extra pins transformers 4.57.1 for the ColQwen2 reference (docs/reference.md says why 5.x is not
 ColQwen2's reference). So this module is run as a script by the interpreter of the reference
-environment (`tests/qwen3_fixtures.py` creates it) and writes what the reference produced to an
+environment (`tests/fixtures/qwen3.py` creates it) and writes what the reference produced to an
 .npz file that the export environment compares with:
 
     python -m colembed_export.families.qwen3.reference CHECKPOINT OUT.npz
