@@ -28,6 +28,9 @@ TRAINING_MIN_PIXELS = 4 * 28 * 28
 TRAINING_MAX_PIXELS = 768 * 28 * 28
 
 
+TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder it made
+
+
 @dataclass(frozen=True)
 class ArchitectureSpec:
     """The few numbers that distinguish one ColQwen2-shaped checkpoint from another.
@@ -192,11 +195,17 @@ def build_checkpoint(
         edited = edit(model) if edit is not None else None
     model.save_pretrained(out, safe_serialization=True)
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
-    (out / "colembed_tiny.json").write_text(
-        json.dumps({"random_weights": True, "seed": seed, "spec": asdict(spec),
-                    **({"stress": edited} if edited is not None else {})}, indent=2) + "\n"
-    )
+    write_tiny_info(out, seed=seed, spec=spec, edited=edited)
     return out
+
+
+def write_tiny_info(out: Path, *, seed: int, spec: Any, edited: dict[str, Any] | None,
+                    **fields: Any) -> None:
+    """Record what the builder made in the folder's TINY_INFO: random weights, the seed, `fields`
+    (e.g. the layout), the spec, and what a stress `edit` returned."""
+    (out / TINY_INFO).write_text(json.dumps(
+        {"random_weights": True, "seed": seed, **fields, "spec": asdict(spec),
+         **({"stress": edited} if edited is not None else {})}, indent=2) + "\n")
 
 
 def perturb_vectors(model: Any, seed: int) -> None:

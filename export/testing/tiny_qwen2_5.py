@@ -31,6 +31,7 @@ from typing import Any, Callable
 from ..families.qwen2_5.layouts import WEIGHTS_INDEX, to_colpali_key
 
 from .tiny_qwen2 import (
+    TINY_INFO,
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,
@@ -42,9 +43,9 @@ from .tiny_qwen2 import (
     save_processor,
     scale_features,
     vision_probe,
+    write_tiny_info,
 )
 
-TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 
@@ -195,10 +196,7 @@ def build_checkpoint_2_5(
         edited = edit(model) if edit is not None else None
     model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")  # bounds RSS at 3B
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
-    (out / TINY_INFO).write_text(
-        json.dumps({"random_weights": True, "seed": seed, "layout": "transformers", "spec": asdict(spec),
-                    **({"stress": edited} if edited is not None else {})}, indent=2) + "\n"
-    )
+    write_tiny_info(out, seed=seed, spec=spec, edited=edited, layout="transformers")
     return out
 
 

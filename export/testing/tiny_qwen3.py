@@ -27,10 +27,9 @@ from pathlib import Path
 
 from typing import Any, Callable
 
-from .tiny_qwen2 import (TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
-                   qwen_tokenizer_dir, vision_probe)
+from .tiny_qwen2 import (TINY_INFO, TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
+                   qwen_tokenizer_dir, vision_probe, write_tiny_info)
 
-TINY_INFO = "colembed_tiny.json"
 PATCH_SIZE = 16
 MERGE_SIZE = 2
 TEMPORAL_PATCH_SIZE = 2
@@ -204,9 +203,7 @@ def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(colpali_config_json(spec), indent=2) + "\n")
     save_processor_files(out, min_pixels=min_pixels, max_pixels=max_pixels)
-    (out / TINY_INFO).write_text(json.dumps(
-        {"random_weights": True, "seed": seed, "layout": "colpali", "spec": asdict(spec),
-         **({"stress": edited} if edited is not None else {})}, indent=2) + "\n")
+    write_tiny_info(out, seed=seed, spec=spec, edited=edited, layout="colpali")
     return out
 
 

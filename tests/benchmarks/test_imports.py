@@ -20,20 +20,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.fixtures.source import imported_module, modules
+
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
 SHARED = "benchmarks.shared"
-
-
-def modules(folder: Path, package: str = "benchmarks") -> dict[str, Path]:
-    """Every module under `folder` by dotted name (a package by its own name: its __init__)."""
-    found = {}
-    for path in sorted(folder.rglob("*.py")):
-        parts = path.relative_to(folder).with_suffix("").parts
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        found[".".join((package, *parts))] = path
-    return found
 
 
 def suite(module: str) -> str:
@@ -47,17 +38,12 @@ def suite(module: str) -> str:
 
 def imports(path: Path, module: str, known: dict[str, Path]) -> list[tuple[str, list[str], int]]:
     """(benchmark module imported, the names taken from it, line) for each import in `path`."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
     out = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
         if isinstance(node, ast.Import):
             out += [(a.name, [], node.lineno) for a in node.names if a.name in known]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module or ""
+            source = imported_module(node, module, path)
             if source not in known:
                 continue
             names = []
@@ -101,7 +87,7 @@ def edits_sys_path(path: Path) -> bool:
 def violations(folder: Path) -> list[str]:
     """Imports that break the rules of this file's docstring, names that do not resolve, and
     sys.path edits."""
-    known = modules(folder)
+    known = modules({"benchmarks": folder})
     out = []
     for module, path in known.items():
         where = path.relative_to(folder.parent).as_posix()

@@ -16,22 +16,12 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.fixtures.source import imported_module, modules
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = {"colembed": ROOT / "colembed", "colembed_export": ROOT / "export"}
 # a circle all of whose modules start with one of these prefixes is tolerated (see above)
 CIRCLES_ALLOWED_FOR_NOW: dict[str, tuple[str, ...]] = {}
-
-
-def modules(packages: dict[str, Path]) -> dict[str, Path]:
-    """Every module of the packages by dotted name (a package by its own name: its __init__)."""
-    found = {}
-    for name, folder in packages.items():
-        for path in sorted(folder.rglob("*.py")):
-            parts = path.relative_to(folder).with_suffix("").parts
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            found[".".join((name, *parts))] = path
-    return found
 
 
 def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
@@ -39,17 +29,12 @@ def import_graph(packages: dict[str, Path]) -> dict[str, set[str]]:
     known = modules(packages)
     graph: dict[str, set[str]] = {name: set() for name in known}
     for name, path in known.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                    source = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    source = node.module or ""
+                source = imported_module(node, name, path)
                 targets = [source] + [f"{source}.{alias.name}" for alias in node.names]
             graph[name] |= {t for t in targets if t in known and t != name}
     return graph

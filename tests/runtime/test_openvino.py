@@ -17,12 +17,11 @@ extra installs it, so CI runs this file).
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.fixtures.builds import PARITY_TOLERANCE, build_once
+from tests.fixtures.builds import PARITY_TOLERANCE, base_staging, build_once
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.fixtures.samples import PAGES, QUERIES
@@ -39,40 +38,13 @@ OPENVINO_ALL = ["openvino", "openvino-bf16", "openvino-int8"]
 NO_CACHE = [("openvino", {"cache_dir": ""})]
 
 
-def _fp32_staging(source: Path, staging: Path):
-    """A staging copy of an fp32 export and a `write_manifest` as the exporter's."""
-    from colembed import safe_fs
-    from colembed.integrity import describe_file
-    from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
-
-    manifest = read_manifest(source)
-    keep = {name for g in manifest.variants["fp32"].values() for name in (g.file, g.data_file) if name}
-    variant_files = {name for v, graphs in manifest.variants.items() if v != "fp32"
-                     for g in graphs.values() for name in (g.file, g.data_file) if name}
-    shutil.copytree(source, staging,
-                    ignore=lambda _, names: [n for n in names if n in variant_files - keep])
-    data = manifest.to_dict()
-    data["variants"] = {"fp32": data["variants"]["fp32"]}
-    data["checks"] = {"fp32": data["checks"]["fp32"]}
-
-    def write_manifest(entries):
-        d = dict(data, variants={**data["variants"], **{
-            v: {r: g.to_dict() for r, g in roles.items()} for v, roles in entries.items()}})
-        d["files"] = {p.name: describe_file(p) for p in sorted(staging.iterdir()) if p.is_file()
-                      and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
-        Manifest.from_dict(d).write(staging)
-
-    graphs = {role: manifest.graph("fp32", role) for role in ("vision", "text")}
-    return graphs, write_manifest
-
-
 def _with_openvino_variants(tmp_path_factory, key: str, source: Path, variants: list[str]):
     """`source` (an fp32 export) copied with `variants` written and gated by the exporter's
     variant step; (folder, {variant: figures})."""
     from colembed_export.variants.write import write_variants
 
     def build(folder):
-        graphs, write_manifest = _fp32_staging(source, folder / "model")
+        graphs, write_manifest = base_staging(source, folder / "model")
         results = write_variants(folder / "model", graphs, variants, write_manifest=write_manifest)
         (folder / "results.json").write_text(json.dumps(results, default=str))
 
@@ -216,7 +188,7 @@ def test_the_exporter_refuses_a_graph_not_in_openvino_form(exported_tiny, tmp_pa
     from colembed_export.variants.write import write_variants
 
     monkeypatch.setattr(openvino_form, "to_openvino_form", lambda model: {})
-    graphs, write_manifest = _fp32_staging(exported_tiny.folder, tmp_path / "staging")
+    graphs, write_manifest = base_staging(exported_tiny.folder, tmp_path / "staging")
     with pytest.raises(ExportError, match="not in OpenVINO's form.*offset"):
         write_variants(tmp_path / "staging", graphs, ["openvino"], write_manifest=write_manifest)
 

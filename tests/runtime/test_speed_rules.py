@@ -120,18 +120,15 @@ def test_threads_spin_within_a_run_and_not_between_runs():
     would otherwise wait on a woken thread) but stop when the run returns
     (`session.force_spinning_stop`): a session left alone after a run burns no CPU while the host
     does its own work. The rule is the session's configuration, checked here on a real session
-    that runs; the CPU it saves is measured by `python -m benchmarks.runtime.spin`."""
-    from onnx import TensorProto, helper, numpy_helper
+    that runs; the CPU it saves is measured by `python -m benchmarks.spin`, on the same graph."""
+    import onnx
+    from onnx import numpy_helper
 
+    from benchmarks.spin import matmul_graph
     from colembed.sessions import RUN_THREAD_CONFIG, Session
 
-    weight = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 512])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])],
-        [numpy_helper.from_array(weight, "w")])
-    blob = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
+    blob = matmul_graph()
+    weight = numpy_helper.to_array(onnx.load_from_string(blob).graph.initializer[0])
     assert dict(RUN_THREAD_CONFIG) == {"session.intra_op.allow_spinning": "1",
                                        "session.force_spinning_stop": "1"}
     session = Session(blob, threads=2)

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import shutil
 from pathlib import Path
 
 import pytest
 
 from colembed.errors import ExportError
+from tests.fixtures.builds import base_staging
 from colembed_export.variants import recipes as R
 from colembed_export.variants import write as V
 
@@ -23,28 +23,8 @@ from colembed_export.variants import write as V
 def _fp32_staging(exported_variants, tmp_path: Path):
     """A staging copy of the fixture's fp32 folder (no variant files), its fp32 graph entries, a
     `write_manifest` as the exporter's (every file present described), and the steps run."""
-    from colembed import safe_fs
-    from colembed.integrity import describe_file
-    from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
-
-    source = exported_variants.folder
-    manifest = read_manifest(source)
-    variant_files = {g.file for name, graphs in manifest.variants.items() if name != "fp32"
-                     for g in graphs.values()}
     staging = tmp_path / "staging"
-    shutil.copytree(source, staging, ignore=lambda _, names: [
-        n for n in names if n in variant_files or n.removesuffix("_data") in variant_files])
-    data = manifest.to_dict()
-    data["variants"] = {"fp32": data["variants"]["fp32"]}
-    data["checks"] = {"fp32": data["checks"]["fp32"]}
-
-    def write_manifest(entries):
-        d = dict(data, variants={**data["variants"], **{
-            v: {r: g.to_dict() for r, g in roles.items()} for v, roles in entries.items()}})
-        d["files"] = {p.name: describe_file(p) for p in sorted(staging.iterdir()) if p.is_file()
-                      and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)}
-        Manifest.from_dict(d).write(staging)
-
+    graphs, write_manifest = base_staging(exported_variants.folder, staging)
     steps: list[str] = []
 
     @contextlib.contextmanager
@@ -52,7 +32,6 @@ def _fp32_staging(exported_variants, tmp_path: Path):
         steps.append(name)
         yield
 
-    graphs = {role: manifest.graph("fp32", role) for role in ("vision", "text")}
     return staging, graphs, write_manifest, step, steps
 
 
