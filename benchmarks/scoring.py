@@ -3,7 +3,7 @@ transformers' `score_retrieval` and a padded numpy einsum), with the machine's m
 fp32 GEMM peak measured in the same run, so each cell reports its fraction of the roofline.
 
     python -m benchmarks.scoring --quick    # 1/32 queries x 200 pages
-    flock /work/wt/bigmem.lock python -m benchmarks.scoring --grid \
+    python -m benchmarks.scoring --grid \
         --only 'colembed numpy,colembed onnx,fast-maxsim' --out benchmarks/results/scoring/scoring-grid.md
     # the standard grid: 1/4/32 queries x 1,000/5,000/10,000/20,000 pages (20,000 pages are 7.7 GB)
 
@@ -554,7 +554,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run colembed/scoring.py as of this git ref (an A/B in the same "
                              "rounds: the column 'colembed numpy @REF'); repeatable")
     parser.add_argument("--bigmem-lock", type=Path, default=None,
-                        help="flock this file before the pages pass 4 GB (e.g. /work/wt/bigmem.lock)")
+                        help="flock this file before the pages pass 4 GB (a lock file shared by the heavy jobs of one machine)")
     args = parser.parse_args(argv)
     out = args.out or RESULTS / ("scoring-quick.md" if args.quick else "scoring.md")
 

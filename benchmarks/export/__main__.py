@@ -3,11 +3,11 @@
     nice python -m benchmarks.export                      # Qwen2-VL-2B size (8.8 GB)
     python -m benchmarks.export --vision-depth 4 --text-layers 4   # reduced depth
     nice python -m benchmarks.export --family colqwen2.5 --clean   # Qwen2.5-VL-3B
-    flock /work/wt/bigmem.lock nice python -m benchmarks.export --family colqwen3 \
+    python -m benchmarks.export --family colqwen3 \
         --clean                                   # Qwen3-VL-4B, full depth: ~19 GB (projected)
     python -m benchmarks.export --family colqwen2.5 --preset qwen2.5-vl-7b \
         --vision-depth 4 --text-layers 2 --results /tmp/export-7b-t2        # 7B widths, reduced
-    flock /work/wt/solo.lock nice python -m benchmarks.export --variants int8,fp16 \
+    python -m benchmarks.export --variants int8,fp16 \
         --int8-weight-passes 2 --clean --results benchmarks/results/export/export-variants-2b-passes-2
                                 # full 2B with variants, int8 as two codes per weight (~10 GB)
 

@@ -4,7 +4,7 @@ Edge exact scan.
     # the stores: bench_index.py --long-run FOLDER --pages N --set local [--pool-factor F]
     python -m benchmarks.index.search_large --store FOLDER [--store FOLDER2] \
         --build benchmarks/results/index/history/index-long-100k.json [--build ...] --exact-only   # not timed
-    flock /work/wt/bigmem.lock python -m benchmarks.index.search_large --store ... --build ... \
+    python -m benchmarks.index.search_large --store ... --build ... \
         [--cold]   # drop each store's files from the page cache first: new queries read the disk
 
 Per store (each step in a fresh process: peak RSS and reopen are per process): the reopen, the
@@ -42,6 +42,7 @@ import os
 import subprocess
 import sys
 import time
+import tempfile
 import uuid
 from pathlib import Path
 
@@ -486,7 +487,7 @@ def main() -> None:
     parser.add_argument("--store", type=Path, action="append", default=[])
     parser.add_argument("--build", type=Path, action="append", default=[],
                         help="the --long-run JSON of each --store, in order")
-    parser.add_argument("--scratch", type=Path, default=Path("/work/scratch/search/exact"))
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "colembed-search-exact")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--exact-only", action="store_true",
                         help="compute and cache the exact top lists only (no timing)")

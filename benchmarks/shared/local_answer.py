@@ -95,12 +95,14 @@ def query_targets(n_pages: int, count: int, seed: int = 17) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_pages, count)
 
 
-def local_queries(n_pages: int, count: int, seed: int = 17) -> list[np.ndarray]:
-    """`count` queries, query j about 1-2 rows of one block of page query_targets(...)[j]."""
+def local_queries(n_pages: int, count: int, seed: int = 17,
+                  targets: np.ndarray | None = None) -> list[np.ndarray]:
+    """`count` queries, query j about 1-2 rows of one block of page query_targets(...)[j] (or of
+    page `targets[j]` when given: queries about chosen pages, e.g. those a filter allows)."""
     rng = np.random.default_rng(seed + 1)
     _, augmentation = shared_rows()
     out = []
-    for target in query_targets(n_pages, count, seed):
+    for target in (query_targets(n_pages, count, seed) if targets is None else targets[:count]):
         vectors, layout, blocks = local_page(int(target))
         r0, c0, h, w, _ = blocks[int(rng.integers(len(blocks)))]
         span = min(int(rng.integers(1, 3)), h)

@@ -1,7 +1,7 @@
 """Per-length-bucket fidelity of each variant to fp32, on random weights and the stress checkpoints.
 
     python -m benchmarks.variants.fidelity                    # the tiny checkpoints
-    flock /work/wt/bigmem.lock python -m benchmarks.variants.fidelity \
+    python -m benchmarks.variants.fidelity \
         --configs 2b-heldout --variants int8,fp16                   # Qwen2-VL-2B widths, 1+2 layers
 
 Each configuration is a checkpoint built here (random weights: `tiny.build_checkpoint`; stress:
@@ -240,13 +240,26 @@ def markdown(info: dict, runs: dict[str, dict], int8_weight_passes: int | None =
             for r in run["results"].values()) + " |")
         lines.append("| top-1 agreement | " + " | ".join(
             f"{r['ranking']['top1_agreement']:.3f}" for r in run["results"].values()) + " |")
+        lines += ["", "By kind of query token (mean / min over the gate's query tokens of that "
+                  "kind; the worst token's text):", ""]
+        kinds = sorted({k for r in run["results"].values() for k in r.get("token_classes", {})})
+        lines += ["| token kind | " + " | ".join(names) + " |", "|---|" + "---:|" * len(names)]
+        for kind in kinds:
+            cells = []
+            for n in names:
+                row = run["results"][n].get("token_classes", {}).get(kind)
+                cells.append(f"{row['mean']:.5f} / {row['min']:.5f} ({row['worst']['text']!r})"
+                             if row else "")
+            lines.append(f"| {kind} | " + " | ".join(c.replace("|", "\\|") for c in cells)
+                         + " |")
         lines.append("")
         if run["failures"]:
             lines += ["Gate misses (the exporter refuses these variants):", ""]
             lines += [f"- {f}" for f in run["failures"]] + [""]
         else:
             lines += ["Every variant meets its gate.", ""]
-    return results_markdown("Variant fidelity to fp32, per length bucket", info, lines)
+    return results_markdown("Variant fidelity to fp32, per length bucket and kind of token", info,
+                            lines)
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """The variant gate's memory and time per model and part, by how the gate loads its models.
 
-    flock /work/wt/bigmem.lock python -m benchmarks.variants.gate_memory STAGING \
+    python -m benchmarks.variants.gate_memory STAGING \
         [--variants int8,fp16] [--arms before,kept,kept-arena-2] [--results benchmarks/results/NAME]
 
 STAGING is a model folder with the fp32 graphs and the variants in its manifest: the staging

@@ -1,6 +1,6 @@
 """One gate model's runs: peak RSS above the loaded model per run kind, heap vs mapped blocks.
 
-    flock /work/wt/solo.lock python -m benchmarks.variants.gate_runs FOLDER \
+    python -m benchmarks.variants.gate_runs FOLDER \
         [--variant fp32] [--arm heap|mapped]
 
 FOLDER: a model folder with the variant (e.g. the staging folder `variants_fidelity.py

@@ -1,6 +1,6 @@
 """Which int4 text-graph recipe holds: each arm's text graph against fp32's, on the gate's inputs.
 
-    COLEMBED_BENCH_DIR=/work/scratch/NAME flock /work/wt/solo.lock nice -n 10 \
+    COLEMBED_BENCH_DIR=DIR \
         python -m benchmarks.variants.int4_recipes --config 4b-2+2-random \
         --arm today:block=16,level=4 --arm level0:block=16,level=0 \
         --arm down8:block=16,level=4,bits=mlp.down_proj:8 --results benchmarks/results/NAME
