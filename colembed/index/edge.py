@@ -184,13 +184,12 @@ def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
 def _prefetch(query: np.ndarray, stage: Stage, token_ids: Sequence[str],
               where: qe.Filter | None = None) -> qe.Prefetch:
     """A plan stage as Edge's prefetch; `token_ids`: the centroid scan's pages for this query
-    (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id. `where`:
-    the search's filter, applied in every stage (the scan's pages are already among those it
-    allows)."""
+    (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id; they are
+    among the pages the search's filter allows, so that stage needs no other condition. `where`:
+    the search's filter, applied in every other stage."""
     if stage.using == TOKENS_STAGE:
         ids = {uuid.UUID(i) for i in token_ids}
-        must = [qe.HasIdCondition(ids)] + ([where] if where is not None else [])
-        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=must),
+        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
                            query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR),
                                                   using=MEAN_VECTOR))
     inner = [_prefetch(query, stage.within, token_ids, where)] if stage.within else None
@@ -260,7 +259,7 @@ class EdgeStore(Store):
         self._cadence_start()
         self._open_tokens()
         self._generation = 0  # counts writes: what a cached filter's page list was made at
-        self._allowed: dict[str, tuple[int, set[str]]] = {}
+        self._allowed: dict[str, tuple[int, set[str], qe.Filter]] = {}
         self._index_payload()
 
     def _open_tokens(self) -> None:
@@ -341,15 +340,22 @@ class EdgeStore(Store):
     def allowed_ids(self, where: Where) -> set[str]:
         """The pages `where` allows, listed by Qdrant (one home for the filter's meaning); kept
         until the next write, so a filter used again (a tenant's, a folder's) is listed once."""
+        return self._allowed_pages(where)[0]
+
+    def _allowed_pages(self, where: Where) -> tuple[set[str], qe.Filter]:
+        """`allowed_ids` and the same pages as a filter by id. A search filters by id once they
+        are listed: Qdrant then checks a point's id, not its payload (which it reads from disk
+        for a field it has no index of, such as a metadata key)."""
         key = where.cache_key()
         cached = self._allowed.get(key)
         if cached is not None and cached[0] == self._generation:
-            return cached[1]
+            return cached[1], cached[2]
         ids = set(self.ids(edge_filter(where)))
+        by_id = qe.Filter(must=[qe.HasIdCondition({uuid.UUID(i) for i in ids})])
         if len(self._allowed) >= 32:
             self._allowed.pop(next(iter(self._allowed)))
-        self._allowed[key] = (self._generation, ids)
-        return ids
+        self._allowed[key] = (self._generation, ids, by_id)
+        return ids, by_id
 
     def file_paths(self) -> list[str]:
         """The distinct stored paths (a `path` glob is matched against them)."""
@@ -562,8 +568,8 @@ class EdgeStore(Store):
                where: Where | None = None,
                texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
         """`Store.search`; `where` holds in every stage: the centroid scan ranks only the pages
-        it allows (listed by Qdrant: `allowed_ids`), the `mean` stage and the exact rerank
-        filter in Qdrant. "hybrid": the two-stage result's best HYBRID_CANDIDATES and the BM25
+        it allows (listed by Qdrant: `allowed_ids`), the other stages and the exact rerank
+        filter in Qdrant, by those pages' ids once listed. "hybrid": the two-stage result's best HYBRID_CANDIDATES and the BM25
         search's, fused by RRF in the same request."""
         check_mode(mode)
         self.check_hybrid(mode, texts, len(queries))
@@ -571,11 +577,13 @@ class EdgeStore(Store):
         where = self.resolve_where(where)
         if where is not None and where.matches_nothing():
             return [[] for _ in queries]
-        flt = edge_filter(where)
         stages = ([] if mode == "exact" else
                   self.plan(max(k, HYBRID_CANDIDATES) if mode == "hybrid" else k))
         scans = [s.limit for s in stages if s.using == TOKENS_STAGE]
-        allowed = self.allowed_ids(where) if scans and where else None
+        allowed = None
+        flt = edge_filter(where)
+        if scans and where:  # the centroid scan needs the pages listed: filter by id from then on
+            allowed, flt = self._allowed_pages(where)
         token_ids = (self.tokens.top_many(queries, max(scans), allowed) if scans else
                      [[] for _ in queries])
         if mode == "hybrid":
