@@ -259,7 +259,7 @@ class EdgeStore(Store):
         self._cadence_start()
         self._open_tokens()
         self._generation = 0  # counts writes: what a cached filter's page list was made at
-        self._allowed: dict[str, tuple[int, set[str], qe.Filter]] = {}
+        self._allowed: dict[str, tuple[int, frozenset[str], qe.Filter]] = {}
         self._index_payload()
 
     def _open_tokens(self) -> None:
@@ -337,12 +337,12 @@ class EdgeStore(Store):
                 with _edge_errors(f"index the payload field {name!r}", self.folder):
                     self.shard.update(qe.UpdateOperation.create_field_index(name, kinds[kind]))
 
-    def allowed_ids(self, where: Where) -> set[str]:
+    def allowed_ids(self, where: Where) -> frozenset[str]:
         """The pages `where` allows, listed by Qdrant (one home for the filter's meaning); kept
         until the next write, so a filter used again (a tenant's, a folder's) is listed once."""
         return self._allowed_pages(where)[0]
 
-    def _allowed_pages(self, where: Where) -> tuple[set[str], qe.Filter]:
+    def _allowed_pages(self, where: Where) -> tuple[frozenset[str], qe.Filter]:
         """`allowed_ids` and the same pages as a filter by id. A search filters by id once they
         are listed: Qdrant then checks a point's id, not its payload (which it reads from disk
         for a field it has no index of, such as a metadata key)."""
@@ -350,7 +350,7 @@ class EdgeStore(Store):
         cached = self._allowed.get(key)
         if cached is not None and cached[0] == self._generation:
             return cached[1], cached[2]
-        ids = set(self.ids(edge_filter(where)))
+        ids = frozenset(self.ids(edge_filter(where)))
         by_id = qe.Filter(must=[qe.HasIdCondition({uuid.UUID(i) for i in ids})])
         if len(self._allowed) >= 32:
             self._allowed.pop(next(iter(self._allowed)))

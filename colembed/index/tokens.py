@@ -24,7 +24,7 @@ import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import AbstractSet, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -227,6 +227,9 @@ class TokenTable:
         self._rows = newest
         self._ids = _uuid_strings(records[newest, :16])
         self._positions: dict[str, int] | None = None  # id -> index in _ids, made when filtered
+        # the last filter's pages (a frozenset: the store hands the same one for a filter used
+        # again) and their indexes in _ids, so a repeated filter's positions are worked out once
+        self._last_allowed: tuple[frozenset[str], np.ndarray] | None = None
         self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
                                  shape=(n_table, self.k, self.dim)) if n_table else
                        np.zeros((0, self.k, self.dim), np.float32))
@@ -295,7 +298,7 @@ class TokenTable:
         return self.top_many([query], limit)[0]
 
     def top_many(self, queries: Sequence[np.ndarray], limit: int,
-                 allowed: set[str] | None = None) -> list[list[str]]:
+                 allowed: AbstractSet[str] | None = None) -> list[list[str]]:
         """`top` of each query, the table scanned once for all of them. `allowed`: only these
         pages are scanned and ranked (a filtered search), so a filter that keeps few pages still
         gets `limit` candidates among them, and costs less than a full scan."""
@@ -304,10 +307,15 @@ class TokenTable:
             positions = np.arange(len(ids))
             every = (centroid_scores_many(self._table, queries)[:, self._rows] if ids else None)
         else:
-            if self._positions is None:
-                self._positions = {pid: n for n, pid in enumerate(ids)}
-            positions = np.array(sorted(self._positions[i] for i in allowed
-                                        if i in self._positions), dtype=np.int64)
+            if self._last_allowed is not None and self._last_allowed[0] is allowed:  # a frozenset
+                positions = self._last_allowed[1]
+            else:
+                if self._positions is None:
+                    self._positions = {pid: n for n, pid in enumerate(ids)}
+                positions = np.array(sorted(self._positions[i] for i in allowed
+                                            if i in self._positions), dtype=np.int64)
+                if isinstance(allowed, frozenset):
+                    self._last_allowed = (allowed, positions)
             every = (centroid_scores_many(self._table, queries, rows=self._rows[positions])
                      if len(positions) else None)
         if every is None:
