@@ -28,7 +28,7 @@ Reported: the needle in the top 10 and first for dense and for hybrid, and each 
 
 What it does not model: a trained model's vectors or real page text; the two query sets bound what
 fusion can gain (identifier) and lose (local), they do not say how often each kind occurs.
-Writes benchmarks/results/index/<--out>.{md,json}.
+Writes benchmarks/results/index/<--out>.{md,json} (default index-filters-<scale>: 10k, 100k).
 """
 
 from __future__ import annotations
@@ -114,6 +114,12 @@ def needle_targets(pages: int, allowed, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).choice(ids, min(NEEDLES, len(ids)), replace=False)
 
 
+def default_stem(pages: int) -> str:
+    """The results' name by benchmarks/README.md's rule: `index-filters-10k` for 10,000 pages."""
+    scale = f"{pages // 1000}k" if pages % 1000 == 0 else str(pages)
+    return f"index-filters-{scale}"
+
+
 def timed(search, queries: list, rounds: int = ROUNDS) -> dict:
     times = []
     for r in range(rounds):
@@ -189,7 +195,8 @@ def main(argv=None) -> int:
     parser.add_argument("--store", type=Path, required=True,
                         help="the Edge folder to build (or reuse, when this job built it)")
     parser.add_argument("--out", default=None,
-                        help="results stem under benchmarks/results/index/ (default filters-<pages>)")
+                        help="results stem under benchmarks/results/index/ (default "
+                             "index-filters-<scale>, e.g. index-filters-10k)")
     args = parser.parse_args(argv)
     from colembed.index.backends import open_store
 
@@ -219,7 +226,7 @@ def main(argv=None) -> int:
     text = results_markdown("Filtered and hybrid search", info, body)
     print(text)
     stem = Path(__file__).resolve().parents[1] / "results" / "index" / (args.out or
-                                                                      f"filters-{args.pages}")
+                                                                      default_stem(args.pages))
     write_results(stem, text, info, {"build": built, "filters": rows_f, "hybrid": rows_h})
     return 0
 
