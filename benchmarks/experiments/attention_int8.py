@@ -1,4 +1,8 @@
-"""Does int8 vision attention pay on this CPU? One Qwen2-VL-2B vision attention, many ways, interleaved.
+"""Question: Does int8 vision attention beat fp32 MultiHeadAttention on a CPU?
+Answer: not reliably: 0.64x fp32 MHA's time quiet on one CPU, at par under load; fp32 kept
+Note: benchmarks/results/experiments/attention-int8.md
+
+Does int8 vision attention pay on this CPU? One Qwen2-VL-2B vision attention, many ways, interleaved.
 
     python -m benchmarks.experiments.attention_int8                 # letter page: 2,976 patches
     python -m benchmarks.experiments.attention_int8 --tokens 1024 --rounds 7

@@ -1,4 +1,8 @@
-"""Disk in use during a long index run, and reopening after a SIGKILL.
+"""Question: How much disk does a long index run use, and does a killed run reopen whole?
+Answer: the WAL stays bounded by the flush cadence; after SIGKILL every flushed page reopens
+Note: benchmarks/results/experiments/index_disk.md
+
+Disk in use during a long index run, and reopening after a SIGKILL.
 
     python -m benchmarks.experiments.index_disk --pages 10000 [--unflushed-pages 3000]
 

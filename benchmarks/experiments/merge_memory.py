@@ -1,4 +1,8 @@
-"""Peak memory of loading a colpali-layout ColQwen2.5 base and merging a LoRA adapter into it.
+"""Question: What peak memory do loading a ColQwen2.5 base and merging a LoRA adapter take?
+Answer: 1.9x the fp32 weights for either step with today's loader (2.2x before)
+Note: benchmarks/results/experiments/merge-memory.md
+
+Peak memory of loading a colpali-layout ColQwen2.5 base and merging a LoRA adapter into it.
 
     python -m benchmarks.experiments.merge_memory --workdir /tmp/merge-mem --clean
     python -m benchmarks.experiments.merge_memory --loader-file OLD.py ...   # another loader

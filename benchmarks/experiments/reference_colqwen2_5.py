@@ -1,4 +1,8 @@
-"""Measure how the two candidate ColQwen2.5 references differ, on the same tiny random weights.
+"""Question: How far apart are the two candidate ColQwen2.5 references on one set of weights?
+Answer: float rounding only (<= 6e-8 a token); the tests pin one, docs name which
+Note: docs/reference-colqwen2_5.md
+
+Measure how the two candidate ColQwen2.5 references differ, on the same tiny random weights.
 
     .venv/bin/python -m pip install --no-deps colpali-engine==0.3.12   # never torchvision
     python -m benchmarks.experiments.reference_colqwen2_5

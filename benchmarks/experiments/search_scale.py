@@ -1,4 +1,8 @@
-"""The search plans at a size no store was built for here: every stage computed in numpy.
+"""Question: Which search plan keeps a local answer's page at sizes no store was built for?
+Answer: no result kept; the default plan rests on a 10,000-page store's run (this note)
+Note: benchmarks/results/experiments/search-local-10k.md
+
+The search plans at a size no store was built for here: every stage computed in numpy.
 
     python -m benchmarks.experiments.search_scale --pages 100000 --workers 2   # ~30 min on 2 cores
 
@@ -12,7 +16,7 @@ candidates and exact MaxSim puts it in the top 10 (scores here are float32; Edge
 which moves a score by ~1e-3). Timing at this size: the centroid scan is timed on the real table
 (the part that grows with the index beside the mean scan); bench_index.py times the rest at 10,000.
 
-Writes benchmarks/results/search-scale-<pages>.{md,json}.
+Writes benchmarks/results/experiments/search-scale-<pages>.{md,json}.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Can the export extra move to transformers 5.x? ColQwen2 on 5.x against the pinned 4.57.1.
+"""Question: Can the export extra move to transformers 5.x without losing ColQwen2's parity?
+Answer: no: pages differ by up to 1.3e-3 a token on 5.x, ten times the parity bound
+Note: docs/reference-colqwen3.md
+
+Can the export extra move to transformers 5.x? ColQwen2 on 5.x against the pinned 4.57.1.
 
     python -m benchmarks.experiments.transformers5_colqwen2 --reference-python .venv-qwen3-reference/bin/python
 

@@ -1,4 +1,8 @@
-"""Which int8 MatMuls cost the page fidelity: the text graph in int8 with groups of MatMuls kept fp32.
+"""Question: Which int8 MatMuls cost the page fidelity?
+Answer: no group kept fp32 lifts the worst page to 0.95: the error is spread over every MatMul
+Note: benchmarks/results/experiments/variants-ablation-2b-heldout.md
+
+Which int8 MatMuls cost the page fidelity: the text graph in int8 with groups of MatMuls kept fp32.
 
     python -m benchmarks.experiments.variants_ablation FP32_FOLDER [--pages "sample page 2,smallest"]
 

@@ -1,4 +1,8 @@
-"""One int8 MatMul at Qwen2-VL-2B widths, three ways: the "row" scheme vs MatMulNBits 8-bit blocks.
+"""Question: Is MatMulNBits (8-bit blocks) faster or truer than the row scheme?
+Answer: the activations' precision dominates the error at these widths, not the weights' bits
+Note: benchmarks/results/experiments/variants-int8-bits.md
+
+One int8 MatMul at Qwen2-VL-2B widths, three ways: the "row" scheme vs MatMulNBits 8-bit blocks.
 
     nice -n 19 .venv/bin/python -u benchmarks/experiments/variants_int8_kernels.py
 

@@ -1,4 +1,8 @@
-"""Where int8's error arises: each weight-MatMul's int8 output against fp32, on the same input.
+"""Question: Where does int8's error arise, MatMul by MatMul?
+Answer: every MatMul alone stays >= 0.999 a token: the error builds up over depth
+Note: benchmarks/results/experiments/variants-matmul-error-2b-heldout.md
+
+Where int8's error arises: each weight-MatMul's int8 output against fp32, on the same input.
 
     python -m benchmarks.experiments.variants_matmul_error FP32_FOLDER [--items page,query] \
         [--results benchmarks/results/variants-matmul-error]

@@ -1,6 +1,10 @@
-"""Page and query time of two int8 recipes, interleaved, on folders exported from one checkpoint.
+"""Question: How fast is one int8 recipe against another, interleaved on one machine?
+Answer: two codes per weight cost 1.6x one code's page time and 1.9x its query time
+Note: benchmarks/results/experiments/variants-speed-ab-passes.md
 
-    flock /work/wt/bigmem.lock python -m benchmarks.experiments.variants_speed_ab \
+Page and query time of two int8 recipes, interleaved, on folders exported from one checkpoint.
+
+    python -m benchmarks.experiments.variants_speed_ab \
         A=FOLDER_A B=FOLDER_B [C=FOLDER@fp32] [--variant int8] [--rounds 7] \
         [--results benchmarks/results/NAME]
 
