@@ -32,8 +32,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.shared.common import (letter_page, load_average, machine_info, markdown_table,
-                                      results_markdown, run_json_subprocess, write_results)
+from benchmarks.shared.common import (
+    letter_page,
+    load_average,
+    machine_info,
+    markdown_table,
+    results_markdown,
+    run_json_subprocess,
+    write_results,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "openvino"
@@ -51,6 +58,7 @@ def record_feeds(folder: Path, out: Path) -> list[str]:
     model = colembed.load(folder, verify=False)
     recorded: dict[str, list[dict[str, Any]]] = {role: [] for role in ROLES}
     for role, session in model._sessions.items():
+
         def run(feeds, run_options=None, _run=session.run, _into=recorded[role]):
             _into.append(dict(feeds))
             return _run(feeds, run_options)
@@ -58,8 +66,11 @@ def record_feeds(folder: Path, out: Path) -> list[str]:
         session.run = run
     model.embed_images([letter_page()])
     model.embed_queries(["What was the total revenue in the third quarter?"])
-    named = {"vision-page": recorded["vision"][0], "text-page": recorded["text"][0],
-             "text-query": recorded["text"][1]}
+    named = {
+        "vision-page": recorded["vision"][0],
+        "text-page": recorded["text"][0],
+        "text-query": recorded["text"][1],
+    }
     for name, feeds in named.items():
         np.savez(out / f"{name}.npz", **feeds)
     return list(named)
@@ -113,14 +124,19 @@ def _open(way: str, path: Path, threads: int, job: dict[str, Any]):
     if way.startswith("OpenVINO runtime"):
         import openvino as ov
 
-        config = {"INFERENCE_PRECISION_HINT": job["precision"], "INFERENCE_NUM_THREADS": threads,
-                  "PERFORMANCE_HINT": "LATENCY"}
+        config = {
+            "INFERENCE_PRECISION_HINT": job["precision"],
+            "INFERENCE_NUM_THREADS": threads,
+            "PERFORMANCE_HINT": "LATENCY",
+        }
         if job.get("cache_dir"):
             config["CACHE_DIR"] = job["cache_dir"]
         if "pinning" in job:
             config["ENABLE_CPU_PINNING"] = job["pinning"]
         compiled = ov.Core().compile_model(str(path), "CPU", config)
-        job["precision_compiled"] = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+        job["precision_compiled"] = compiled.get_property(
+            "INFERENCE_PRECISION_HINT"
+        ).get_type_name()
         request = compiled.create_infer_request()
         return lambda feeds: request.infer(feeds)[compiled.outputs[0]].copy()
     import onnxruntime as ort
@@ -134,15 +150,19 @@ def _open(way: str, path: Path, threads: int, job: dict[str, Any]):
         ort.register_execution_provider_library(plugin.get_ep_name(), plugin.get_library_path())
         devices = [d for d in ort.get_ep_devices() if d.ep_name == plugin.get_ep_name()]
         if not devices:
-            job["why_unavailable"] = ("the plugin offers no device on this machine (it registers "
-                                      "Intel devices only: vendor id 0x8086)")
+            job["why_unavailable"] = (
+                "the plugin offers no device on this machine (it registers "
+                "Intel devices only: vendor id 0x8086)"
+            )
             return None
-        options.add_provider_for_devices(devices, {"precision": "FP32",
-                                                   "num_of_threads": str(threads)})
+        options.add_provider_for_devices(
+            devices, {"precision": "FP32", "num_of_threads": str(threads)}
+        )
         session = ort.InferenceSession(str(path), options)
     else:  # the legacy onnxruntime-openvino build
-        session = ort.InferenceSession(str(path), options,
-                                       providers=[("OpenVINOExecutionProvider", ov_options)])
+        session = ort.InferenceSession(
+            str(path), options, providers=[("OpenVINOExecutionProvider", ov_options)]
+        )
     if session.get_providers()[0] != "OpenVINOExecutionProvider":
         raise RuntimeError(f"{way}: got {session.get_providers()}")
     return lambda feeds: session.run(None, feeds)[0]
@@ -151,8 +171,10 @@ def _open(way: str, path: Path, threads: int, job: dict[str, Any]):
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path)
-    parser.add_argument("--ort-openvino-python", help="a Python with onnxruntime-openvino (and "
-                                                      "numpy) installed instead of onnxruntime")
+    parser.add_argument(
+        "--ort-openvino-python",
+        help="a Python with onnxruntime-openvino (and numpy) installed instead of onnxruntime",
+    )
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--out", type=Path, default=RESULTS / "openvino-2b-2+2")
@@ -175,15 +197,29 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="openvino-paths-"))
     names = record_feeds(args.folder, work)
     cache = work / "cache"
-    ways = [("onnxruntime CPU", BASE_VARIANT, {}, sys.executable),
-            ("OpenVINO runtime f32 (no cache)", "openvino", {"precision": "f32"}, sys.executable),
-            ("OpenVINO runtime f32 (cache filled)", "openvino",
-             {"precision": "f32", "cache_dir": str(cache)}, sys.executable),
-            ("OpenVINO runtime f32 (from the cache)", "openvino",
-             {"precision": "f32", "cache_dir": str(cache)}, sys.executable),
-            ("OpenVINO runtime f32, threads not pinned", "openvino",
-             {"precision": "f32", "pinning": False}, sys.executable),
-            ("OpenVINO runtime bf16", "openvino", {"precision": "bf16"}, sys.executable)]
+    ways = [
+        ("onnxruntime CPU", BASE_VARIANT, {}, sys.executable),
+        ("OpenVINO runtime f32 (no cache)", "openvino", {"precision": "f32"}, sys.executable),
+        (
+            "OpenVINO runtime f32 (cache filled)",
+            "openvino",
+            {"precision": "f32", "cache_dir": str(cache)},
+            sys.executable,
+        ),
+        (
+            "OpenVINO runtime f32 (from the cache)",
+            "openvino",
+            {"precision": "f32", "cache_dir": str(cache)},
+            sys.executable,
+        ),
+        (
+            "OpenVINO runtime f32, threads not pinned",
+            "openvino",
+            {"precision": "f32", "pinning": False},
+            sys.executable,
+        ),
+        ("OpenVINO runtime bf16", "openvino", {"precision": "bf16"}, sys.executable),
+    ]
     try:
         import importlib.util
 
@@ -196,34 +232,72 @@ def main(argv: list[str] | None = None) -> int:
     rows: dict[str, Any] = {}
     load_before = load_average()
     for label, variant, extra, python in ways:
-        job = {"way": label, "folder": str(args.folder), "work": str(work), "feeds": names,
-               "files": files[variant], "threads": threads, "repeats": args.repeats, **extra}
+        job = {
+            "way": label,
+            "folder": str(args.folder),
+            "work": str(work),
+            "feeds": names,
+            "files": files[variant],
+            "threads": threads,
+            "repeats": args.repeats,
+            **extra,
+        }
         env = {"PYTHONPATH": str(REPO)} if python != sys.executable else None
-        rows[label] = run_json_subprocess([python, "-m", "benchmarks.openvino", "--worker",
-                                           json.dumps(job)], timeout=3600, env=env, cwd=str(REPO))
+        rows[label] = run_json_subprocess(
+            [python, "-m", "benchmarks.openvino", "--worker", json.dumps(job)],
+            timeout=3600,
+            env=env,
+            cwd=str(REPO),
+        )
         print(f"{label}: {rows[label]}", file=sys.stderr, flush=True)
     load_after = load_average()
     base = rows["onnxruntime CPU"]["run_s"]
     table = []
     for label, row in rows.items():
         if "error" in row or row.get("unavailable"):
-            table.append([label, row.get("unavailable") or row.get("error", "")[-200:], "", "", "",
-                          "", ""])
+            table.append(
+                [label, row.get("unavailable") or row.get("error", "")[-200:], "", "", "", "", ""]
+            )
             continue
         run = row["run_s"]
-        table.append([label, f"{sum(row['load_s'].values()):.2f}",
-                      *(f"{run[n]:.3f} ({base[n] / run[n]:.2f}x)" for n in names),
-                      f"{max(row['max_abs_diff'].values()):.1e}", ""])
+        table.append(
+            [
+                label,
+                f"{sum(row['load_s'].values()):.2f}",
+                *(f"{run[n]:.3f} ({base[n] / run[n]:.2f}x)" for n in names),
+                f"{max(row['max_abs_diff'].values()):.1e}",
+                "",
+            ]
+        )
     arch = manifest.architecture
-    body = [f"Model: `{args.folder.name}` ({arch.vision_depth} vision + {arch.text_layers} text "
-            f"layers, text width {arch.text_hidden}), {threads} threads, median of {args.repeats} runs after a warm-up, each way in its own "
-            f"process; load average before {load_before}, after {load_after}.", "",
-            *markdown_table(["way", "load s (both graphs)", *(f"{n} s (x onnxruntime)" for n in names),
-                             "max abs diff to onnxruntime fp32", ""], table)]
-    write_results(args.out, results_markdown("OpenVINO: the runtime itself vs onnxruntime's "
-                                             "OpenVINO EP", info, body),
-                  info, {"ways": rows, "threads": threads, "load_before": load_before,
-                         "load_after": load_after, "folder": str(args.folder)})
+    body = [
+        f"Model: `{args.folder.name}` ({arch.vision_depth} vision + {arch.text_layers} text "
+        f"layers, text width {arch.text_hidden}), {threads} threads, median of {args.repeats} runs after a warm-up, each way in its own "
+        f"process; load average before {load_before}, after {load_after}.",
+        "",
+        *markdown_table(
+            [
+                "way",
+                "load s (both graphs)",
+                *(f"{n} s (x onnxruntime)" for n in names),
+                "max abs diff to onnxruntime fp32",
+                "",
+            ],
+            table,
+        ),
+    ]
+    write_results(
+        args.out,
+        results_markdown("OpenVINO: the runtime itself vs onnxruntime's OpenVINO EP", info, body),
+        info,
+        {
+            "ways": rows,
+            "threads": threads,
+            "load_before": load_before,
+            "load_after": load_after,
+            "folder": str(args.folder),
+        },
+    )
     print("\n".join(body))
     return 0
 

@@ -53,7 +53,18 @@ def letter_page(seed: int, width: int = 1275, height: int = 1650) -> Image.Image
     rng = np.random.default_rng(seed)
     page = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(page)
-    words = ["revenue", "quarter", "total", "growth", "2024", "table", "figure", "net", "cost", "EBITDA"]
+    words = [
+        "revenue",
+        "quarter",
+        "total",
+        "growth",
+        "2024",
+        "table",
+        "figure",
+        "net",
+        "cost",
+        "EBITDA",
+    ]
     y = 90
     while y < height - 120:
         draw.text((100, y), " ".join(rng.choice(words, size=14)), fill=(15, 15, 15))
@@ -83,7 +94,9 @@ def encoded(image: Image.Image, fmt: str) -> bytes:
 def queries(seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     words = "what is the total revenue growth in quarter table figure of net cost for 2023 2024 région 收入".split()
-    return [" ".join(rng.choice(words, size=int(rng.integers(3, 25)))) + "?" for _ in range(QUERY_BATCH)]
+    return [
+        " ".join(rng.choice(words, size=int(rng.integers(3, 25)))) + "?" for _ in range(QUERY_BATCH)
+    ]
 
 
 # -- the two sides -------------------------------------------------------------------------------
@@ -93,7 +106,9 @@ def colembed_pages(objs, config, encoder):
     from colembed.preprocess import pad_batch, prepare_image
 
     prepared = [prepare_image(obj, config, index=i) for i, obj in enumerate(objs)]
-    ids, mask = pad_batch([encoder.page_prompt_ids(p.num_image_tokens) for p in prepared], config.pad_token_id)
+    ids, mask = pad_batch(
+        [encoder.page_prompt_ids(p.num_image_tokens) for p in prepared], config.pad_token_id
+    )
     return prepared, ids, mask
 
 
@@ -111,7 +126,10 @@ def check_equal_pages(objs, config, encoder, processor) -> float:
         worst = max(worst, float(np.abs(ref["pixel_values"][row, :n].numpy() - item.patches).max()))
         if tuple(ref["image_grid_thw"][row].tolist()) != item.grid_thw:
             raise SystemExit(f"grid mismatch on row {row}")
-    if not (np.array_equal(ids, ref["input_ids"].numpy()) and np.array_equal(mask, ref["attention_mask"].numpy())):
+    if not (
+        np.array_equal(ids, ref["input_ids"].numpy())
+        and np.array_equal(mask, ref["attention_mask"].numpy())
+    ):
         raise SystemExit("page ids/mask mismatch")
     return worst
 
@@ -121,7 +139,10 @@ def check_equal_queries(texts, config, encoder, processor) -> None:
 
     ids, mask = pad_batch(encoder.encode_queries(texts), config.pad_token_id)
     ref = processor.process_queries(texts)
-    if not (np.array_equal(ids, ref["input_ids"].numpy()) and np.array_equal(mask, ref["attention_mask"].numpy())):
+    if not (
+        np.array_equal(ids, ref["input_ids"].numpy())
+        and np.array_equal(mask, ref["attention_mask"].numpy())
+    ):
         raise SystemExit("query ids/mask mismatch")
 
 
@@ -162,7 +183,12 @@ def table_row(row: dict) -> str:
         cells = [row["case"], "", f"{row['reference_per_s']:.0f}", f"{row['colembed_per_s']:.0f}"]
         cells += [f"{row['ratio']:.2f}x", "", ""]
     else:
-        cells = [row["case"], row["resized"], f"{row['reference_per_s']:.2f}", f"{row['colembed_per_s']:.2f}"]
+        cells = [
+            row["case"],
+            row["resized"],
+            f"{row['reference_per_s']:.2f}",
+            f"{row['colembed_per_s']:.2f}",
+        ]
         cells += [f"{row['ratio']:.2f}x", f"{row['max_abs_diff']}", f"{row['resize_ms']:.1f}"]
     return "| " + " | ".join(cells) + " |"
 
@@ -226,10 +252,14 @@ def run(rounds: int) -> dict:
     for name, objs in cases:
         diff = check_equal_pages(objs, config, encoder, processor)
         ref_s, our_s = alternate(
-            lambda: reference_pages(processor, objs), lambda: colembed_pages(objs, config, encoder), rounds
+            lambda: reference_pages(processor, objs),
+            lambda: colembed_pages(objs, config, encoder),
+            rounds,
         )
         grid = colembed_pages(objs[:1], config, encoder)[0][0].grid_thw
-        resize_ms = 1000 * resize_only(objs[0], (grid[2] * config.patch_size, grid[1] * config.patch_size), rounds)
+        resize_ms = 1000 * resize_only(
+            objs[0], (grid[2] * config.patch_size, grid[1] * config.patch_size), rounds
+        )
         results.append(
             {
                 "case": name,
@@ -263,17 +293,20 @@ def run(rounds: int) -> dict:
         }
     )
     worst = min(r["ratio"] for r in results if r["kind"] == "image" and "PIL" in r["case"])
-    verdict = (
-        f"Lowest image speed-up on in-memory images: {worst:.2f}x "
-        + ("(target met)." if worst >= TARGET_IMAGE_RATIO else "(target NOT met).")
+    verdict = f"Lowest image speed-up on in-memory images: {worst:.2f}x " + (
+        "(target met)." if worst >= TARGET_IMAGE_RATIO else "(target NOT met)."
     )
     return {"results": results, "verdict": verdict}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report; JSON beside it")
-    parser.add_argument("--rounds", type=int, default=7, help="timed rounds per image case (x10 for queries)")
+    parser.add_argument(
+        "--out", type=Path, default=DEFAULT_OUT, help="markdown report; JSON beside it"
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="timed rounds per image case (x10 for queries)"
+    )
     args = parser.parse_args(argv)
 
     report = {

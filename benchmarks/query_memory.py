@@ -45,9 +45,17 @@ def export_model(work: Path) -> Path:
     from colembed_export.pipeline.exporter import export_model as export
     from colembed_export.testing.tiny_qwen2 import PRESETS, build_checkpoint
 
-    spec = replace(PRESETS["qwen2-vl-2b"], name="query-memory", vision_depth=1, text_layers=2,
-                   text_hidden=768, text_heads=12, text_kv_heads=2, text_intermediate=2048,
-                   mrope_section=(8, 12, 12))
+    spec = replace(
+        PRESETS["qwen2-vl-2b"],
+        name="query-memory",
+        vision_depth=1,
+        text_layers=2,
+        text_hidden=768,
+        text_heads=12,
+        text_kv_heads=2,
+        text_intermediate=2048,
+        mrope_section=(8, 12, 12),
+    )
     checkpoint = build_checkpoint(work / "checkpoint", spec, seed=0)
     export(checkpoint, folder, check=False)
     return folder
@@ -79,7 +87,11 @@ def child(folder: str, mode: str) -> dict:
         steps["after 16 short queries again"] = rss_mib()["rss"]
         steps["peak"] = rss_mib()["peak"]
         times = timings(model, mixed) if mode == "shipped" else {}
-    return {"rss_mib": steps, "seconds": times, "max_query_tokens": model.text_encoder.max_query_tokens}
+    return {
+        "rss_mib": steps,
+        "seconds": times,
+        "max_query_tokens": model.text_encoder.max_query_tokens,
+    }
 
 
 def timings(model, mixed: list[str]) -> dict[str, dict[str, float]]:
@@ -91,10 +103,12 @@ def timings(model, mixed: list[str]) -> dict[str, dict[str, float]]:
     pairs = {
         "16 short queries: shrink on / off": (
             lambda: _with_options(model, shrink, lambda: model.embed_queries([SHORT] * 16)),
-            lambda: _with_options(model, None, lambda: model.embed_queries([SHORT] * 16))),
+            lambda: _with_options(model, None, lambda: model.embed_queries([SHORT] * 16)),
+        ),
         "7 short + 1 at the bound: grouped / one padded run": (
             lambda: model._run_queries(ids),
-            lambda: model._run_text(ids, [()] * len(ids), None)),
+            lambda: model._run_text(ids, [()] * len(ids), None),
+        ),
     }
     out = {}
     for name, (a, b) in pairs.items():
@@ -118,20 +132,34 @@ def _with_options(model, options, work):
 
 def write(info: dict, runs: dict[str, dict]) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "query_memory.json").write_text(json.dumps({"machine": info, "runs": runs}, indent=2))
+    (RESULTS / "query_memory.json").write_text(
+        json.dumps({"machine": info, "runs": runs}, indent=2)
+    )
     shipped = runs["shipped"]
-    lines = ["# Query memory: the length bound, grouping by length, arena shrinkage", "",
-             markdown_header(info),
-             f"- model: Qwen2-VL vocabulary, text 768 wide (12 heads) x 2 layers, random weights; "
-             f"query bound {shipped['max_query_tokens']} tokens; threads 2",
-             "- modes: shipped = grouped by length within the attention budget + arena shrinkage; "
-             "no-shrink = shipped without shrinkage; previous = one padded run per batch, no "
-             "shrinkage", "",
-             "| RSS MiB | " + " | ".join(MODES) + " |", "|---" * (len(MODES) + 1) + "|"]
-    lines += [f"| {k} | " + " | ".join(f"{runs[m]['rss_mib'][k]:.0f}" for m in MODES) + " |"
-              for k in shipped["rss_mib"]]
-    lines += ["", f"Times (shipped process, the two alternatives interleaved, median of {REPEATS} "
-              "each):", "", "| case: A / B | A ms | B ms | A / B |", "|---|---|---|---|"]
+    lines = [
+        "# Query memory: the length bound, grouping by length, arena shrinkage",
+        "",
+        markdown_header(info),
+        f"- model: Qwen2-VL vocabulary, text 768 wide (12 heads) x 2 layers, random weights; "
+        f"query bound {shipped['max_query_tokens']} tokens; threads 2",
+        "- modes: shipped = grouped by length within the attention budget + arena shrinkage; "
+        "no-shrink = shipped without shrinkage; previous = one padded run per batch, no "
+        "shrinkage",
+        "",
+        "| RSS MiB | " + " | ".join(MODES) + " |",
+        "|---" * (len(MODES) + 1) + "|",
+    ]
+    lines += [
+        f"| {k} | " + " | ".join(f"{runs[m]['rss_mib'][k]:.0f}" for m in MODES) + " |"
+        for k in shipped["rss_mib"]
+    ]
+    lines += [
+        "",
+        f"Times (shipped process, the two alternatives interleaved, median of {REPEATS} each):",
+        "",
+        "| case: A / B | A ms | B ms | A / B |",
+        "|---|---|---|---|",
+    ]
     for k, t in shipped["seconds"].items():
         lines.append(f"| {k} | {t['a'] * 1e3:.1f} | {t['b'] * 1e3:.1f} | {t['a'] / t['b']:.2f} |")
     (RESULTS / "query_memory.md").write_text("\n".join(lines) + "\n")
@@ -140,8 +168,9 @@ def write(info: dict, runs: dict[str, dict]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", type=Path,
-                        default=Path(tempfile.gettempdir()) / "colembed-bench-query-memory")
+    parser.add_argument(
+        "--work", type=Path, default=Path(tempfile.gettempdir()) / "colembed-bench-query-memory"
+    )
     parser.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -154,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     folder = export_model(make_work_folder(args.work, "query-memory benchmark"))
     runs = {}
     for mode in MODES:
-        out = subprocess.run([sys.executable, "-m", __spec__.name, "--child", mode, "--folder", str(folder)],
-                             capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-m", __spec__.name, "--child", mode, "--folder", str(folder)],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs[mode] = json.loads(out.stdout.strip().splitlines()[-1])
     write(info, runs)
     return 0

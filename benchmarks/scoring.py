@@ -79,8 +79,9 @@ QUERY_TOKENS = (18, 34)
 REFERENCE_BATCH = 128
 PEAK_PAGE_TOKENS = 16_384
 TARGET_VS_REFERENCE = 2.0
-GRID = ("1x1000,4x1000,32x1000,1x5000,4x5000,32x5000,1x10000,4x10000,32x10000,1x20000,4x20000,"
-        "32x20000")
+GRID = (
+    "1x1000,4x1000,32x1000,1x5000,4x5000,32x5000,1x10000,4x10000,32x10000,1x20000,4x20000,32x20000"
+)
 BIGMEM_BYTES = 4 << 30
 STREAM_BYTES = 1 << 30
 
@@ -105,8 +106,11 @@ class Pages:
     def first(self, n: int) -> list[np.ndarray]:
         while len(self.pages) < n:
             length = int(self.rng.integers(PAGE_TOKENS[0], PAGE_TOKENS[1] + 1))
-            if self.bytes + 4 * length * DIM > BIGMEM_BYTES and self.lock_file is None \
-                    and self.lock_path is not None:
+            if (
+                self.bytes + 4 * length * DIM > BIGMEM_BYTES
+                and self.lock_file is None
+                and self.lock_path is not None
+            ):
                 import fcntl
 
                 print(f"waiting for {self.lock_path} ...", file=sys.stderr)
@@ -122,20 +126,22 @@ def padded_pool(pages: list[np.ndarray]) -> np.ndarray:
     """(n, 800, dim) zero-padded copy for the padded contenders."""
     pool = np.zeros((len(pages), PAGE_TOKENS[1], DIM), dtype=np.float32)
     for i, p in enumerate(pages):
-        pool[i, :len(p)] = p
+        pool[i, : len(p)] = p
     return pool
 
 
 def make_queries(n: int, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
-    return [unit_rows(rng.standard_normal((int(k), DIM), dtype=np.float32))
-            for k in rng.integers(QUERY_TOKENS[0], QUERY_TOKENS[1] + 1, n)]
+    return [
+        unit_rows(rng.standard_normal((int(k), DIM), dtype=np.float32))
+        for k in rng.integers(QUERY_TOKENS[0], QUERY_TOKENS[1] + 1, n)
+    ]
 
 
 def padded(queries: list[np.ndarray]) -> np.ndarray:
     out = np.zeros((len(queries), max(len(q) for q in queries), DIM), dtype=np.float32)
     for i, q in enumerate(queries):
-        out[i, :len(q)] = q
+        out[i, : len(q)] = q
     return out
 
 
@@ -147,8 +153,12 @@ def scoring_at(ref: str):
     import importlib.util
     import subprocess
 
-    source = subprocess.run(["git", "-C", str(REPO), "show", f"{ref}:colembed/scoring.py"],
-                            check=True, capture_output=True, text=True).stdout
+    source = subprocess.run(
+        ["git", "-C", str(REPO), "show", f"{ref}:colembed/scoring.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     name = "colembed._scoring_at_" + "".join(c if c.isalnum() else "_" for c in ref)
     path = Path(os.environ.get("COLEMBED_BENCH_DIR", "/tmp")) / f"{name}.py"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -165,21 +175,28 @@ def contenders(queries, pages, scorer, only, onnx_min_queries=1, against=None):
 
     def wanted(key):
         return (only is None or key in only) and (
-            key != "colembed onnx" or len(queries) >= onnx_min_queries)
+            key != "colembed onnx" or len(queries) >= onnx_min_queries
+        )
+
     found = {}
     if wanted("fast-maxsim"):
         try:
             import fast_maxsim
 
             found["fast-maxsim"] = lambda: np.stack(
-                [np.asarray(fast_maxsim.maxsim_scores_variable(q, pages)) for q in queries])
+                [np.asarray(fast_maxsim.maxsim_scores_variable(q, pages)) for q in queries]
+            )
         except ImportError:
-            print("fast-maxsim is not installed (pip install 'colembed[bench]'): its column is "
-                  "left out", file=sys.stderr)
+            print(
+                "fast-maxsim is not installed (pip install 'colembed[bench]'): its column is "
+                "left out",
+                file=sys.stderr,
+            )
     found["colembed numpy"] = lambda: scoring.score(queries, pages, backend="numpy")
     for ref, module in (against or {}).items():
-        found[f"colembed numpy @{ref}"] = \
-            lambda module=module: module.score(queries, pages, backend="numpy")
+        found[f"colembed numpy @{ref}"] = lambda module=module: module.score(
+            queries, pages, backend="numpy"
+        )
     if wanted("colembed onnx"):
         found["colembed onnx"] = lambda: scorer.score(queries, pages, backend="onnx")
     if wanted("transformers score_retrieval"):
@@ -189,8 +206,9 @@ def contenders(queries, pages, scorer, only, onnx_min_queries=1, against=None):
         tq = [torch.from_numpy(q) for q in queries]
         tp = [torch.from_numpy(p) for p in pages]
         # score_retrieval never reads `self`; calling it on the class avoids building a tokenizer.
-        found["transformers score_retrieval"] = \
-            lambda: ColQwen2Processor.score_retrieval(None, tq, tp).numpy()
+        found["transformers score_retrieval"] = lambda: ColQwen2Processor.score_retrieval(
+            None, tq, tp
+        ).numpy()
     if wanted("numpy einsum (padded)"):
         pool, lengths = padded_pool(pages), np.array([len(p) for p in pages])
         qpad = padded(queries)
@@ -198,7 +216,7 @@ def contenders(queries, pages, scorer, only, onnx_min_queries=1, against=None):
         def einsum():
             out = []
             for j in range(0, len(pages), REFERENCE_BATCH):
-                batch = pool[j:j + REFERENCE_BATCH, :int(lengths[j:j + REFERENCE_BATCH].max())]
+                batch = pool[j : j + REFERENCE_BATCH, : int(lengths[j : j + REFERENCE_BATCH].max())]
                 out.append(np.einsum("qnd,csd->qcns", qpad, batch, optimize=True).max(3).sum(2))
             return np.concatenate(out, axis=1)
 
@@ -223,8 +241,10 @@ def gemm_peaks(query_rows: int):
     def square():
         np.matmul(big, big, out=big_out)
 
-    return {"shaped": (shaped, 16 * 2.0 * (query_rows + 2) * PAGE_TOKENS[1] * DIM),
-            "square": (square, 2.0 * 2048 ** 3)}
+    return {
+        "shaped": (shaped, 16 * 2.0 * (query_rows + 2) * PAGE_TOKENS[1] * DIM),
+        "square": (square, 2.0 * 2048**3),
+    }
 
 
 def per_core_gemm_peak(threads: int):
@@ -253,7 +273,7 @@ def per_core_gemm_peak(threads: int):
     def run():
         list(pool.map(one, range(threads)))
 
-    return {"per_core": (run, threads * 2.0 * 1024 ** 3)}
+    return {"per_core": (run, threads * 2.0 * 1024**3)}
 
 
 def read_bandwidth(pages: list[np.ndarray]):
@@ -282,10 +302,10 @@ def stream_bandwidth(threads: int):
     pool = ThreadPoolExecutor(threads)
 
     def read():
-        list(pool.map(lambda ab: np.add.reduce(src[ab[0]:ab[1]]), bounds))
+        list(pool.map(lambda ab: np.add.reduce(src[ab[0] : ab[1]]), bounds))
 
     def copy():
-        list(pool.map(lambda ab: np.copyto(dst[ab[0]:ab[1]], src[ab[0]:ab[1]]), bounds))
+        list(pool.map(lambda ab: np.copyto(dst[ab[0] : ab[1]], src[ab[0] : ab[1]]), bounds))
 
     return {"stream_read": (read, float(src.nbytes)), "stream_copy": (copy, 2.0 * src.nbytes)}
 
@@ -318,7 +338,7 @@ def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_querie
     outputs = {}
     loads = []
     for r in range(rounds):
-        order = list(fns)[r % len(fns):] + list(fns)[:r % len(fns)]
+        order = list(fns)[r % len(fns) :] + list(fns)[: r % len(fns)]
         for key in order:
             t, cpu = time.perf_counter(), time.process_time()
             outputs[key] = fns[key]()
@@ -342,14 +362,18 @@ def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_querie
     for key in ["colembed onnx", "fast-maxsim"] + [k for k in outputs if "@" in k]:
         if key in outputs:
             checks[f"{key} vs colembed numpy, max rel"] = float(
-                np.abs(outputs[key] - exact_numpy).max() / scale)
+                np.abs(outputs[key] - exact_numpy).max() / scale
+            )
     reference = outputs.get("transformers score_retrieval")
     if reference is not None:
         ref_mode = scoring.score(queries, pages, reference_padding=True, backend="numpy")
-        checks["reference_mode_vs_score_retrieval_max_abs"] = float(np.abs(ref_mode - reference).max())
+        checks["reference_mode_vs_score_retrieval_max_abs"] = float(
+            np.abs(ref_mode - reference).max()
+        )
         if "numpy einsum (padded)" in outputs:
             checks["einsum_vs_score_retrieval_max_abs"] = float(
-                np.abs(outputs["numpy einsum (padded)"] - reference).max())
+                np.abs(outputs["numpy einsum (padded)"] - reference).max()
+            )
     floor_s = max(page_bytes / 1e9 / read_gbs, flops / 1e9 / gemm_peak)
     bound = "memory" if page_bytes / 1e9 / read_gbs >= flops / 1e9 / gemm_peak else "compute"
     ref_best = min(times.get("transformers score_retrieval", [0.0]))
@@ -357,33 +381,56 @@ def run_case(name, queries, pages, scorer, rounds, only, stream, onnx_min_querie
     rows = []
     for key, ts in times.items():
         best = min(ts)
-        rows.append({
-            "contender": key, "best_s": best, "median_s": statistics.median(ts), "times_s": ts,
-            "documents_per_s": len(pages) / best, "gflops": flops / best / 1e9,
-            "fraction_of_gemm_peak": flops / best / 1e9 / gemm_peak,
-            "page_gb_per_s": page_bytes / best / 1e9,
-            "fraction_of_read_bandwidth": page_bytes / best / 1e9 / read_gbs,
-            "fraction_of_roofline": floor_s / best,
-            "speedup_vs_score_retrieval": (ref_best / best if ref_best else None),
-            "speedup_vs_fast_maxsim": (peer_best / best if peer_best else None),
-            # same round, both ways: the ratio of each round's times (interleaved pairs)
-            "per_round_vs_fast_maxsim": ([p / t for p, t in zip(times["fast-maxsim"], ts)]
-                                         if peer_best else None),
-            # the --against A/B: the older code's time / this contender's, per round
-            "per_round_vs_against": {k: [o / t for o, t in zip(times[k], ts)]
-                                     for k in times if "@" in k and k != key},
-            "cpu_share_best_round": shares[key][ts.index(best)],
-        })
-    return {"case": name, "queries": len(queries), "documents": len(pages),
-            "query_tokens": q_rows, "page_tokens": int(lengths.sum()), "useful_gflop": flops / 1e9,
-            "gemm_peak_gflops": {"shaped": peak_shaped, "square_2048": peak_square,
-                                 "per_core_1024": max(peak["per_core"]),
-                                 "shaped_shape": [PAGE_TOKENS[1], DIM, q_rows + 2]},
-            "bandwidth_gb_per_s": {k: max(peak[k]) for k in ("stream_read", "stream_copy",
-                                                              "sgemv_read")},
-            "read_gb_per_s": read_gbs, "page_gb": page_bytes / 1e9,
-            "roofline_s": floor_s, "bound": bound, "load_1min_per_round": loads,
-            "rounds": rounds, "results": rows, "checks": checks}
+        rows.append(
+            {
+                "contender": key,
+                "best_s": best,
+                "median_s": statistics.median(ts),
+                "times_s": ts,
+                "documents_per_s": len(pages) / best,
+                "gflops": flops / best / 1e9,
+                "fraction_of_gemm_peak": flops / best / 1e9 / gemm_peak,
+                "page_gb_per_s": page_bytes / best / 1e9,
+                "fraction_of_read_bandwidth": page_bytes / best / 1e9 / read_gbs,
+                "fraction_of_roofline": floor_s / best,
+                "speedup_vs_score_retrieval": (ref_best / best if ref_best else None),
+                "speedup_vs_fast_maxsim": (peer_best / best if peer_best else None),
+                # same round, both ways: the ratio of each round's times (interleaved pairs)
+                "per_round_vs_fast_maxsim": (
+                    [p / t for p, t in zip(times["fast-maxsim"], ts)] if peer_best else None
+                ),
+                # the --against A/B: the older code's time / this contender's, per round
+                "per_round_vs_against": {
+                    k: [o / t for o, t in zip(times[k], ts)] for k in times if "@" in k and k != key
+                },
+                "cpu_share_best_round": shares[key][ts.index(best)],
+            }
+        )
+    return {
+        "case": name,
+        "queries": len(queries),
+        "documents": len(pages),
+        "query_tokens": q_rows,
+        "page_tokens": int(lengths.sum()),
+        "useful_gflop": flops / 1e9,
+        "gemm_peak_gflops": {
+            "shaped": peak_shaped,
+            "square_2048": peak_square,
+            "per_core_1024": max(peak["per_core"]),
+            "shaped_shape": [PAGE_TOKENS[1], DIM, q_rows + 2],
+        },
+        "bandwidth_gb_per_s": {
+            k: max(peak[k]) for k in ("stream_read", "stream_copy", "sgemv_read")
+        },
+        "read_gb_per_s": read_gbs,
+        "page_gb": page_bytes / 1e9,
+        "roofline_s": floor_s,
+        "bound": bound,
+        "load_1min_per_round": loads,
+        "rounds": rounds,
+        "results": rows,
+        "checks": checks,
+    }
 
 
 def apply_machine_roofline(cases: list[dict]) -> None:
@@ -391,8 +438,9 @@ def apply_machine_roofline(cases: list[dict]) -> None:
     read bandwidth measured in any round of any cell of the run. A peak is a property of the
     machine, and one measured under load is too low (flattering every contender: 156% of a
     2-thread sgemm that had lost a core to other jobs); the per-cell figures stay in the JSON."""
-    gemm = max(max(v for k, v in c["gemm_peak_gflops"].items() if k != "shaped_shape")
-               for c in cases)
+    gemm = max(
+        max(v for k, v in c["gemm_peak_gflops"].items() if k != "shaped_shape") for c in cases
+    )
     read = max(c["read_gb_per_s"] for c in cases)
     for c in cases:
         memory_s, compute_s = c["page_gb"] / read, c["useful_gflop"] / gemm
@@ -411,7 +459,8 @@ def markdown(report: dict) -> str:
     load = [(m[k] or [float("nan")])[0] for k in ("load_average_at_start", "load_average_at_end")]
     cases = report["cases"]
     lines = [
-        "# MaxSim scoring benchmark", "",
+        "# MaxSim scoring benchmark",
+        "",
         f"- command: `{m['command']}`",
         f"- date: {m['date']}",
         f"- machine: {m['cpu']}, {m['physical_cores']} physical cores / {m['logical_cpus']} "
@@ -428,39 +477,61 @@ def markdown(report: dict) -> str:
     contenders = list(dict.fromkeys(r["contender"] for c in cases for r in c["results"]))
     peer = "fast-maxsim" in contenders
     olds = [c for c in contenders if "@" in c]
-    lines += ["## Summary", "",
-              "Best round per contender (s); `x fast-maxsim` = fast-maxsim's best / colembed's best "
-              "(> 1: colembed ahead), with the range of the per-round ratios; `of roofline` = the "
-              "roofline time (slower of reading the pages at the read bandwidth and the work at the "
-              "sgemm peak, both the best measured anywhere in the run) over the best time.", "",
-              "`CPU s` = this process's CPU time (every thread) in the contender's best round: "
-              "the work done, which background load inflates far less than the wall time (a "
-              "contender descheduled by other jobs loses wall time, not CPU time).", "",
-              "| cell | bound | roofline s | " + " | ".join(f"{c} s" for c in contenders)
-              + " | " + " | ".join(f"{c} CPU s" for c in contenders)
-              + (" | numpy x fast-maxsim (rounds) | best colembed x fast-maxsim" if peer else "")
-              + "".join(f" | numpy x numpy {c[15:]} (rounds)" for c in olds)
-              + " | " + " | ".join(f"{c} of roofline" for c in contenders) + " | load |",
-              "|---|---|---:|" + "---:|" * (2 * len(contenders)) + ("---:|---:|" if peer else "")
-              + "---:|" * len(olds)
-              + "---:|" * len(contenders) + "---:|"]
+    lines += [
+        "## Summary",
+        "",
+        "Best round per contender (s); `x fast-maxsim` = fast-maxsim's best / colembed's best "
+        "(> 1: colembed ahead), with the range of the per-round ratios; `of roofline` = the "
+        "roofline time (slower of reading the pages at the read bandwidth and the work at the "
+        "sgemm peak, both the best measured anywhere in the run) over the best time.",
+        "",
+        "`CPU s` = this process's CPU time (every thread) in the contender's best round: "
+        "the work done, which background load inflates far less than the wall time (a "
+        "contender descheduled by other jobs loses wall time, not CPU time).",
+        "",
+        "| cell | bound | roofline s | "
+        + " | ".join(f"{c} s" for c in contenders)
+        + " | "
+        + " | ".join(f"{c} CPU s" for c in contenders)
+        + (" | numpy x fast-maxsim (rounds) | best colembed x fast-maxsim" if peer else "")
+        + "".join(f" | numpy x numpy {c[15:]} (rounds)" for c in olds)
+        + " | "
+        + " | ".join(f"{c} of roofline" for c in contenders)
+        + " | load |",
+        "|---|---|---:|"
+        + "---:|" * (2 * len(contenders))
+        + ("---:|---:|" if peer else "")
+        + "---:|" * len(olds)
+        + "---:|" * len(contenders)
+        + "---:|",
+    ]
     for case in cases:
         by = {r["contender"]: r for r in case["results"]}
-        row = [f"{case['queries']} x {case['documents']:,}", case["bound"],
-               f"{case['roofline_s']:.3f}"] + [f"{by[c]['best_s']:.3f}" if c in by else "-"
-                                               for c in contenders]
+        row = [
+            f"{case['queries']} x {case['documents']:,}",
+            case["bound"],
+            f"{case['roofline_s']:.3f}",
+        ] + [f"{by[c]['best_s']:.3f}" if c in by else "-" for c in contenders]
         row += [f"{cpu_seconds(by[c], m):.2f}" if c in by else "-" for c in contenders]
         if peer:
             rr = by["colembed numpy"]["per_round_vs_fast_maxsim"]
-            ours = min((r for k, r in by.items() if k.startswith("colembed") and "@" not in k),
-                       key=lambda r: r["best_s"])
-            row += [f"{by['colembed numpy']['speedup_vs_fast_maxsim']:.2f}x "
-                    f"({min(rr):.2f}-{max(rr):.2f})",
-                    f"{ours['speedup_vs_fast_maxsim']:.2f}x ({ours['contender'][9:]})"]
+            ours = min(
+                (r for k, r in by.items() if k.startswith("colembed") and "@" not in k),
+                key=lambda r: r["best_s"],
+            )
+            row += [
+                f"{by['colembed numpy']['speedup_vs_fast_maxsim']:.2f}x "
+                f"({min(rr):.2f}-{max(rr):.2f})",
+                f"{ours['speedup_vs_fast_maxsim']:.2f}x ({ours['contender'][9:]})",
+            ]
         for c in olds:
             rr = by["colembed numpy"]["per_round_vs_against"].get(c)
-            row.append(f"{by[c]['best_s'] / by['colembed numpy']['best_s']:.2f}x "
-                       f"({min(rr):.2f}-{max(rr):.2f})" if rr else "-")
+            row.append(
+                f"{by[c]['best_s'] / by['colembed numpy']['best_s']:.2f}x "
+                f"({min(rr):.2f}-{max(rr):.2f})"
+                if rr
+                else "-"
+            )
         row += [f"{by[c]['fraction_of_roofline']:.0%}" if c in by else "-" for c in contenders]
         loads = [x for x in case["load_1min_per_round"] if x is not None]
         row.append(f"{min(loads):.1f}-{max(loads):.1f}" if loads else "?")
@@ -471,7 +542,8 @@ def markdown(report: dict) -> str:
         lines += [
             f"## {case['queries']} quer{'y' if case['queries'] == 1 else 'ies'} "
             f"({case['query_tokens']} tokens) x {case['documents']:,} pages "
-            f"({case['page_tokens']:,} tokens), dim {DIM}", "",
+            f"({case['page_tokens']:,} tokens), dim {DIM}",
+            "",
             f"Useful work {case['useful_gflop']:.1f} GFLOP over {case['page_gb']:.2f} GB of pages. "
             f"Measured in the same rounds: sgemm {p['shaped']:.1f} GFLOP/s at the per-page shape "
             f"{p['shaped_shape'][0]}x{p['shaped_shape'][1]}x{p['shaped_shape'][2]}, "
@@ -482,7 +554,9 @@ def markdown(report: dict) -> str:
             f"({case['bound']}-bound) at the run's best peaks "
             f"({case.get('machine_gemm_peak_gflops', float('nan')):.1f} GFLOP/s, "
             f"{case.get('machine_read_gb_per_s', float('nan')):.1f} GB/s). Best of {case['rounds']} rounds; load (1 min) per round: "
-            + ", ".join(f"{x:.1f}" for x in case["load_1min_per_round"] if x is not None) + ".", "",
+            + ", ".join(f"{x:.1f}" for x in case["load_1min_per_round"] if x is not None)
+            + ".",
+            "",
             "| contender | best s | median s | documents/s | GFLOP/s | of GEMM peak | page GB/s | "
             "of read bandwidth | of roofline | x fast-maxsim (per round) | CPU share |",
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -494,16 +568,38 @@ def markdown(report: dict) -> str:
                 f"{r['documents_per_s']:,.0f} | {r['gflops']:.1f} | "
                 f"{r['fraction_of_gemm_peak']:.0%} | {r['page_gb_per_s']:.2f} | "
                 f"{r['fraction_of_read_bandwidth']:.0%} | {r['fraction_of_roofline']:.0%} | "
-                + (f"{r['speedup_vs_fast_maxsim']:.2f}x (" + ", ".join(f"{x:.2f}" for x in rr)
-                   + ")" if rr else "-") + f" | {r['cpu_share_best_round']:.0%} |")
-        ab = next((r["per_round_vs_against"] for r in case["results"]
-                   if r["contender"] == "colembed numpy"), {})
+                + (
+                    f"{r['speedup_vs_fast_maxsim']:.2f}x ("
+                    + ", ".join(f"{x:.2f}" for x in rr)
+                    + ")"
+                    if rr
+                    else "-"
+                )
+                + f" | {r['cpu_share_best_round']:.0%} |"
+            )
+        ab = next(
+            (
+                r["per_round_vs_against"]
+                for r in case["results"]
+                if r["contender"] == "colembed numpy"
+            ),
+            {},
+        )
         for k, rr in ab.items():
-            lines += ["", f"A/B, {k}'s time / colembed numpy's, per round (> 1: today's code "
-                      "faster): " + ", ".join(f"{x:.2f}" for x in rr)]
+            lines += [
+                "",
+                f"A/B, {k}'s time / colembed numpy's, per round (> 1: today's code "
+                "faster): " + ", ".join(f"{x:.2f}" for x in rr),
+            ]
         c = case["checks"]
-        lines += ["", "Checks: " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
-                                            for k, v in c.items()), ""]
+        lines += [
+            "",
+            "Checks: "
+            + ", ".join(
+                f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}" for k, v in c.items()
+            ),
+            "",
+        ]
     lines += ["## Targets", ""]
     for t in report["targets"]:
         lines.append(f"- {t['target']}: {t['value']} -> {'met' if t['met'] else 'NOT met'}")
@@ -521,16 +617,28 @@ def targets(cases: list[dict]) -> list[dict]:
     out = []
     for case in cases:
         by = {r["contender"]: r for r in case["results"]}
-        ours = min((r for k, r in by.items() if k.startswith("colembed") and "@" not in k), key=lambda r: r["best_s"])
+        ours = min(
+            (r for k, r in by.items() if k.startswith("colembed") and "@" not in k),
+            key=lambda r: r["best_s"],
+        )
         cell = f"{case['queries']} x {case['documents']:,}"
         if ours["speedup_vs_fast_maxsim"]:
-            out.append({"target": f"{cell}: colembed ahead of fast-maxsim",
-                        "value": f"{ours['speedup_vs_fast_maxsim']:.2f}x ({ours['contender']}, "
-                        "best rounds)", "met": ours["speedup_vs_fast_maxsim"] > 1.0})
+            out.append(
+                {
+                    "target": f"{cell}: colembed ahead of fast-maxsim",
+                    "value": f"{ours['speedup_vs_fast_maxsim']:.2f}x ({ours['contender']}, "
+                    "best rounds)",
+                    "met": ours["speedup_vs_fast_maxsim"] > 1.0,
+                }
+            )
         if ours["speedup_vs_score_retrieval"]:
-            out.append({"target": f"{cell}: colembed >= {TARGET_VS_REFERENCE:g}x score_retrieval",
-                        "value": f"{ours['speedup_vs_score_retrieval']:.2f}x ({ours['contender']})",
-                        "met": ours["speedup_vs_score_retrieval"] >= TARGET_VS_REFERENCE})
+            out.append(
+                {
+                    "target": f"{cell}: colembed >= {TARGET_VS_REFERENCE:g}x score_retrieval",
+                    "value": f"{ours['speedup_vs_score_retrieval']:.2f}x ({ours['contender']})",
+                    "met": ours["speedup_vs_score_retrieval"] >= TARGET_VS_REFERENCE,
+                }
+            )
     return out
 
 
@@ -540,21 +648,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", action="store_true", help=f"the standard cells: {GRID}")
     parser.add_argument("--cases", default="32x2000,1x10000", help="QUERIESxPAGES, comma-separated")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--big-rounds", type=int, default=None,
-                        help="rounds for cells of more than --big-gflop useful GFLOP (default: --rounds)")
+    parser.add_argument(
+        "--big-rounds",
+        type=int,
+        default=None,
+        help="rounds for cells of more than --big-gflop useful GFLOP (default: --rounds)",
+    )
     parser.add_argument("--big-gflop", type=float, default=1000.0)
     parser.add_argument("--out", type=Path, default=None, help="markdown path (JSON beside it)")
-    parser.add_argument("--only", default=None,
-                        help="comma-separated contenders besides colembed numpy (default: all)")
-    parser.add_argument("--onnx-min-queries", type=int, default=1,
-                        help="run colembed onnx only in cells of at least this many queries "
-                             "(colembed.score's default scorer has no graph; auto picks the "
-                             f"graph from {640} query tokens)")
-    parser.add_argument("--against", action="append", default=[], metavar="REF",
-                        help="also run colembed/scoring.py as of this git ref (an A/B in the same "
-                             "rounds: the column 'colembed numpy @REF'); repeatable")
-    parser.add_argument("--bigmem-lock", type=Path, default=None,
-                        help="flock this file before the pages pass 4 GB (a lock file shared by the heavy jobs of one machine)")
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated contenders besides colembed numpy (default: all)",
+    )
+    parser.add_argument(
+        "--onnx-min-queries",
+        type=int,
+        default=1,
+        help="run colembed onnx only in cells of at least this many queries "
+        "(colembed.score's default scorer has no graph; auto picks the "
+        f"graph from {640} query tokens)",
+    )
+    parser.add_argument(
+        "--against",
+        action="append",
+        default=[],
+        metavar="REF",
+        help="also run colembed/scoring.py as of this git ref (an A/B in the same "
+        "rounds: the column 'colembed numpy @REF'); repeatable",
+    )
+    parser.add_argument(
+        "--bigmem-lock",
+        type=Path,
+        default=None,
+        help="flock this file before the pages pass 4 GB (a lock file shared by the heavy jobs of one machine)",
+    )
     args = parser.parse_args(argv)
     out = args.out or RESULTS / ("scoring-quick.md" if args.quick else "scoring.md")
 
@@ -582,12 +710,26 @@ def main(argv: list[str] | None = None) -> int:
         flop = 2.0 * sum(len(x) for x in queries) * 750 * n * DIM / 1e9
         rounds = args.big_rounds if args.big_rounds and flop > args.big_gflop else args.rounds
         print(f"cell {q} x {n}: {rounds} rounds", file=sys.stderr)
-        cases.append(run_case(f"{q} x {n:,}", queries, pages.first(n), scorer, rounds, only,
-                              stream, args.onnx_min_queries, against))
+        cases.append(
+            run_case(
+                f"{q} x {n:,}",
+                queries,
+                pages.first(n),
+                scorer,
+                rounds,
+                only,
+                stream,
+                args.onnx_min_queries,
+                against,
+            )
+        )
         apply_machine_roofline(cases)
         # each cell's figures as soon as they exist (a long grid keeps what it finished)
-        report = {"machine": info | {"load_average_at_end": load_average()}, "cases": cases,
-                  "targets": targets(cases)}
+        report = {
+            "machine": info | {"load_average_at_end": load_average()},
+            "cases": cases,
+            "targets": targets(cases),
+        }
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(markdown(report))
         out.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")

@@ -70,7 +70,9 @@ def build_index(folder: Path, model_folder: Path, pages: int) -> None:
     from colembed.index import Index
     from colembed.index.schema import make_point
 
-    if (folder / "bench_pages.txt").is_file() and (folder / "bench_pages.txt").read_text() == str(pages):
+    if (folder / "bench_pages.txt").is_file() and (folder / "bench_pages.txt").read_text() == str(
+        pages
+    ):
         return
     shutil.rmtree(folder, ignore_errors=True)
     index = Index(folder, model=str(model_folder))
@@ -79,10 +81,21 @@ def build_index(folder: Path, model_folder: Path, pages: int) -> None:
     t = time.perf_counter()
     for i in range(pages):
         vectors, layout = synthetic_page(i)
-        batch.append(make_point(vectors, layout, {
-            **identity, "path": f"/synthetic/doc{i // FILES_PAGES:05d}.pdf",
-            "page": i % FILES_PAGES + 1, "pages": FILES_PAGES, "sha256": f"{i // FILES_PAGES:064x}",
-            "width": 683, "height": 883}))
+        batch.append(
+            make_point(
+                vectors,
+                layout,
+                {
+                    **identity,
+                    "path": f"/synthetic/doc{i // FILES_PAGES:05d}.pdf",
+                    "page": i % FILES_PAGES + 1,
+                    "pages": FILES_PAGES,
+                    "sha256": f"{i // FILES_PAGES:064x}",
+                    "width": 683,
+                    "height": 883,
+                },
+            )
+        )
         if len(batch) == 64:
             index.store.upsert(batch)
             batch = []
@@ -140,10 +153,22 @@ def slope_mib_per_min(windows: list[dict], key: str) -> float | None:
     return float(np.polyfit(t / 60, v, 1)[0])
 
 
-def start_server(db: Path, model: Path, port: int, log: Path,
-                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    command = [sys.executable, "-m", "colembed.cli", "serve", "--db", str(db), "--model",
-               str(model), "--port", str(port), *extra]
+def start_server(
+    db: Path, model: Path, port: int, log: Path, extra: tuple[str, ...] = ()
+) -> subprocess.Popen:
+    command = [
+        sys.executable,
+        "-m",
+        "colembed.cli",
+        "serve",
+        "--db",
+        str(db),
+        "--model",
+        str(model),
+        "--port",
+        str(port),
+        *extra,
+    ]
     with open(log, "w") as stream:  # uvicorn's log (an access line per request): a file, not a pipe
         proc = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
     import httpx
@@ -180,6 +205,7 @@ def overhead(url: str, copy: Path, model: Path, rounds: int) -> dict:
     texts = [query_text(rng) for _ in range(rounds + 5)]
     http, local, server_side, gap = [], [], [], []
     with Index(copy, model=str(model)) as index, httpx.Client(base_url=url, timeout=60) as client:
+
         def via_http(text):
             t = time.perf_counter()
             r = client.post("/v1/search", json={"query": text, "k": K})
@@ -208,12 +234,18 @@ def overhead(url: str, copy: Path, model: Path, rounds: int) -> dict:
                 else:
                     local.append(in_process(text))
     http_p50, local_p50 = pct(http, 50), pct(local, 50)
-    return {"rounds": rounds, "http_p50_ms": http_p50, "http_p90_ms": pct(http, 90),
-            "in_process_p50_ms": local_p50, "in_process_p90_ms": pct(local, 90),
-            "server_search_p50_ms": pct(server_side, 50),
-            "http_layer_p50_ms": pct(gap, 50), "http_layer_p90_ms": pct(gap, 90),
-            "ratio_http_to_in_process": http_p50 / local_p50,
-            "http_layer_share_of_server_search": pct(gap, 50) / pct(server_side, 50)}
+    return {
+        "rounds": rounds,
+        "http_p50_ms": http_p50,
+        "http_p90_ms": pct(http, 90),
+        "in_process_p50_ms": local_p50,
+        "in_process_p90_ms": pct(local, 90),
+        "server_search_p50_ms": pct(server_side, 50),
+        "http_layer_p50_ms": pct(gap, 50),
+        "http_layer_p90_ms": pct(gap, 90),
+        "ratio_http_to_in_process": http_p50 / local_p50,
+        "http_layer_share_of_server_search": pct(gap, 50) / pct(server_side, 50),
+    }
 
 
 # ------------------------------------------------------------- 1b. /healthz during a search
@@ -224,20 +256,24 @@ def healthz_during_search(urls: dict[str, str], rounds: int) -> dict:
     import httpx
 
     rng = np.random.default_rng(7)
-    found: dict[str, dict[str, list[float]]] = {name: {"healthz": [], "search": []}
-                                                for name in urls}
-    clients = {name: (httpx.Client(base_url=u, timeout=120), httpx.Client(base_url=u, timeout=120))
-               for name, u in urls.items()}
+    found: dict[str, dict[str, list[float]]] = {
+        name: {"healthz": [], "search": []} for name in urls
+    }
+    clients = {
+        name: (httpx.Client(base_url=u, timeout=120), httpx.Client(base_url=u, timeout=120))
+        for name, u in urls.items()
+    }
     try:
         for r in range(rounds):
-            for name in (list(urls) if r % 2 == 0 else list(urls)[::-1]):
+            for name in list(urls) if r % 2 == 0 else list(urls)[::-1]:
                 searcher, prober = clients[name]
                 done = threading.Event()
 
                 def search():
                     t = time.perf_counter()
-                    searcher.post("/v1/search", json={"query": query_text(rng), "k": K,
-                                                      "mode": "exact"}).raise_for_status()
+                    searcher.post(
+                        "/v1/search", json={"query": query_text(rng), "k": K, "mode": "exact"}
+                    ).raise_for_status()
                     found[name]["search"].append(time.perf_counter() - t)
                     done.set()
 
@@ -255,11 +291,17 @@ def healthz_during_search(urls: dict[str, str], rounds: int) -> dict:
         for pair in clients.values():
             for c in pair:
                 c.close()
-    return {name: {"rounds": rounds, "healthz_n": len(v["healthz"]),
-                   "healthz_p50_ms": pct(v["healthz"], 50), "healthz_p99_ms": pct(v["healthz"], 99),
-                   "healthz_max_ms": max(v["healthz"]) * 1000 if v["healthz"] else None,
-                   "search_p50_ms": pct(v["search"], 50)}
-            for name, v in found.items()}
+    return {
+        name: {
+            "rounds": rounds,
+            "healthz_n": len(v["healthz"]),
+            "healthz_p50_ms": pct(v["healthz"], 50),
+            "healthz_p99_ms": pct(v["healthz"], 99),
+            "healthz_max_ms": max(v["healthz"]) * 1000 if v["healthz"] else None,
+            "search_p50_ms": pct(v["search"], 50),
+        }
+        for name, v in found.items()
+    }
 
 
 # ---------------------------------------------------------------------------------- 2. soak
@@ -282,8 +324,9 @@ class Recorder:
                 self.latency[kind].append(took)
 
 
-def client_loop(url: str, seed: int, stop: threading.Event, rec: Recorder, max_requests: int,
-                max_chars: int) -> None:
+def client_loop(
+    url: str, seed: int, stop: threading.Event, rec: Recorder, max_requests: int, max_chars: int
+) -> None:
     import httpx
 
     rng = np.random.default_rng(seed)
@@ -310,13 +353,17 @@ def client_loop(url: str, seed: int, stop: threading.Event, rec: Recorder, max_r
                     rec.count += 1
 
 
-def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
-               max_requests: int, seed: int) -> dict:
+def load_phase(
+    url: str, pid: int, clients: int, seconds: float, window: float, max_requests: int, seed: int
+) -> dict:
     rec = Recorder()
     stop = threading.Event()
-    threads = [threading.Thread(target=client_loop, args=(url, seed + i, stop, rec, max_requests,
-                                                          2000), daemon=True)
-               for i in range(clients)]
+    threads = [
+        threading.Thread(
+            target=client_loop, args=(url, seed + i, stop, rec, max_requests, 2000), daemon=True
+        )
+        for i in range(clients)
+    ]
     start = time.perf_counter()
     for t in threads:
         t.start()
@@ -327,23 +374,36 @@ def load_phase(url: str, pid: int, clients: int, seconds: float, window: float,
         now = time.perf_counter()
         memory = server_rss_mib(pid)
         processes = memory.pop("processes")
-        windows.append({"t_s": round(now - start, 1), "processes": processes,
-                        **{f"{k}_mib": v for k, v in memory.items()},
-                        "requests_per_s": (rec.count - last_count) / (now - last_t)})
+        windows.append(
+            {
+                "t_s": round(now - start, 1),
+                "processes": processes,
+                **{f"{k}_mib": v for k, v in memory.items()},
+                "requests_per_s": (rec.count - last_count) / (now - last_t),
+            }
+        )
         last_count, last_t = rec.count, now
     stop.set()
     for t in threads:
         t.join(180)
     elapsed = time.perf_counter() - start
     five = sum(v for k, v in rec.status.items() if k.startswith("5"))
-    result = {"clients": clients, "seconds": round(elapsed, 1), "requests": rec.count,
-              "requests_per_s": rec.count / elapsed, "status": rec.status,
-              "5xx_other_than_503": five - rec.status.get("503", 0),
-              "503_without_retry_after": rec.retry_after_missing,
-              "transport_errors": len(rec.other_errors), "transport_error_sample": rec.other_errors[:3],
-              "latency_ms": {kind: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99)}
-                             for kind, v in rec.latency.items()},
-              "windows": windows}
+    result = {
+        "clients": clients,
+        "seconds": round(elapsed, 1),
+        "requests": rec.count,
+        "requests_per_s": rec.count / elapsed,
+        "status": rec.status,
+        "5xx_other_than_503": five - rec.status.get("503", 0),
+        "503_without_retry_after": rec.retry_after_missing,
+        "transport_errors": len(rec.other_errors),
+        "transport_error_sample": rec.other_errors[:3],
+        "latency_ms": {
+            kind: {"n": len(v), "p50": pct(v, 50), "p99": pct(v, 99)}
+            for kind, v in rec.latency.items()
+        },
+        "windows": windows,
+    }
     for kind in ("rss", "anon", "file"):
         values = [w[f"{kind}_mib"] for w in windows if w[f"{kind}_mib"] is not None]
         if len(values) >= 3:  # the first window is the warm-up
@@ -360,36 +420,48 @@ def markdown(results: dict) -> str:
     o, s, v = results["overhead"], results["soak"], results["overload"]
     lat = s["latency_ms"]
     lines = [
-        f"# colembed serve under load ({results['pages']:,} pages, loopback)", "",
+        f"# colembed serve under load ({results['pages']:,} pages, loopback)",
+        "",
         markdown_header(results["machine"]),
         "- under concurrent load from other engineers' jobs on the same 2 cores (load average "
         "above); tiny random-weight model (query embedding ~ms), synthetic pages "
         "(benchmarks/serve.py docstring)",
-        *([f"- note: {results['note']}"] if results.get("note") else []), "",
-        "## HTTP overhead per search (interleaved A/B, same query texts, one at a time)", "",
-        "| | p50 ms | p90 ms |", "|---|---:|---:|",
+        *([f"- note: {results['note']}"] if results.get("note") else []),
+        "",
+        "## HTTP overhead per search (interleaved A/B, same query texts, one at a time)",
+        "",
+        "| | p50 ms | p90 ms |",
+        "|---|---:|---:|",
         f"| `Index.search` in-process (a copy of the folder) | {o['in_process_p50_ms']:.1f} | "
         f"{o['in_process_p90_ms']:.1f} |",
         f"| `POST /v1/search` over HTTP (client latency) | {o['http_p50_ms']:.1f} | "
         f"{o['http_p90_ms']:.1f} |",
         f"| the server's own `Index.search` (Server-Timing) | {o['server_search_p50_ms']:.1f} | |",
         f"| HTTP layer per search (client latency - server search) | {o['http_layer_p50_ms']:.2f} | "
-        f"{o['http_layer_p90_ms']:.2f} |", "",
+        f"{o['http_layer_p90_ms']:.2f} |",
+        "",
         f"HTTP p50 / in-process p50 = **{o['ratio_http_to_in_process']:.3f}**; the HTTP layer is "
         f"{100 * o['http_layer_share_of_server_search']:.1f}% of the server's search time "
-        f"(p50s, {o['rounds']} rounds). Target <= 10%.", "",
-        "## /healthz while an exact search runs (interleaved A/B, one search at a time)", "",
+        f"(p50s, {o['rounds']} rounds). Target <= 10%.",
+        "",
+        "## /healthz while an exact search runs (interleaved A/B, one search at a time)",
+        "",
         "| server | searches | /healthz answers during them | p50 ms | p99 ms | max ms | "
-        "search p50 ms |", "|---|---:|---:|---:|---:|---:|---:|",
-        *[f"| {name} | {h['rounds']} | {h['healthz_n']} | {fmt(h['healthz_p50_ms'])} | "
-          f"{fmt(h['healthz_p99_ms'])} | {fmt(h['healthz_max_ms'])} | {fmt(h['search_p50_ms'])} |"
-          for name, h in results["healthz"].items()], "",
+        "search p50 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *[
+            f"| {name} | {h['rounds']} | {h['healthz_n']} | {fmt(h['healthz_p50_ms'])} | "
+            f"{fmt(h['healthz_p99_ms'])} | {fmt(h['healthz_max_ms'])} | {fmt(h['search_p50_ms'])} |"
+            for name, h in results["healthz"].items()
+        ],
+        "",
         "qdrant-edge-py holds the GIL for a whole search: with the store in the server's process "
         "a /healthz sent during a search is answered only after it (few answers, each about a "
         "search long); with the store in a child process (as shipped) the event loop answers at "
-        "once.", "",
-        f"## Soak: {s['clients']} clients, {s['seconds']:.0f} s "
-        f"({results['soak_note']})", "",
+        "once.",
+        "",
+        f"## Soak: {s['clients']} clients, {s['seconds']:.0f} s ({results['soak_note']})",
+        "",
         f"- {s['requests']:,} requests, {s['requests_per_s']:.1f} req/s; status counts "
         f"{s['status']}; 5xx other than 503: **{s['5xx_other_than_503']}**; transport errors "
         f"{s['transport_errors']}",
@@ -398,26 +470,36 @@ def markdown(results: dict) -> str:
         f"{lat['embed']['p99']:.1f} (n={lat['embed']['n']}), over-limit 422 "
         f"{lat['bad']['p50']:.1f} / {lat['bad']['p99']:.1f} (n={lat['bad']['n']})",
     ]
-    for kind, label in (("anon", "anonymous memory (RssAnon: what a leak grows)"),
-                        ("rss", "RSS (with the memory-mapped page vectors, paged in and out)")):
+    for kind, label in (
+        ("anon", "anonymous memory (RssAnon: what a leak grows)"),
+        ("rss", "RSS (with the memory-mapped page vectors, paged in and out)"),
+    ):
         if f"{kind}_growth_mib" in s:
-            lines.append(f"- server {label}: {s[f'{kind}_first_after_warmup_mib']:.0f} MiB after "
-                         f"the first window, {s[f'{kind}_last_mib']:.0f} MiB at the end (growth "
-                         f"{s[f'{kind}_growth_mib']:+.0f} MiB, max {s[f'{kind}_max_mib']:.0f}; "
-                         f"least-squares slope after warm-up "
-                         f"{s[f'{kind}_slope_mib_per_min'] or 0.0:+.2f} MiB/min)")
-    lines.append(f"- memory summed over the server's process tree ({s['windows'][-1].get('processes')} "
-                 "processes: the server, its store process, its page-render workers); windows of "
-                 f"{results['window_s']} s (throughput, memory) in serve.json")
+            lines.append(
+                f"- server {label}: {s[f'{kind}_first_after_warmup_mib']:.0f} MiB after "
+                f"the first window, {s[f'{kind}_last_mib']:.0f} MiB at the end (growth "
+                f"{s[f'{kind}_growth_mib']:+.0f} MiB, max {s[f'{kind}_max_mib']:.0f}; "
+                f"least-squares slope after warm-up "
+                f"{s[f'{kind}_slope_mib_per_min'] or 0.0:+.2f} MiB/min)"
+            )
+    lines.append(
+        f"- memory summed over the server's process tree ({s['windows'][-1].get('processes')} "
+        "processes: the server, its store process, its page-render workers); windows of "
+        f"{results['window_s']} s (throughput, memory) in serve.json"
+    )
     lines += [
-        "", f"## Overload: {v['clients']} clients > --workers 1 + --queue 16, {v['seconds']:.0f} s",
-        "", f"- {v['requests']:,} requests; status counts {v['status']}; 5xx other than 503: "
-            f"**{v['5xx_other_than_503']}**; 503 without Retry-After: "
-            f"{v['503_without_retry_after']}; transport errors {v['transport_errors']}",
+        "",
+        f"## Overload: {v['clients']} clients > --workers 1 + --queue 16, {v['seconds']:.0f} s",
+        "",
+        f"- {v['requests']:,} requests; status counts {v['status']}; 5xx other than 503: "
+        f"**{v['5xx_other_than_503']}**; 503 without Retry-After: "
+        f"{v['503_without_retry_after']}; transport errors {v['transport_errors']}",
         f"- SIGTERM after the run: the server logged its graceful shutdown (jobs stopped, index "
         f"closed): {results['shutdown']['index_closed']}; exit code "
         f"{results['shutdown']['exit_code']} (uvicorn re-raises the signal after shutting down) "
-        f"in {results['shutdown']['seconds']:.1f} s", ""]
+        f"in {results['shutdown']['seconds']:.1f} s",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -434,9 +516,13 @@ def main() -> None:
     parser.add_argument("--overload-seconds", type=float, default=20)
     parser.add_argument("--quick", action="store_true", help="500 pages, short phases")
     parser.add_argument("--note", help="a line for the report (why this run differs)")
-    parser.add_argument("--workdir", type=Path,
-                        default=Path(os.environ.get("COLEMBED_BENCH_DIR",
-                                                    Path(tempfile.gettempdir()) / "colembed-bench")))
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(
+            os.environ.get("COLEMBED_BENCH_DIR", Path(tempfile.gettempdir()) / "colembed-bench")
+        ),
+    )
     args = parser.parse_args()
     if args.quick:
         args.pages, args.soak_seconds, args.window = 500, 30, 5
@@ -454,36 +540,58 @@ def main() -> None:
     log = work / "server.log"
     proc = start_server(db, model, port, log)
     try:
-        results = {"pages": args.pages, "machine": info, "window_s": args.window, "note": args.note,
-                   "soak_note": ("shortened from the issue's 10 minutes: the machine is shared"
-                                 if args.soak_seconds < 600 else "the issue's 10 minutes")}
+        results = {
+            "pages": args.pages,
+            "machine": info,
+            "window_s": args.window,
+            "note": args.note,
+            "soak_note": (
+                "shortened from the issue's 10 minutes: the machine is shared"
+                if args.soak_seconds < 600
+                else "the issue's 10 minutes"
+            ),
+        }
         print("overhead ...", file=sys.stderr)
         results["overhead"] = overhead(url, copy, model, args.overhead_rounds)
         print("healthz during searches ...", file=sys.stderr)
         port_b = free_port()
-        in_process = start_server(copy, model, port_b, work / "server-in-process.log",
-                                  ("--store-in-process",))
+        in_process = start_server(
+            copy, model, port_b, work / "server-in-process.log", ("--store-in-process",)
+        )
         try:
             results["healthz"] = healthz_during_search(
-                {"store in a child process (shipped)": url,
-                 "store in the server's process (--store-in-process)":
-                     f"http://127.0.0.1:{port_b}"}, args.healthz_rounds)
+                {
+                    "store in a child process (shipped)": url,
+                    "store in the server's process (--store-in-process)": f"http://127.0.0.1:{port_b}",
+                },
+                args.healthz_rounds,
+            )
         finally:
             in_process.send_signal(signal.SIGTERM)
             in_process.wait(120)
         shutil.rmtree(copy, ignore_errors=True)
         print("soak ...", file=sys.stderr)
-        results["soak"] = load_phase(url, proc.pid, args.clients, args.soak_seconds,
-                                     args.window, args.max_requests, seed=100)
+        results["soak"] = load_phase(
+            url, proc.pid, args.clients, args.soak_seconds, args.window, args.max_requests, seed=100
+        )
         print("overload ...", file=sys.stderr)
-        results["overload"] = load_phase(url, proc.pid, args.overload_clients,
-                                         args.overload_seconds, args.overload_seconds,
-                                         args.max_requests, seed=900)
+        results["overload"] = load_phase(
+            url,
+            proc.pid,
+            args.overload_clients,
+            args.overload_seconds,
+            args.overload_seconds,
+            args.max_requests,
+            seed=900,
+        )
         t = time.perf_counter()
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
-        results["shutdown"] = {"exit_code": code, "seconds": time.perf_counter() - t,
-                               "index_closed": "index closed" in log.read_text()}
+        results["shutdown"] = {
+            "exit_code": code,
+            "seconds": time.perf_counter() - t,
+            "index_closed": "index closed" in log.read_text(),
+        }
     finally:
         if proc.poll() is None:
             proc.kill()

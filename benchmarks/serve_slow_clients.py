@@ -36,9 +36,15 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shared.common import (BENCH_WORKDIR, load_average, machine_info,
-                                     markdown_table, results_markdown, tiny_folder,
-                                     write_results)
+from benchmarks.shared.common import (
+    BENCH_WORKDIR,
+    load_average,
+    machine_info,
+    markdown_table,
+    results_markdown,
+    tiny_folder,
+    write_results,
+)
 
 HERE = Path(__file__).resolve().parent
 
@@ -57,21 +63,49 @@ def build_index(db: Path, model: Path, docs: Path) -> None:
     docs.mkdir(parents=True, exist_ok=True)
     for i in range(4):
         image = Image.new("RGB", (448, 448), "white")
-        ImageDraw.Draw(image).text((20, 20 + 30 * i), f"report page {i}: revenue by region",
-                                   fill="black")
+        ImageDraw.Draw(image).text(
+            (20, 20 + 30 * i), f"report page {i}: revenue by region", fill="black"
+        )
         image.save(docs / f"page{i}.png")
     if not db.exists():
-        subprocess.run([sys.executable, "-m", "colembed.cli", "index", str(docs), "--db", str(db),
-                        "--model", str(model), "--quiet"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "colembed.cli",
+                "index",
+                str(docs),
+                "--db",
+                str(db),
+                "--model",
+                str(model),
+                "--quiet",
+            ],
+            check=True,
+        )
 
 
 def start_server(db: Path, model: Path, port: int, log: Path) -> subprocess.Popen:
     import httpx
 
     with open(log, "w") as stream:
-        proc = subprocess.Popen([sys.executable, "-m", "colembed.cli", "serve", "--db", str(db),
-                                 "--model", str(model), "--port", str(port), "--quiet"],
-                                stdout=stream, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "colembed.cli",
+                "serve",
+                "--db",
+                str(db),
+                "--model",
+                str(model),
+                "--port",
+                str(port),
+                "--quiet",
+            ],
+            stdout=stream,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -130,8 +164,7 @@ class Attacker(threading.Thread):
         selector.close()
 
 
-def phase(url: str, port: int, seconds: float, clients: int, interval: float,
-          slow: int) -> dict:
+def phase(url: str, port: int, seconds: float, clients: int, interval: float, slow: int) -> dict:
     import httpx
 
     stop = threading.Event()
@@ -152,8 +185,9 @@ def phase(url: str, port: int, seconds: float, clients: int, interval: float,
         while not stop.is_set():
             start = time.perf_counter()
             try:
-                status = httpx.post(url + "/v1/search", json={"query": "revenue by region",
-                                                              "k": 3}, timeout=30).status_code
+                status = httpx.post(
+                    url + "/v1/search", json={"query": "revenue by region", "k": 3}, timeout=30
+                ).status_code
             except httpx.HTTPError as e:
                 status = type(e).__name__
             searches.append((time.perf_counter() - start, status))
@@ -162,8 +196,9 @@ def phase(url: str, port: int, seconds: float, clients: int, interval: float,
     if attacker:
         attacker.start()
         time.sleep(2)  # the sockets are open before the probes start
-    threads = [threading.Thread(target=probe)] + [threading.Thread(target=client)
-                                                  for _ in range(clients)]
+    threads = [threading.Thread(target=probe)] + [
+        threading.Thread(target=client) for _ in range(clients)
+    ]
     for t in threads:
         t.start()
     time.sleep(seconds)
@@ -179,39 +214,81 @@ def phase(url: str, port: int, seconds: float, clients: int, interval: float,
         for _, s in samples:
             counts[str(s)] = counts.get(str(s), 0) + 1
         ms = lambda p: round(float(np.percentile(ok, p)) * 1000, 1) if ok else None  # noqa: E731
-        return {"requests": len(samples), "ok": len(ok), "statuses": counts,
-                "p50_ms": ms(50), "p99_ms": ms(99),
-                "max_ms": round(max(ok) * 1000, 1) if ok else None}
+        return {
+            "requests": len(samples),
+            "ok": len(ok),
+            "statuses": counts,
+            "p50_ms": ms(50),
+            "p99_ms": ms(99),
+            "max_ms": round(max(ok) * 1000, 1) if ok else None,
+        }
 
-    return {"seconds": seconds, "slow_sockets": slow, "healthz": summary(healthz),
-            "search": summary(searches),
-            "attacker": None if not attacker else {
-                "open_at_end": attacker.open_at_end, "closed_by_server": attacker.closed_by_server,
-                "connect_failures": attacker.connect_failures}}
+    return {
+        "seconds": seconds,
+        "slow_sockets": slow,
+        "healthz": summary(healthz),
+        "search": summary(searches),
+        "attacker": None
+        if not attacker
+        else {
+            "open_at_end": attacker.open_at_end,
+            "closed_by_server": attacker.closed_by_server,
+            "connect_failures": attacker.connect_failures,
+        },
+    }
 
 
 def report(results: dict, info: dict) -> str:
     rows = []
     for name, r in results["phases"].items():
         h, s, a = r["healthz"], r["search"], r["attacker"]
-        rows.append([name, r["slow_sockets"], f"{h['ok']}/{h['requests']}", h["p50_ms"],
-                     h["p99_ms"], h["max_ms"], f"{s['ok']}/{s['requests']}", s["p50_ms"],
-                     s["p99_ms"], "-" if a is None else a["open_at_end"],
-                     "-" if a is None else a["closed_by_server"]])
+        rows.append(
+            [
+                name,
+                r["slow_sockets"],
+                f"{h['ok']}/{h['requests']}",
+                h["p50_ms"],
+                h["p99_ms"],
+                h["max_ms"],
+                f"{s['ok']}/{s['requests']}",
+                s["p50_ms"],
+                s["p99_ms"],
+                "-" if a is None else a["open_at_end"],
+                "-" if a is None else a["closed_by_server"],
+            ]
+        )
     body = [
         f"{results['seconds']:.0f} s per phase, {results['clients']} search clients, /healthz "
         f"every {results['interval']} s; every request on a new loopback connection. The tiny "
         "random-weight model (a search is ~ms): what is measured is the server's connection "
         "handling, not the model. Load average at the end: "
         f"{', '.join(f'{x:.2f}' for x in results['load_at_end'] or [])} (a shared 2-core machine: "
-        "compare the phases with each other, not with another run).", "",
-        *markdown_table(["phase", "slow sockets", "healthz 200", "healthz p50 ms",
-                         "healthz p99 ms", "healthz max ms", "search 200", "search p50 ms",
-                         "search p99 ms", "attacker open at end", "closed by server"], rows),
-        "", "Statuses other than 200 (per phase): " + "; ".join(
+        "compare the phases with each other, not with another run).",
+        "",
+        *markdown_table(
+            [
+                "phase",
+                "slow sockets",
+                "healthz 200",
+                "healthz p50 ms",
+                "healthz p99 ms",
+                "healthz max ms",
+                "search 200",
+                "search p50 ms",
+                "search p99 ms",
+                "attacker open at end",
+                "closed by server",
+            ],
+            rows,
+        ),
+        "",
+        "Statuses other than 200 (per phase): "
+        + "; ".join(
             f"{name}: healthz {r['healthz']['statuses']}, search {r['search']['statuses']}"
-            for name, r in results["phases"].items()),
-        "", "The server closes a half-sent head after its deadline (10 s) and, past its "
+            for name, r in results["phases"].items()
+        ),
+        "",
+        "The server closes a half-sent head after its deadline (10 s) and, past its "
         "connection bound, the sockets that have waited longest for a head "
         "(colembed/serve/connections.py); the attacker opens a new socket for each one closed.",
     ]
@@ -244,18 +321,27 @@ def main() -> None:
     url = f"http://127.0.0.1:{port}"
     proc = start_server(db, model, port, work / "server.log")
     try:
-        results = {"seconds": args.seconds, "clients": args.clients, "interval": args.interval,
-                   "phases": {}}
+        results = {
+            "seconds": args.seconds,
+            "clients": args.clients,
+            "interval": args.interval,
+            "phases": {},
+        }
         for name, slow in (("baseline", 0), ("attack", args.slow)):
             print(f"{name} ...", file=sys.stderr)
-            results["phases"][name] = phase(url, port, args.seconds, args.clients,
-                                            args.interval, slow)
+            results["phases"][name] = phase(
+                url, port, args.seconds, args.clients, args.interval, slow
+            )
         results["load_at_end"] = load_average()
     finally:
         proc.terminate()
         proc.wait(60)
-    stem = HERE / "results" / "serve" / ("serve-slow-clients" if args.seconds >= 60
-                               else "serve-slow-clients-quick")
+    stem = (
+        HERE
+        / "results"
+        / "serve"
+        / ("serve-slow-clients" if args.seconds >= 60 else "serve-slow-clients-quick")
+    )
     text = report(results, info)
     write_results(stem, text, info, results)
     print(text)

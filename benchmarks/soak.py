@@ -25,7 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shared.common import QUERY_WORDS, machine_info, markdown_header, rss_mib, tiny_folder  # noqa: E402
+from benchmarks.shared.common import (
+    QUERY_WORDS,
+    machine_info,
+    markdown_header,
+    rss_mib,
+    tiny_folder,
+)  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "soak"
@@ -72,14 +78,19 @@ def one_round(model, rng, store: deque, round_no: int, batch: int) -> dict[str, 
         warnings.simplefilter("ignore")
         vectors = model.embed_queries(queries)
     model.top_k(vectors, list(store), k=5)
-    return {"pages": len(pages), "queries": len(queries), "pairs": len(vectors) * len(store),
-            "errors_kept_work": failed}
+    return {
+        "pages": len(pages),
+        "queries": len(queries),
+        "pairs": len(vectors) * len(store),
+        "errors_kept_work": failed,
+    }
 
 
 def soak(model, minutes: float, interval: float, batch: int, seed: int) -> list[dict]:
     rng = np.random.default_rng(seed)
-    store: deque = deque(model.embed_images([make_page(rng) for _ in range(STORE)]),
-                         maxlen=STORE)  # full from the start: its growth is not a leak
+    store: deque = deque(
+        model.embed_images([make_page(rng) for _ in range(STORE)]), maxlen=STORE
+    )  # full from the start: its growth is not a leak
     windows: list[dict] = []
     start = window_start = time.perf_counter()
     counts = dict.fromkeys(("pages", "queries", "pairs", "errors_kept_work"), 0)
@@ -91,11 +102,16 @@ def soak(model, minutes: float, interval: float, batch: int, seed: int) -> list[
         now = time.perf_counter()
         if now - window_start >= interval:
             span = now - window_start
-            windows.append({"t_s": round(now - start, 1), "pages_per_s": counts["pages"] / span,
-                            "queries_per_s": counts["queries"] / span,
-                            "pairs_per_s": counts["pairs"] / span,
-                            "errors_kept_work": counts["errors_kept_work"],
-                            "rss_mib": rss_mib()["rss"]})
+            windows.append(
+                {
+                    "t_s": round(now - start, 1),
+                    "pages_per_s": counts["pages"] / span,
+                    "queries_per_s": counts["queries"] / span,
+                    "pairs_per_s": counts["pairs"] / span,
+                    "errors_kept_work": counts["errors_kept_work"],
+                    "rss_mib": rss_mib()["rss"],
+                }
+            )
             counts = dict.fromkeys(counts, 0)
             window_start = now
     return windows
@@ -107,30 +123,46 @@ def summary(windows: list[dict]) -> dict:
     rss = np.array([w["rss_mib"] for w in steady])
     slope = float(np.polyfit(minutes, rss, 1)[0]) if len(steady) > 1 else 0.0
     pages = [w["pages_per_s"] for w in steady]
-    return {"rss_first_mib": float(rss[0]), "rss_last_mib": float(rss[-1]),
-            "rss_growth_mib": float(rss[-1] - rss[0]), "rss_slope_mib_per_min": slope,
-            "pages_per_s_first": pages[0], "pages_per_s_last": pages[-1],
-            "peak_rss_mib": rss_mib()["peak"]}
+    return {
+        "rss_first_mib": float(rss[0]),
+        "rss_last_mib": float(rss[-1]),
+        "rss_growth_mib": float(rss[-1] - rss[0]),
+        "rss_slope_mib_per_min": slope,
+        "pages_per_s_first": pages[0],
+        "pages_per_s_last": pages[-1],
+        "peak_rss_mib": rss_mib()["peak"],
+    }
 
 
 def write(info: dict, setup: dict, windows: list[dict], result: dict) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "soak.json").write_text(json.dumps(
-        {"machine": info, "setup": setup, "windows": windows, "summary": result}, indent=2))
-    lines = ["# Soak: embedding and scoring continuously", "", markdown_header(info),
-             f"- model: {setup['model']}; {setup['minutes']} min; page batch {setup['batch']}, "
-             f"{2 * setup['batch']} queries per round, top-5 over the latest {STORE} pages; a bad "
-             f"page and a bad query every {BAD_EVERY} rounds", "",
-             f"RSS after warm-up: {result['rss_first_mib']:.0f} -> {result['rss_last_mib']:.0f} "
-             f"MiB ({result['rss_growth_mib']:+.0f} MiB, slope "
-             f"{result['rss_slope_mib_per_min']:+.1f} MiB/min); peak {result['peak_rss_mib']:.0f} "
-             f"MiB. Pages/s first window after warm-up {result['pages_per_s_first']:.2f}, last "
-             f"{result['pages_per_s_last']:.2f}.", "",
-             "| t (s) | pages/s | queries/s | scored pairs/s | bad items (work kept) | RSS MiB |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {w['t_s']:.0f} | {w['pages_per_s']:.2f} | {w['queries_per_s']:.1f} | "
-              f"{w['pairs_per_s']:.0f} | {w['errors_kept_work']} | {w['rss_mib']:.0f} |"
-              for w in windows]
+    (RESULTS / "soak.json").write_text(
+        json.dumps(
+            {"machine": info, "setup": setup, "windows": windows, "summary": result}, indent=2
+        )
+    )
+    lines = [
+        "# Soak: embedding and scoring continuously",
+        "",
+        markdown_header(info),
+        f"- model: {setup['model']}; {setup['minutes']} min; page batch {setup['batch']}, "
+        f"{2 * setup['batch']} queries per round, top-5 over the latest {STORE} pages; a bad "
+        f"page and a bad query every {BAD_EVERY} rounds",
+        "",
+        f"RSS after warm-up: {result['rss_first_mib']:.0f} -> {result['rss_last_mib']:.0f} "
+        f"MiB ({result['rss_growth_mib']:+.0f} MiB, slope "
+        f"{result['rss_slope_mib_per_min']:+.1f} MiB/min); peak {result['peak_rss_mib']:.0f} "
+        f"MiB. Pages/s first window after warm-up {result['pages_per_s_first']:.2f}, last "
+        f"{result['pages_per_s_last']:.2f}.",
+        "",
+        "| t (s) | pages/s | queries/s | scored pairs/s | bad items (work kept) | RSS MiB |",
+        "|---|---|---|---|---|---|",
+    ]
+    lines += [
+        f"| {w['t_s']:.0f} | {w['pages_per_s']:.2f} | {w['queries_per_s']:.1f} | "
+        f"{w['pairs_per_s']:.0f} | {w['errors_kept_work']} | {w['rss_mib']:.0f} |"
+        for w in windows
+    ]
     (RESULTS / "soak.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -153,8 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     model = colembed.load(folder, threads=args.threads)
     windows = soak(model, args.minutes, args.interval, args.batch, args.seed)
     random = " (random weights)" if model.manifest.model.random_weights else ""
-    setup = {"model": model.name + random, "minutes": args.minutes, "batch": args.batch,
-             "interval_s": args.interval}
+    setup = {
+        "model": model.name + random,
+        "minutes": args.minutes,
+        "batch": args.batch,
+        "interval_s": args.interval,
+    }
     write(info, setup, windows, summary(windows))
     return 0
 

@@ -24,10 +24,12 @@ def matmul_graph() -> bytes:
 
     weight = np.random.default_rng(0).standard_normal((512, 512)).astype(np.float32)
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 512])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 512])],
-        [numpy_helper.from_array(weight, "w")])
+        [numpy_helper.from_array(weight, "w")],
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]).SerializeToString()
 
 
@@ -54,8 +56,9 @@ def main() -> None:
     args = parser.parse_args()
     figures = {
         "runtime (spinning stops after a run)": cpu_in_pause(None, args.pause, args.rounds),
-        "spinning left on": cpu_in_pause({"session.force_spinning_stop": "0"}, args.pause,
-                                         args.rounds),
+        "spinning left on": cpu_in_pause(
+            {"session.force_spinning_stop": "0"}, args.pause, args.rounds
+        ),
     }
     print(json.dumps({"pause_s": args.pause, "cpu_s_in_pause": figures}, indent=1))
 

@@ -71,4 +71,3 @@ __all__ = [
     "ScoringError",
     "__version__",
 ]
-

@@ -37,8 +37,11 @@ def _find_local_limit() -> Callable[[int], int] | None:
 
     try:
         with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()
-                     and line.split()[-1].startswith("/")}
+            paths = {
+                line.split()[-1]
+                for line in maps
+                if "openblas" in line.lower() and line.split()[-1].startswith("/")
+            }
     except OSError:
         return None
     for path in sorted(paths):

@@ -1,15 +1,15 @@
 """The `colembed` command. `print` lives here and nowhere else in the package.
 
-    colembed export SOURCE --out DIR     checkpoint -> verified model folder (needs the export extra)
-    colembed demo [--out DIR]            offline end-to-end run on a tiny RANDOM-WEIGHT model
-    colembed info DIR                    what a model folder holds
-    colembed check-variant DIR --variant V --queries FILE --pages DIR
-                                         a variant against fp32 on your own data
-    colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
-    colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
-    colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
-    colembed serve --db DIR              HTTP API and search page (needs the serve extra)
-    colembed eval DATASET --model M      nDCG@k, recall@k, MRR@k on a labelled set (BEIR, ViDoRe)
+colembed export SOURCE --out DIR     checkpoint -> verified model folder (needs the export extra)
+colembed demo [--out DIR]            offline end-to-end run on a tiny RANDOM-WEIGHT model
+colembed info DIR                    what a model folder holds
+colembed check-variant DIR --variant V --queries FILE --pages DIR
+                                     a variant against fp32 on your own data
+colembed index PATH... --db DIR      index PDFs and images (resumable; needs the index extra)
+colembed search "question" --db DIR  the best pages, with --maps DIR similarity overlays
+colembed doctor DIR                  where the graphs run here, and parity with CPU fp32
+colembed serve --db DIR              HTTP API and search page (needs the serve extra)
+colembed eval DATASET --model M      nDCG@k, recall@k, MRR@k on a labelled set (BEIR, ViDoRe)
 """
 
 from __future__ import annotations
@@ -25,12 +25,14 @@ from pathlib import Path
 from .errors import ColembedError
 from .layout import BASE_VARIANT
 
-EXPORT_EXTRA_HINT = ("this command needs the export extra (torch, transformers, onnx): "
-                     "pip install 'colembed[export]'  (to skip a CUDA download, first install a "
-                     "CPU torch: pip install torch --index-url "
-                     "https://download.pytorch.org/whl/cpu; leave torchvision out: one that does "
-                     "not match the torch build fails to import and breaks transformers' image "
-                     "processing)")
+EXPORT_EXTRA_HINT = (
+    "this command needs the export extra (torch, transformers, onnx): "
+    "pip install 'colembed[export]'  (to skip a CUDA download, first install a "
+    "CPU torch: pip install torch --index-url "
+    "https://download.pytorch.org/whl/cpu; leave torchvision out: one that does "
+    "not match the torch build fails to import and breaks transformers' image "
+    "processing)"
+)
 
 
 def _import_export_package():
@@ -52,20 +54,33 @@ def _progress(message: str) -> None:
 def _cmd_export(args) -> int:
     exporter = _import_export_package()
     # Options left unset take the exporter's defaults (colembed_export/constants.py).
-    given = {k: getattr(args, k) for k in ("opset", "tolerance", "feature_tolerance")
-             if getattr(args, k) is not None}
+    given = {
+        k: getattr(args, k)
+        for k in ("opset", "tolerance", "feature_tolerance")
+        if getattr(args, k) is not None
+    }
     report = exporter.export_model(
-        args.source, args.out, revision=args.revision, name=args.name, **given,
-        check=not args.no_check, overwrite=args.overwrite, random_weights=args.random_weights,
+        args.source,
+        args.out,
+        revision=args.revision,
+        name=args.name,
+        **given,
+        check=not args.no_check,
+        overwrite=args.overwrite,
+        random_weights=args.random_weights,
         external_data={"auto": None, "always": True, "never": False}[args.external_data],
         variants=tuple(v for v in (args.variant or "").split(",") if v),
-        int8_weight_passes=args.int8_weight_passes, progress=_progress, base=args.base,
+        int8_weight_passes=args.int8_weight_passes,
+        progress=_progress,
+        base=args.base,
     )
     check = report.check.get(BASE_VARIANT)
     if check:
-        print(f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
-              f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
-              f"their scale, over {check['pages']} pages and {check['queries']} queries")
+        print(
+            f"check passed: max abs diff {check['max_abs_diff']:.2e} <= {check['tolerance']:.0e} "
+            f"per token, image features within {check['max_relative_feature_diff']:.1e} of "
+            f"their scale, over {check['pages']} pages and {check['queries']} queries"
+        )
     from colembed_export.variants.write import summary
 
     for name, figures in report.check.items():
@@ -153,8 +168,10 @@ def _cmd_check_variant(args) -> int:
         folder = resolve_model_folder(args.folder)
     manifest = read_manifest(folder)
     if args.variant not in manifest.variants or args.variant == BASE_VARIANT:
-        raise UsageError(f"{args.variant!r} is not a variant of {folder} (it holds "
-                         f"{sorted(v for v in manifest.variants if v != BASE_VARIANT)})")
+        raise UsageError(
+            f"{args.variant!r} is not a variant of {folder} (it holds "
+            f"{sorted(v for v in manifest.variants if v != BASE_VARIANT)})"
+        )
     queries = _check_queries(args.queries)
     pages, names = _check_pages(args.pages, args.max_pages, manifest.preprocess.max_pixels)
     report = check_variant(folder, args.variant, queries, pages, page_names=names)
@@ -165,8 +182,11 @@ def _cmd_check_variant(args) -> int:
         _print_variant_check(report)
     failed = args.fail_below is not None and not worst >= args.fail_below
     if failed:
-        print(f"colembed check-variant: a token's cosine to fp32 is {worst:.5f}, below "
-              f"--fail-below {args.fail_below}", file=sys.stderr)
+        print(
+            f"colembed check-variant: a token's cosine to fp32 is {worst:.5f}, below "
+            f"--fail-below {args.fail_below}",
+            file=sys.stderr,
+        )
     return EXIT_FAILED if failed else EXIT_OK
 
 
@@ -177,35 +197,46 @@ def _print_variant_check(report: dict) -> None:
         rows = report[kind]
         low = min(rows, key=lambda r: r["min"])
         mean = sum(r["mean"] * r["tokens"] for r in rows) / max(1, sum(r["tokens"] for r in rows))
-        print(f"{kind}: {len(rows)}, mean token cosine {mean:.5f}, worst {low['min']:.5f} "
-              f"({_shown(low['item'])})")
+        print(
+            f"{kind}: {len(rows)}, mean token cosine {mean:.5f}, worst {low['min']:.5f} "
+            f"({_shown(low['item'])})"
+        )
     print("query tokens by kind:")
     for kind, row in report["token_classes"].items():
-        print(f"  {kind:<26} {row['tokens']:>6} tokens  mean {row['mean']:.5f}  min "
-              f"{row['min']:.5f}  worst {_shown(repr(row['worst']['text']))} in "
-              f"{row['worst']['item']}")
+        print(
+            f"  {kind:<26} {row['tokens']:>6} tokens  mean {row['mean']:.5f}  min "
+            f"{row['min']:.5f}  worst {_shown(repr(row['worst']['text']))} in "
+            f"{row['worst']['item']}"
+        )
     print(f"worst query {_shown(describe_token(report['worst_token']))}")
     ranking = report["ranking"]
     if ranking["top1_agreement"] is not None:
-        print(f"ranking against fp32 over {ranking['queries']} queries x {ranking['pages']} pages: "
-              f"top-1 agreement {ranking['top1_agreement']:.3f}, top-{ranking['k']} overlap "
-              f"{ranking['topk_overlap']:.3f}")
+        print(
+            f"ranking against fp32 over {ranking['queries']} queries x {ranking['pages']} pages: "
+            f"top-1 agreement {ranking['top1_agreement']:.3f}, top-{ranking['k']} overlap "
+            f"{ranking['topk_overlap']:.3f}"
+        )
 
 
-INDEX_EXTRA_HINT = ("this command needs the index extra (qdrant-edge-py, qdrant-client, pypdfium2, "
-                    "tqdm): pip install 'colembed[index]'")
+INDEX_EXTRA_HINT = (
+    "this command needs the index extra (qdrant-edge-py, qdrant-client, pypdfium2, "
+    "tqdm): pip install 'colembed[index]'"
+)
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-RESUME_HINT = ("interrupted: the pages stored so far are kept; resume by re-running the same "
-               "command (stored pages are not embedded again)")
+RESUME_HINT = (
+    "interrupted: the pages stored so far are kept; resume by re-running the same "
+    "command (stored pages are not embedded again)"
+)
 
 
 def _shown(text: object) -> str:
     """`text` for a terminal line: control and format characters (a newline in a file name that
     would forge a result line, ESC sequences, bidi overrides, line separators) written as Python
     escapes (`\\n`, `\\x1b`, `\\u202e`); everything else as it is. JSON output is left exact."""
-    return "".join(repr(ch)[1:-1] if unicodedata.category(ch) in _UNSHOWN else ch
-                   for ch in str(text))
+    return "".join(
+        repr(ch)[1:-1] if unicodedata.category(ch) in _UNSHOWN else ch for ch in str(text)
+    )
 
 
 _UNSHOWN = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
@@ -223,12 +254,20 @@ def _open_index(args, *, create: bool, store_opener=None):
     if (args.db is None) == (args.qdrant_url is None):
         raise UsageError("give exactly one of --db DIR or --qdrant-url URL")
     api_key = args.qdrant_api_key or os.environ.get("QDRANT_API_KEY")
-    return Index(args.db, model=args.model, url=args.qdrant_url, api_key=api_key,
-                 collection=args.collection, variant=args.variant,
-                 max_image_tokens=args.max_image_tokens, create=create,
-                 source=getattr(args, "source", None),
-                 pool_factor=getattr(args, "pool_factor", None), store_opener=store_opener,
-                 providers=args.providers)
+    return Index(
+        args.db,
+        model=args.model,
+        url=args.qdrant_url,
+        api_key=api_key,
+        collection=args.collection,
+        variant=args.variant,
+        max_image_tokens=args.max_image_tokens,
+        create=create,
+        source=getattr(args, "source", None),
+        pool_factor=getattr(args, "pool_factor", None),
+        store_opener=store_opener,
+        providers=args.providers,
+    )
 
 
 def _print_added(result, total, args, where: str = "") -> None:
@@ -241,15 +280,19 @@ def _print_added(result, total, args, where: str = "") -> None:
     if not args.quiet:
         for report in result.skipped:
             if report.reason != "already indexed":
-                print(f"skipped: {_shown(report.path)}: {_shown(report.reason)}",
-                      file=sys.stderr)
+                print(f"skipped: {_shown(report.path)}: {_shown(report.reason)}", file=sys.stderr)
     reused = sum(r.reused for r in result.added)
-    print(f"added {result.pages_added} page(s) from {len(result.added)} file(s){where}"
-          + (f" ({reused} copied from identical content, not embedded)" if reused else "")
-          + f"; {len(result.skipped)} skipped, {len(result.failed)} failed"
-          + (f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
-             if args.prune else "")
-          + (f"; the index holds {total} page(s)" if total is not None else ""))
+    print(
+        f"added {result.pages_added} page(s) from {len(result.added)} file(s){where}"
+        + (f" ({reused} copied from identical content, not embedded)" if reused else "")
+        + f"; {len(result.skipped)} skipped, {len(result.failed)} failed"
+        + (
+            f", {sum(r.pages for r in result.removed)} page(s) of vanished files pruned"
+            if args.prune
+            else ""
+        )
+        + (f"; the index holds {total} page(s)" if total is not None else "")
+    )
 
 
 def _cmd_index(args) -> int:
@@ -261,13 +304,18 @@ def _cmd_index(args) -> int:
         return _cmd_index_parquet(args)
     metadata = _assignments(args.meta) if args.meta else None
     if metadata and (args.ray is not None or args.from_parquet):
-        raise UsageError("--meta applies to `colembed index PATH...` (set it afterwards with "
-                         "`colembed meta`)")
+        raise UsageError(
+            "--meta applies to `colembed index PATH...` (set it afterwards with `colembed meta`)"
+        )
     with _open_index(args, create=True) as index:
-        result = index.add(args.paths, dpi=args.dpi, prune=args.prune,
-                           batch_size=args.batch_size,
-                           progress=False if args.quiet or args.json else None,
-                           metadata=metadata)
+        result = index.add(
+            args.paths,
+            dpi=args.dpi,
+            prune=args.prune,
+            batch_size=args.batch_size,
+            progress=False if args.quiet or args.json else None,
+            metadata=metadata,
+        )
         total = len(index)
     _print_added(result, total, args)
     return EXIT_OK if result.ok else EXIT_FAILED
@@ -280,8 +328,10 @@ def _cmd_index_parquet(args) -> int:
     if args.paths or args.prune:
         raise UsageError("--from-parquet takes no PATH and no --prune")
     if args.pool_factor is not None:
-        raise UsageError("--from-parquet stores the rows' vectors as they are, at their own "
-                         "pool factor: --pool-factor does not apply")
+        raise UsageError(
+            "--from-parquet stores the rows' vectors as they are, at their own "
+            "pool factor: --pool-factor does not apply"
+        )
     points = parquet_points(args.from_parquet)
     if args.db is not None:
         open_for_embedded(args.db, parquet_dim(points))
@@ -303,29 +353,51 @@ def _cmd_index_ray(args) -> int:
     if args.model is None or args.prune:
         raise UsageError("--ray needs --model (a folder every node reads) and has no --prune")
     if args.pool_factor is not None:
-        raise UsageError("--ray writes pages at the target index's own pool factor; create a "
-                         "pooled index with `colembed index --pool-factor N` first")
+        raise UsageError(
+            "--ray writes pages at the target index's own pool factor; create a "
+            "pooled index with `colembed index --pool-factor N` first"
+        )
     if sum(x is not None for x in (args.db, args.qdrant_url, args.parquet)) != 1:
         raise UsageError("give exactly one of --db DIR, --qdrant-url URL, --parquet DIR")
     try:
         from .distributed import ParquetTarget, QdrantTarget, index_with_ray, pipeline  # noqa: F401
     except ImportError as e:
         raise SystemExit(f"colembed: {RAY_EXTRA_HINT}\n  ({e})") from None
-    target = ParquetTarget(args.parquet) if args.parquet else QdrantTarget(
-        args.db, url=args.qdrant_url, collection=args.collection,
-        api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"))
-    result = index_with_ray(args.paths, target, model=args.model, address=args.ray,
-                            actors=args.actors or 1, batch_size=args.batch_size,
-                            variant=args.variant, max_image_tokens=args.max_image_tokens,
-                            providers=args.providers, dpi=args.dpi, source=args.source,
-                            progress=not (args.quiet or args.json))
+    target = (
+        ParquetTarget(args.parquet)
+        if args.parquet
+        else QdrantTarget(
+            args.db,
+            url=args.qdrant_url,
+            collection=args.collection,
+            api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+        )
+    )
+    result = index_with_ray(
+        args.paths,
+        target,
+        model=args.model,
+        address=args.ray,
+        actors=args.actors or 1,
+        batch_size=args.batch_size,
+        variant=args.variant,
+        max_image_tokens=args.max_image_tokens,
+        providers=args.providers,
+        dpi=args.dpi,
+        source=args.source,
+        progress=not (args.quiet or args.json),
+    )
     total = None
     if not args.parquet:  # the pages the collection holds now (the store alone: no model)
         from .index import open_store
 
-        store = open_store(args.db, url=args.qdrant_url, collection=args.collection,
-                           api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
-                           create=False)
+        store = open_store(
+            args.db,
+            url=args.qdrant_url,
+            collection=args.collection,
+            api_key=args.qdrant_api_key or os.environ.get("QDRANT_API_KEY"),
+            create=False,
+        )
         try:
             total = store.count()
         finally:
@@ -339,16 +411,24 @@ RAY_ADDRESS_WORDS = ("auto", "local")
 
 def _is_ray_address(value: str) -> bool:
     """What `--ray VALUE` takes as a cluster address (else VALUE is the first PATH)."""
-    return (value in RAY_ADDRESS_WORDS or "://" in value
-            or re.fullmatch(r"[\w.\-]+:\d+", value) is not None)
+    return (
+        value in RAY_ADDRESS_WORDS
+        or "://" in value
+        or re.fullmatch(r"[\w.\-]+:\d+", value) is not None
+    )
 
 
 def _ray_options(parser: argparse.ArgumentParser) -> None:
     ray = parser.add_argument_group("on a Ray cluster (the ray extra; docs/distributed.md)")
-    ray.add_argument("--ray", nargs="?", const="local", metavar="ADDRESS",
-                     help="run the job on Ray Data: the cluster at ADDRESS ('auto': the one this "
-                          "node is in; host:port or ray://...), or a local Ray started for the "
-                          "job; a value that is not an address is a PATH")
+    ray.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        metavar="ADDRESS",
+        help="run the job on Ray Data: the cluster at ADDRESS ('auto': the one this "
+        "node is in; host:port or ray://...), or a local Ray started for the "
+        "job; a value that is not an address is a PATH",
+    )
     ray.add_argument("--actors", type=_positive_int, help="model actors (default 1)")
     ray.add_argument("--parquet", metavar="DIR", help="write Parquet (one row per page) instead")
 
@@ -372,23 +452,48 @@ def _assignments(items: list[str]) -> dict:
 
 def _cmd_search(args) -> int:
     with _open_index(args, create=False) as index:
-        results = index.search(args.queries, k=args.k, mode=args.mode, explain=bool(args.maps),
-                               where=args.where or None)
+        results = index.search(
+            args.queries,
+            k=args.k,
+            mode=args.mode,
+            explain=bool(args.maps),
+            where=args.where or None,
+        )
         written = _write_maps(index, results, Path(args.maps)) if args.maps else {}
         empty = len(index) == 0
     if args.json:
-        print(json.dumps([{"query": q, "hits": [
-            {"rank": r, "score": h.score, "file": h.file, "page": h.page,
-             "metadata": h.metadata, "text": h.text, "text_truncated": h.text_truncated,
-             "map": written.get((qi, r))} for r, h in enumerate(hits, 1)]}
-            for qi, (q, hits) in enumerate(zip(args.queries, results))], indent=2))
+        print(
+            json.dumps(
+                [
+                    {
+                        "query": q,
+                        "hits": [
+                            {
+                                "rank": r,
+                                "score": h.score,
+                                "file": h.file,
+                                "page": h.page,
+                                "metadata": h.metadata,
+                                "text": h.text,
+                                "text_truncated": h.text_truncated,
+                                "map": written.get((qi, r)),
+                            }
+                            for r, h in enumerate(hits, 1)
+                        ],
+                    }
+                    for qi, (q, hits) in enumerate(zip(args.queries, results))
+                ],
+                indent=2,
+            )
+        )
         return EXIT_OK
     for qi, (query, hits) in enumerate(zip(args.queries, results)):
         print(f"query: {_shown(query)}")
         print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")
         for rank, hit in enumerate(hits, 1):
-            meta = ("  " + " ".join(f"{k}={v}" for k, v in hit.metadata.items())
-                    if hit.metadata else "")
+            meta = (
+                "  " + " ".join(f"{k}={v}" for k, v in hit.metadata.items()) if hit.metadata else ""
+            )
             print(f"{rank:>4}  {hit.score:>8.3f}  {hit.page:>4}  {_shown(hit.file + meta)}")
         if not hits:
             print("  (the index is empty)" if empty else "  (no page found)")
@@ -403,14 +508,25 @@ def _cmd_meta(args) -> int:
     update = _assignments(args.set or [])
     update.update({key: None for key in args.unset or []})
     with _open_index(args, create=False) as index:
-        changed = (index.set_metadata(args.paths, update, replace=args.replace,
-                                      pages=args.page or None)
-                   if update or args.replace else None)
+        changed = (
+            index.set_metadata(args.paths, update, replace=args.replace, pages=args.page or None)
+            if update or args.replace
+            else None
+        )
         stored = index.metadata(args.paths)
     if args.json:
-        print(json.dumps({"changed_pages": changed, "files": {
-            path: {str(n): meta for n, meta in pages.items()} for path, pages in stored.items()}},
-            indent=2))
+        print(
+            json.dumps(
+                {
+                    "changed_pages": changed,
+                    "files": {
+                        path: {str(n): meta for n, meta in pages.items()}
+                        for path, pages in stored.items()
+                    },
+                },
+                indent=2,
+            )
+        )
         return EXIT_OK
     if changed is not None:
         print(f"metadata changed on {changed} page(s)")
@@ -451,8 +567,9 @@ def _write_maps(index, results, folder: Path) -> dict:
             try:
                 written[(qi, rank)] = str(index.save_map(hit, path))
             except ColembedError as e:
-                print(f"no map for {_shown(hit.file)} page {hit.page}: {_shown(e)}",
-                      file=sys.stderr)
+                print(
+                    f"no map for {_shown(hit.file)} page {hit.page}: {_shown(e)}", file=sys.stderr
+                )
     return written
 
 
@@ -463,12 +580,22 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
     where.add_argument("--qdrant-api-key", help="API key for --qdrant-url (or $QDRANT_API_KEY)")
     where.add_argument("--collection", help="collection name on the server (default colembed)")
     model = parser.add_argument_group("model")
-    model.add_argument("--model", help="model folder or name (default: the one the index was built with)")
-    model.add_argument("--variant", help=f"graph variant (default: the index's, {BASE_VARIANT} for a new one)")
-    model.add_argument("--max-image-tokens", type=_positive_int,
-                       help="image tokens per page (default: the index's, the model's for a new one)")
-    model.add_argument("--providers", help="where the model runs: cpu (default), openvino (the "
-                                           "openvino extra; its variants only), directml, auto")
+    model.add_argument(
+        "--model", help="model folder or name (default: the one the index was built with)"
+    )
+    model.add_argument(
+        "--variant", help=f"graph variant (default: the index's, {BASE_VARIANT} for a new one)"
+    )
+    model.add_argument(
+        "--max-image-tokens",
+        type=_positive_int,
+        help="image tokens per page (default: the index's, the model's for a new one)",
+    )
+    model.add_argument(
+        "--providers",
+        help="where the model runs: cpu (default), openvino (the "
+        "openvino extra; its variants only), directml, auto",
+    )
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
 
@@ -476,25 +603,46 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
 def _add_index_commands(sub) -> None:
     index = sub.add_parser("index", help="index PDFs and images (files or folders) for search")
     index.add_argument("paths", nargs="*", metavar="PATH")
-    index.add_argument("--from-parquet", metavar="DIR",
-                       help="store the pages a Ray job's Parquet target wrote (no model needed)")
-    index.add_argument("--dpi", type=float, help="render PDFs at this dpi (default: the index's; "
-                                                 "a new one: at the model's pixel budget)")
-    index.add_argument("--prune", action="store_true",
-                       help="drop pages of files that no longer exist under the PATHs given "
-                            "(pages this --source wrote; never under a PATH that is missing)")
-    index.add_argument("--source", help="the name this machine writes as (default: "
-                                        "$COLEMBED_SOURCE, else the host name); replacing changed "
-                                        "files and --prune touch only this source's pages")
-    index.add_argument("--batch-size", type=_positive_int, default=4,
-                       help="pages per model call (default 4)")
-    index.add_argument("--meta", action="append", metavar="KEY=VALUE",
-                       help="metadata stored with every page of the files given (repeatable; a "
-                            "number, true/false or text; filter with search --where)")
-    index.add_argument("--pool-factor", type=_positive_int,
-                       help="store each page's image tokens hierarchically pooled to 1/N as many "
-                            "(smaller index, some recall lost: docs/index.md); a new index only, "
-                            "default: the index's own, 1 (no pooling) for a new one")
+    index.add_argument(
+        "--from-parquet",
+        metavar="DIR",
+        help="store the pages a Ray job's Parquet target wrote (no model needed)",
+    )
+    index.add_argument(
+        "--dpi",
+        type=float,
+        help="render PDFs at this dpi (default: the index's; "
+        "a new one: at the model's pixel budget)",
+    )
+    index.add_argument(
+        "--prune",
+        action="store_true",
+        help="drop pages of files that no longer exist under the PATHs given "
+        "(pages this --source wrote; never under a PATH that is missing)",
+    )
+    index.add_argument(
+        "--source",
+        help="the name this machine writes as (default: "
+        "$COLEMBED_SOURCE, else the host name); replacing changed "
+        "files and --prune touch only this source's pages",
+    )
+    index.add_argument(
+        "--batch-size", type=_positive_int, default=4, help="pages per model call (default 4)"
+    )
+    index.add_argument(
+        "--meta",
+        action="append",
+        metavar="KEY=VALUE",
+        help="metadata stored with every page of the files given (repeatable; a "
+        "number, true/false or text; filter with search --where)",
+    )
+    index.add_argument(
+        "--pool-factor",
+        type=_positive_int,
+        help="store each page's image tokens hierarchically pooled to 1/N as many "
+        "(smaller index, some recall lost: docs/index.md); a new index only, "
+        "default: the index's own, 1 (no pooling) for a new one",
+    )
     _index_options(index)
     _ray_options(index)
     index.set_defaults(func=_cmd_index)
@@ -502,41 +650,67 @@ def _add_index_commands(sub) -> None:
     search = sub.add_parser("search", help="the best pages for a question")
     search.add_argument("queries", nargs="+", metavar="QUESTION")
     search.add_argument("-k", type=_positive_int, default=5, help="pages per question (default 5)")
-    search.add_argument("--mode", choices=("two-stage", "exact", "hybrid"), default="two-stage",
-                        help="two-stage: cheap candidates + exact rerank (default); exact: full "
-                             "scan; hybrid: two-stage fused with BM25 over the pages' text "
-                             "(exact identifiers)")
+    search.add_argument(
+        "--mode",
+        choices=("two-stage", "exact", "hybrid"),
+        default="two-stage",
+        help="two-stage: cheap candidates + exact rerank (default); exact: full "
+        "scan; hybrid: two-stage fused with BM25 over the pages' text "
+        "(exact identifiers)",
+    )
     search.add_argument("--maps", metavar="DIR", help="write a similarity overlay PNG per hit here")
-    search.add_argument("--where", action="append", metavar="COND",
-                        help="only pages meeting this condition (repeatable, all hold): "
-                             "key=value, key!=value, key>=n, key<n, 'key in a,b', page=2..5, "
-                             "folder=DIR, file=PATH, path=GLOB (docs/search.md#filters)")
+    search.add_argument(
+        "--where",
+        action="append",
+        metavar="COND",
+        help="only pages meeting this condition (repeatable, all hold): "
+        "key=value, key!=value, key>=n, key<n, 'key in a,b', page=2..5, "
+        "folder=DIR, file=PATH, path=GLOB (docs/search.md#filters)",
+    )
     _index_options(search)
     search.set_defaults(func=_cmd_search)
 
-    meta = sub.add_parser("meta", help="show or change the metadata of indexed files (nothing "
-                                       "is embedded again)")
+    meta = sub.add_parser(
+        "meta", help="show or change the metadata of indexed files (nothing is embedded again)"
+    )
     meta.add_argument("paths", nargs="+", metavar="PATH", help="indexed files or folders")
-    meta.add_argument("--set", action="append", metavar="KEY=VALUE",
-                      help="set a key (repeatable; merged into what the pages hold)")
+    meta.add_argument(
+        "--set",
+        action="append",
+        metavar="KEY=VALUE",
+        help="set a key (repeatable; merged into what the pages hold)",
+    )
     meta.add_argument("--unset", action="append", metavar="KEY", help="remove a key (repeatable)")
-    meta.add_argument("--replace", action="store_true",
-                      help="replace the pages' metadata by the --set keys instead of merging")
-    meta.add_argument("--page", action="append", type=_positive_int, metavar="N",
-                      help="only this page of each file (repeatable)")
+    meta.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the pages' metadata by the --set keys instead of merging",
+    )
+    meta.add_argument(
+        "--page",
+        action="append",
+        type=_positive_int,
+        metavar="N",
+        help="only this page of each file (repeatable)",
+    )
     _index_options(meta)
     meta.set_defaults(func=_cmd_meta)
 
-    upgrade = sub.add_parser("upgrade", help="rewrite an index folder written by an older colembed "
-                                             "at the current schema (faster search, less disk; no "
-                                             "page is embedded again)")
+    upgrade = sub.add_parser(
+        "upgrade",
+        help="rewrite an index folder written by an older colembed "
+        "at the current schema (faster search, less disk; no "
+        "page is embedded again)",
+    )
     upgrade.add_argument("--db", required=True, help="the index folder (Qdrant Edge)")
     upgrade.add_argument("--quiet", action="store_true", help="no progress bar")
     upgrade.set_defaults(func=_cmd_upgrade)
 
 
-SERVE_EXTRA_HINT = ("this command needs the serve extra (fastapi, uvicorn, python-multipart) and "
-                    "the index extra: pip install 'colembed[serve]'")
+SERVE_EXTRA_HINT = (
+    "this command needs the serve extra (fastapi, uvicorn, python-multipart) and "
+    "the index extra: pip install 'colembed[serve]'"
+)
 
 
 def _cmd_serve(args) -> int:
@@ -560,18 +734,30 @@ def _cmd_serve(args) -> int:
     except ColembedError as e:
         raise UsageError(str(e)) from None
     limits = Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})
-    settings = Settings(api_key=api_key, cors_origins=args.cors_origin or [],
-                        host=args.host, allowed_hosts=args.allowed_host or [],
-                        roots=roots, limits=limits,
-                        workers=args.workers, queue=args.queue,
-                        render_workers=args.render_workers,
-                        max_queued_jobs=args.max_queued_jobs)
+    settings = Settings(
+        api_key=api_key,
+        cors_origins=args.cors_origin or [],
+        host=args.host,
+        allowed_hosts=args.allowed_host or [],
+        roots=roots,
+        limits=limits,
+        workers=args.workers,
+        queue=args.queue,
+        render_workers=args.render_workers,
+        max_queued_jobs=args.max_queued_jobs,
+    )
     # an empty index is filled by jobs; a folder's store runs in a child process
     # (serve/store_process.py: an Edge search holds the GIL, the event loop must not wait)
     opener = None if args.store_in_process else open_store_in_child
     with _open_index(args, create=True, store_opener=opener) as index:
-        serve(index, settings, host=args.host, port=args.port, insecure=args.insecure,
-              log_level="warning" if args.quiet else "info")
+        serve(
+            index,
+            settings,
+            host=args.host,
+            port=args.port,
+            insecure=args.insecure,
+            log_level="warning" if args.quiet else "info",
+        )
     return 0
 
 
@@ -595,21 +781,30 @@ def _cmd_doctor(args) -> int:
         for key, label in (("fastest", "fastest here"), ("fastest_exact", "fastest exact")):
             row = found[key]
             fidelity = row["fidelity_vs_cpu_fp32"]
-            print(f"{label}: {row['variant']} on {row['provider']}: page {row['page_s']:.3f} s, "
-                  f"query {row['query_s'] * 1e3:.0f} ms; vs CPU fp32 min token cosine "
-                  f"{fidelity['min_token_cosine']:.5f}, max abs diff {fidelity['max_abs_diff']:.2e}")
-        print(f"providers=\"auto\" will use {found['fastest_exact']['provider']} for this folder here")
+            print(
+                f"{label}: {row['variant']} on {row['provider']}: page {row['page_s']:.3f} s, "
+                f"query {row['query_s'] * 1e3:.0f} ms; vs CPU fp32 min token cosine "
+                f"{fidelity['min_token_cosine']:.5f}, max abs diff {fidelity['max_abs_diff']:.2e}"
+            )
+        print(
+            f'providers="auto" will use {found["fastest_exact"]["provider"]} for this folder here'
+        )
         return 0
     report = run_doctor(Path(args.folder), providers=args.providers, variant=args.variant)
     print(json.dumps(report, indent=2))
     first = report["requested_providers"][0]
-    off = {role: r["off_first_provider"] for role, r in report["placement"].items()
-           if r["off_first_provider"]}
+    off = {
+        role: r["off_first_provider"]
+        for role, r in report["placement"].items()
+        if r["off_first_provider"]
+    }
     parity = report["parity_vs_cpu_fp32"]
-    print(f"variant {report['variant']} on {first}: "
-          + ("every node placed there" if not off else f"nodes elsewhere: {off}")
-          + f"; vs CPU fp32 max abs diff {parity['max_abs_diff']:.2e}, "
-          f"min token cosine {parity['min_token_cosine']:.5f}")
+    print(
+        f"variant {report['variant']} on {first}: "
+        + ("every node placed there" if not off else f"nodes elsewhere: {off}")
+        + f"; vs CPU fp32 max abs diff {parity['max_abs_diff']:.2e}, "
+        f"min token cosine {parity['min_token_cosine']:.5f}"
+    )
     return 0
 
 
@@ -617,84 +812,149 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="colembed", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    export = sub.add_parser("export", help="export a ColQwen2 or ColQwen2.5 checkpoint (or LoRA adapter) to a colembed model folder")
-    export.add_argument("source", help="checkpoint folder or Hugging Face repo id: transformers "
-                                       "format (e.g. vidore/colqwen2-v1.0-hf), colpali-engine's "
-                                       "ColQwen2.5 layout, or a LoRA adapter over one")
+    export = sub.add_parser(
+        "export",
+        help="export a ColQwen2 or ColQwen2.5 checkpoint (or LoRA adapter) to a colembed model folder",
+    )
+    export.add_argument(
+        "source",
+        help="checkpoint folder or Hugging Face repo id: transformers "
+        "format (e.g. vidore/colqwen2-v1.0-hf), colpali-engine's "
+        "ColQwen2.5 layout, or a LoRA adapter over one",
+    )
     export.add_argument("--out", required=True, help="destination model folder")
     export.add_argument("--revision", help="hub revision (branch, tag or commit)")
-    export.add_argument("--base", help="base checkpoint folder of a PEFT LoRA adapter SOURCE "
-                                       "(default: the adapter's base_model_name_or_path)")
+    export.add_argument(
+        "--base",
+        help="base checkpoint folder of a PEFT LoRA adapter SOURCE "
+        "(default: the adapter's base_model_name_or_path)",
+    )
     export.add_argument("--name", help="model name recorded in the manifest (default: folder name)")
     export.add_argument("--opset", type=int, help="ONNX opset (default: the exporter's)")
-    export.add_argument("--tolerance", type=float,
-                        help="max abs difference per token of the final embeddings allowed by the "
-                             "check (default: the exporter's)")
-    export.add_argument("--feature-tolerance", type=float,
-                        help="max abs difference of the image features relative to their largest "
-                             "value allowed by the check (default: the exporter's)")
-    export.add_argument("--no-check", action="store_true",
-                        help="skip the onnxruntime-vs-torch check (not recommended)")
-    export.add_argument("--overwrite", action="store_true",
-                        help="replace a colembed export of a different model (nothing but a "
-                             "colembed export is ever replaced)")
-    export.add_argument("--random-weights", action="store_true",
-                        help="record in the manifest that the checkpoint has random weights "
-                             "(test and benchmark builds)")
-    export.add_argument("--external-data", choices=("auto", "always", "never"), default="auto",
-                        help="weights in a separate .onnx_data file (auto: when over 1 GiB)")
-    export.add_argument("--variant", default="",
-                        help="extra variants to derive and check against fp32, comma separated "
-                             "(int8, int4, fp16); fp32 is always written. int8 gets one int8 "
-                             "code per weight, or two when the gate refuses one (slower, closer "
-                             "to fp32)")
-    export.add_argument("--int8-weight-passes", type=int, choices=(1, 2),
-                        help="int8 codes per weight, forced: 1 (refused if the gate refuses it) "
-                             "or 2 (default: 1, then 2 when the gate refuses 1)")
+    export.add_argument(
+        "--tolerance",
+        type=float,
+        help="max abs difference per token of the final embeddings allowed by the "
+        "check (default: the exporter's)",
+    )
+    export.add_argument(
+        "--feature-tolerance",
+        type=float,
+        help="max abs difference of the image features relative to their largest "
+        "value allowed by the check (default: the exporter's)",
+    )
+    export.add_argument(
+        "--no-check",
+        action="store_true",
+        help="skip the onnxruntime-vs-torch check (not recommended)",
+    )
+    export.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a colembed export of a different model (nothing but a "
+        "colembed export is ever replaced)",
+    )
+    export.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="record in the manifest that the checkpoint has random weights "
+        "(test and benchmark builds)",
+    )
+    export.add_argument(
+        "--external-data",
+        choices=("auto", "always", "never"),
+        default="auto",
+        help="weights in a separate .onnx_data file (auto: when over 1 GiB)",
+    )
+    export.add_argument(
+        "--variant",
+        default="",
+        help="extra variants to derive and check against fp32, comma separated "
+        "(int8, int4, fp16); fp32 is always written. int8 gets one int8 "
+        "code per weight, or two when the gate refuses one (slower, closer "
+        "to fp32)",
+    )
+    export.add_argument(
+        "--int8-weight-passes",
+        type=int,
+        choices=(1, 2),
+        help="int8 codes per weight, forced: 1 (refused if the gate refuses it) "
+        "or 2 (default: 1, then 2 when the gate refuses 1)",
+    )
     export.set_defaults(func=_cmd_export)
 
-    demo = sub.add_parser("demo", help="offline run on a tiny random-weight model built here: "
-                                       "export, index PDFs and images, search, similarity maps")
-    demo.add_argument("--out", default="demo_out",
-                      help="working folder (default ./demo_out); must be new, empty, or a "
-                           "previous demo's (never a folder with your files)")
+    demo = sub.add_parser(
+        "demo",
+        help="offline run on a tiny random-weight model built here: "
+        "export, index PDFs and images, search, similarity maps",
+    )
+    demo.add_argument(
+        "--out",
+        default="demo_out",
+        help="working folder (default ./demo_out); must be new, empty, or a "
+        "previous demo's (never a folder with your files)",
+    )
     demo.set_defaults(func=_cmd_demo)
 
     info = sub.add_parser("info", help="describe a model folder")
     info.add_argument("folder")
     info.set_defaults(func=_cmd_info)
 
-    check = sub.add_parser("check-variant",
-                           help="a variant against fp32 on your own queries and pages: worst token "
-                                "cosine per item and per kind of token, ranking agreement")
+    check = sub.add_parser(
+        "check-variant",
+        help="a variant against fp32 on your own queries and pages: worst token "
+        "cosine per item and per kind of token, ranking agreement",
+    )
     check.add_argument("folder", help="model folder (or a model name colembed knows)")
     check.add_argument("--variant", required=True, help="the variant to check (int8, int4, fp16)")
-    check.add_argument("--queries", required=True,
-                       help="UTF-8 text file, one query per line (blank lines skipped)")
-    check.add_argument("--pages", required=True,
-                       help="a folder (or file) of PDFs and images; needs the index extra")
-    check.add_argument("--max-pages", type=int, default=50,
-                       help="pages to render at most, in file order (default 50)")
-    check.add_argument("--fail-below", type=float, metavar="COSINE",
-                       help="exit 1 when any token's cosine to fp32 is below COSINE")
+    check.add_argument(
+        "--queries", required=True, help="UTF-8 text file, one query per line (blank lines skipped)"
+    )
+    check.add_argument(
+        "--pages",
+        required=True,
+        help="a folder (or file) of PDFs and images; needs the index extra",
+    )
+    check.add_argument(
+        "--max-pages",
+        type=int,
+        default=50,
+        help="pages to render at most, in file order (default 50)",
+    )
+    check.add_argument(
+        "--fail-below",
+        type=float,
+        metavar="COSINE",
+        help="exit 1 when any token's cosine to fp32 is below COSINE",
+    )
     check.add_argument("--json", action="store_true", help="the whole report as JSON")
     check.set_defaults(func=_cmd_check_variant)
     _add_index_commands(sub)
 
-    doctor = sub.add_parser("doctor", help="check node placement on this machine's providers and "
-                                           "parity against CPU fp32")
+    doctor = sub.add_parser(
+        "doctor",
+        help="check node placement on this machine's providers and parity against CPU fp32",
+    )
     doctor.add_argument("folder")
-    doctor.add_argument("--providers", default="auto",
-                        help="auto (DirectML when available), cpu, directml, openvino, ... "
-                             "(default auto)")
-    doctor.add_argument("--variant", help="variant to check (default: fp16 on DirectML, openvino "
-                                          "on OpenVINO, else fp32)")
-    doctor.add_argument("--measure", action="store_true",
-                        help="time every variant on every provider that runs it here, with its "
-                             "fidelity to CPU fp32; name the fastest, and let providers=\"auto\" "
-                             "use the fastest exact one for this folder")
-    doctor.add_argument("--threads", type=_positive_int,
-                        help="threads for --measure (default: physical cores)")
+    doctor.add_argument(
+        "--providers",
+        default="auto",
+        help="auto (DirectML when available), cpu, directml, openvino, ... (default auto)",
+    )
+    doctor.add_argument(
+        "--variant",
+        help="variant to check (default: fp16 on DirectML, openvino on OpenVINO, else fp32)",
+    )
+    doctor.add_argument(
+        "--measure",
+        action="store_true",
+        help="time every variant on every provider that runs it here, with its "
+        'fidelity to CPU fp32; name the fastest, and let providers="auto" '
+        "use the fastest exact one for this folder",
+    )
+    doctor.add_argument(
+        "--threads", type=_positive_int, help="threads for --measure (default: physical cores)"
+    )
     doctor.set_defaults(func=_cmd_doctor)
     _add_serve_command(sub)
     _add_eval_command(sub)
@@ -707,38 +967,63 @@ def _cmd_eval(args) -> int:
         from .evaluation.run import DEFAULT_MODES, evaluate
     except ImportError as e:
         raise SystemExit(f"colembed: {INDEX_EXTRA_HINT}\n  ({e})") from None
-    report = evaluate(args.dataset, args.model, variants=args.variant or [BASE_VARIANT],
-                      budgets=args.max_image_tokens or [None],
-                      modes=args.mode or DEFAULT_MODES, k=args.k,
-                      split=args.split, work=args.work,
-                      progress=False if args.quiet or args.json else None,
-                      note=None if args.quiet or args.json else _progress)
+    report = evaluate(
+        args.dataset,
+        args.model,
+        variants=args.variant or [BASE_VARIANT],
+        budgets=args.max_image_tokens or [None],
+        modes=args.mode or DEFAULT_MODES,
+        k=args.k,
+        split=args.split,
+        work=args.work,
+        progress=False if args.quiet or args.json else None,
+        note=None if args.quiet or args.json else _progress,
+    )
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK
-    print(f"{report.dataset}: {report.queries} queries scored ({report.skipped_queries} without "
-          f"a relevant label left out), {report.corpus_pages} corpus pages, "
-          f"{report.unknown_labels} relevant label(s) naming no corpus page")
+    print(
+        f"{report.dataset}: {report.queries} queries scored ({report.skipped_queries} without "
+        f"a relevant label left out), {report.corpus_pages} corpus pages, "
+        f"{report.unknown_labels} relevant label(s) naming no corpus page"
+    )
     print(report.table())
     return EXIT_OK
 
 
 def _add_eval_command(sub) -> None:
-    ev = sub.add_parser("eval", help="nDCG@k, recall@k and MRR@k of search on a labelled set "
-                                     "(BEIR-style or ViDoRe / MTEB Parquet folder), per mode, "
-                                     "variant and image-token budget")
+    ev = sub.add_parser(
+        "eval",
+        help="nDCG@k, recall@k and MRR@k of search on a labelled set "
+        "(BEIR-style or ViDoRe / MTEB Parquet folder), per mode, "
+        "variant and image-token budget",
+    )
     ev.add_argument("dataset", help="the labelled set's folder (docs/eval.md: layouts)")
     ev.add_argument("--model", required=True, help="model folder or name")
-    ev.add_argument("--variant", action="append", help=f"graph variant (repeatable; default "
-                                                       f"{BASE_VARIANT})")
-    ev.add_argument("--max-image-tokens", type=_positive_int, action="append",
-                    help="image-token budget (repeatable; default: the model's)")
-    ev.add_argument("--mode", action="append", choices=("two-stage", "exact", "hybrid"),
-                    help="search mode (repeatable; default all three)")
-    ev.add_argument("-k", type=_positive_int, default=10, help="cut-off of the metrics (default 10)")
+    ev.add_argument(
+        "--variant", action="append", help=f"graph variant (repeatable; default {BASE_VARIANT})"
+    )
+    ev.add_argument(
+        "--max-image-tokens",
+        type=_positive_int,
+        action="append",
+        help="image-token budget (repeatable; default: the model's)",
+    )
+    ev.add_argument(
+        "--mode",
+        action="append",
+        choices=("two-stage", "exact", "hybrid"),
+        help="search mode (repeatable; default all three)",
+    )
+    ev.add_argument(
+        "-k", type=_positive_int, default=10, help="cut-off of the metrics (default 10)"
+    )
     ev.add_argument("--split", default="test", help="the labels' split (default test)")
-    ev.add_argument("--work", help="folder for the run's indexes, kept and reused (default: a "
-                                   "temporary folder, removed at the end)")
+    ev.add_argument(
+        "--work",
+        help="folder for the run's indexes, kept and reused (default: a "
+        "temporary folder, removed at the end)",
+    )
     ev.add_argument("--json", action="store_true", help="machine-readable output")
     ev.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     ev.set_defaults(func=_cmd_eval)
@@ -769,8 +1054,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"colembed: error: {e}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:
-        print(f"\ncolembed: {RESUME_HINT}" if args.command == "index" else
-              "\ncolembed: interrupted", file=sys.stderr)
+        print(
+            f"\ncolembed: {RESUME_HINT}" if args.command == "index" else "\ncolembed: interrupted",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
 
 

@@ -79,20 +79,29 @@ class GraphContract:
     def feeds(self, *arrays: Any) -> dict[str, Any]:
         """The session feed: `arrays` in the contract's input order, keyed by its input names."""
         if len(arrays) != len(self.inputs):
-            raise TypeError(f"the {self.role} graph takes {len(self.inputs)} inputs "
-                            f"{[t.name for t in self.inputs]}, got {len(arrays)} arrays")
+            raise TypeError(
+                f"the {self.role} graph takes {len(self.inputs)} inputs "
+                f"{[t.name for t in self.inputs]}, got {len(arrays)} arrays"
+            )
         return {spec.name: array for spec, array in zip(self.inputs, arrays)}
 
     def differences(self, expected: "GraphContract") -> list[str]:
         """Every way this contract (a manifest's) differs from `expected` (the family's)."""
-        problems = [] if self.role == expected.role else [f"role {self.role!r} != {expected.role!r}"]
-        for kind, got, want in (("input", self.inputs, expected.inputs),
-                                ("output", self.outputs, expected.outputs)):
+        problems = (
+            [] if self.role == expected.role else [f"role {self.role!r} != {expected.role!r}"]
+        )
+        for kind, got, want in (
+            ("input", self.inputs, expected.inputs),
+            ("output", self.outputs, expected.outputs),
+        ):
             if [t.name for t in got] != [t.name for t in want]:
                 problems.append(f"{kind}s {[t.name for t in got]} != {[t.name for t in want]}")
                 continue
-            problems += [f"{kind} {g.name}: {g.dtype}{list(g.dims)} != {w.dtype}{list(w.dims)}"
-                         for g, w in zip(got, want) if g != w]
+            problems += [
+                f"{kind} {g.name}: {g.dtype}{list(g.dims)} != {w.dtype}{list(w.dims)}"
+                for g, w in zip(got, want)
+                if g != w
+            ]
         return problems
 
     def mismatches(self, session: Any) -> list[str]:
@@ -152,8 +161,9 @@ def text_contract(text_hidden: int, embedding_dim: int) -> GraphContract:
     )
 
 
-def colqwen2_contracts(*, patch_dim: int, vision_head_dim: int, text_hidden: int,
-                       embedding_dim: int) -> dict[str, GraphContract]:
+def colqwen2_contracts(
+    *, patch_dim: int, vision_head_dim: int, text_hidden: int, embedding_dim: int
+) -> dict[str, GraphContract]:
     """The ColQwen2 family's two graphs, by role, from the numbers a checkpoint (or a manifest)
     gives: the exporter writes these, the runtime checks a folder's manifest against them."""
     return {

@@ -27,8 +27,16 @@ from typing import Any
 import numpy as np
 
 from .layout import BASE_VARIANT
-from .sessions import (CPU, OPENVINO, OPENVINO_VARIANTS, Session, _name, onnxruntime_facts,
-                       openvino_installed, resolve_providers)
+from .sessions import (
+    CPU,
+    OPENVINO,
+    OPENVINO_VARIANTS,
+    Session,
+    _name,
+    onnxruntime_facts,
+    openvino_installed,
+    resolve_providers,
+)
 
 SAMPLE_QUERIES = ("What was the revenue in 2023?", "operating margin by region")
 # Timed runs per candidate after one warm-up run (the median is reported).
@@ -45,8 +53,11 @@ def sample_page() -> Any:
     page = Image.new("RGB", (420, 560), "white")
     draw = ImageDraw.Draw(page)
     for row in range(14):
-        draw.text((30, 20 + row * 26), f"line {row}: revenue {int(rng.integers(100, 999))}",
-                  fill=(20, 20, 20))
+        draw.text(
+            (30, 20 + row * 26),
+            f"line {row}: revenue {int(rng.integers(100, 999))}",
+            fill=(20, 20, 20),
+        )
     for bar in range(6):
         height = int(rng.integers(30, 140))
         draw.rectangle([40 + bar * 50, 540 - height, 70 + bar * 50, 540], fill=(40, 90, 160))
@@ -57,6 +68,7 @@ def _recorded_feeds(model: Any) -> dict[str, dict[str, np.ndarray]]:
     """The first feeds each graph of `model` gets for the sample page and queries."""
     feeds: dict[str, dict[str, np.ndarray]] = {}
     for role, session in model._sessions.items():  # the runtime's own feeds, at its session edge
+
         def run(inputs, run_options=None, _run=session.run, _role=role):
             feeds.setdefault(_role, dict(inputs))
             return _run(inputs, run_options)
@@ -76,17 +88,25 @@ def placement(folder: Path, variant: str, providers: list[Any], feeds: dict[str,
     first = _name(providers[0])
     with tempfile.TemporaryDirectory(prefix="colembed-doctor-") as tmp:
         for role, entry in manifest.variants[variant].items():
-            session = Session(inside(folder, entry.file), providers,
-                              profile_prefix=str(Path(tmp) / role))
+            session = Session(
+                inside(folder, entry.file), providers, profile_prefix=str(Path(tmp) / role)
+            )
             session.run(feeds[role])
             events = json.loads(Path(session.session.end_profiling()).read_text())
-            nodes = {e["name"]: e["args"] for e in events
-                     if e.get("cat") == "Node" and "provider" in e.get("args", {})}
+            nodes = {
+                e["name"]: e["args"]
+                for e in events
+                if e.get("cat") == "Node" and "provider" in e.get("args", {})
+            }
             where = collections.Counter(args["provider"] for args in nodes.values())
-            off = collections.Counter(args.get("op_name", "?") for args in nodes.values()
-                                      if args["provider"] != first)
-            report[role] = {"session_providers": session.providers,
-                            "providers": dict(where), "off_first_provider": dict(off)}
+            off = collections.Counter(
+                args.get("op_name", "?") for args in nodes.values() if args["provider"] != first
+            )
+            report[role] = {
+                "session_providers": session.providers,
+                "providers": dict(where),
+                "off_first_provider": dict(off),
+            }
             del session
     return report
 
@@ -101,8 +121,11 @@ def parity(model: Any, reference: Any) -> dict[str, float]:
         diff = max(diff, float(np.abs(a64 - b64).max()))
         norms = np.linalg.norm(a64, axis=1) * np.linalg.norm(b64, axis=1)
         cosine = min(cosine, float((np.sum(a64 * b64, axis=1) / np.maximum(norms, 1e-30)).min()))
-    return {"max_abs_diff": diff, "min_token_cosine": cosine, "finite": bool(
-        all(np.isfinite(a).all() for a in got))}
+    return {
+        "max_abs_diff": diff,
+        "min_token_cosine": cosine,
+        "finite": bool(all(np.isfinite(a).all() for a in got)),
+    }
 
 
 def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | None = None) -> dict:
@@ -120,9 +143,15 @@ def run_doctor(folder: str | Path, *, providers: Any = "auto", variant: str | No
         from .openvino_runtime import openvino_facts
 
         facts.update(openvino_facts())
-        where = {role: {"session_providers": session.providers, "providers": {OPENVINO: "all"},
-                        "off_first_provider": {}, "precision_compiled": session.precision}
-                 for role, session in model._sessions.items()}
+        where = {
+            role: {
+                "session_providers": session.providers,
+                "providers": {OPENVINO: "all"},
+                "off_first_provider": {},
+                "precision_compiled": session.precision,
+            }
+            for role, session in model._sessions.items()
+        }
     else:
         where = placement(folder, chosen, resolved, feeds)
     return {
@@ -156,8 +185,13 @@ def candidates(variants: Any) -> list[tuple[str, str]]:
     return found
 
 
-def measure(folder: str | Path, *, threads: int | None = None,
-            repeats: int = MEASURE_REPEATS, remember: bool = True) -> dict[str, Any]:
+def measure(
+    folder: str | Path,
+    *,
+    threads: int | None = None,
+    repeats: int = MEASURE_REPEATS,
+    remember: bool = True,
+) -> dict[str, Any]:
     """Time every (provider, variant) that runs here on the sample page and queries (median of
     `repeats` after a warm-up), with its fidelity to CPU fp32 on them; name the fastest and the
     fastest exact one, and (`remember`) record the latter's provider for "auto"."""
@@ -171,13 +205,24 @@ def measure(folder: str | Path, *, threads: int | None = None,
     page, queries = sample_page(), list(SAMPLE_QUERIES)
     rows = []
     for provider, variant in candidates(manifest.variants):
-        model = reference if (provider, variant) == (CPU, BASE_VARIANT) else load(
-            folder, variant=variant, threads=threads, verify=False,
-            providers=None if provider == CPU else provider)
-        row = {"provider": provider, "variant": variant,
-               "page_s": _median_seconds(lambda m=model: m.embed_images([page]), repeats),
-               "query_s": _median_seconds(lambda m=model: m.embed_queries(queries[:1]), repeats),
-               "fidelity_vs_cpu_fp32": parity(model, reference)}
+        model = (
+            reference
+            if (provider, variant) == (CPU, BASE_VARIANT)
+            else load(
+                folder,
+                variant=variant,
+                threads=threads,
+                verify=False,
+                providers=None if provider == CPU else provider,
+            )
+        )
+        row = {
+            "provider": provider,
+            "variant": variant,
+            "page_s": _median_seconds(lambda m=model: m.embed_images([page]), repeats),
+            "query_s": _median_seconds(lambda m=model: m.embed_queries(queries[:1]), repeats),
+            "fidelity_vs_cpu_fp32": parity(model, reference),
+        }
         if provider == OPENVINO:
             row["precision_compiled"] = model._sessions["vision"].precision
         check = manifest.checks.get(variant)
@@ -191,10 +236,17 @@ def measure(folder: str | Path, *, threads: int | None = None,
 
     fastest = min(rows, key=cost)
     exact = min((r for r in rows if r["variant"] in EXACT_VARIANTS), key=cost)
-    report = {"candidates": rows, "fastest": fastest, "fastest_exact": exact,
-              "threads": threads}
+    report = {"candidates": rows, "fastest": fastest, "fastest_exact": exact, "threads": threads}
     if remember:
-        report["recorded_for_auto"] = str(provider_choice.remember(folder, {
-            "provider": exact["provider"], "variant": exact["variant"],
-            "page_s": exact["page_s"], "query_s": exact["query_s"]}))
+        report["recorded_for_auto"] = str(
+            provider_choice.remember(
+                folder,
+                {
+                    "provider": exact["provider"],
+                    "variant": exact["variant"],
+                    "page_s": exact["page_s"],
+                    "query_s": exact["query_s"],
+                },
+            )
+        )
     return report

@@ -69,10 +69,15 @@ def _extras_contracts(extras: "VisionExtras | None", text_hidden: int):
     from .preprocess.vision_positions import POSITION_INPUTS
 
     layers = extras.deepstack_layers
-    return (POSITION_INPUTS,
-            (TensorSpec("deepstack_features", "float32",
-                        ("images", layers, "merged_tokens", text_hidden)),),
-            (TensorSpec("deepstack_features", "float32", (layers, "image_rows", text_hidden)),))
+    return (
+        POSITION_INPUTS,
+        (
+            TensorSpec(
+                "deepstack_features", "float32", ("images", layers, "merged_tokens", text_hidden)
+            ),
+        ),
+        (TensorSpec("deepstack_features", "float32", (layers, "image_rows", text_hidden)),),
+    )
 
 
 @dataclass(frozen=True)
@@ -91,8 +96,10 @@ class VisionExtras:
                 raise ValueError(f"{name} must be a positive int, got {value!r:.40}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"position_grid_side": self.position_grid_side,
-                "deepstack_layers": self.deepstack_layers}
+        return {
+            "position_grid_side": self.position_grid_side,
+            "deepstack_layers": self.deepstack_layers,
+        }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "vision_extras") -> VisionExtras:
@@ -110,8 +117,9 @@ class VisionExtras:
         """The position-table inputs for one grid (index, weight), in contract order."""
         from .preprocess.vision_positions import interpolated_positions
 
-        return interpolated_positions(grid, merge_size=merge_size,
-                                      grid_side=self.position_grid_side)
+        return interpolated_positions(
+            grid, merge_size=merge_size, grid_side=self.position_grid_side
+        )
 
 
 class UnknownFamilyError(ColembedError, ValueError):
@@ -130,8 +138,9 @@ class VisionAttention:
         if self.kind not in ATTENTION_KINDS:
             raise ValueError(f"kind {self.kind!r} is not one of {list(ATTENTION_KINDS)}")
         if self.kind == WINDOWED and not (type(self.window_size) is int and self.window_size > 0):
-            raise ValueError(f"windowed attention needs a positive int window_size, got "
-                             f"{self.window_size!r}")
+            raise ValueError(
+                f"windowed attention needs a positive int window_size, got {self.window_size!r}"
+            )
         if self.kind == FULL and self.window_size is not None:
             raise ValueError("full attention has no window_size")
 
@@ -140,21 +149,26 @@ class VisionAttention:
         """The image graph's inputs beyond pixels and rotary tables, in contract order."""
         return _extra_inputs(self.kind)
 
-    def grid_inputs(self, grid: tuple[int, int, int], *, merge_size: int,
-                    patch_size: int) -> tuple[np.ndarray, ...]:
+    def grid_inputs(
+        self, grid: tuple[int, int, int], *, merge_size: int, patch_size: int
+    ) -> tuple[np.ndarray, ...]:
         """The extra inputs for one image grid (same-grid images share them), in contract order."""
         if self.kind == FULL:
             return ()
         from .preprocess.windows import window_layout
 
-        layout = window_layout(grid, merge_size=merge_size, patch_size=patch_size,
-                               window_size=self.window_size)  # type: ignore[arg-type]
+        layout = window_layout(
+            grid, merge_size=merge_size, patch_size=patch_size, window_size=self.window_size
+        )  # type: ignore[arg-type]
         made = layout.graph_inputs()
         return tuple(made[spec.name] for spec in self.extra_inputs)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind} if self.kind == FULL else \
-            {"kind": self.kind, "window_size": self.window_size}
+        return (
+            {"kind": self.kind}
+            if self.kind == FULL
+            else {"kind": self.kind, "window_size": self.window_size}
+        )
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "vision_attention") -> VisionAttention:
@@ -165,8 +179,9 @@ class VisionAttention:
         if unknown:
             raise ManifestError(f"{where}: unknown keys {unknown}")
         if not isinstance(d.get("kind"), str):
-            raise ManifestError(f"{where}.kind: expected one of {list(ATTENTION_KINDS)}, "
-                                f"got {d.get('kind')!r:.40}")
+            raise ManifestError(
+                f"{where}.kind: expected one of {list(ATTENTION_KINDS)}, got {d.get('kind')!r:.40}"
+            )
         try:
             return cls(kind=d["kind"], window_size=d.get("window_size"))
         except ValueError as e:
@@ -209,20 +224,26 @@ class Family:
     def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
         value = vision_config.get(key)
         if type(value) is not int or value < 1:
-            raise ModelFolderError(f"vision_config.{key} must be a positive int for a {self.name} "
-                                   f"checkpoint, got {value!r:.40}", path=source)
+            raise ModelFolderError(
+                f"vision_config.{key} must be a positive int for a {self.name} "
+                f"checkpoint, got {value!r:.40}",
+                path=source,
+            )
         return value
 
     def vision_head_dim(self, vision_config: Mapping[str, Any], source: str = "config.json") -> int:
         width = self._vision_value(vision_config, self.vision_names.width, source)
         heads = self._vision_value(vision_config, self.vision_names.heads, source)
         if width % heads:
-            raise ModelFolderError(f"vision_config.{self.vision_names.width} {width} does not "
-                                   f"divide by {heads} heads", path=source)
+            raise ModelFolderError(
+                f"vision_config.{self.vision_names.width} {width} does not divide by {heads} heads",
+                path=source,
+            )
         return width // heads
 
-    def vision_rope_theta(self, vision_config: Mapping[str, Any],
-                          source: str = "config.json") -> float:
+    def vision_rope_theta(
+        self, vision_config: Mapping[str, Any], source: str = "config.json"
+    ) -> float:
         """The vision tower's rotary base. transformers 5.x writes it as
         `vision_config.rope_parameters` (`rope_type` "axial", `rope_theta`). A family whose pinned
         reference reads it uses it; one whose reference fixes the base at
@@ -230,86 +251,120 @@ class Family:
         the one the checkpoint was trained as."""
         params = vision_config.get("rope_parameters")
         if params is None:
-            params = ({"rope_theta": vision_config["rope_theta"]}
-                      if "rope_theta" in vision_config else {})
+            params = (
+                {"rope_theta": vision_config["rope_theta"]} if "rope_theta" in vision_config else {}
+            )
         if not isinstance(params, Mapping):
-            raise ModelFolderError("vision_config.rope_parameters must be an object, got "
-                                   f"{params!r:.40}", path=source)
+            raise ModelFolderError(
+                f"vision_config.rope_parameters must be an object, got {params!r:.40}", path=source
+            )
         kind = params.get("rope_type", "axial")
         if kind not in ("axial", "default"):
-            raise ModelFolderError(f"vision_config.rope_parameters.rope_type {kind!r} is not "
-                                   "supported (the vision towers' rotary is axial)", path=source)
+            raise ModelFolderError(
+                f"vision_config.rope_parameters.rope_type {kind!r} is not "
+                "supported (the vision towers' rotary is axial)",
+                path=source,
+            )
         theta = params.get("rope_theta", VISION_ROPE_THETA)
-        if isinstance(theta, bool) or not isinstance(theta, (int, float)) \
-                or not math.isfinite(theta) or theta <= 1:
-            raise ModelFolderError("vision_config.rope_parameters.rope_theta must be a number "
-                                   f"above 1, got {theta!r:.40}", path=source)
+        if (
+            isinstance(theta, bool)
+            or not isinstance(theta, (int, float))
+            or not math.isfinite(theta)
+            or theta <= 1
+        ):
+            raise ModelFolderError(
+                "vision_config.rope_parameters.rope_theta must be a number "
+                f"above 1, got {theta!r:.40}",
+                path=source,
+            )
         if not self.vision_rope_from_config and float(theta) != VISION_ROPE_THETA:
             raise ModelFolderError(
                 f"vision_config.rope_parameters.rope_theta is {theta}, but {self.display_name}'s "
                 f"pinned reference fixes the vision rotary base at {VISION_ROPE_THETA:g}; "
-                "refusing to export a tower that differs from it", path=source)
+                "refusing to export a tower that differs from it",
+                path=source,
+            )
         return float(theta)
 
-    def vision_numbers(self, vision_config: Mapping[str, Any],
-                       source: str = "config.json") -> dict[str, Any]:
+    def vision_numbers(
+        self, vision_config: Mapping[str, Any], source: str = "config.json"
+    ) -> dict[str, Any]:
         """The manifest's vision architecture numbers (`vision_*`), by this family's names."""
         names = self.vision_names
         width = self._vision_value(vision_config, names.width, source)
         mlp = vision_config.get(names.mlp)
         if names.mlp_is_ratio:
             if isinstance(mlp, bool) or not isinstance(mlp, (int, float)) or not mlp > 0:
-                raise ModelFolderError(f"vision_config.{names.mlp} must be a positive number, got "
-                                       f"{mlp!r:.40}", path=source)
+                raise ModelFolderError(
+                    f"vision_config.{names.mlp} must be a positive number, got {mlp!r:.40}",
+                    path=source,
+                )
             ratio = float(mlp)
         else:
             ratio = self._vision_value(vision_config, names.mlp, source) / width
-        return {"vision_depth": self._vision_value(vision_config, names.depth, source),
-                "vision_embed_dim": width,
-                "vision_heads": self._vision_value(vision_config, names.heads, source),
-                "vision_mlp_ratio": ratio}
+        return {
+            "vision_depth": self._vision_value(vision_config, names.depth, source),
+            "vision_embed_dim": width,
+            "vision_heads": self._vision_value(vision_config, names.heads, source),
+            "vision_mlp_ratio": ratio,
+        }
 
     def merger_width(self, vision_config: Mapping[str, Any], source: str = "config.json") -> int:
         """The width of the tower's merged features (must be the language model's hidden size)."""
         return self._vision_value(vision_config, self.vision_names.merger_out, source)
 
-    def vision_attention(self, vision_config: Mapping[str, Any],
-                         source: str = "config.json") -> VisionAttention:
+    def vision_attention(
+        self, vision_config: Mapping[str, Any], source: str = "config.json"
+    ) -> VisionAttention:
         """The attention this family's tower runs, from the checkpoint's vision config."""
         if self.attention_kind == FULL:
             return VisionAttention(FULL)
         return VisionAttention(WINDOWED, self._vision_value(vision_config, "window_size", source))
 
-    def extras(self, vision_config: Mapping[str, Any],
-               source: str = "config.json") -> VisionExtras | None:
+    def extras(
+        self, vision_config: Mapping[str, Any], source: str = "config.json"
+    ) -> VisionExtras | None:
         """The folder's `VisionExtras` from the checkpoint's vision config (None if the family
         has none): the position table's side and the number of DeepStack layers."""
         if not self.vision_extras:
             return None
         entries = self._vision_value(vision_config, "num_position_embeddings", source)
-        side = int(round(entries ** 0.5))
+        side = int(round(entries**0.5))
         if side * side != entries:
-            raise ModelFolderError(f"vision_config.num_position_embeddings {entries} is not a "
-                                   "square", path=source)
+            raise ModelFolderError(
+                f"vision_config.num_position_embeddings {entries} is not a square", path=source
+            )
         layers = vision_config.get("deepstack_visual_indexes")
         if not isinstance(layers, list) or not layers:
-            raise ModelFolderError("vision_config.deepstack_visual_indexes must be a non-empty "
-                                   f"list for a {self.name} checkpoint, got {layers!r:.40}",
-                                   path=source)
+            raise ModelFolderError(
+                "vision_config.deepstack_visual_indexes must be a non-empty "
+                f"list for a {self.name} checkpoint, got {layers!r:.40}",
+                path=source,
+            )
         return VisionExtras(position_grid_side=side, deepstack_layers=len(layers))
 
-    def contracts(self, *, patch_dim: int, vision_head_dim: int, text_hidden: int,
-                  embedding_dim: int,
-                  extras: VisionExtras | None = None) -> dict[str, GraphContract]:
+    def contracts(
+        self,
+        *,
+        patch_dim: int,
+        vision_head_dim: int,
+        text_hidden: int,
+        embedding_dim: int,
+        extras: VisionExtras | None = None,
+    ) -> dict[str, GraphContract]:
         """The family's two graphs by role: the exporter writes these, the runtime checks a
         folder's manifest against them."""
         if (extras is not None) != self.vision_extras:
-            raise ValueError(f"{self.name} {'needs' if self.vision_extras else 'has no'} "
-                             "vision extras")
+            raise ValueError(
+                f"{self.name} {'needs' if self.vision_extras else 'has no'} vision extras"
+            )
         vision_in, vision_out, text_in = _extras_contracts(extras, text_hidden)
         base = vision_contract(patch_dim, vision_head_dim, text_hidden)
-        vision = GraphContract(role=base.role, outputs=base.outputs + vision_out,
-                               inputs=base.inputs + _extra_inputs(self.attention_kind) + vision_in)
+        vision = GraphContract(
+            role=base.role,
+            outputs=base.outputs + vision_out,
+            inputs=base.inputs + _extra_inputs(self.attention_kind) + vision_in,
+        )
         text = text_contract(text_hidden, embedding_dim)
         text = GraphContract(role=text.role, inputs=text.inputs + text_in, outputs=text.outputs)
         return {"vision": vision, "text": text}
@@ -320,8 +375,9 @@ COLQWEN2 = Family(
     display_name="ColQwen2",
     backbone="qwen2_vl",
     checkpoint_layouts=(("colqwen2", "qwen2_vl"),),
-    vision_names=VisionConfigNames(width="embed_dim", merger_out="hidden_size", mlp="mlp_ratio",
-                                   mlp_is_ratio=True),
+    vision_names=VisionConfigNames(
+        width="embed_dim", merger_out="hidden_size", mlp="mlp_ratio", mlp_is_ratio=True
+    ),
     attention_kind=FULL,
 )
 COLQWEN2_5 = Family(
@@ -330,8 +386,12 @@ COLQWEN2_5 = Family(
     backbone="qwen2_5_vl",
     # transformers' retrieval layout, and colpali-engine's published one (a bare qwen2_5_vl config)
     checkpoint_layouts=(("colqwen2", "qwen2_5_vl"), ("qwen2_5_vl", None)),
-    vision_names=VisionConfigNames(width="hidden_size", merger_out="out_hidden_size",
-                                   mlp="intermediate_size", mlp_is_ratio=False),
+    vision_names=VisionConfigNames(
+        width="hidden_size",
+        merger_out="out_hidden_size",
+        mlp="intermediate_size",
+        mlp_is_ratio=False,
+    ),
     attention_kind=WINDOWED,
 )
 COLQWEN3 = Family(
@@ -341,8 +401,12 @@ COLQWEN3 = Family(
     # colpali-engine 0.3.18's layout: a bare qwen3_vl config (`architectures: ["ColQwen3"]`);
     # TomoroAI's remote code: a `colqwen3` config, a Qwen3VLConfig subclass (not nested)
     checkpoint_layouts=(("qwen3_vl", None), ("colqwen3", None)),
-    vision_names=VisionConfigNames(width="hidden_size", merger_out="out_hidden_size",
-                                   mlp="intermediate_size", mlp_is_ratio=False),
+    vision_names=VisionConfigNames(
+        width="hidden_size",
+        merger_out="out_hidden_size",
+        mlp="intermediate_size",
+        mlp_is_ratio=False,
+    ),
     attention_kind=FULL,
     default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
     vision_extras=True,
@@ -358,8 +422,9 @@ LEGACY_FAMILY = COLQWEN2
 def get_family(name: str) -> Family:
     """The family called `name`; UnknownFamilyError listing the known ones."""
     if name not in FAMILIES:
-        raise UnknownFamilyError(f"unknown model family {name!r}; colembed serves "
-                                 f"{sorted(FAMILIES)}")
+        raise UnknownFamilyError(
+            f"unknown model family {name!r}; colembed serves {sorted(FAMILIES)}"
+        )
     return FAMILIES[name]
 
 
@@ -382,8 +447,11 @@ def family_of_backbone(config: Mapping[str, Any], source: str = "config.json") -
     for family in FAMILIES.values():
         if family.backbone == backbone:
             return family
-    raise ModelFolderError(f"backbone model_type {backbone!r} is none of colembed's families "
-                           f"({ {f.backbone: f.name for f in FAMILIES.values()} })", path=source)
+    raise ModelFolderError(
+        f"backbone model_type {backbone!r} is none of colembed's families "
+        f"({ {f.backbone: f.name for f in FAMILIES.values()} })",
+        path=source,
+    )
 
 
 def family_of_checkpoint(config: Mapping[str, Any]) -> Family | None:
@@ -392,6 +460,21 @@ def family_of_checkpoint(config: Mapping[str, Any]) -> Family | None:
     return next((f for f in FAMILIES.values() if layout in f.checkpoint_layouts), None)
 
 
-__all__ = ["COLQWEN2", "COLQWEN2_5", "COLQWEN3", "FAMILIES", "VisionExtras", "FULL", "Family", "LEGACY_FAMILY",
-           "UnknownFamilyError", "VisionAttention", "VisionConfigNames", "WINDOWED",
-           "checkpoint_model_types", "family_of_backbone", "family_of_checkpoint", "get_family"]
+__all__ = [
+    "COLQWEN2",
+    "COLQWEN2_5",
+    "COLQWEN3",
+    "FAMILIES",
+    "VisionExtras",
+    "FULL",
+    "Family",
+    "LEGACY_FAMILY",
+    "UnknownFamilyError",
+    "VisionAttention",
+    "VisionConfigNames",
+    "WINDOWED",
+    "checkpoint_model_types",
+    "family_of_backbone",
+    "family_of_checkpoint",
+    "get_family",
+]

@@ -69,7 +69,8 @@ try:
 except ImportError as e:
     raise ImportError(
         "colembed's FastEmbed integration needs fastembed 0.9.x: pip install 'colembed[fastembed]' "
-        f"({e})") from e
+        f"({e})"
+    ) from e
 
 from . import registry
 from .errors import InputError
@@ -112,7 +113,8 @@ def _is_single_image(images: Any) -> bool:
     from PIL import Image
 
     return isinstance(images, (str, Path, bytes, bytearray, memoryview, Image.Image)) or (
-        hasattr(images, "read"))
+        hasattr(images, "read")
+    )
 
 
 def _batched(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
@@ -162,14 +164,19 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         self.cache_dir = str(registry.default_cache_dir(cache_dir))
         self._specific_model_path = specific_model_path
         self._model_dir = registry.resolve_model_folder(
-            self._entry, specific_model_path=specific_model_path, cache_dir=self.cache_dir,
-            local_files_only=self._local_files_only, variant=variant)
+            self._entry,
+            specific_model_path=specific_model_path,
+            cache_dir=self.cache_dir,
+            local_files_only=self._local_files_only,
+            variant=variant,
+        )
 
         self.providers = providers
         self.cuda = cuda
         self.device_ids = device_ids
-        self.device_id = device_id if device_id is not None else (
-            device_ids[0] if device_ids else None)
+        self.device_id = (
+            device_id if device_id is not None else (device_ids[0] if device_ids else None)
+        )
         self.lazy_load = lazy_load
         self.enable_cpu_mem_arena = enable_cpu_mem_arena
         self.variant = variant
@@ -184,8 +191,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
     # ------------------------------------------------------------------------------ FastEmbed API
     @classmethod
     def _list_supported_models(cls) -> list[DenseModelDescription]:
-        return [_describe(entry, name) for entry in registry.known_models()
-                for name in entry.names]
+        return [_describe(entry, name) for entry in registry.known_models() for name in entry.names]
 
     @classmethod
     def get_embedding_size(cls, model_name: str) -> int:
@@ -204,16 +210,23 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         import colembed
 
         providers, fallback = self._onnx_providers()
-        options = dict(variant=self.variant, threads=self.threads,
-                       max_image_tokens=self.max_image_tokens, verify=not self._verified,
-                       cpu_mem_arena=self.enable_cpu_mem_arena)
+        options = dict(
+            variant=self.variant,
+            threads=self.threads,
+            max_image_tokens=self.max_image_tokens,
+            verify=not self._verified,
+            cpu_mem_arena=self.enable_cpu_mem_arena,
+        )
         try:
             self.model = colembed.load(self._model_dir, providers=providers, **options)
         except colembed.ProviderError as e:
             if not fallback:
                 raise
-            warnings.warn(f"CUDA was available but not usable ({e}); running on CPU",
-                          RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"CUDA was available but not usable ({e}); running on CPU",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             self.model = colembed.load(self._model_dir, providers=None, **options)
         self._verified = True
         self._text_encoder = self.model.text_encoder
@@ -260,20 +273,25 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         encoder = self._encoder()
         total = 0
         for _, batch in _batched(texts, batch_size):
-            total += sum(encoder.count_query_tokens(t, include_extension=include_extension)
-                         for t in batch)
+            total += sum(
+                encoder.count_query_tokens(t, include_extension=include_extension) for t in batch
+            )
         return total
 
     # -------------------------------------------------------------------------------- internals
-    def _embed(self, worker: type["_Worker"], items: Any, batch_size: int,
-               parallel: int | None) -> Iterator[np.ndarray]:
+    def _embed(
+        self, worker: type["_Worker"], items: Any, batch_size: int, parallel: int | None
+    ) -> Iterator[np.ndarray]:
         """Here (colembed's lazy iterator) or in FastEmbed's worker processes, as FastEmbed does."""
         if self._use_workers(items, batch_size, parallel):
             yield from self._embed_in_workers(worker, items, batch_size, parallel)
         else:
             model = self._loaded()
-            serial = (model.iter_query_embeddings if worker is _TextWorker
-                      else model.iter_image_embeddings)
+            serial = (
+                model.iter_query_embeddings
+                if worker is _TextWorker
+                else model.iter_image_embeddings
+            )
             yield from serial(items, batch_size=batch_size)
 
     def _loaded(self):
@@ -286,8 +304,9 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             from .preprocess.text import TextEncoder
 
             config = read_manifest(self._model_dir).preprocess
-            self._text_encoder = TextEncoder.from_file(inside(self._model_dir, TOKENIZER_FILE),
-                                                       config)
+            self._text_encoder = TextEncoder.from_file(
+                inside(self._model_dir, TOKENIZER_FILE), config
+            )
         return self._text_encoder
 
     def _onnx_providers(self) -> tuple[Any, bool]:
@@ -297,8 +316,11 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         explicit_cuda = self.cuda is True or self.cuda == Device.CUDA
         if self.providers is not None:
             if explicit_cuda:
-                warnings.warn("`cuda` and `providers` are mutually exclusive; using `providers`",
-                              UserWarning, stacklevel=3)
+                warnings.warn(
+                    "`cuda` and `providers` are mutually exclusive; using `providers`",
+                    UserWarning,
+                    stacklevel=3,
+                )
             return list(self.providers), False
         cuda = [CUDA] if self.device_id is None else [(CUDA, {"device_id": self.device_id})]
         if explicit_cuda:
@@ -319,8 +341,9 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         if self._verified:
             return
         manifest = read_manifest(self._model_dir)
-        verify_files(self._model_dir, manifest, variant_files(manifest, self.variant),
-                     check_hashes=True)
+        verify_files(
+            self._model_dir, manifest, variant_files(manifest, self.variant), check_hashes=True
+        )
         self._verified = True
 
     def _worker_params(self) -> dict[str, Any]:
@@ -338,13 +361,18 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             "verify": not self._verified,
         }
 
-    def _embed_in_workers(self, worker: type[Worker], items: Iterable[Any], batch_size: int,
-                          parallel: int) -> Iterator[np.ndarray]:
+    def _embed_in_workers(
+        self, worker: type[Worker], items: Iterable[Any], batch_size: int, parallel: int
+    ) -> Iterator[np.ndarray]:
         self._verify_once()
         start_method = "forkserver" if "forkserver" in get_all_start_methods() else "spawn"
-        pool = ParallelWorkerPool(num_workers=parallel or os.cpu_count() or 1, worker=worker,
-                                  cuda=self.cuda, device_ids=self.device_ids,
-                                  start_method=start_method)
+        pool = ParallelWorkerPool(
+            num_workers=parallel or os.cpu_count() or 1,
+            worker=worker,
+            cuda=self.cuda,
+            device_ids=self.device_ids,
+            start_method=start_method,
+        )
         for result in pool.ordered_map(_batched(items, batch_size), **self._worker_params()):
             if isinstance(result, _Failure):
                 raise result.error()
@@ -417,8 +445,12 @@ def register() -> type[ColQwen2]:
     taken = {d.model.lower() for cls in models for d in cls._list_supported_models()}
     clash = [d.model for d in ColQwen2._list_supported_models() if d.model.lower() in taken]
     if clash:
-        warnings.warn(f"FastEmbed already provides {clash}; colembed leaves FastEmbed's own model "
-                      "registered under that name", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            f"FastEmbed already provides {clash}; colembed leaves FastEmbed's own model "
+            "registered under that name",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return ColQwen2
     models.append(ColQwen2)
     return ColQwen2
@@ -427,7 +459,11 @@ def register() -> type[ColQwen2]:
 __all__ = ["ColQwen2", "LateInteractionMultimodalEmbedding", "register"]
 
 if not SUPPORTED_FASTEMBED[0] <= _fastembed_version() < SUPPORTED_FASTEMBED[1]:
-    warnings.warn(f"colembed's FastEmbed integration was tested with fastembed 0.9.x, not "
-                  f"{fastembed.__version__}", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"colembed's FastEmbed integration was tested with fastembed 0.9.x, not "
+        f"{fastembed.__version__}",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 register()

@@ -29,8 +29,19 @@ SPECIAL = "special"  # the tokenizer's special tokens (the query augmentation to
 
 # Scripts with a class of their own (the first word of a letter's Unicode name); letters of any
 # other script share "letters: other scripts".
-SCRIPTS = ("LATIN", "CYRILLIC", "GREEK", "ARABIC", "HEBREW", "DEVANAGARI", "THAI", "HANGUL",
-           "HIRAGANA", "KATAKANA", "CJK")
+SCRIPTS = (
+    "LATIN",
+    "CYRILLIC",
+    "GREEK",
+    "ARABIC",
+    "HEBREW",
+    "DEVANAGARI",
+    "THAI",
+    "HANGUL",
+    "HIRAGANA",
+    "KATAKANA",
+    "CJK",
+)
 
 
 def _script(char: str) -> str:
@@ -77,8 +88,9 @@ def _worse(cos: float, than: float | None) -> bool:
     return math.isnan(cos) or cos < than
 
 
-def class_figures(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str]]]
-                  ) -> dict[str, Any]:
+def class_figures(
+    items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence[str]]],
+) -> dict[str, Any]:
     """Per token class over query items (name, token cosines, token texts, token classes): the
     mean, the minimum, the token count and the worst token ({"item", "index", "text", "cosine"}),
     plus the worst token overall (`worst_token`, with its class)."""
@@ -96,24 +108,33 @@ def class_figures(items: Sequence[tuple[str, np.ndarray, Sequence[str], Sequence
             if worst is None or _worse(value, worst["cosine"]):
                 worst = {"item": name, "index": i, "text": text, "class": kind, "cosine": value}
     return {
-        "token_classes": {kind: {"mean": row["sum"] / row["tokens"], "min": row["min"],
-                                 "tokens": row["tokens"], "worst": row["worst"]}
-                          for kind, row in sorted(classes.items())},
+        "token_classes": {
+            kind: {
+                "mean": row["sum"] / row["tokens"],
+                "min": row["min"],
+                "tokens": row["tokens"],
+                "worst": row["worst"],
+            }
+            for kind, row in sorted(classes.items())
+        },
         "worst_token": worst,
     }
 
 
 def describe_token(token: dict[str, Any] | None) -> str:
-    """"token 52 ' ' (whitespace) of <item>: cosine 0.075", for messages and reports."""
+    """ "token 52 ' ' (whitespace) of <item>: cosine 0.075", for messages and reports."""
     if not token:
         return "no token"
     kind = f" ({token['class']})" if "class" in token else ""
-    return (f"token {token['index']} {token['text']!r}{kind} of {token['item']!r}: cosine "
-            f"{token['cosine']:.4f}")
+    return (
+        f"token {token['index']} {token['text']!r}{kind} of {token['item']!r}: cosine "
+        f"{token['cosine']:.4f}"
+    )
 
 
-def ranking_agreement(variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int = 5
-                      ) -> dict[str, Any]:
+def ranking_agreement(
+    variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int = 5
+) -> dict[str, Any]:
     """How a variant's page ranking per query agrees with fp32's: the share of queries with the
     same top page, and the mean overlap of the top-`k` pages (a fraction of k)."""
     variant_scores, fp32_scores = np.asarray(variant_scores), np.asarray(fp32_scores)
@@ -121,22 +142,37 @@ def ranking_agreement(variant_scores: np.ndarray, fp32_scores: np.ndarray, k: in
         raise ValueError(f"score tables differ: {variant_scores.shape} and {fp32_scores.shape}")
     queries, pages = fp32_scores.shape
     if not queries or not pages:
-        return {"queries": queries, "pages": pages, "top1_agreement": None, "k": k,
-                "topk_overlap": None}
+        return {
+            "queries": queries,
+            "pages": pages,
+            "top1_agreement": None,
+            "k": k,
+            "topk_overlap": None,
+        }
     k = min(k, pages)
     top1 = variant_scores.argmax(axis=1) == fp32_scores.argmax(axis=1)
     mine = np.argsort(-variant_scores, axis=1, kind="stable")[:, :k]
     theirs = np.argsort(-fp32_scores, axis=1, kind="stable")[:, :k]
     overlap = [len(set(a) & set(b)) / k for a, b in zip(mine.tolist(), theirs.tolist())]
-    return {"queries": queries, "pages": pages, "top1_agreement": float(top1.mean()), "k": k,
-            "topk_overlap": float(np.mean(overlap))}
+    return {
+        "queries": queries,
+        "pages": pages,
+        "top1_agreement": float(top1.mean()),
+        "k": k,
+        "topk_overlap": float(np.mean(overlap)),
+    }
 
 
-
-
-def check_variant(folder: Any, variant: str, queries: Sequence[str], pages: Sequence[Any], *,
-                  page_names: Sequence[str] | None = None, k: int = 5,
-                  **load_options: Any) -> dict[str, Any]:
+def check_variant(
+    folder: Any,
+    variant: str,
+    queries: Sequence[str],
+    pages: Sequence[Any],
+    *,
+    page_names: Sequence[str] | None = None,
+    k: int = 5,
+    **load_options: Any,
+) -> dict[str, Any]:
     """`variant` of a model folder against its fp32 graphs on the caller's own queries and pages
     (what `colembed check-variant` runs): per item the mean and min token cosine (queries: the
     worst token by text), per query token class, and how the variant's page ranking for each
@@ -145,8 +181,7 @@ def check_variant(folder: Any, variant: str, queries: Sequence[str], pages: Sequ
     from .model import load
     from .scoring import score
 
-    names = list(page_names) if page_names is not None else [f"page {i}" for i in
-                                                             range(len(pages))]
+    names = list(page_names) if page_names is not None else [f"page {i}" for i in range(len(pages))]
     runs = {}
     for name in (BASE_VARIANT, variant):
         model = load(folder, variant=name, **load_options)
@@ -162,25 +197,50 @@ def check_variant(folder: Any, variant: str, queries: Sequence[str], pages: Sequ
         name = f"query {i}"
         class_items.append((name, cos, [t for t, _ in texts], kinds))
         worst = int(np.nanargmin(cos)) if np.isfinite(cos).any() else 0
-        query_rows.append({"item": name, "text": text, "tokens": int(cos.size),
-                           "mean": float(cos.mean()), "min": float(np.min(cos)),
-                           "worst_token": {"index": worst, "text": texts[worst][0],
-                                           "class": kinds[worst]}})
+        query_rows.append(
+            {
+                "item": name,
+                "text": text,
+                "tokens": int(cos.size),
+                "mean": float(cos.mean()),
+                "min": float(np.min(cos)),
+                "worst_token": {"index": worst, "text": texts[worst][0], "class": kinds[worst]},
+            }
+        )
     page_rows = []
     for name, g, w in zip(names, got_p, want_p):
         cos = token_cosines(g, w)
-        page_rows.append({"item": name, "tokens": int(cos.size), "mean": float(cos.mean()),
-                          "min": float(np.min(cos))})
+        page_rows.append(
+            {
+                "item": name,
+                "tokens": int(cos.size),
+                "mean": float(cos.mean()),
+                "min": float(np.min(cos)),
+            }
+        )
     if got_q and got_p:
-        ranking = ranking_agreement(np.asarray(score(got_q, got_p)),
-                                    np.asarray(score(want_q, want_p)), k)
+        ranking = ranking_agreement(
+            np.asarray(score(got_q, got_p)), np.asarray(score(want_q, want_p)), k
+        )
     else:
-        ranking = ranking_agreement(np.zeros((len(got_q), len(got_p))),
-                                    np.zeros((len(got_q), len(got_p))), k)
+        ranking = ranking_agreement(
+            np.zeros((len(got_q), len(got_p))), np.zeros((len(got_q), len(got_p))), k
+        )
     report = {"variant": variant, "queries": query_rows, "pages": page_rows, "ranking": ranking}
     report.update(class_figures(class_items))
     return report
 
 
-__all__ = ["DIGITS", "PARTIAL", "PUNCTUATION", "SPECIAL", "WHITESPACE", "check_variant",
-           "class_figures", "describe_token", "ranking_agreement", "token_class", "token_cosines"]
+__all__ = [
+    "DIGITS",
+    "PARTIAL",
+    "PUNCTUATION",
+    "SPECIAL",
+    "WHITESPACE",
+    "check_variant",
+    "class_figures",
+    "describe_token",
+    "ranking_agreement",
+    "token_class",
+    "token_cosines",
+]

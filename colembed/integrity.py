@@ -50,9 +50,13 @@ def describe_file(path: Path) -> dict[str, Any]:
 def user_cache_root() -> Path:
     """colembed's own cache (hash stamps, measured provider choices):
     COLEMBED_CACHE_DIR, else the user cache."""
-    return Path(os.environ.get("COLEMBED_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
-        "colembed"))
+    return Path(
+        os.environ.get("COLEMBED_CACHE_DIR")
+        or os.path.join(
+            os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"),
+            "colembed",
+        )
+    )
 
 
 def _stamp_store() -> Path:
@@ -62,8 +66,14 @@ def _stamp_store() -> Path:
 
 def _stamp(path: Path, sha256: str) -> dict[str, Any]:
     st = path.stat()
-    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns,
-            "inode": st.st_ino, "device": st.st_dev, "sha256": sha256}
+    return {
+        "size": st.st_size,
+        "mtime_ns": st.st_mtime_ns,
+        "ctime_ns": st.st_ctime_ns,
+        "inode": st.st_ino,
+        "device": st.st_dev,
+        "sha256": sha256,
+    }
 
 
 def _read_stamps() -> dict[str, Any]:
@@ -86,8 +96,9 @@ def _write_stamps(stamps: dict[str, Any]) -> None:
         pass
 
 
-def verify_files(folder: Path, manifest: Manifest, names: list[str], *,
-                 check_hashes: bool | str) -> None:
+def verify_files(
+    folder: Path, manifest: Manifest, names: list[str], *, check_hashes: bool | str
+) -> None:
     """Every named file is in the manifest, inside the folder, of the listed size and (unless
     `check_hashes` is False) sha256. See the module docstring for what True skips."""
     folder = Path(folder)
@@ -104,7 +115,9 @@ def verify_files(folder: Path, manifest: Manifest, names: list[str], *,
         if size != expected.size:
             raise ModelFolderError(
                 f"size {size} bytes != {expected.size} in the manifest "
-                "(truncated or replaced; re-download or re-export)", path=path)
+                "(truncated or replaced; re-download or re-export)",
+                path=path,
+            )
         if not check_hashes:
             continue
         key = str(path)
@@ -113,7 +126,9 @@ def verify_files(folder: Path, manifest: Manifest, names: list[str], *,
         if sha256_of(path) != expected.sha256:
             raise ModelFolderError(
                 "sha256 does not match the manifest (the file was modified; re-export, or load "
-                "with verify=False if you changed it on purpose)", path=path)
+                "with verify=False if you changed it on purpose)",
+                path=path,
+            )
         stamps[key] = _stamp(path, expected.sha256)
         stamps_changed = True
     if stamps_changed and check_hashes is True:
@@ -176,11 +191,20 @@ def _fields(buf, start: int, end: int) -> Iterator[tuple[int, int, int]]:
 _SCHEMA: dict[str, dict[int, str]] = {
     "model": {_MODEL_GRAPH: "graph", _MODEL_FUNCTIONS: "function"},
     "function": {_FUNCTION_NODES: "node"},
-    "graph": {_GRAPH_NODES: "node", _GRAPH_INITIALIZERS: "tensor",
-              _GRAPH_SPARSE_INITIALIZERS: "sparse"},
+    "graph": {
+        _GRAPH_NODES: "node",
+        _GRAPH_INITIALIZERS: "tensor",
+        _GRAPH_SPARSE_INITIALIZERS: "sparse",
+    },
     "node": {_NODE_ATTRIBUTES: "attribute"},
-    "attribute": {_ATTR_TENSOR: "tensor", _ATTR_GRAPH: "graph", _ATTR_TENSORS: "tensor",
-                  _ATTR_GRAPHS: "graph", _ATTR_SPARSE: "sparse", _ATTR_SPARSES: "sparse"},
+    "attribute": {
+        _ATTR_TENSOR: "tensor",
+        _ATTR_GRAPH: "graph",
+        _ATTR_TENSORS: "tensor",
+        _ATTR_GRAPHS: "graph",
+        _ATTR_SPARSE: "sparse",
+        _ATTR_SPARSES: "sparse",
+    },
     "sparse": {_SPARSE_VALUES: "tensor", _SPARSE_INDICES: "tensor"},
     "tensor": {_TENSOR_EXTERNAL_DATA: "entry"},
 }
@@ -227,4 +251,5 @@ def check_graph_files(folder: Path, entry: GraphEntry) -> None:
             raise ModelFolderError(
                 f"the graph reads external data from {location!r:.80}, which its manifest entry "
                 f"does not list (it lists {entry.data_file!r}); re-export the model",
-                path=graph)
+                path=graph,
+            )

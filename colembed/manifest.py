@@ -32,18 +32,39 @@ from .families import FAMILIES, LEGACY_FAMILY, VisionAttention, VisionExtras, ge
 from .preprocess.config import PreprocessConfig
 
 from .layout import BASE_VARIANT, GRAPH_ROLES, MANIFEST_NAME, TOKENIZER_FILE
+
 FORMAT = "colembed-model"
 FORMAT_VERSION = 1
 _SHA256_HEX = 64
-TOP_LEVEL_KEYS = ("format", "format_version", "model", "family", "vision_attention",
-                  "vision_extras", "embedding_dim", "preprocess", "architecture", "variants",
-                  "scorer", "files",
-                  "checks", "versions", "created")
+TOP_LEVEL_KEYS = (
+    "format",
+    "format_version",
+    "model",
+    "family",
+    "vision_attention",
+    "vision_extras",
+    "embedding_dim",
+    "preprocess",
+    "architecture",
+    "variants",
+    "scorer",
+    "files",
+    "checks",
+    "versions",
+    "created",
+)
 
 
 # ----------------------------------------------------------------------------- field checking
-def _get(d: Any, key: str, kind: type | tuple[type, ...], where: str, *, optional: bool = False,
-         positive: bool = False) -> Any:
+def _get(
+    d: Any,
+    key: str,
+    kind: type | tuple[type, ...],
+    where: str,
+    *,
+    optional: bool = False,
+    positive: bool = False,
+) -> Any:
     """`d[key]`, refused unless it has type `kind` (bool is never an int here, an int is a float)."""
     if not isinstance(d, dict):
         raise ManifestError(f"{where}: expected a JSON object, got {type(d).__name__}")
@@ -70,8 +91,10 @@ def _known_keys(d: Any, keys: tuple[str, ...], where: str) -> None:
     """Refuse keys this version does not know: they would be dropped silently by `to_dict`."""
     unknown = sorted(set(d) - set(keys)) if isinstance(d, dict) else []
     if unknown:
-        raise ManifestError(f"{where or 'manifest'}: unknown keys {unknown} (a newer colembed's "
-                            "manifest? upgrade colembed)")
+        raise ManifestError(
+            f"{where or 'manifest'}: unknown keys {unknown} (a newer colembed's "
+            "manifest? upgrade colembed)"
+        )
 
 
 def check_file_name(name: Any, where: str) -> str:
@@ -80,8 +103,14 @@ def check_file_name(name: Any, where: str) -> str:
     if not isinstance(name, str) or not name:
         raise ManifestError(f"{where}: expected a file name, got {name!r:.60}")
     parts = PurePosixPath(name).parts
-    if (name.startswith("/") or "\\" in name or ":" in name or "\x00" in name
-            or any(p in ("..", ".") for p in parts) or name != "/".join(parts)):
+    if (
+        name.startswith("/")
+        or "\\" in name
+        or ":" in name
+        or "\x00" in name
+        or any(p in ("..", ".") for p in parts)
+        or name != "/".join(parts)
+    ):
         raise ManifestError(f"{where}: {name!r:.60} is not a plain relative name inside the folder")
     return name
 
@@ -125,19 +154,26 @@ class ModelInfo:
     random_weights: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "source": self.source, "revision": self.revision,
-                "architecture": self.architecture, "checkpoint_sha256": self.checkpoint_sha256,
-                "random_weights": self.random_weights}
+        return {
+            "name": self.name,
+            "source": self.source,
+            "revision": self.revision,
+            "architecture": self.architecture,
+            "checkpoint_sha256": self.checkpoint_sha256,
+            "random_weights": self.random_weights,
+        }
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "model") -> ModelInfo:
         _known_keys(d, tuple(f.name for f in fields(cls)), where)
-        return cls(name=_get(d, "name", str, where),
-                   architecture=_get(d, "architecture", str, where),
-                   source=_get(d, "source", str, where, optional=True),
-                   revision=_get(d, "revision", str, where, optional=True),
-                   checkpoint_sha256=_get(d, "checkpoint_sha256", str, where, optional=True),
-                   random_weights=_get(d, "random_weights", bool, where))
+        return cls(
+            name=_get(d, "name", str, where),
+            architecture=_get(d, "architecture", str, where),
+            source=_get(d, "source", str, where, optional=True),
+            revision=_get(d, "revision", str, where, optional=True),
+            checkpoint_sha256=_get(d, "checkpoint_sha256", str, where, optional=True),
+            random_weights=_get(d, "random_weights", bool, where),
+        )
 
 
 @dataclass(frozen=True)
@@ -179,9 +215,11 @@ class Architecture:
             if f.name == "mrope_section":
                 section = _get(d, f.name, list, where)
                 if len(section) != 3 or not all(
-                        isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in section):
-                    raise ManifestError(f"{where}.mrope_section: expected 3 positive ints, "
-                                        f"got {section!r:.60}")
+                    isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in section
+                ):
+                    raise ManifestError(
+                        f"{where}.mrope_section: expected 3 positive ints, got {section!r:.60}"
+                    )
                 values[f.name] = tuple(section)
             elif f.name == "text_head_dim" and d.get(f.name) is None:
                 # Written before the field existed: the M-RoPE sections span half of every head
@@ -191,8 +229,10 @@ class Architecture:
                 kind = float if f.type in ("float", float) else int
                 values[f.name] = _get(d, f.name, kind, where, positive=True)
         if values["vision_embed_dim"] % values["vision_heads"]:
-            raise ManifestError(f"{where}.vision_heads: {values['vision_heads']} does not divide "
-                                f"vision_embed_dim {values['vision_embed_dim']}")
+            raise ManifestError(
+                f"{where}.vision_heads: {values['vision_heads']} does not divide "
+                f"vision_embed_dim {values['vision_embed_dim']}"
+            )
         return cls(**values)
 
 
@@ -242,8 +282,12 @@ def _contract(d: Any, where: str) -> GraphContract:
             if dtype not in ORT_TYPES:
                 raise ManifestError(f"{at}.dtype: {dtype!r:.30} is not one of {sorted(ORT_TYPES)}")
             for dim in _get(spec, "dims", list, at):
-                if isinstance(dim, bool) or not isinstance(dim, (int, str)) or \
-                        isinstance(dim, int) and dim < 0:
+                if (
+                    isinstance(dim, bool)
+                    or not isinstance(dim, (int, str))
+                    or isinstance(dim, int)
+                    and dim < 0
+                ):
                     raise ManifestError(f"{at}.dims: {dim!r:.30} is neither a size nor a name")
     contract = GraphContract.from_dict(d)
     if role != contract.role:  # pragma: no cover - from_dict copies it
@@ -261,8 +305,12 @@ class GraphEntry:
     opset: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"file": self.file, "data_file": self.data_file, "opset": self.opset,
-                "contract": self.contract.to_dict()}
+        return {
+            "file": self.file,
+            "data_file": self.data_file,
+            "opset": self.opset,
+            "contract": self.contract.to_dict(),
+        }
 
     @property
     def files(self) -> tuple[str, ...]:
@@ -273,11 +321,14 @@ class GraphEntry:
     def from_dict(cls, d: Any, where: str = "graph") -> GraphEntry:
         _known_keys(d, ("file", "data_file", "opset", "contract"), where)
         data_file = _get(d, "data_file", str, where, optional=True)
-        return cls(file=check_file_name(_get(d, "file", str, where), f"{where}.file"),
-                   data_file=None if data_file is None
-                   else check_file_name(data_file, f"{where}.data_file"),
-                   opset=_get(d, "opset", int, where, optional=True, positive=True),
-                   contract=_contract(_get(d, "contract", dict, where), f"{where}.contract"))
+        return cls(
+            file=check_file_name(_get(d, "file", str, where), f"{where}.file"),
+            data_file=None
+            if data_file is None
+            else check_file_name(data_file, f"{where}.data_file"),
+            opset=_get(d, "opset", int, where, optional=True, positive=True),
+            contract=_contract(_get(d, "contract", dict, where), f"{where}.contract"),
+        )
 
 
 def _output_width(entry: GraphEntry, where: str) -> Any:
@@ -325,8 +376,10 @@ class Manifest:
             "embedding_dim": self.embedding_dim,
             "preprocess": self.preprocess.to_dict(),
             "architecture": self.architecture.to_dict(),
-            "variants": {v: {r: g.to_dict() for r, g in graphs.items()}
-                         for v, graphs in self.variants.items()},
+            "variants": {
+                v: {r: g.to_dict() for r, g in graphs.items()}
+                for v, graphs in self.variants.items()
+            },
             "scorer": self.scorer.to_dict() if self.scorer else None,
             "files": {name: entry.to_dict() for name, entry in self.files.items()},
             "checks": {name: check.to_dict() for name, check in self.checks.items()},
@@ -355,21 +408,40 @@ class Manifest:
             model=ModelInfo.from_dict(_get(d, "model", dict, "")),
             family=family,
             vision_attention=attention,
-            vision_extras=(None if d.get("vision_extras") is None
-                           else VisionExtras.from_dict(d["vision_extras"])),
+            vision_extras=(
+                None
+                if d.get("vision_extras") is None
+                else VisionExtras.from_dict(d["vision_extras"])
+            ),
             embedding_dim=_get(d, "embedding_dim", int, "", positive=True),
             preprocess=PreprocessConfig.from_dict(_get(d, "preprocess", dict, "")),
             architecture=Architecture.from_dict(_get(d, "architecture", dict, "")),
-            variants=_frozen({
-                _variant_name(v): _frozen({r: GraphEntry.from_dict(g, f"variants.{v}.{r}")
-                                           for r, g in _get(variants, v, dict, "variants").items()})
-                for v in variants}),
-            files=_frozen({check_file_name(name, f"files[{name!r:.60}]"):
-                           FileEntry.from_dict(entry, f"files.{name}")
-                           for name, entry in files.items()}),
+            variants=_frozen(
+                {
+                    _variant_name(v): _frozen(
+                        {
+                            r: GraphEntry.from_dict(g, f"variants.{v}.{r}")
+                            for r, g in _get(variants, v, dict, "variants").items()
+                        }
+                    )
+                    for v in variants
+                }
+            ),
+            files=_frozen(
+                {
+                    check_file_name(name, f"files[{name!r:.60}]"): FileEntry.from_dict(
+                        entry, f"files.{name}"
+                    )
+                    for name, entry in files.items()
+                }
+            ),
             scorer=None if scorer is None else GraphEntry.from_dict(scorer, "scorer"),
-            checks=_frozen({name: ExportCheck.from_dict(check, f"checks.{name}") for name, check
-                            in (_get(d, "checks", dict, "", optional=True) or {}).items()}),
+            checks=_frozen(
+                {
+                    name: ExportCheck.from_dict(check, f"checks.{name}")
+                    for name, check in (_get(d, "checks", dict, "", optional=True) or {}).items()
+                }
+            ),
             versions=_frozen(dict(versions)),
             created=_get(d, "created", str, "", optional=True) or "",
         )
@@ -383,8 +455,11 @@ class Manifest:
         if variant not in self.variants:
             raise ModelFolderError(
                 f"variant {variant!r} is not in this folder; it has {sorted(self.variants)}"
-                + (" (write it with `colembed export ... --variant " + variant + "`)"
-                   if variant != BASE_VARIANT else ""),
+                + (
+                    " (write it with `colembed export ... --variant " + variant + "`)"
+                    if variant != BASE_VARIANT
+                    else ""
+                ),
                 path=MANIFEST_NAME,
             )
         try:
@@ -402,13 +477,17 @@ def _family(d: dict) -> tuple[str, VisionAttention]:
         return LEGACY_FAMILY.name, VisionAttention(LEGACY_FAMILY.attention_kind)
     name = _get(d, "family", str, "")
     if name not in FAMILIES:
-        raise ManifestError(f"family: {name!r:.40} is not one of {sorted(FAMILIES)} (a newer "
-                            "colembed's model? upgrade colembed)")
+        raise ManifestError(
+            f"family: {name!r:.40} is not one of {sorted(FAMILIES)} (a newer "
+            "colembed's model? upgrade colembed)"
+        )
     attention = VisionAttention.from_dict(_get(d, "vision_attention", dict, ""))
     if attention.kind != get_family(name).attention_kind:
-        raise ManifestError(f"vision_attention.kind: {attention.kind!r} contradicts family "
-                            f"{name!r}, whose image graph attends "
-                            f"{get_family(name).attention_kind!r}")
+        raise ManifestError(
+            f"vision_attention.kind: {attention.kind!r} contradicts family "
+            f"{name!r}, whose image graph attends "
+            f"{get_family(name).attention_kind!r}"
+        )
     return name, attention
 
 
@@ -424,33 +503,45 @@ def _inconsistencies(m: Manifest) -> list[str]:
     if m.family not in FAMILIES:
         problems.append(f"family: {m.family!r} is not one of {sorted(FAMILIES)}")
     elif m.vision_attention.kind != FAMILIES[m.family].attention_kind:
-        problems.append(f"vision_attention.kind: {m.vision_attention.kind!r} contradicts family "
-                        f"{m.family!r}")
+        problems.append(
+            f"vision_attention.kind: {m.vision_attention.kind!r} contradicts family {m.family!r}"
+        )
     if m.family in FAMILIES and (m.vision_extras is not None) != FAMILIES[m.family].vision_extras:
-        problems.append(f"vision_extras: {'missing' if m.vision_extras is None else 'present'} "
-                        f"for family {m.family!r}")
+        problems.append(
+            f"vision_extras: {'missing' if m.vision_extras is None else 'present'} "
+            f"for family {m.family!r}"
+        )
     if TOKENIZER_FILE not in m.files:
         problems.append(f"files: {TOKENIZER_FILE} is not described")
     if m.architecture.embedding_dim != m.embedding_dim:
-        problems.append(f"architecture.embedding_dim {m.architecture.embedding_dim} != "
-                        f"embedding_dim {m.embedding_dim}")
+        problems.append(
+            f"architecture.embedding_dim {m.architecture.embedding_dim} != "
+            f"embedding_dim {m.embedding_dim}"
+        )
     if m.preprocess.vision_head_dim != m.architecture.vision_head_dim:
-        problems.append(f"preprocess.vision_head_dim {m.preprocess.vision_head_dim} != "
-                        f"architecture vision_embed_dim / vision_heads "
-                        f"{m.architecture.vision_head_dim}")
-    widths = {"text": (m.embedding_dim, "embedding_dim"),
-              "vision": (m.architecture.text_hidden, "architecture.text_hidden")}
+        problems.append(
+            f"preprocess.vision_head_dim {m.preprocess.vision_head_dim} != "
+            f"architecture vision_embed_dim / vision_heads "
+            f"{m.architecture.vision_head_dim}"
+        )
+    widths = {
+        "text": (m.embedding_dim, "embedding_dim"),
+        "vision": (m.architecture.text_hidden, "architecture.text_hidden"),
+    }
     for variant, graphs in m.variants.items():
         if sorted(graphs) != sorted(GRAPH_ROLES):
-            problems.append(f"variants.{variant}: has graphs {sorted(graphs)}, "
-                            f"expected {list(GRAPH_ROLES)}")
+            problems.append(
+                f"variants.{variant}: has graphs {sorted(graphs)}, expected {list(GRAPH_ROLES)}"
+            )
         for role, entry in graphs.items():
             where = f"variants.{variant}.{role}"
             problems += _entry_problems(entry, role, where, m.files)
             width, source = widths.get(role, (None, ""))
             if width is not None and _output_width(entry, where) != width:
-                problems.append(f"{where}.contract: output width {_output_width(entry, where)!r} "
-                                f"!= {width} ({source})")
+                problems.append(
+                    f"{where}.contract: output width {_output_width(entry, where)!r} "
+                    f"!= {width} ({source})"
+                )
     if m.scorer is not None:
         problems += _entry_problems(m.scorer, "scorer", "scorer", m.files)
     unknown = sorted(set(m.checks) - set(m.variants))
@@ -459,9 +550,12 @@ def _inconsistencies(m: Manifest) -> list[str]:
     return problems
 
 
-def _entry_problems(entry: GraphEntry, role: str, where: str, files: Mapping[str, Any]) -> list[str]:
-    problems = [f"{where}: {name} is not described in files" for name in entry.files
-                if name not in files]
+def _entry_problems(
+    entry: GraphEntry, role: str, where: str, files: Mapping[str, Any]
+) -> list[str]:
+    problems = [
+        f"{where}: {name} is not described in files" for name in entry.files if name not in files
+    ]
     if entry.contract.role != role:
         problems.append(f"{where}.contract.role: {entry.contract.role!r} != {role!r}")
     return problems
@@ -484,12 +578,24 @@ def read_manifest(folder: Path) -> Manifest:
     if data.get("format_version") != FORMAT_VERSION:
         raise ManifestError(
             f"format_version {data.get('format_version')!r:.20} is not {FORMAT_VERSION}; "
-            "re-export the model with this colembed version", path=path)
+            "re-export the model with this colembed version",
+            path=path,
+        )
     try:
         return Manifest.from_dict(data)
     except ManifestError as e:
         raise ManifestError(e.reason, path=path) from None
 
 
-__all__ = ["Architecture", "ExportCheck", "FileEntry", "GraphEntry", "MANIFEST_NAME", "Manifest",
-           "ModelInfo", "TensorSpec", "check_file_name", "read_manifest"]
+__all__ = [
+    "Architecture",
+    "ExportCheck",
+    "FileEntry",
+    "GraphEntry",
+    "MANIFEST_NAME",
+    "Manifest",
+    "ModelInfo",
+    "TensorSpec",
+    "check_file_name",
+    "read_manifest",
+]

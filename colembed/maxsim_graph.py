@@ -85,7 +85,11 @@ def build_maxsim_model(*, doc_dtype: str = "float32") -> Any:
     from onnx import TensorProto, helper
 
     contract = maxsim_contract(doc_dtype)
-    elem = {"float32": TensorProto.FLOAT, "float16": TensorProto.FLOAT16, "int64": TensorProto.INT64}
+    elem = {
+        "float32": TensorProto.FLOAT,
+        "float16": TensorProto.FLOAT16,
+        "int64": TensorProto.INT64,
+    }
 
     def value_info(spec: TensorSpec) -> Any:
         return helper.make_tensor_value_info(spec.name, elem[spec.dtype], list(spec.dims))
@@ -133,30 +137,34 @@ def _scorer_nodes(helper: Any, TensorProto: Any, contract: GraphContract, doc_dt
         nodes.append(node("Cast", [docs], ["doc_vectors_f32"], to=TensorProto.FLOAT))
         docs = "doc_vectors_f32"
     nodes += [
-        node("Cast", [doc_mask], ["doc_real"], to=TensorProto.BOOL),                   # (N, Ld)
-        node("Cast", [query_mask], ["query_real"], to=TensorProto.BOOL),               # (Q, Lq)
-        node("Where", ["doc_real", "zero", "minus_inf"], ["doc_bias"]),                # (N, Ld)
-        node("Shape", [query_mask], ["query_shape"]),                                  # [Q, Lq]
-        node("Shape", [doc_mask], ["doc_shape"]),                                      # [N, Ld]
-        node("Concat", ["minus_one", "doc_shape"], ["sims_shape"], axis=0),            # [-1, N, Ld]
-        node("Reshape", ["doc_bias", "minus_one"], ["doc_bias_flat"]),                 # (N*Ld,)
+        node("Cast", [doc_mask], ["doc_real"], to=TensorProto.BOOL),  # (N, Ld)
+        node("Cast", [query_mask], ["query_real"], to=TensorProto.BOOL),  # (Q, Lq)
+        node("Where", ["doc_real", "zero", "minus_inf"], ["doc_bias"]),  # (N, Ld)
+        node("Shape", [query_mask], ["query_shape"]),  # [Q, Lq]
+        node("Shape", [doc_mask], ["doc_shape"]),  # [N, Ld]
+        node("Concat", ["minus_one", "doc_shape"], ["sims_shape"], axis=0),  # [-1, N, Ld]
+        node("Reshape", ["doc_bias", "minus_one"], ["doc_bias_flat"]),  # (N*Ld,)
         # Which formulation: the bias inside the GEMM (a pass over the documents) when there are
         # more query rows than dims, else the bias added to the similarities (a pass over those).
         node("ReduceProd", ["query_shape"], ["query_rows_count"], keepdims=0),
         node("Shape", [docs], ["docs_shape"]),
         node("Gather", ["docs_shape", "dim_axis"], ["dim_count"], axis=0),
         node("Greater", ["query_rows_count", "dim_count"], ["bias_in_gemm"]),
-        node("If", ["bias_in_gemm"], ["sims"],
-             then_branch=_bias_in_gemm_branch(helper, TensorProto, queries, docs),
-             else_branch=_bias_added_branch(helper, TensorProto, queries, docs)),       # (Q*Lq, N*Ld)
+        node(
+            "If",
+            ["bias_in_gemm"],
+            ["sims"],
+            then_branch=_bias_in_gemm_branch(helper, TensorProto, queries, docs),
+            else_branch=_bias_added_branch(helper, TensorProto, queries, docs),
+        ),  # (Q*Lq, N*Ld)
         # outside the If: a Reshape inside a branch made onnxruntime copy S (measured, 7%)
-        node("Reshape", ["sims", "sims_shape"], ["sims_3"]),                           # (Q*Lq, N, Ld)
-        node("ReduceMax", ["sims_3", "minus_one"], ["best"], keepdims=0),              # (Q*Lq, N)
-        node("Concat", ["query_shape", "minus_one"], ["best_shape"], axis=0),          # [Q, Lq, -1]
-        node("Reshape", ["best", "best_shape"], ["best_3"]),                           # (Q, Lq, N)
-        node("Unsqueeze", ["query_real", "axis_2"], ["query_real_3"]),                 # (Q, Lq, 1)
-        node("Where", ["query_real_3", "best_3", "zero"], ["best_real"]),              # (Q, Lq, N)
-        node("ReduceSum", ["best_real", "axis_1"], [scores], keepdims=0),              # (Q, N)
+        node("Reshape", ["sims", "sims_shape"], ["sims_3"]),  # (Q*Lq, N, Ld)
+        node("ReduceMax", ["sims_3", "minus_one"], ["best"], keepdims=0),  # (Q*Lq, N)
+        node("Concat", ["query_shape", "minus_one"], ["best_shape"], axis=0),  # [Q, Lq, -1]
+        node("Reshape", ["best", "best_shape"], ["best_3"]),  # (Q, Lq, N)
+        node("Unsqueeze", ["query_real", "axis_2"], ["query_real_3"]),  # (Q, Lq, 1)
+        node("Where", ["query_real_3", "best_3", "zero"], ["best_real"]),  # (Q, Lq, N)
+        node("ReduceSum", ["best_real", "axis_1"], [scores], keepdims=0),  # (Q, N)
     ]
     return nodes
 
@@ -166,14 +174,14 @@ def _bias_in_gemm_branch(helper: Any, tp: Any, queries: str, docs: str) -> Any:
     so the GEMM returns -inf at padded positions (costs one pass over the documents)."""
     node = helper.make_node
     nodes = [
-        node("Unsqueeze", ["doc_bias", "axis_2"], ["g_doc_bias_3"]),                 # (N, Ld, 1)
-        node("Concat", [docs, "g_doc_bias_3"], ["g_doc_aug"], axis=2),                # (N, Ld, d+1)
-        node("Flatten", ["g_doc_aug"], ["g_doc_rows"], axis=2),                       # (N*Ld, d+1)
-        node("Concat", ["query_shape", "axis_1"], ["g_ones_shape"], axis=0),          # [Q, Lq, 1]
-        node("Expand", ["one", "g_ones_shape"], ["g_query_ones"]),                    # (Q, Lq, 1)
-        node("Concat", [queries, "g_query_ones"], ["g_query_aug"], axis=2),           # (Q, Lq, d+1)
-        node("Flatten", ["g_query_aug"], ["g_query_rows"], axis=2),                   # (Q*Lq, d+1)
-        node("Gemm", ["g_query_rows", "g_doc_rows"], ["g_sims"], transB=1),           # (Q*Lq, N*Ld)
+        node("Unsqueeze", ["doc_bias", "axis_2"], ["g_doc_bias_3"]),  # (N, Ld, 1)
+        node("Concat", [docs, "g_doc_bias_3"], ["g_doc_aug"], axis=2),  # (N, Ld, d+1)
+        node("Flatten", ["g_doc_aug"], ["g_doc_rows"], axis=2),  # (N*Ld, d+1)
+        node("Concat", ["query_shape", "axis_1"], ["g_ones_shape"], axis=0),  # [Q, Lq, 1]
+        node("Expand", ["one", "g_ones_shape"], ["g_query_ones"]),  # (Q, Lq, 1)
+        node("Concat", [queries, "g_query_ones"], ["g_query_aug"], axis=2),  # (Q, Lq, d+1)
+        node("Flatten", ["g_query_aug"], ["g_query_rows"], axis=2),  # (Q*Lq, d+1)
+        node("Gemm", ["g_query_rows", "g_doc_rows"], ["g_sims"], transB=1),  # (Q*Lq, N*Ld)
     ]
     out = helper.make_tensor_value_info("g_sims", tp.FLOAT, None)
     return helper.make_graph(nodes, "bias_in_gemm", [], [out])
@@ -183,10 +191,10 @@ def _bias_added_branch(helper: Any, tp: Any, queries: str, docs: str) -> Any:
     """Few query rows: plain GEMM, then the 0 / -inf bias added to the (small) similarities."""
     node = helper.make_node
     nodes = [
-        node("Flatten", [docs], ["a_doc_rows"], axis=2),                              # (N*Ld, d)
-        node("Flatten", [queries], ["a_query_rows"], axis=2),                         # (Q*Lq, d)
-        node("Gemm", ["a_query_rows", "a_doc_rows"], ["a_sims_raw"], transB=1),       # (Q*Lq, N*Ld)
-        node("Add", ["a_sims_raw", "doc_bias_flat"], ["a_sims"]),                     # + (N*Ld,)
+        node("Flatten", [docs], ["a_doc_rows"], axis=2),  # (N*Ld, d)
+        node("Flatten", [queries], ["a_query_rows"], axis=2),  # (Q*Lq, d)
+        node("Gemm", ["a_query_rows", "a_doc_rows"], ["a_sims_raw"], transB=1),  # (Q*Lq, N*Ld)
+        node("Add", ["a_sims_raw", "doc_bias_flat"], ["a_sims"]),  # + (N*Ld,)
     ]
     out = helper.make_tensor_value_info("a_sims", tp.FLOAT, None)
     return helper.make_graph(nodes, "bias_added", [], [out])

@@ -30,8 +30,16 @@ from .preprocess.images import PreparedImage, prepare_image
 from .preprocess.positions import mrope_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
-from .sessions import (OPENVINO, OPENVINO_VARIANTS, Session, _name, arena_shrinking_options,
-                       open_session, physical_cores, resolve_providers)
+from .sessions import (
+    OPENVINO,
+    OPENVINO_VARIANTS,
+    Session,
+    _name,
+    arena_shrinking_options,
+    open_session,
+    physical_cores,
+    resolve_providers,
+)
 
 # Queries of a batch run in groups of similar length, chosen to cost the least: a run costs a fixed
 # part (every weight read once, every kernel launched: RUN_COST_TOKENS, in padded tokens) plus its
@@ -53,6 +61,7 @@ TEXT_ATTENTION_BUDGET_BYTES = 1 << 26
 # budget and the batch, and the next page needs the same memory.
 SHRINK_AFTER_QUERY_BYTES = 1 << 24
 
+
 def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]:
     """(index of the first item, items) for consecutive batches, without materialising `items`."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
@@ -60,8 +69,9 @@ def _batches(items: Iterable[Any], size: int) -> Iterator[tuple[int, list[Any]]]
     try:
         iterator = iter(items)
     except TypeError:
-        raise InputTypeError(f"expected an iterable of items, got {type(items).__name__}",
-                             item=items) from None
+        raise InputTypeError(
+            f"expected an iterable of items, got {type(items).__name__}", item=items
+        ) from None
     start = 0
     while batch := list(itertools.islice(iterator, size)):
         yield start, batch
@@ -99,7 +109,9 @@ class PageLayout:
         """(width, height) in pixels of the image the model saw."""
         return self.grid_cols * self.token_px, self.grid_rows * self.token_px
 
-    def token_box(self, row: int, col: int, image_size: tuple[int, int]) -> tuple[float, float, float, float]:
+    def token_box(
+        self, row: int, col: int, image_size: tuple[int, int]
+    ) -> tuple[float, float, float, float]:
         """(left, top, right, bottom) in pixels of `image_size` (width, height) seen by token (row, col)."""
         sx = image_size[0] / self.resized_size[0]
         sy = image_size[1] / self.resized_size[1]
@@ -135,33 +147,42 @@ class ColQwenModel:
             raise ModelFolderError("not a folder", path=self.folder)
         self.manifest: Manifest = read_manifest(self.folder)
         self.variant = variant
-        verify_files(self.folder, self.manifest, variant_files(self.manifest, variant),
-                     check_hashes=verify)
+        verify_files(
+            self.folder, self.manifest, variant_files(self.manifest, variant), check_hashes=verify
+        )
         for role in GRAPH_ROLES:
             check_graph_files(self.folder, self.manifest.graph(variant, role))
 
         self.config = self.manifest.preprocess.with_max_image_tokens(max_image_tokens)
         # Built on the folder's own config: the query bound follows the trained image budget,
         # not a caller's max_image_tokens.
-        self.text_encoder = TextEncoder.from_file(inside(self.folder, TOKENIZER_FILE),
-                                                  self.manifest.preprocess)
+        self.text_encoder = TextEncoder.from_file(
+            inside(self.folder, TOKENIZER_FILE), self.manifest.preprocess
+        )
         self.embedding_size = self.manifest.embedding_dim
         self._text_hidden = self.manifest.architecture.text_hidden
         self.family = get_family(self.manifest.family)
         self._contracts = self.family.contracts(
-            patch_dim=self.config.patch_dim, vision_head_dim=self.config.vision_head_dim,
-            text_hidden=self._text_hidden, embedding_dim=self.embedding_size,
-            extras=self.manifest.vision_extras)
-        self._provider_request = resolve_providers(providers,
-                                                   auto_openvino=_auto_openvino(self.folder))
+            patch_dim=self.config.patch_dim,
+            vision_head_dim=self.config.vision_head_dim,
+            text_hidden=self._text_hidden,
+            embedding_dim=self.embedding_size,
+            extras=self.manifest.vision_extras,
+        )
+        self._provider_request = resolve_providers(
+            providers, auto_openvino=_auto_openvino(self.folder)
+        )
         check_variant_provider(variant, self._provider_request, self.manifest.variants)
         self._sessions: dict[str, Session] = {}
         for role in GRAPH_ROLES:
-            self._sessions[role] = self._open(self.manifest.graph(variant, role),
-                                              self._contracts[role], threads=threads,
-                                              cpu_mem_arena=cpu_mem_arena,
-                                              session_config=session_config,
-                                              execution_order=execution_order)
+            self._sessions[role] = self._open(
+                self.manifest.graph(variant, role),
+                self._contracts[role],
+                threads=threads,
+                cpu_mem_arena=cpu_mem_arena,
+                session_config=session_config,
+                execution_order=execution_order,
+            )
         self._verify = verify
         # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
         self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
@@ -169,26 +190,47 @@ class ColQwenModel:
         self._grid_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._scorer = None
 
-    def _open(self, entry, family: GraphContract, *, threads, cpu_mem_arena,
-              session_config=None, execution_order="default") -> Session:
+    def _open(
+        self,
+        entry,
+        family: GraphContract,
+        *,
+        threads,
+        cpu_mem_arena,
+        session_config=None,
+        execution_order="default",
+    ) -> Session:
         """The graph's session, after its manifest contract was checked against the family's own
         (so a folder cannot redefine what the runtime feeds) and the session against both."""
         path = inside(self.folder, entry.file)
         problems = entry.contract.differences(family)
         if problems:
-            raise ModelFolderError(f"the manifest's contract is not {self.family.display_name}'s: "
-                                   + "; ".join(problems), path=path)
+            raise ModelFolderError(
+                f"the manifest's contract is not {self.family.display_name}'s: "
+                + "; ".join(problems),
+                path=path,
+            )
         if _name(self._provider_request[0]) == OPENVINO:
-            session = open_session(str(path), self._provider_request, threads=threads,
-                                   precision=OPENVINO_VARIANTS[self.variant])
+            session = open_session(
+                str(path),
+                self._provider_request,
+                threads=threads,
+                precision=OPENVINO_VARIANTS[self.variant],
+            )
         else:
-            session = open_session(str(path), self._provider_request, threads=threads,
-                                   cpu_mem_arena=cpu_mem_arena, session_config=session_config,
-                                   execution_order=execution_order)
+            session = open_session(
+                str(path),
+                self._provider_request,
+                threads=threads,
+                cpu_mem_arena=cpu_mem_arena,
+                session_config=session_config,
+                execution_order=execution_order,
+            )
         problems = entry.contract.mismatches(session.session)
         if problems:
-            raise ModelFolderError("graph does not match its manifest contract: "
-                                   + "; ".join(problems), path=path)
+            raise ModelFolderError(
+                "graph does not match its manifest contract: " + "; ".join(problems), path=path
+            )
         return session
 
     # ----------------------------------------------------------------------------- properties
@@ -206,13 +248,17 @@ class ColQwenModel:
 
     def __repr__(self) -> str:
         random = ", random_weights=True" if self.manifest.model.random_weights else ""
-        return (f"ColQwenModel(name={self.name!r}, family={self.family.name!r}, "
-                f"variant={self.variant!r}, "
-                f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
-                f"providers={self.providers}{random}, folder='{self.folder}')")
+        return (
+            f"ColQwenModel(name={self.name!r}, family={self.family.name!r}, "
+            f"variant={self.variant!r}, "
+            f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
+            f"providers={self.providers}{random}, folder='{self.folder}')"
+        )
 
     # ---------------------------------------------------------------------------------- queries
-    def iter_query_embeddings(self, texts: Iterable[str], batch_size: int = 16) -> Iterator[np.ndarray]:
+    def iter_query_embeddings(
+        self, texts: Iterable[str], batch_size: int = 16
+    ) -> Iterator[np.ndarray]:
         _refuse_single(texts, "query strings")
         for start, batch in _batches(texts, batch_size):
             try:
@@ -221,7 +267,8 @@ class ColQwenModel:
                 good = (e.index - start) if e.index is not None else 0
                 if good > 0:
                     yield from self._run_queries(
-                        self.text_encoder.encode_queries(batch[:good], start_index=start))
+                        self.text_encoder.encode_queries(batch[:good], start_index=start)
+                    )
                 raise
             yield from self._run_queries(ids)
 
@@ -232,18 +279,22 @@ class ColQwenModel:
         """One text-graph run per group of similar lengths (`RUN_COST_TOKENS`); results in input order."""
         out: list[np.ndarray | None] = [None] * len(ids)
         per_cell = self.manifest.architecture.text_heads * np.dtype(np.float32).itemsize
-        for group in _length_groups([len(row) for row in ids],
-                                    max_cells=TEXT_ATTENTION_BUDGET_BYTES // per_cell):
+        for group in _length_groups(
+            [len(row) for row in ids], max_cells=TEXT_ATTENTION_BUDGET_BYTES // per_cell
+        ):
             longest = max(len(ids[i]) for i in group)
-            shrink = len(group) * longest ** 2 * per_cell > SHRINK_AFTER_QUERY_BYTES
-            vectors = self._run_text([ids[i] for i in group], [()] * len(group), None,
-                                     shrink_arena=shrink)
+            shrink = len(group) * longest**2 * per_cell > SHRINK_AFTER_QUERY_BYTES
+            vectors = self._run_text(
+                [ids[i] for i in group], [()] * len(group), None, shrink_arena=shrink
+            )
             for i, vector in zip(group, vectors):
                 out[i] = vector
         return out  # type: ignore[return-value]
 
     # ----------------------------------------------------------------------------------- images
-    def iter_image_embeddings(self, images: Iterable[Any], batch_size: int = 4) -> Iterator[np.ndarray]:
+    def iter_image_embeddings(
+        self, images: Iterable[Any], batch_size: int = 4
+    ) -> Iterator[np.ndarray]:
         """Pages in, one (tokens, dim) array per page out.
 
         If an image in a batch is bad, the pages before it are still embedded and yielded, then
@@ -260,19 +311,24 @@ class ColQwenModel:
     def embed_images(self, images: Iterable[Any], batch_size: int = 4) -> list[np.ndarray]:
         return _collect(self.iter_image_embeddings(images, batch_size))
 
-    def iter_page_embeddings(self, images: Iterable[Any],
-                             batch_size: int = 4) -> Iterator[tuple[np.ndarray, PageLayout]]:
+    def iter_page_embeddings(
+        self, images: Iterable[Any], batch_size: int = 4
+    ) -> Iterator[tuple[np.ndarray, PageLayout]]:
         """As `iter_image_embeddings`, each page's vectors with its `PageLayout` (image-token grid
         and rows), for pooling by rows/columns and for similarity maps."""
         for start, batch in _batches(images, batch_size):
             prepared, error = self._prepare_batch(batch, start)
             if prepared:
                 vectors = self._embed_prepared(prepared)
-                yield from zip(vectors, (self._layout(p, len(v)) for p, v in zip(prepared, vectors)))
+                yield from zip(
+                    vectors, (self._layout(p, len(v)) for p, v in zip(prepared, vectors))
+                )
             if error is not None:
                 raise error
 
-    def embed_pages(self, images: Iterable[Any], batch_size: int = 4) -> list[tuple[np.ndarray, PageLayout]]:
+    def embed_pages(
+        self, images: Iterable[Any], batch_size: int = 4
+    ) -> list[tuple[np.ndarray, PageLayout]]:
         """`iter_page_embeddings` as a list; an ImageError carries the finished pages (`.completed`)."""
         return _collect(self.iter_page_embeddings(images, batch_size))
 
@@ -281,23 +337,44 @@ class ColQwenModel:
         m = prepared.merge_size
         one = self.text_encoder.page_prompt_ids(1)  # the prompt's head length, from the tokenizer
         head = int(np.flatnonzero(one == self.config.image_token_id)[0])
-        return PageLayout(grid_rows=h // m, grid_cols=w // m, image_start=head,
-                          num_tokens=num_tokens, token_px=self.config.resize_factor)
+        return PageLayout(
+            grid_rows=h // m,
+            grid_cols=w // m,
+            image_start=head,
+            num_tokens=num_tokens,
+            token_px=self.config.resize_factor,
+        )
 
-    def _prepare_batch(self, batch: list[Any], start: int) -> tuple[list[PreparedImage], InputError | None]:
+    def _prepare_batch(
+        self, batch: list[Any], start: int
+    ) -> tuple[list[PreparedImage], InputError | None]:
         """The batch's pages decoded, resized and patchified in threads (PIL's decode and resize
         and numpy's gathers release the GIL), in order, up to the first bad one and its error."""
         workers = min(len(batch), self._preprocess_threads)
         if workers > 1:
             with ThreadPoolExecutor(workers, thread_name_prefix="colembed-prepare") as pool:
-                futures = [pool.submit(prepare_image, obj, self.config, index=start + offset,
-                                       transparency=self.family.transparency)
-                           for offset, obj in enumerate(batch)]
+                futures = [
+                    pool.submit(
+                        prepare_image,
+                        obj,
+                        self.config,
+                        index=start + offset,
+                        transparency=self.family.transparency,
+                    )
+                    for offset, obj in enumerate(batch)
+                ]
             outcomes = (future.result for future in futures)
         else:  # lazily, so a bad page stops the work at once
-            outcomes = (functools.partial(prepare_image, obj, self.config, index=start + offset,
-                                          transparency=self.family.transparency)
-                        for offset, obj in enumerate(batch))
+            outcomes = (
+                functools.partial(
+                    prepare_image,
+                    obj,
+                    self.config,
+                    index=start + offset,
+                    transparency=self.family.transparency,
+                )
+                for offset, obj in enumerate(batch)
+            )
         results: list[PreparedImage] = []
         for outcome in outcomes:
             try:
@@ -308,9 +385,12 @@ class ColQwenModel:
 
     def image_features(self, images: Sequence[Any]) -> list[np.ndarray]:
         """The image graph's merged features per image, (tokens, text width): for checks."""
-        return self._vision_features([prepare_image(o, self.config, index=i,
-                                                    transparency=self.family.transparency)
-                                      for i, o in enumerate(images)])[0]
+        return self._vision_features(
+            [
+                prepare_image(o, self.config, index=i, transparency=self.family.transparency)
+                for i, o in enumerate(images)
+            ]
+        )[0]
 
     def _embed_prepared(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
         features, deepstack = self._vision_features(prepared)
@@ -326,14 +406,19 @@ class ColQwenModel:
             if len(self._grid_cache) > 64:
                 self._grid_cache.clear()
             cfg = self.config
-            cos, sin = vision_rotary_tables(grid, merge_size=cfg.merge_size,
-                                            head_dim=cfg.vision_head_dim,
-                                            theta=cfg.vision_rope_theta)
+            cos, sin = vision_rotary_tables(
+                grid,
+                merge_size=cfg.merge_size,
+                head_dim=cfg.vision_head_dim,
+                theta=cfg.vision_rope_theta,
+            )
             extra = self.manifest.vision_attention.grid_inputs(
-                grid, merge_size=cfg.merge_size, patch_size=cfg.patch_size)
+                grid, merge_size=cfg.merge_size, patch_size=cfg.patch_size
+            )
             extras = self.manifest.vision_extras
-            positions = () if extras is None else extras.grid_inputs(grid,
-                                                                     merge_size=cfg.merge_size)
+            positions = (
+                () if extras is None else extras.grid_inputs(grid, merge_size=cfg.merge_size)
+            )
             self._grid_cache[grid] = (cos, sin, *extra, *positions)
         return self._grid_cache[grid]
 
@@ -351,8 +436,9 @@ class ColQwenModel:
         """
         features, deepstack = [], []
         for page in prepared:
-            feeds = self._contracts["vision"].feeds(page.patches[None],
-                                                    *self._grid_inputs(page.grid_thw))
+            feeds = self._contracts["vision"].feeds(
+                page.patches[None], *self._grid_inputs(page.grid_thw)
+            )
             outs = self._sessions["vision"].run(feeds)  # page runs keep the arena (docs/speed.md)
             features.append(outs[0][0])
             if len(outs) > 1:
@@ -370,8 +456,9 @@ class ColQwenModel:
             if entry is None:
                 self._scorer = MaxSimScorer()
             else:
-                verify_files(self.folder, self.manifest, list(entry.files),
-                             check_hashes=self._verify)
+                verify_files(
+                    self.folder, self.manifest, list(entry.files), check_hashes=self._verify
+                )
                 check_graph_files(self.folder, entry)
                 self._scorer = MaxSimScorer(inside(self.folder, entry.file))
         return self._scorer
@@ -385,19 +472,29 @@ class ColQwenModel:
         return self.scorer.top_k(queries, documents, k, **options)
 
     # ------------------------------------------------------------------------------- text graph
-    def _run_text(self, ids: list[np.ndarray], grids: Sequence[Sequence[tuple[int, int, int]]],
-                  features: list[np.ndarray] | None,
-                  deepstack: list[np.ndarray] | None = None, *,
-                  shrink_arena: bool = False) -> list[np.ndarray]:
+    def _run_text(
+        self,
+        ids: list[np.ndarray],
+        grids: Sequence[Sequence[tuple[int, int, int]]],
+        features: list[np.ndarray] | None,
+        deepstack: list[np.ndarray] | None = None,
+        *,
+        shrink_arena: bool = False,
+    ) -> list[np.ndarray]:
         """`deepstack`: per page (layers, tokens, width), concatenated along tokens like the
         features (the same index places both); queries pass none (a zero-row table).
         `shrink_arena`: hand the CPU arena's free chunks back after this run (an unusually large
         query run, SHRINK_AFTER_QUERY_BYTES)."""
         cfg = self.config
         input_ids, mask = pad_batch(ids, cfg.pad_token_id)
-        positions = mrope_position_ids(input_ids, mask, grids, image_token_id=cfg.image_token_id,
-                                       vision_start_token_id=cfg.vision_start_token_id,
-                                       merge_size=cfg.merge_size)
+        positions = mrope_position_ids(
+            input_ids,
+            mask,
+            grids,
+            image_token_id=cfg.image_token_id,
+            vision_start_token_id=cfg.vision_start_token_id,
+            merge_size=cfg.merge_size,
+        )
         index = np.zeros_like(input_ids)
         if features:
             offset = 0
@@ -407,7 +504,9 @@ class ColQwenModel:
                     raise GraphOutputError(
                         f"the image graph returned {len(row_features)} feature rows for a page "
                         f"whose prompt has {len(slots)} image tokens: this folder's graphs and "
-                        "manifest disagree (re-export it)", path=self.folder)
+                        "manifest disagree (re-export it)",
+                        path=self.folder,
+                    )
                 index[row, slots] = np.arange(offset + 1, offset + 1 + len(slots))
                 offset += len(slots)
             table = np.concatenate(features).astype(np.float32, copy=False)
@@ -416,15 +515,21 @@ class ColQwenModel:
         extra = ()
         extras = self.manifest.vision_extras
         if extras is not None:
-            extra = (np.concatenate(deepstack, axis=1).astype(np.float32, copy=False) if features
-                     else np.zeros((extras.deepstack_layers, 0, self._text_hidden), np.float32),)
+            extra = (
+                np.concatenate(deepstack, axis=1).astype(np.float32, copy=False)
+                if features
+                else np.zeros((extras.deepstack_layers, 0, self._text_hidden), np.float32),
+            )
         (out,) = self._sessions["text"].run(
             self._contracts["text"].feeds(input_ids, mask, positions, index, table, *extra),
-            self._run_options if shrink_arena else None)
+            self._run_options if shrink_arena else None,
+        )
         if out.ndim != 3 or out.shape[-1] != self.embedding_size:
-            raise ModelFolderError(f"the text graph gives {out.shape[-1:]}-wide vectors, the "
-                                   f"manifest says embedding_dim {self.embedding_size}",
-                                   path=self.folder / self.manifest.graph(self.variant, "text").file)
+            raise ModelFolderError(
+                f"the text graph gives {out.shape[-1:]}-wide vectors, the "
+                f"manifest says embedding_dim {self.embedding_size}",
+                path=self.folder / self.manifest.graph(self.variant, "text").file,
+            )
         lengths = mask.sum(axis=1)
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
 
@@ -435,10 +540,16 @@ ColQwen2Model = ColQwenModel
 
 def _refuse_single(items: Any, what: str) -> None:
     """A str/bytes/path is one item, not a batch: iterating it would embed characters or bytes."""
-    if isinstance(items, (str, bytes, bytearray, memoryview, os.PathLike)) or hasattr(items, "read") \
-            or type(items).__module__.startswith("PIL."):
-        raise InputTypeError(f"expected an iterable of {what}, got a single "
-                             f"{type(items).__name__} (wrap it in a list)", item=items)
+    if (
+        isinstance(items, (str, bytes, bytearray, memoryview, os.PathLike))
+        or hasattr(items, "read")
+        or type(items).__module__.startswith("PIL.")
+    ):
+        raise InputTypeError(
+            f"expected an iterable of {what}, got a single "
+            f"{type(items).__name__} (wrap it in a list)",
+            item=items,
+        )
 
 
 def _length_groups(lengths: Sequence[int], max_cells: int) -> list[list[int]]:
@@ -454,14 +565,14 @@ def _length_groups(lengths: Sequence[int], max_cells: int) -> list[list[int]]:
         best[i] = float("inf")
         for j in range(i + 1, n + 1):
             count, longest = j - i, sizes[j - 1]
-            if count > 1 and count * longest ** 2 > max_cells:
+            if count > 1 and count * longest**2 > max_cells:
                 break  # longer groups from i only grow
             cost = RUN_COST_TOKENS + count * longest + best[j]
             if cost <= best[i]:
                 best[i], cut[i] = cost, j
     groups, i = [], 0
     while i < n:
-        groups.append(order[i:cut[i]])
+        groups.append(order[i : cut[i]])
         i = cut[i]
     return groups
 
@@ -523,14 +634,22 @@ def load(
             raise ModelFolderError(
                 "no such model folder, and not a model name from models.json "
                 f"({sorted(known)}); export one with `colembed export CHECKPOINT --out DIR`",
-                path=path)
+                path=path,
+            )
         path = registry.resolve_model_folder(str(source))
     if variant is None:
         variant = default_variant(path, providers)
-    return ColQwenModel(path, variant=variant, providers=providers, threads=threads,
-                         max_image_tokens=max_image_tokens, verify=verify,
-                         cpu_mem_arena=cpu_mem_arena, session_config=session_config,
-                         execution_order=execution_order)
+    return ColQwenModel(
+        path,
+        variant=variant,
+        providers=providers,
+        threads=threads,
+        max_image_tokens=max_image_tokens,
+        verify=verify,
+        cpu_mem_arena=cpu_mem_arena,
+        session_config=session_config,
+        execution_order=execution_order,
+    )
 
 
 def default_variant(folder: str | Path, providers: Any) -> str:
@@ -567,7 +686,9 @@ def check_variant_provider(variant: str, providers: list[Any], variants: Any) ->
         raise ProviderError(
             f"variant {variant!r} is not made for OpenVINO (its ONNX front end reads the fp32 "
             f"graphs' vision rotary with another meaning); this folder has {made or 'none'} "
-            "(export one with `colembed export ... --variant openvino`)")
+            "(export one with `colembed export ... --variant openvino`)"
+        )
     if not on_openvino and variant in OPENVINO_VARIANTS:
-        raise ProviderError(f"variant {variant!r} is made for OpenVINO: load it with "
-                            "providers=\"openvino\"")
+        raise ProviderError(
+            f'variant {variant!r} is made for OpenVINO: load it with providers="openvino"'
+        )

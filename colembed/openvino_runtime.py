@@ -32,9 +32,15 @@ PRECISIONS = ("f32", "bf16")
 # Provider options this session takes: ("openvino", {"precision": "bf16", "cache_dir": ...}).
 OPTIONS = ("precision", "cache_dir", "device")
 # OpenVINO element type name -> onnxruntime's type string (the contracts compare those).
-ORT_TYPES = {"f32": "tensor(float)", "i64": "tensor(int64)", "i32": "tensor(int32)",
-             "f16": "tensor(float16)", "u8": "tensor(uint8)", "i8": "tensor(int8)",
-             "boolean": "tensor(bool)"}
+ORT_TYPES = {
+    "f32": "tensor(float)",
+    "i64": "tensor(int64)",
+    "i32": "tensor(int32)",
+    "f16": "tensor(float16)",
+    "u8": "tensor(uint8)",
+    "i8": "tensor(int8)",
+    "boolean": "tensor(bool)",
+}
 
 _core_lock = threading.Lock()
 _core = None
@@ -56,8 +62,11 @@ def openvino_facts() -> dict[str, Any]:
     import openvino as ov
 
     c = core()
-    return {"openvino": ov.__version__, "devices": list(c.available_devices),
-            "cpu_capabilities": list(c.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES"))}
+    return {
+        "openvino": ov.__version__,
+        "devices": list(c.available_devices),
+        "cpu_capabilities": list(c.get_property(DEVICE, "OPTIMIZATION_CAPABILITIES")),
+    }
 
 
 class _Arg:
@@ -71,8 +80,9 @@ class _Arg:
         element = port.get_element_type().get_type_name()
         self.type = ORT_TYPES.get(element, f"tensor({element})")
         shape = port.get_partial_shape()
-        self.shape = [d.get_length() if d.is_static else None for d in shape] \
-            if shape.rank.is_static else []
+        self.shape = (
+            [d.get_length() if d.is_static else None for d in shape] if shape.rank.is_static else []
+        )
 
 
 class _Signature:
@@ -101,30 +111,35 @@ class Session:
 
     name = "OpenVINO"
 
-    def __init__(self, source: str | os.PathLike, options: Mapping[str, Any] | None = None, *,
-                 threads: int) -> None:
+    def __init__(
+        self, source: str | os.PathLike, options: Mapping[str, Any] | None = None, *, threads: int
+    ) -> None:
         options = dict(options or {})
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
-            raise ProviderError(f"OpenVINO provider options {unknown} are not known; it takes "
-                                f"{list(OPTIONS)}")
+            raise ProviderError(
+                f"OpenVINO provider options {unknown} are not known; it takes {list(OPTIONS)}"
+            )
         precision = options.get("precision", "f32")
         if precision not in PRECISIONS:
             raise ProviderError(f"OpenVINO precision {precision!r}: one of {list(PRECISIONS)}")
         self.path = os.fspath(source)
         device = options.get("device", DEVICE)
         cache = options.get("cache_dir")
-        config: dict[str, Any] = {"INFERENCE_PRECISION_HINT": precision,
-                                  "INFERENCE_NUM_THREADS": int(threads),
-                                  "PERFORMANCE_HINT": "LATENCY"}
+        config: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": precision,
+            "INFERENCE_NUM_THREADS": int(threads),
+            "PERFORMANCE_HINT": "LATENCY",
+        }
         if cache:
             Path(cache).mkdir(parents=True, exist_ok=True)
             config["CACHE_DIR"] = os.fspath(cache)
         try:
             self.compiled = core().compile_model(self.path, device, config)
         except Exception as e:  # OpenVINO raises RuntimeError with its front end's report
-            raise ModelFolderError(f"OpenVINO cannot load this graph ({str(e).strip()[-600:]})",
-                                   path=self.path) from e
+            raise ModelFolderError(
+                f"OpenVINO cannot load this graph ({str(e).strip()[-600:]})", path=self.path
+            ) from e
         self.session = _Signature(self.compiled)
         # what the plugin runs: a bf16 request on a CPU without bf16 arithmetic compiles f32
         self.precision = self.compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
@@ -137,5 +152,4 @@ class Session:
             request = self._local.request = self.compiled.create_infer_request()
         request.infer(feeds)
         # the request's output tensors are reused by its next run: hand back copies
-        return [request.get_output_tensor(i).data.copy()
-                for i in range(len(self.compiled.outputs))]
+        return [request.get_output_tensor(i).data.copy() for i in range(len(self.compiled.outputs))]

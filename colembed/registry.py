@@ -99,26 +99,34 @@ class ModelEntry:
             if value is None and optional:
                 return None
             if not isinstance(value, kind) or isinstance(value, bool):
-                raise ColembedError(f"{source}: model {d.get('model')!r} needs {key!r} of type "
-                                    f"{kind}, got {value!r}")
+                raise ColembedError(
+                    f"{source}: model {d.get('model')!r} needs {key!r} of type "
+                    f"{kind}, got {value!r}"
+                )
             return value
 
         name = get("model", str)
         if not _NAME.fullmatch(name) or ".." in name:
-            raise ColembedError(f"{source}: model name {name!r} is not a plain name (letters, "
-                                "digits, . _ -, at most one /)")
+            raise ColembedError(
+                f"{source}: model name {name!r} is not a plain name (letters, "
+                "digits, . _ -, at most one /)"
+            )
         aliases = d.get("aliases", [])
         if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
-            raise ColembedError(f"{source}: model {name!r}: 'aliases' must be a list of names, "
-                                f"got {aliases!r:.60}")
+            raise ColembedError(
+                f"{source}: model {name!r}: 'aliases' must be a list of names, got {aliases!r:.60}"
+            )
         for alias in aliases:
             if not _NAME.fullmatch(alias) or ".." in alias:
-                raise ColembedError(f"{source}: model {name!r}: alias {alias!r} is not a plain "
-                                    "name (letters, digits, . _ -, at most one /)")
+                raise ColembedError(
+                    f"{source}: model {name!r}: alias {alias!r} is not a plain "
+                    "name (letters, digits, . _ -, at most one /)"
+                )
         family = get("family", str)
         if family not in FAMILIES:
-            raise ColembedError(f"{source}: model {name!r} has family {family!r}, not one of "
-                                f"{sorted(FAMILIES)}")
+            raise ColembedError(
+                f"{source}: model {name!r} has family {family!r}, not one of {sorted(FAMILIES)}"
+            )
         return cls(
             model=name,
             family=family,
@@ -163,13 +171,15 @@ def _read_entries(path: str) -> tuple[ModelEntry, ...]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ColembedError(f"{source}: not a {FORMAT} file")
     if data.get("format_version") != FORMAT_VERSION:
-        raise ColembedError(f"{source}: format_version {data.get('format_version')!r} is not "
-                            f"{FORMAT_VERSION}")
+        raise ColembedError(
+            f"{source}: format_version {data.get('format_version')!r} is not {FORMAT_VERSION}"
+        )
     entries = tuple(ModelEntry.from_dict(d, source=source) for d in data.get("models", []))
     names = [n.lower() for e in entries for n in e.names]
     if len(set(names)) != len(names):
-        raise ColembedError(f"{source}: model names and aliases must be unique "
-                            f"(case-insensitively): {names}")
+        raise ColembedError(
+            f"{source}: model names and aliases must be unique (case-insensitively): {names}"
+        )
     return entries
 
 
@@ -189,8 +199,9 @@ def get_model(name: str, path: str | Path | None = None) -> ModelEntry:
     for entry in entries:
         if str(name).lower() in (n.lower() for n in entry.names):
             return entry
-    raise UnknownModelError(f"colembed knows no model named {name!r}; it knows "
-                            f"{list(known_names(path))}")
+    raise UnknownModelError(
+        f"colembed knows no model named {name!r}; it knows {list(known_names(path))}"
+    )
 
 
 def default_cache_dir(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -212,8 +223,9 @@ def missing_files(folder: Path, variant: str = BASE_VARIANT) -> list[str]:
     if not inside(folder, MANIFEST_NAME).is_file():
         return [MANIFEST_NAME]
     manifest = read_manifest(folder)
-    return [name for name in required_files(manifest, variant)
-            if not inside(folder, name).is_file()]
+    return [
+        name for name in required_files(manifest, variant) if not inside(folder, name).is_file()
+    ]
 
 
 def check_private(folder: Path, names: list[str] | tuple[str, ...] = ()) -> None:
@@ -237,14 +249,18 @@ def check_private(folder: Path, names: list[str] | tuple[str, ...] = ()) -> None
             raise ModelFolderError(
                 f"owned by user id {st.st_uid}, not by you ({uid}); another user could have put "
                 "this model in the shared cache. Refusing to load it: export the model yourself, "
-                "use another cache_dir, or pass specific_model_path", path=path)
+                "use another cache_dir, or pass specific_model_path",
+                path=path,
+            )
         others = st.st_mode & stat.S_IWOTH or (
-            st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid))
+            st.st_mode & stat.S_IWGRP and not _private_group(st.st_gid, uid)
+        )
         if others:
             raise ModelFolderError(
                 f"writable by other users (mode {stat.filemode(st.st_mode)}); refusing to load a "
                 "cached model anyone could replace (chmod go-w it, or use another cache_dir)",
-                path=path)
+                path=path,
+            )
 
 
 def _private_group(gid: int, uid: int) -> bool:
@@ -256,8 +272,9 @@ def _private_group(gid: int, uid: int) -> bool:
         user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
     except (ImportError, KeyError):
         return False
-    return (user.pw_gid == gid and group.gr_name == user.pw_name
-            and set(group.gr_mem) <= {user.pw_name})
+    return (
+        user.pw_gid == gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+    )
 
 
 def check_model_folder(entry: ModelEntry, folder: Path, variant: str = BASE_VARIANT) -> Path:
@@ -266,20 +283,27 @@ def check_model_folder(entry: ModelEntry, folder: Path, variant: str = BASE_VARI
 
     folder = Path(folder)
     if not folder.is_dir():
-        raise ModelFolderError(f"not a folder (expected a colembed export of {entry.model})",
-                               path=folder)
+        raise ModelFolderError(
+            f"not a folder (expected a colembed export of {entry.model})", path=folder
+        )
     missing = missing_files(folder, variant)
     if missing:
-        raise ModelFolderError(f"incomplete export of {entry.model}: missing {missing}",
-                               path=folder)
+        raise ModelFolderError(
+            f"incomplete export of {entry.model}: missing {missing}", path=folder
+        )
     manifest = read_manifest(folder)
     architecture = manifest.model.architecture
-    if (architecture, manifest.family, manifest.embedding_dim) != (ARCHITECTURE, entry.family,
-                                                                   entry.dim):
+    if (architecture, manifest.family, manifest.embedding_dim) != (
+        ARCHITECTURE,
+        entry.family,
+        entry.dim,
+    ):
         raise ModelFolderError(
             f"this folder holds a {manifest.family} {architecture} with "
             f"{manifest.embedding_dim}-dim vectors, not {entry.model} ({entry.family} "
-            f"{ARCHITECTURE}, {entry.dim}-dim)", path=folder)
+            f"{ARCHITECTURE}, {entry.dim}-dim)",
+            path=folder,
+        )
     return folder
 
 
@@ -319,17 +343,23 @@ def resolve_model_folder(
         _download(entry, cached, variant)
         return _check_cached(entry, cached, variant)
 
-    found = f"{cached} is incomplete: missing {missing}" if cached.is_dir() else \
-        f"{cached} does not exist"
+    found = (
+        f"{cached} is incomplete: missing {missing}"
+        if cached.is_dir()
+        else f"{cached} does not exist"
+    )
     if entry.export_repo:
-        why = (f"offline ({OFFLINE_ENV}=1 or local_files_only=True), so the published export "
-               f"{entry.export_repo} was not downloaded")
+        why = (
+            f"offline ({OFFLINE_ENV}=1 or local_files_only=True), so the published export "
+            f"{entry.export_repo} was not downloaded"
+        )
     else:
         why = "no published export of it exists yet"
     raise ModelFolderError(
         f"no exported {entry.model} model: {found}; {why}. Export it from the checkpoint "
         f"{entry.checkpoint} with `{entry.export_command(cached)}` (pip install "
-        "'colembed[export]'), or pass specific_model_path=<an exported folder>")
+        "'colembed[export]'), or pass specific_model_path=<an exported folder>"
+    )
 
 
 def _download(entry: ModelEntry, folder: Path, variant: str) -> None:
@@ -344,19 +374,31 @@ def _download(entry: ModelEntry, folder: Path, variant: str) -> None:
     def fetch(names: list[str]) -> None:
         try:
             huggingface_hub.snapshot_download(
-                entry.export_repo, revision=entry.export_revision, local_dir=folder,
-                allow_patterns=names, library_name="colembed")
+                entry.export_repo,
+                revision=entry.export_revision,
+                local_dir=folder,
+                allow_patterns=names,
+                library_name="colembed",
+            )
         except (OSError, ValueError) as e:  # hub HTTP, connection and not-found errors are these
             raise ModelFolderError(
                 f"could not download {entry.export_repo} ({type(e).__name__}: {e}); export the "
-                f"model yourself with `{entry.export_command(folder)}`", path=folder) from e
+                f"model yourself with `{entry.export_command(folder)}`",
+                path=folder,
+            ) from e
 
     fetch([MANIFEST_NAME])
     if not inside(folder, MANIFEST_NAME).is_file():
-        raise ModelFolderError(f"{entry.export_repo} holds no {MANIFEST_NAME}; it is not a "
-                               f"colembed export of {entry.model}", path=folder)
+        raise ModelFolderError(
+            f"{entry.export_repo} holds no {MANIFEST_NAME}; it is not a "
+            f"colembed export of {entry.model}",
+            path=folder,
+        )
     fetch(required_files(read_manifest(folder), variant))
     missing = missing_files(folder, variant)
     if missing:
-        raise ModelFolderError(f"{entry.export_repo} does not hold {missing}; it is not a complete "
-                               f"colembed export of {entry.model}", path=folder)
+        raise ModelFolderError(
+            f"{entry.export_repo} does not hold {missing}; it is not a complete "
+            f"colembed export of {entry.model}",
+            path=folder,
+        )

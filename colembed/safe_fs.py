@@ -55,8 +55,9 @@ def inside(folder: str | os.PathLike, name: str | os.PathLike) -> Path:
     root = Path(folder).resolve()
     path = (root / raw).resolve()
     if path != root and root not in path.parents:
-        raise ModelFolderError(f"file name {raw!r} resolves outside the model folder "
-                               "(a link pointing elsewhere)")
+        raise ModelFolderError(
+            f"file name {raw!r} resolves outside the model folder (a link pointing elsewhere)"
+        )
     return path
 
 
@@ -68,12 +69,14 @@ class UnsafePathError(ColembedError, PermissionError):
 # An open that meets a link where O_NOFOLLOW forbids one fails with ELOOP (Linux, macOS), EMLINK
 # (FreeBSD) or, for a link where a folder was asked for, ENOTDIR.
 _LINK_ERRNOS = frozenset({errno.ELOOP, errno.EMLINK, errno.ENOTDIR})
-_WALKS_WITHOUT_LINKS = (hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY")
-                        and os.open in os.supports_dir_fd)
+_WALKS_WITHOUT_LINKS = (
+    hasattr(os, "O_NOFOLLOW") and hasattr(os, "O_DIRECTORY") and os.open in os.supports_dir_fd
+)
 
 
-def open_file(path: str | os.PathLike, *,
-              within: Iterable[str | os.PathLike] | None = None) -> BinaryIO:
+def open_file(
+    path: str | os.PathLike, *, within: Iterable[str | os.PathLike] | None = None
+) -> BinaryIO:
     """`path` opened for reading as a binary file object, refusing (UnsafePathError) anything but
     a regular file (a FIFO would block the reader forever; it is opened non-blocking to find out).
 
@@ -120,10 +123,12 @@ def _open_within(path: Path, roots: list[Path]) -> int:
             try:
                 fd = os.open(part, flags, dir_fd=folder)
             except OSError as e:
-                if e.errno in _LINK_ERRNOS and os.path.islink(os.path.join(root, *parts[:i + 1])):
-                    raise UnsafePathError(f"{path}: a link in its path "
-                                          f"({os.path.join(*parts[:i + 1])}) is not followed "
-                                          "here") from None
+                if e.errno in _LINK_ERRNOS and os.path.islink(os.path.join(root, *parts[: i + 1])):
+                    raise UnsafePathError(
+                        f"{path}: a link in its path "
+                        f"({os.path.join(*parts[: i + 1])}) is not followed "
+                        "here"
+                    ) from None
                 raise
             os.close(folder)
             folder = fd
@@ -147,8 +152,9 @@ def _open_checked_identity(path: Path, root: Path) -> int:
 
 
 def _write_marker(folder: Path, marker: str, purpose: str) -> None:
-    (folder / marker).write_text(json.dumps({"purpose": purpose, "pid": os.getpid(),
-                                             "created": time.time()}) + "\n")
+    (folder / marker).write_text(
+        json.dumps({"purpose": purpose, "pid": os.getpid(), "created": time.time()}) + "\n"
+    )
 
 
 def has_marker(folder: str | os.PathLike, marker: str) -> bool:
@@ -168,7 +174,8 @@ def make_work_folder(path: str | os.PathLike, purpose: str) -> Path:
         if any(folder.iterdir()):
             raise UnsafeDeletionError(
                 f"{folder}: folder is not empty and was not created by colembed; choose an empty "
-                "or new folder")
+                "or new folder"
+            )
     folder.mkdir(parents=True, exist_ok=True)
     _write_marker(folder, WORK_MARKER, purpose)
     return folder
@@ -201,8 +208,12 @@ def remove_tree(path: str | os.PathLike, *, owner: Callable[[Path], bool]) -> No
     if path.is_symlink() or not path.is_dir():
         raise UnsafeDeletionError(f"{path}: refusing to delete: not a folder colembed created")
     resolved = path.resolve()
-    if resolved == Path(resolved.anchor) or resolved == Path.home().resolve() \
-            or resolved == Path.cwd().resolve() or resolved in Path.cwd().resolve().parents:
+    if (
+        resolved == Path(resolved.anchor)
+        or resolved == Path.home().resolve()
+        or resolved == Path.cwd().resolve()
+        or resolved in Path.cwd().resolve().parents
+    ):
         raise UnsafeDeletionError(f"{path}: refusing to delete the root, home or working folder")
     if not owner(path):
         raise UnsafeDeletionError(f"{path}: refusing to delete: not a folder colembed created")
@@ -217,8 +228,9 @@ def discard_staging(staging: str | os.PathLike) -> None:
         pass
 
 
-def commit_folder(staging: str | os.PathLike, dest: str | os.PathLike, *,
-                  replaceable: Callable[[Path], bool]) -> Path:
+def commit_folder(
+    staging: str | os.PathLike, dest: str | os.PathLike, *, replaceable: Callable[[Path], bool]
+) -> Path:
     """Move a finished staging folder to `dest`. An existing `dest` is replaced only when it is
     empty or `replaceable(dest)` says it holds colembed's own output; otherwise refused."""
     staging, dest = Path(staging), Path(dest)
@@ -231,7 +243,8 @@ def commit_folder(staging: str | os.PathLike, dest: str | os.PathLike, *,
             old = dest.parent / f".{dest.name}.replaced-{os.getpid()}-{time.monotonic_ns()}"
             if dest.is_symlink() or not dest.is_dir() or not replaceable(dest):
                 raise UnsafeDeletionError(
-                    f"{dest}: exists and does not hold colembed's output; refusing to replace it")
+                    f"{dest}: exists and does not hold colembed's output; refusing to replace it"
+                )
             os.rename(dest, old)
             _write_marker(old, STAGING_MARKER, REPLACED_PURPOSE)
             os.rename(staging, dest)

@@ -100,32 +100,43 @@ def _as_matrix(x: Any, what: str, index: int, dim: int | None) -> np.ndarray:
         raise ScoringError(f"{what} {index}: cannot be read as a numpy array ({e})") from e
     if a.dtype not in _ACCEPTED_DTYPES:
         kind = "is not floating point" if a.dtype.kind != "f" else "is not supported"
-        raise ScoringError(f"{what} {index}: dtype {a.dtype} {kind}; expected float32 "
-                           "(float16 and float64 are accepted and scored in fp32)")
+        raise ScoringError(
+            f"{what} {index}: dtype {a.dtype} {kind}; expected float32 "
+            "(float16 and float64 are accepted and scored in fp32)"
+        )
     if a.ndim != 2:
-        raise ScoringError(f"{what} {index}: expected a 2-D (tokens, dim) array, got shape {a.shape}")
+        raise ScoringError(
+            f"{what} {index}: expected a 2-D (tokens, dim) array, got shape {a.shape}"
+        )
     if a.shape[0] == 0:
         raise ScoringError(f"{what} {index}: has no tokens")
     if dim is not None and a.shape[1] != dim:
-        raise ScoringError(f"{what} {index}: has dim {a.shape[1]}, expected {dim} "
-                           "(the dim of query 0)")
+        raise ScoringError(
+            f"{what} {index}: has dim {a.shape[1]}, expected {dim} (the dim of query 0)"
+        )
     return a
 
 
 def _as_list(items: Any, what: str) -> Iterable[Any]:
     """A single 2-D array means one item; a 3-D array is a batch of equal-length items."""
     if isinstance(items, (str, bytes)):
-        raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}")
+        raise ScoringError(
+            f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}"
+        )
     if isinstance(items, np.ndarray):
         if items.ndim == 2:
             return [items]
         if items.ndim == 3:
             return list(items)
-        raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays or one 2-D array, "
-                           f"got an array of shape {items.shape}")
+        raise ScoringError(
+            f"expected {what}s as a list of (tokens, dim) arrays or one 2-D array, "
+            f"got an array of shape {items.shape}"
+        )
     if hasattr(items, "__iter__"):
         return items
-    raise ScoringError(f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}")
+    raise ScoringError(
+        f"expected {what}s as a list of (tokens, dim) arrays, got {type(items).__name__}"
+    )
 
 
 @dataclass(frozen=True)
@@ -165,8 +176,11 @@ def _prepare_queries(queries: Any) -> _Queries:
             raise ScoringError(f"query {i}: contains NaN or inf")
         mats.append(a)
     lengths = np.array([len(a) for a in mats], dtype=np.int64)
-    vectors = np.concatenate(mats, axis=0, dtype=np.float32) if len(mats) > 1 else \
-        np.ascontiguousarray(mats[0], dtype=np.float32)
+    vectors = (
+        np.concatenate(mats, axis=0, dtype=np.float32)
+        if len(mats) > 1
+        else np.ascontiguousarray(mats[0], dtype=np.float32)
+    )
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
     return _Queries(vectors, starts, lengths)
 
@@ -190,8 +204,8 @@ def _reference_floor(lengths: np.ndarray, batch: int) -> np.ndarray:
     consecutive pages. `lengths` starts at a multiple of `batch` in the whole list."""
     floor = np.zeros(len(lengths), dtype=bool)
     for a in range(0, len(lengths), batch):
-        seg = lengths[a:a + batch]
-        floor[a:a + batch] = seg < seg.max()
+        seg = lengths[a : a + batch]
+        floor[a : a + batch] = seg < seg.max()
     return floor
 
 
@@ -206,7 +220,9 @@ def _check_rows_finite(signs: np.ndarray, docs: list[np.ndarray], start: int) ->
             raise ScoringError(f"document {start + int(j)}: contains NaN or inf")
 
 
-def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarray, first: int) -> None:
+def _check_pages_finite(
+    sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarray, first: int
+) -> None:
     """`sums[i]` is a sum over page `idx[i]`: finite unless the page holds NaN/inf (or the sum
     overflows fp32, which the exact check then clears)."""
     for i in np.flatnonzero(~np.isfinite(sums)):
@@ -215,8 +231,9 @@ def _check_pages_finite(sums: np.ndarray, docs: list[np.ndarray], idx: np.ndarra
 
 
 # ----------------------------------------------------------------------------- numpy kernels
-def _page_maxima(qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray,
-                 scratch: np.ndarray) -> None:
+def _page_maxima(
+    qt: np.ndarray, docs: list[np.ndarray], best: np.ndarray, scratch: np.ndarray
+) -> None:
     """`best[j]` = max over the rows of page `j` of its similarities to every column of `qt`
     (dim, cols): one sgemm per page on the caller's array (no copy of the page), its (tokens,
     cols) similarities kept in `scratch` (in cache) for the max. `scratch` holds at least
@@ -261,14 +278,22 @@ def _column_max(sims: np.ndarray, out: np.ndarray) -> None:
     if whole == 0:
         np.max(sims, axis=0, out=out)
         return
-    grouped = sims.reshape(-1)[: whole * cols].reshape(whole // MAX_GROUP_ROWS, MAX_GROUP_ROWS * cols)
+    grouped = sims.reshape(-1)[: whole * cols].reshape(
+        whole // MAX_GROUP_ROWS, MAX_GROUP_ROWS * cols
+    )
     np.max(np.max(grouped, axis=0).reshape(MAX_GROUP_ROWS, cols), axis=0, out=out)
     if whole < tokens:
         np.maximum(out, np.max(sims[whole:], axis=0), out=out)
 
 
-def _finish_per_page(best: np.ndarray, rows: int, starts: np.ndarray, docs: list[np.ndarray],
-                     floor: np.ndarray | None, first: int) -> np.ndarray:
+def _finish_per_page(
+    best: np.ndarray,
+    rows: int,
+    starts: np.ndarray,
+    docs: list[np.ndarray],
+    floor: np.ndarray | None,
+    first: int,
+) -> np.ndarray:
     """(Q, pages) scores from the per-page maxima `best` (pages, real columns of
     `_query_columns`): the pages checked for NaN/inf (every real column's maximum is finite on a
     finite page, and on a page with a NaN/inf row at least one is not: see `_query_columns`),
@@ -280,8 +305,9 @@ def _finish_per_page(best: np.ndarray, rows: int, starts: np.ndarray, docs: list
     return np.add.reduceat(maxima, starts, axis=1).T
 
 
-def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                    floor: np.ndarray | None, first: int) -> np.ndarray:
+def _numpy_per_page(
+    q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray], floor: np.ndarray | None, first: int
+) -> np.ndarray:
     """One GEMM per page against all query rows (BLAS on every core within each call); no copy
     of the pages. Returns (Q, pages)."""
     rows = q.shape[0]
@@ -292,8 +318,9 @@ def _numpy_per_page(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
     return _finish_per_page(best[:, :real], rows, starts, docs, floor, first)
 
 
-def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                             floor: np.ndarray | None, first: int) -> np.ndarray:
+def _numpy_per_page_parallel(
+    q: np.ndarray, starts: np.ndarray, docs: list[np.ndarray], floor: np.ndarray | None, first: int
+) -> np.ndarray:
     """`_numpy_per_page` with the pages dealt out to one worker thread per core, each calling a
     single-threaded BLAS (PARALLEL_MAX_QUERY_ROWS): the same per-page products, so the same scores.
 
@@ -320,7 +347,7 @@ def _numpy_per_page_parallel(q: np.ndarray, starts: np.ndarray, docs: list[np.nd
             scratch = np.empty(longest * cols, dtype=np.float32)
             with np.errstate(over="ignore", invalid="ignore"):
                 while (a := next(runs) * run) < len(docs):
-                    _page_maxima(qt, docs[a:a + run], best[a:a + run], scratch)
+                    _page_maxima(qt, docs[a : a + run], best[a : a + run], scratch)
         finally:
             limit(previous)
 
@@ -346,13 +373,22 @@ def _page_workers() -> tuple[int, ThreadPoolExecutor, Any] | None:
         limit = local_thread_limit()
         cores = physical_cores()
         if limit is not None and cores > 1:
-            _WORKERS = (cores, ThreadPoolExecutor(cores, thread_name_prefix="colembed-maxsim"),
-                        limit)
+            _WORKERS = (
+                cores,
+                ThreadPoolExecutor(cores, thread_name_prefix="colembed-maxsim"),
+                limit,
+            )
     return _WORKERS
 
 
-def _numpy_stacked(qx: np.ndarray, starts: np.ndarray, docs: list[np.ndarray],
-                   floor: np.ndarray | None, first: int, buffers: dict[str, np.ndarray]) -> np.ndarray:
+def _numpy_stacked(
+    qx: np.ndarray,
+    starts: np.ndarray,
+    docs: list[np.ndarray],
+    floor: np.ndarray | None,
+    first: int,
+    buffers: dict[str, np.ndarray],
+) -> np.ndarray:
     """All pages of a chunk stacked: one sgemm (rows+2, dim) x (dim, tokens), a max over each
     page's column range, a sum over each query's row range. `qx` is the query rows followed by a
     row of +1 and a row of -1 (`_with_sign_rows`). Returns (Q, pages)."""
@@ -430,8 +466,13 @@ class MaxSimScorer:
     (float32 pages rounded), while the numpy backend always scores pages as given, in fp32.
     """
 
-    def __init__(self, graph: str | os.PathLike[str] | bytes | None = None, *, session: Any = None,
-                 threads: int | None = None) -> None:
+    def __init__(
+        self,
+        graph: str | os.PathLike[str] | bytes | None = None,
+        *,
+        session: Any = None,
+        threads: int | None = None,
+    ) -> None:
         self._session = None
         self._doc_dtype = _F32
         self.graph_path: Path | None = None
@@ -472,8 +513,10 @@ class MaxSimScorer:
             self._doc_dtype, problems = np.dtype(np.float16), []
             self._contract = MAXSIM_FP16_CONTRACT
         if problems:
-            raise ModelFolderError("graph does not match the MaxSim scorer contract: "
-                                   + "; ".join(problems), path=self.graph_path)
+            raise ModelFolderError(
+                "graph does not match the MaxSim scorer contract: " + "; ".join(problems),
+                path=self.graph_path,
+            )
         self._session = session
 
     @property
@@ -481,15 +524,24 @@ class MaxSimScorer:
         return self._session is not None
 
     def __repr__(self) -> str:
-        graph = (f"graph='{self.graph_path}'" if self.graph_path else "graph=<in memory>") \
-            if self._session is not None else "graph=None"
+        graph = (
+            (f"graph='{self.graph_path}'" if self.graph_path else "graph=<in memory>")
+            if self._session is not None
+            else "graph=None"
+        )
         return f"MaxSimScorer({graph})"
 
     # ----------------------------------------------------------------------------- public API
-    def score(self, queries: Any, documents: Any, *, reference_padding: bool = False,
-              reference_batch_size: int = REFERENCE_BATCH_SIZE,
-              memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
-              backend: str = "auto") -> np.ndarray:
+    def score(
+        self,
+        queries: Any,
+        documents: Any,
+        *,
+        reference_padding: bool = False,
+        reference_batch_size: int = REFERENCE_BATCH_SIZE,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+        backend: str = "auto",
+    ) -> np.ndarray:
         """(queries, documents) float32 MaxSim scores.
 
         `queries`: a list of (tokens, dim) arrays, or one 2-D array for a single query.
@@ -500,15 +552,25 @@ class MaxSimScorer:
         numbers with them. `backend`: "auto", "numpy" or "onnx".
         """
         q = _prepare_queries(queries)
-        columns = [s for _, s in self._iter_scores(q, documents, reference_padding,
-                                                    reference_batch_size, memory_budget_bytes,
-                                                    backend)]
+        columns = [
+            s
+            for _, s in self._iter_scores(
+                q, documents, reference_padding, reference_batch_size, memory_budget_bytes, backend
+            )
+        ]
         return columns[0] if len(columns) == 1 else np.concatenate(columns, axis=1)
 
-    def top_k(self, queries: Any, documents: Any, k: int, *, reference_padding: bool = False,
-              reference_batch_size: int = REFERENCE_BATCH_SIZE,
-              memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
-              backend: str = "auto") -> tuple[np.ndarray, np.ndarray]:
+    def top_k(
+        self,
+        queries: Any,
+        documents: Any,
+        k: int,
+        *,
+        reference_padding: bool = False,
+        reference_batch_size: int = REFERENCE_BATCH_SIZE,
+        memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+        backend: str = "auto",
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Per query, the `k` best documents: (indices (Q, k) int64, scores (Q, k) float32), best
         first; ties go to the lower index. With fewer than k documents, all of them (Q, N).
 
@@ -519,8 +581,9 @@ class MaxSimScorer:
             raise ScoringError(f"k must be a positive int, got {k!r}")
         q = _prepare_queries(queries)
         best: np.ndarray | None = None
-        for first, block in self._iter_scores(q, documents, reference_padding,
-                                              reference_batch_size, memory_budget_bytes, backend):
+        for first, block in self._iter_scores(
+            q, documents, reference_padding, reference_batch_size, memory_budget_bytes, backend
+        ):
             keys = _rank_keys(block, first)
             best = keys if best is None else np.concatenate([best, keys], axis=1)
             if best.shape[1] > k:
@@ -531,22 +594,33 @@ class MaxSimScorer:
         return _decode_keys(best)
 
     # ------------------------------------------------------------------------------- plumbing
-    def _iter_scores(self, q: _Queries, documents: Any, reference_padding: bool,
-                     reference_batch_size: int, budget: int,
-                     backend: str) -> Iterator[tuple[int, np.ndarray]]:
+    def _iter_scores(
+        self,
+        q: _Queries,
+        documents: Any,
+        reference_padding: bool,
+        reference_batch_size: int,
+        budget: int,
+        backend: str,
+    ) -> Iterator[tuple[int, np.ndarray]]:
         """(index of the first page, (Q, pages) scores) per block of pages, in input order."""
         if backend not in BACKENDS:
             raise ScoringError(f"backend must be one of {BACKENDS}, got {backend!r}")
         if backend == "onnx" and self._session is None:
-            raise ScoringError("backend='onnx' needs a scorer graph: MaxSimScorer(path to "
-                               "maxsim.onnx) or MaxSimScorer.with_built_graph()")
+            raise ScoringError(
+                "backend='onnx' needs a scorer graph: MaxSimScorer(path to "
+                "maxsim.onnx) or MaxSimScorer.with_built_graph()"
+            )
         if isinstance(budget, bool) or not isinstance(budget, (int, np.integer)) or budget < 1:
             raise ScoringError(f"memory_budget_bytes must be a positive int, got {budget!r}")
-        if reference_padding and (isinstance(reference_batch_size, bool) or
-                                  not isinstance(reference_batch_size, (int, np.integer)) or
-                                  reference_batch_size < 1):
-            raise ScoringError(f"reference_batch_size must be a positive int, got "
-                               f"{reference_batch_size!r}")
+        if reference_padding and (
+            isinstance(reference_batch_size, bool)
+            or not isinstance(reference_batch_size, (int, np.integer))
+            or reference_batch_size < 1
+        ):
+            raise ScoringError(
+                f"reference_batch_size must be a positive int, got {reference_batch_size!r}"
+            )
         use_onnx = self._choose_backend(backend, q) == "onnx"
         block = BLOCK_DOCUMENTS
         if isinstance(documents, (list, tuple)):
@@ -557,8 +631,7 @@ class MaxSimScorer:
         buffers: dict[str, np.ndarray] = {}
         for first, docs in _iter_blocks(documents, q.dim, block):
             lengths = np.array([len(d) for d in docs], dtype=np.int64)
-            floor = _reference_floor(lengths, reference_batch_size) \
-                if reference_padding else None
+            floor = _reference_floor(lengths, reference_batch_size) if reference_padding else None
             out = np.empty((q.count, len(docs)), dtype=np.float32)
             # NaN/inf in a page is detected and named by the kernels; an fp32 overflow of a row
             # sum only triggers the exact check. numpy's warnings would be noise.
@@ -582,9 +655,17 @@ class MaxSimScorer:
             return "onnx"
         return "numpy"
 
-    def _onnx_block(self, q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
-                    floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
-                    buffers: dict[str, np.ndarray]) -> None:
+    def _onnx_block(
+        self,
+        q: _Queries,
+        docs: list[np.ndarray],
+        lengths: np.ndarray,
+        floor: np.ndarray | None,
+        first: int,
+        budget: int,
+        out: np.ndarray,
+        buffers: dict[str, np.ndarray],
+    ) -> None:
         """Pages sorted by length (little padding), padded in chunks under the budget, one graph
         run per chunk and query group. The reference's zero rows become one extra real zero row
         per floored page."""
@@ -600,7 +681,7 @@ class MaxSimScorer:
             # rows: MaxSim is a sum over query tokens, and padding ragged queries to the longest
             # would waste (longest / mean) of the GEMM (30% for 18-34-token queries).
             start = int(q.starts[a])
-            rows = q.vectors[start: start + int(q.lengths[a:b].sum())]
+            rows = q.vectors[start : start + int(q.lengths[a:b].sum())]
             rel = q.starts[a:b] - start
             token_queries = rows[:, None, :]
             token_mask = np.ones((len(rows), 1), dtype=np.int64)
@@ -609,22 +690,48 @@ class MaxSimScorer:
             # Pad chunk k+1 on a helper thread while onnxruntime scores chunk k (both release
             # the GIL); the copy is memory-bound, the graph mostly GEMM.
             with ThreadPoolExecutor(max_workers=1) as helper:
-                pending = helper.submit(_pad_chunk, docs, chunks[0], lengths, need, dim,
-                                        self._doc_dtype, buffers, "pad0")
+                pending = helper.submit(
+                    _pad_chunk,
+                    docs,
+                    chunks[0],
+                    lengths,
+                    need,
+                    dim,
+                    self._doc_dtype,
+                    buffers,
+                    "pad0",
+                )
                 for k, idx in enumerate(chunks):
                     pad, mask, sums = pending.result()
                     if k + 1 < len(chunks):
-                        pending = helper.submit(_pad_chunk, docs, chunks[k + 1], lengths, need,
-                                                dim, self._doc_dtype, buffers, f"pad{(k + 1) % 2}")
+                        pending = helper.submit(
+                            _pad_chunk,
+                            docs,
+                            chunks[k + 1],
+                            lengths,
+                            need,
+                            dim,
+                            self._doc_dtype,
+                            buffers,
+                            f"pad{(k + 1) % 2}",
+                        )
                     _check_pages_finite(sums, docs, idx, first)
-                    maxima = self._session.run(None, self._contract.feeds(
-                        token_queries, token_mask, pad, mask))[0]  # (rows, pages)
+                    maxima = self._session.run(
+                        None, self._contract.feeds(token_queries, token_mask, pad, mask)
+                    )[0]  # (rows, pages)
                     out[a:b, idx] = np.add.reduceat(maxima, rel, axis=0)
 
 
-def _pad_chunk(docs: list[np.ndarray], idx: np.ndarray, lengths: np.ndarray, need: np.ndarray,
-               dim: int, dtype: np.dtype, buffers: dict[str, np.ndarray],
-               name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pad_chunk(
+    docs: list[np.ndarray],
+    idx: np.ndarray,
+    lengths: np.ndarray,
+    need: np.ndarray,
+    dim: int,
+    dtype: np.dtype,
+    buffers: dict[str, np.ndarray],
+    name: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Pages `idx` zero-padded to (pages, width, dim) in the reusable buffer `name`, their mask
     (1 for `need[j]` rows: the real rows, plus the reference's zero row when floored) and a
     finiteness probe per page (a sum of squares: NaN/inf, or an overflow, make it non-finite)."""
@@ -639,35 +746,50 @@ def _pad_chunk(docs: list[np.ndarray], idx: np.ndarray, lengths: np.ndarray, nee
     for i, j in enumerate(idx):
         page = pad[i, : lengths[j]]
         page[...] = docs[j]
-        pad[i, lengths[j]:] = 0.0
+        pad[i, lengths[j] :] = 0.0
         mask[i, : need[j]] = 1
         values = page.reshape(-1)  # still in cache: the probe costs little
         probes[i] = np.dot(values, values) if dtype == _F32 else values.sum(dtype=np.float32)
     return pad, mask, probes
 
 
-def _numpy_block(q: _Queries, docs: list[np.ndarray], lengths: np.ndarray,
-                 floor: np.ndarray | None, first: int, budget: int, out: np.ndarray,
-                 buffers: dict[str, np.ndarray]) -> None:
+def _numpy_block(
+    q: _Queries,
+    docs: list[np.ndarray],
+    lengths: np.ndarray,
+    floor: np.ndarray | None,
+    first: int,
+    budget: int,
+    out: np.ndarray,
+    buffers: dict[str, np.ndarray],
+) -> None:
     page_row = 4 * q.dim  # the stacked copy of a page row
     workers = _page_workers()
     # on the worker threads every worker holds its own similarity scratch: a share of the budget
     share = budget // workers[0] if workers is not None else budget
     for a, b in q.groups(_max_group_rows(share, int(lengths.max()), page_row)):
         start = int(q.starts[a])
-        group = q.vectors[start: start + int(q.lengths[a:b].sum())]
+        group = q.vectors[start : start + int(q.lengths[a:b].sum())]
         rel = q.starts[a:b] - start
         if len(group) > STACKED_MAX_QUERY_TOKENS or lengths.mean() > STACKED_MAX_PAGE_TOKENS:
-            per_page = (_numpy_per_page_parallel if len(group) <= PARALLEL_MAX_QUERY_ROWS
-                        else _numpy_per_page)
+            per_page = (
+                _numpy_per_page_parallel
+                if len(group) <= PARALLEL_MAX_QUERY_ROWS
+                else _numpy_per_page
+            )
             out[a:b] = per_page(group, rel, docs, floor, first)
             continue
         qx = _with_sign_rows(group)
         per_row = page_row + 4 * len(qx)
         for chunk in _chunks_by_rows(lengths, budget, per_row, padded=False):
-            out[a:b, chunk] = _numpy_stacked(qx, rel, docs[chunk],
-                                             floor[chunk] if floor is not None else None,
-                                             first + chunk.start, buffers)
+            out[a:b, chunk] = _numpy_stacked(
+                qx,
+                rel,
+                docs[chunk],
+                floor[chunk] if floor is not None else None,
+                first + chunk.start,
+                buffers,
+            )
 
 
 def _max_group_rows(budget: int, longest_page: int, page_row_bytes: int) -> int:
@@ -676,7 +798,9 @@ def _max_group_rows(budget: int, longest_page: int, page_row_bytes: int) -> int:
     return max(1, (budget // longest_page - page_row_bytes) // 4)
 
 
-def _chunks_by_rows(lengths: np.ndarray, budget: int, per_row: int, *, padded: bool) -> Iterator[slice]:
+def _chunks_by_rows(
+    lengths: np.ndarray, budget: int, per_row: int, *, padded: bool
+) -> Iterator[slice]:
     """Consecutive slices of pages whose scratch (rows x per_row bytes) fits the budget; a padded
     chunk costs (pages x longest page) rows. Always at least one page per chunk."""
     n = len(lengths)
@@ -725,10 +849,16 @@ def default_scorer() -> MaxSimScorer:
     return _DEFAULT
 
 
-def score(queries: Any, documents: Any, *, reference_padding: bool = False,
-          reference_batch_size: int = REFERENCE_BATCH_SIZE,
-          memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES, backend: str = "auto",
-          scorer: MaxSimScorer | None = None) -> np.ndarray:
+def score(
+    queries: Any,
+    documents: Any,
+    *,
+    reference_padding: bool = False,
+    reference_batch_size: int = REFERENCE_BATCH_SIZE,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+    backend: str = "auto",
+    scorer: MaxSimScorer | None = None,
+) -> np.ndarray:
     """MaxSim scores (queries, documents) float32 over ragged lists of (tokens, dim) arrays.
 
     Exact: padding never takes part. `reference_padding=True` reproduces transformers'
@@ -736,24 +866,46 @@ def score(queries: Any, documents: Any, *, reference_padding: bool = False,
     comparing numbers with them). numpy unless `scorer` (a `MaxSimScorer` with a graph) is given.
     """
     return (scorer or default_scorer()).score(
-        queries, documents, reference_padding=reference_padding,
-        reference_batch_size=reference_batch_size, memory_budget_bytes=memory_budget_bytes,
-        backend=backend)
+        queries,
+        documents,
+        reference_padding=reference_padding,
+        reference_batch_size=reference_batch_size,
+        memory_budget_bytes=memory_budget_bytes,
+        backend=backend,
+    )
 
 
-def top_k(queries: Any, documents: Any, k: int, *, reference_padding: bool = False,
-          reference_batch_size: int = REFERENCE_BATCH_SIZE,
-          memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES, backend: str = "auto",
-          scorer: MaxSimScorer | None = None) -> tuple[np.ndarray, np.ndarray]:
+def top_k(
+    queries: Any,
+    documents: Any,
+    k: int,
+    *,
+    reference_padding: bool = False,
+    reference_batch_size: int = REFERENCE_BATCH_SIZE,
+    memory_budget_bytes: int = DEFAULT_MEMORY_BUDGET_BYTES,
+    backend: str = "auto",
+    scorer: MaxSimScorer | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per query the k best documents: (indices (Q, k) int64, scores (Q, k) float32), best first.
 
     `documents` may be any iterable, consumed once in bounded memory. See `score`.
     """
     return (scorer or default_scorer()).top_k(
-        queries, documents, k, reference_padding=reference_padding,
-        reference_batch_size=reference_batch_size, memory_budget_bytes=memory_budget_bytes,
-        backend=backend)
+        queries,
+        documents,
+        k,
+        reference_padding=reference_padding,
+        reference_batch_size=reference_batch_size,
+        memory_budget_bytes=memory_budget_bytes,
+        backend=backend,
+    )
 
 
-__all__ = ["MaxSimScorer", "score", "top_k", "default_scorer", "DEFAULT_MEMORY_BUDGET_BYTES",
-           "REFERENCE_BATCH_SIZE"]
+__all__ = [
+    "MaxSimScorer",
+    "score",
+    "top_k",
+    "default_scorer",
+    "DEFAULT_MEMORY_BUDGET_BYTES",
+    "REFERENCE_BATCH_SIZE",
+]

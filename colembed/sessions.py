@@ -56,8 +56,12 @@ TRAITS: dict[str, ProviderTraits] = {
     # DirectML: memory patterns off, sequential execution, one Run per session at a time
     # (onnxruntime's DirectML documentation); dynamic graph fusion lets DirectML fuse graphs whose
     # shapes change per call (tokens, patches), as ours do, instead of running node by node.
-    DIRECTML: ProviderTraits(mem_pattern=False, sequential=True, one_run_at_a_time=True,
-                             config=(("ep.dml.enable_dynamic_graph_fusion", "1"),)),
+    DIRECTML: ProviderTraits(
+        mem_pattern=False,
+        sequential=True,
+        one_run_at_a_time=True,
+        config=(("ep.dml.enable_dynamic_graph_fusion", "1"),),
+    ),
     CUDA: ProviderTraits(),
 }
 
@@ -73,8 +77,7 @@ EXECUTION_ORDERS = {"default": "DEFAULT", "priority": "PRIORITY_BASED"}
 # (benchmarks/results/embed/embed-against-own.md, docs/speed.md). The threads stop spinning when a run
 # returns (onnxruntime's `session.force_spinning_stop`), which keeps what blocking was for: no
 # core burnt between runs while the host prepares the next batch.
-RUN_THREAD_CONFIG = (("session.intra_op.allow_spinning", "1"),
-                     ("session.force_spinning_stop", "1"))
+RUN_THREAD_CONFIG = (("session.intra_op.allow_spinning", "1"), ("session.force_spinning_stop", "1"))
 
 
 def onnxruntime_facts() -> dict[str, Any]:
@@ -116,8 +119,9 @@ def physical_cores() -> int:
     return max(1, (os.cpu_count() or 2) // 2) if (os.cpu_count() or 1) > 1 else 1
 
 
-def resolve_providers(providers: str | Sequence[ProviderSpec] | None, *,
-                      auto_openvino: bool = False) -> list[ProviderSpec]:
+def resolve_providers(
+    providers: str | Sequence[ProviderSpec] | None, *, auto_openvino: bool = False
+) -> list[ProviderSpec]:
     """Normalise the user's request. None -> CPU; "auto" -> DirectML when available, else
     OpenVINO when `auto_openvino` (the caller's measured choice: `model.auto_providers`), else
     CPU. OpenVINO runs a whole graph or nothing, so it is never listed beside another provider."""
@@ -140,44 +144,65 @@ def resolve_providers(providers: str | Sequence[ProviderSpec] | None, *,
         name = ALIASES.get(name.lower(), name)
         if name == OPENVINO:
             if not openvino_installed():
-                raise ProviderError(f"the OpenVINO runtime is not installed ({OPENVINO_EXTRA_HINT})")
+                raise ProviderError(
+                    f"the OpenVINO runtime is not installed ({OPENVINO_EXTRA_HINT})"
+                )
             if options is not None and not isinstance(options, dict):
                 raise ProviderError(f"OpenVINO options {options!r} are not a dict")
             resolved.append(name if options is None else (name, options))
             continue
         if name not in available:
-            hint = (" (on Windows x64 colembed installs onnxruntime-directml; if `onnxruntime` was "
-                    "installed next to it, e.g. by fastembed, run `pip uninstall -y onnxruntime "
-                    "onnxruntime-directml` then `pip install onnxruntime-directml`)"
-                    if name == DIRECTML else "")
+            hint = (
+                " (on Windows x64 colembed installs onnxruntime-directml; if `onnxruntime` was "
+                "installed next to it, e.g. by fastembed, run `pip uninstall -y onnxruntime "
+                "onnxruntime-directml` then `pip install onnxruntime-directml`)"
+                if name == DIRECTML
+                else ""
+            )
             asked = f"{name} (options {options})" if options else name
-            raise ProviderError(f"execution provider {asked} is not available here; this "
-                                f"onnxruntime has {available}{hint}")
+            raise ProviderError(
+                f"execution provider {asked} is not available here; this "
+                f"onnxruntime has {available}{hint}"
+            )
         resolved.append(name if options is None else (name, options))
     if not resolved:
         raise ProviderError("an empty provider list was given")
     if OPENVINO in [_name(p) for p in resolved] and len(resolved) > 1:
-        raise ProviderError("OpenVINO runs a whole graph: give it alone, not beside "
-                            f"{[_name(p) for p in resolved if _name(p) != OPENVINO]}")
+        raise ProviderError(
+            "OpenVINO runs a whole graph: give it alone, not beside "
+            f"{[_name(p) for p in resolved if _name(p) != OPENVINO]}"
+        )
     return resolved
 
 
 def default_openvino_variant(providers: Any) -> str | None:
-    """"openvino" when `providers` (as given, unresolved) asks for OpenVINO first, else None: the
+    """ "openvino" when `providers` (as given, unresolved) asks for OpenVINO first, else None: the
     variant a caller that names no variant gets there (the only exact one OpenVINO runs)."""
     if isinstance(providers, str):
         providers = [providers]
     if not providers or isinstance(providers, (bytes, dict)):
         return None
     first = providers[0]
-    name = first if isinstance(first, str) else (first[0] if isinstance(first, (list, tuple))
-                                                 and first else None)
-    return "openvino" if isinstance(name, str) and ALIASES.get(name.lower(), name) == OPENVINO \
+    name = (
+        first
+        if isinstance(first, str)
+        else (first[0] if isinstance(first, (list, tuple)) and first else None)
+    )
+    return (
+        "openvino"
+        if isinstance(name, str) and ALIASES.get(name.lower(), name) == OPENVINO
         else None
+    )
 
 
-def open_session(source: str | os.PathLike, providers: Sequence[ProviderSpec] | None, *,
-                 threads: int | None = None, precision: str | None = None, **options: Any):
+def open_session(
+    source: str | os.PathLike,
+    providers: Sequence[ProviderSpec] | None,
+    *,
+    threads: int | None = None,
+    precision: str | None = None,
+    **options: Any,
+):
     """The session for a model graph: OpenVINO's when `providers` (resolved) is OpenVINO, with
     `precision` (the variant's) unless its options name one; else onnxruntime's `Session` with
     `options`. Both have `run(feeds)`, `providers` and `session` (its inputs and outputs)."""
@@ -224,19 +249,26 @@ class Session:
     colembed_export/evaluation.py). The order changes when each node runs, not what it computes.
     """
 
-    def __init__(self, source: str | os.PathLike | bytes,
-                 providers: Sequence[ProviderSpec] | None = None, *,
-                 threads: int | None = None, cpu_mem_arena: bool = True,
-                 graph_optimization: str = "all",
-                 session_config: Mapping[str, str] | None = None,
-                 save_optimized: str | os.PathLike | None = None,
-                 profile_prefix: str | None = None,
-                 execution_order: str = "default") -> None:
+    def __init__(
+        self,
+        source: str | os.PathLike | bytes,
+        providers: Sequence[ProviderSpec] | None = None,
+        *,
+        threads: int | None = None,
+        cpu_mem_arena: bool = True,
+        graph_optimization: str = "all",
+        session_config: Mapping[str, str] | None = None,
+        save_optimized: str | os.PathLike | None = None,
+        profile_prefix: str | None = None,
+        execution_order: str = "default",
+    ) -> None:
         import onnxruntime as ort
 
         if execution_order not in EXECUTION_ORDERS:
-            raise ValueError(f"execution_order must be one of {sorted(EXECUTION_ORDERS)}, got "
-                             f"{execution_order!r}")
+            raise ValueError(
+                f"execution_order must be one of {sorted(EXECUTION_ORDERS)}, got "
+                f"{execution_order!r}"
+            )
 
         providers = list(providers) if providers else [CPU]
         traits = TRAITS.get(_name(providers[0]), ProviderTraits())
@@ -266,7 +298,8 @@ class Session:
             options.optimized_model_filepath = str(save_optimized)
             options.add_session_config_entry(
                 "session.optimized_model_external_initializers_file_name",
-                os.path.basename(save_optimized) + "_data")
+                os.path.basename(save_optimized) + "_data",
+            )
         for key, value in (*traits.config, *(session_config or {}).items()):
             options.add_session_config_entry(key, value)
         self.options = options
@@ -274,19 +307,23 @@ class Session:
         label = os.path.basename(self.path) if self.path else "<in-memory graph>"
         try:
             self.session = ort.InferenceSession(
-                bytes(source) if self.path is None else self.path, sess_options=options,
-                providers=providers)
+                bytes(source) if self.path is None else self.path,
+                sess_options=options,
+                providers=providers,
+            )
         except Exception as e:  # onnxruntime raises its own exception types for unreadable graphs
             if type(e).__module__.startswith("colembed"):
                 raise
-            raise ModelFolderError(f"onnxruntime cannot load this graph ({e})",
-                                   path=self.path or label) from e
+            raise ModelFolderError(
+                f"onnxruntime cannot load this graph ({e})", path=self.path or label
+            ) from e
         got = self.session.get_providers()
         wanted = _name(providers[0])
         if not got or got[0] != wanted:
             raise ProviderError(
                 f"{label}: asked for {wanted} but onnxruntime gave {got}; refusing the silent "
-                "fallback (the graph or this machine does not support that provider)")
+                "fallback (the graph or this machine does not support that provider)"
+            )
         self.providers = got
         self._lock = threading.Lock() if traits.one_run_at_a_time else None
 

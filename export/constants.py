@@ -39,12 +39,29 @@ CHECKPOINT_PATTERNS = ("*.json", "*.safetensors", "*.txt", "*.jinja", "*.model")
 # processor, the `image_processor` object of `processor_config.json` (preprocess_config.py reads
 # either), so neither file is required on its own.
 REQUIRED_FILES = (TOKENIZER_FILE, "config.json")
-OPTIONAL_FILES = ("preprocessor_config.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                  "vocab.json", "merges.txt", "processor_config.json", "chat_template.jinja",
-                  "colembed_tiny.json")
+OPTIONAL_FILES = (
+    "preprocessor_config.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
+    "processor_config.json",
+    "chat_template.jinja",
+    "colembed_tiny.json",
+)
 
 __all__ = [
-    "ARCHITECTURE", "CHECKPOINT_PATTERNS", "DATA_SUFFIX", "EMBEDDING_TOLERANCE",
-    "EXTERNAL_DATA_THRESHOLD", "FEATURE_TOLERANCE", "GRAPH_FILES", "OPSET", "OPTIONAL_FILES",
-    "REQUIRED_FILES", "SCORER_FILE", "SCORER_OPSET",
+    "ARCHITECTURE",
+    "CHECKPOINT_PATTERNS",
+    "DATA_SUFFIX",
+    "EMBEDDING_TOLERANCE",
+    "EXTERNAL_DATA_THRESHOLD",
+    "FEATURE_TOLERANCE",
+    "GRAPH_FILES",
+    "OPSET",
+    "OPTIONAL_FILES",
+    "REQUIRED_FILES",
+    "SCORER_FILE",
+    "SCORER_OPSET",
 ]

@@ -98,8 +98,7 @@ class _AnonPeak:
         if self.peak is None or self._thread is not None:
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._sample, name="colembed-anon-peak",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._sample, name="colembed-anon-peak", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
@@ -180,15 +179,20 @@ class StepMeter:
         self._anon.restart()  # the enclosing step goes on from what is held now
         if not self._open:
             self._anon.stop()
-        record = StepRecord(step=name, seconds=round(time.perf_counter() - start, 2),
-                            peak_rss_gb=round(peak / _GB, 3),
-                            rss_after_gb=round(rss_bytes() / _GB, 3), per_step_peak=own_peak,
-                            parent=parent,
-                            peak_anon_gb=None if anon is None else round(anon / _GB, 3))
+        record = StepRecord(
+            step=name,
+            seconds=round(time.perf_counter() - start, 2),
+            peak_rss_gb=round(peak / _GB, 3),
+            rss_after_gb=round(rss_bytes() / _GB, 3),
+            per_step_peak=own_peak,
+            parent=parent,
+            peak_anon_gb=None if anon is None else round(anon / _GB, 3),
+        )
         self.records.append(record)
         anon_text = "" if anon is None else f" (anonymous {record.peak_anon_gb:.2f} GB)"
-        self.progress(f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB"
-                      f"{anon_text}")
+        self.progress(
+            f"{name}: {record.seconds:.1f} s, peak RSS {record.peak_rss_gb:.2f} GB{anon_text}"
+        )
 
     def as_dicts(self) -> list[dict]:
         return [asdict(r) for r in self.records]

@@ -19,8 +19,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from tests.fixtures.builds import (ALT_HUB_REPO, ALT_HUB_REVISION, ALT_TOLERANCE, build_once,
-                                   export_report)
+from tests.fixtures.builds import (
+    ALT_HUB_REPO,
+    ALT_HUB_REVISION,
+    ALT_TOLERANCE,
+    build_once,
+    export_report,
+)
 
 
 # Offline by construction: nothing in the suite may reach a hub.
@@ -32,17 +37,34 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Fixtures that run the exporter (tens of seconds each on 2 cores). Every test that needs one is
 # marked `slow`: `pytest -m "not slow"` runs the rest in a minute while iterating; the README's
 # command runs everything.
-EXPORTING_FIXTURES = frozenset({"exported_tiny", "exported_tiny_default", "exported_variants",
-                                "exported_tiny_2_5", "exported_tiny_2_5_alt", "exported_2_5",
-                                "exported_alt_from_hub", "cli_export",
-                                "exported_colnomic_layout"})
+EXPORTING_FIXTURES = frozenset(
+    {
+        "exported_tiny",
+        "exported_tiny_default",
+        "exported_variants",
+        "exported_tiny_2_5",
+        "exported_tiny_2_5_alt",
+        "exported_2_5",
+        "exported_alt_from_hub",
+        "cli_export",
+        "exported_colnomic_layout",
+    }
+)
 
 # Files marked `heavy(build)` build, or are the first users of, one of these shared checkpoints or
 # exports (`build_once`). They are handed out first, taking the builds in turn in this order, so the
 # two xdist workers (loadfile, `--no-loadscope-reorder`) start on different builds and neither waits
 # for the other's; every other file follows in collection order.
-HEAVY_BUILDS = ("tiny-variants", "qwen2.5", "qwen3", "stress", "qwen3-stress", "tiny", "demo",
-                "ray")
+HEAVY_BUILDS = (
+    "tiny-variants",
+    "qwen2.5",
+    "qwen3",
+    "stress",
+    "qwen3-stress",
+    "tiny",
+    "demo",
+    "ray",
+)
 
 
 def schedule(items: list) -> list:
@@ -87,8 +109,14 @@ def tiny_checkpoint(tmp_path_factory):
     """Folder of the default tiny checkpoint ("tiny" preset, seed 0) with the real Qwen tokenizer."""
     from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
-    return build_once(tmp_path_factory, "ckpt-tiny",
-                      lambda folder: build_checkpoint(folder / "tiny", "tiny", seed=0)) / "tiny"
+    return (
+        build_once(
+            tmp_path_factory,
+            "ckpt-tiny",
+            lambda folder: build_checkpoint(folder / "tiny", "tiny", seed=0),
+        )
+        / "tiny"
+    )
 
 
 @pytest.fixture(scope="session")
@@ -96,8 +124,11 @@ def tiny_alt_checkpoint(tmp_path_factory):
     """A second architecture (other heads, mrope sections, depths, 64-dim output)."""
     from colembed_export.testing.tiny_qwen2 import build_checkpoint
 
-    folder = build_once(tmp_path_factory, "ckpt-tiny-alt",
-                        lambda folder: build_checkpoint(folder / "tiny-alt", "tiny-alt", seed=1))
+    folder = build_once(
+        tmp_path_factory,
+        "ckpt-tiny-alt",
+        lambda folder: build_checkpoint(folder / "tiny-alt", "tiny-alt", seed=1),
+    )
     return folder / "tiny-alt"
 
 
@@ -135,18 +166,32 @@ def exported_tiny(tiny_checkpoint, tmp_path_factory):
     Written with external data so that tests can tamper with a `.onnx_data` file. Tests that
     modify a folder must copy it first (`copy_model_folder`).
     """
-    return _shared_export(tmp_path_factory, "exported-tiny", tiny_checkpoint, "tiny",
-                          external_data=True)
+    return _shared_export(
+        tmp_path_factory, "exported-tiny", tiny_checkpoint, "tiny", external_data=True
+    )
 
 
 @pytest.fixture(scope="session")
 def cli_export(tiny_checkpoint, tmp_path_factory):
     """`colembed export CHECKPOINT --out DIR --random-weights` run as a user runs it (a process of
     its own, the check on, the default weight layout): (folder, exit code, stdout, stderr)."""
+
     def build(folder):
-        run = subprocess.run([sys.executable, "-m", "colembed.cli", "export", str(tiny_checkpoint),
-                              "--out", str(folder / "tiny-default"), "--random-weights"],
-                             capture_output=True, text=True, timeout=1200)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "colembed.cli",
+                "export",
+                str(tiny_checkpoint),
+                "--out",
+                str(folder / "tiny-default"),
+                "--random-weights",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         (folder / "run.txt").write_text(f"{run.returncode}\n{run.stdout}\0{run.stderr}")
 
     folder = build_once(tmp_path_factory, "cli-export", build)
@@ -169,8 +214,14 @@ def exported_tiny_default(cli_export):
 def exported_variants(tiny_checkpoint, tmp_path_factory):
     """The tiny checkpoint with every variant (int8, int4, fp16), external data on (so the `_data`
     naming of variants is covered too), the check on."""
-    return _shared_export(tmp_path_factory, "exported-variants", tiny_checkpoint, "tiny",
-                          external_data=True, variants=["int8", "int4", "fp16"])
+    return _shared_export(
+        tmp_path_factory,
+        "exported-variants",
+        tiny_checkpoint,
+        "tiny",
+        external_data=True,
+        variants=["int8", "int4", "fp16"],
+    )
 
 
 # The one export of tiny-alt: named as a hub repo (huggingface_hub.snapshot_download, the boundary
@@ -198,8 +249,13 @@ def exported_alt_from_hub(exported_tiny, tiny_alt_checkpoint, tmp_path_factory):
             patch.setattr(huggingface_hub, "snapshot_download", snapshot_download)
             from colembed_export.pipeline.exporter import export_model
 
-            export_model(ALT_HUB_REPO, out, revision=ALT_HUB_REVISION, overwrite=True,
-                         tolerance=ALT_TOLERANCE)
+            export_model(
+                ALT_HUB_REPO,
+                out,
+                revision=ALT_HUB_REVISION,
+                overwrite=True,
+                tolerance=ALT_TOLERANCE,
+            )
         listing = sorted(p.name for p in folder.iterdir())
         (folder.parent / f"{folder.name}.json").write_text(json.dumps([calls, listing]))
 
@@ -216,9 +272,13 @@ def exported_tiny_2_5(tmp_path_factory):
     tests and its variant tests (tests/export/families/qwen2_5/test_variants.py)."""
     from tests.fixtures.qwen2_5 import checkpoint
 
-    return _shared_export(tmp_path_factory, "exported-tiny-2.5",
-                          checkpoint(tmp_path_factory, "tiny-2.5", "colpali"), "tiny-2.5",
-                          variants=["int8", "int4", "fp16"])
+    return _shared_export(
+        tmp_path_factory,
+        "exported-tiny-2.5",
+        checkpoint(tmp_path_factory, "tiny-2.5", "colpali"),
+        "tiny-2.5",
+        variants=["int8", "int4", "fp16"],
+    )
 
 
 @pytest.fixture(scope="session")
@@ -227,9 +287,12 @@ def exported_tiny_2_5_alt(tmp_path_factory):
     exported from transformers' layout (`colqwen2` over `qwen2_5_vl`), with the check on."""
     from tests.fixtures.qwen2_5 import checkpoint
 
-    return _shared_export(tmp_path_factory, "exported-tiny-2.5-alt",
-                          checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),
-                          "tiny-2.5-alt")
+    return _shared_export(
+        tmp_path_factory,
+        "exported-tiny-2.5-alt",
+        checkpoint(tmp_path_factory, "tiny-2.5-alt", "transformers"),
+        "tiny-2.5-alt",
+    )
 
 
 @pytest.fixture(scope="session", params=["tiny-2.5", "tiny-2.5-alt"])
@@ -249,6 +312,7 @@ def tiny_model(exported_tiny):
 @pytest.fixture
 def copy_model_folder(exported_tiny, tmp_path):
     """A private copy of the exported tiny folder, safe to tamper with."""
+
     def make(name: str = "copy"):
         return shutil.copytree(exported_tiny.folder, tmp_path / name)
 

@@ -52,8 +52,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
 from benchmarks.shared.common import budget_page, letter_page, machine_info  # noqa: E402,F401  (re-exported)
-from benchmarks.shared.embed_models import (GATE_MISSES, INT8_BASELINE, add_int8_baseline,  # noqa: E402,F401
-                          gate_figures, prepare_model)
+from benchmarks.shared.embed_models import (  # noqa: E402
+    GATE_MISSES,
+    INT8_BASELINE,
+    add_int8_baseline,  # noqa: F401
+    gate_figures,
+    prepare_model,
+)
 from benchmarks.embed.optimiser import optimiser_report  # noqa: E402
 from benchmarks.embed.report import accuracy, derive, markdown  # noqa: E402
 from benchmarks.embed.worker import gemm_peaks, spawn  # noqa: E402
@@ -68,53 +73,99 @@ RESULT_STEMS = {"colqwen2": "embed", "colqwen2.5": "embed-colqwen2_5", "colqwen3
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--family", choices=tuple(WIDTHS), default="colqwen2",
-                        help="model family (widths of Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-4B)")
-    parser.add_argument("--quick", action="store_true",
-                        help="small setting: 2+2 layers, few repeats, 40 retrieval pages")
+    parser.add_argument(
+        "--family",
+        choices=tuple(WIDTHS),
+        default="colqwen2",
+        help="model family (widths of Qwen2-VL-2B, Qwen2.5-VL-3B or Qwen3-VL-4B)",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="small setting: 2+2 layers, few repeats, 40 retrieval pages",
+    )
     parser.add_argument("--vision-depth", type=int, help="vision layers (real: 32; default 4)")
     parser.add_argument("--text-layers", type=int, help="language layers (real: 28; default 4)")
     parser.add_argument("--variants", default="fp32,int8,int4,fp16")
     parser.add_argument("--no-torch", action="store_true", help="skip the torch reference")
-    parser.add_argument("--no-bf16", action="store_true",
-                        help="skip the torch bf16 SDPA row (dtype=torch.bfloat16, "
-                             'attn_implementation="sdpa") beside the eager fp32 reference')
-    parser.add_argument("--full", action="store_true",
-                        help="the full-depth table: 32 vision blocks + 28 language layers, torch "
-                             "eager fp32, torch bf16 SDPA, colembed fp32 and int8, each in its own "
-                             "process, best of 2 pages / 3 queries; no accuracy set, no optimiser "
-                             "(~15 min on 2 quiet cores, ~10 GB: run it under a memory lock on a "
-                             "shared machine); writes results/embed/embed-full.*")
+    parser.add_argument(
+        "--no-bf16",
+        action="store_true",
+        help="skip the torch bf16 SDPA row (dtype=torch.bfloat16, "
+        'attn_implementation="sdpa") beside the eager fp32 reference',
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help="the full-depth table: 32 vision blocks + 28 language layers, torch "
+        "eager fp32, torch bf16 SDPA, colembed fp32 and int8, each in its own "
+        "process, best of 2 pages / 3 queries; no accuracy set, no optimiser "
+        "(~15 min on 2 quiet cores, ~10 GB: run it under a memory lock on a "
+        "shared machine); writes results/embed/embed-full.*",
+    )
     parser.add_argument("--no-optimiser", action="store_true", help="skip the optimiser report")
-    parser.add_argument("--arena-off", action="store_true",
-                        help="also run fp32 with the CPU memory arena off")
-    parser.add_argument("--stress", action="store_true",
-                        help="also export the stress checkpoint (trained-model activation traits) "
-                             "at the same widths and depth and report its gate figures")
-    parser.add_argument("--int8-baseline", action="store_true",
-                        help="also time the plain int8 recipe (no outlier smoothing) in this run")
-    parser.add_argument("--profile", action="store_true",
-                        help="profile one letter page per colembed runtime: time by op type, "
-                             "and the int8 bound (quantised GEMMs at the int8 peak)")
+    parser.add_argument(
+        "--arena-off", action="store_true", help="also run fp32 with the CPU memory arena off"
+    )
+    parser.add_argument(
+        "--stress",
+        action="store_true",
+        help="also export the stress checkpoint (trained-model activation traits) "
+        "at the same widths and depth and report its gate figures",
+    )
+    parser.add_argument(
+        "--int8-baseline",
+        action="store_true",
+        help="also time the plain int8 recipe (no outlier smoothing) in this run",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one letter page per colembed runtime: time by op type, "
+        "and the int8 bound (quantised GEMMs at the int8 peak)",
+    )
     parser.add_argument("--threads", type=int, help="intra-op threads (default: physical cores)")
-    parser.add_argument("--workdir", type=Path, default=Path(os.environ.get(
-        "COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench")))
-    parser.add_argument("--out", type=Path, default=HERE / "results" / "embed",
-                        help="folder for embed.json / embed.md")
-    parser.add_argument("--against", metavar="REF",
-                        help="the release guard: time this checkout against REF (a git ref, or a "
-                             "folder to put on PYTHONPATH) interleaved, fp32 and int8, 2+2 layers; "
-                             "exit 1 when a column is slower than --margin "
-                             "(writes results/embed/embed-against.*)")
-    parser.add_argument("--graphs", choices=("auto", "same", "own"), default="auto",
-                        help="--against: both on this checkout's export (same) or each version "
-                             "on its own exporter's graphs (own); auto: same when REF loads it")
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        default=Path(
+            os.environ.get("COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench")
+        ),
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=HERE / "results" / "embed",
+        help="folder for embed.json / embed.md",
+    )
+    parser.add_argument(
+        "--against",
+        metavar="REF",
+        help="the release guard: time this checkout against REF (a git ref, or a "
+        "folder to put on PYTHONPATH) interleaved, fp32 and int8, 2+2 layers; "
+        "exit 1 when a column is slower than --margin "
+        "(writes results/embed/embed-against.*)",
+    )
+    parser.add_argument(
+        "--graphs",
+        choices=("auto", "same", "own"),
+        default="auto",
+        help="--against: both on this checkout's export (same) or each version "
+        "on its own exporter's graphs (own); auto: same when REF loads it",
+    )
     parser.add_argument("--rounds", type=int, default=7, help="--against: interleaved rounds")
-    parser.add_argument("--against-variants", default="fp32,int8",
-                        help="--against: the variants timed (one at a time: each version's process "
-                             "holds one variant, ~2.2 GB for fp32 at 2+2, ~1.6 GB for int8)")
-    parser.add_argument("--margin", type=float, default=0.05,
-                        help="--against: allowed slowdown of a column's median ratio")
+    parser.add_argument(
+        "--against-variants",
+        default="fp32,int8",
+        help="--against: the variants timed (one at a time: each version's process "
+        "holds one variant, ~2.2 GB for fp32 at 2+2, ~1.6 GB for int8)",
+    )
+    parser.add_argument(
+        "--margin",
+        type=float,
+        default=0.05,
+        help="--against: allowed slowdown of a column's median ratio",
+    )
     args = parser.parse_args(argv)
 
     started = time.perf_counter()
@@ -127,18 +178,23 @@ def main(argv: list[str] | None = None) -> int:
     args.vision_depth = args.vision_depth or (2 if shallow else 4)
     args.text_layers = args.text_layers or (2 if shallow else 4)
     args.threads = threads
-    args.variants = [BASE_VARIANT] + [v for v in args.variants.split(",")
-                                     if v and v != BASE_VARIANT]
-    repeats = ({"page_repeats": 2, "query_repeats": 3, "batch_repeats": 1, "retrieval_pages": 0}
-               if args.full else
-               {"page_repeats": 2, "query_repeats": 12, "batch_repeats": 2, "retrieval_pages": 100}
-               if args.quick else
-               {"page_repeats": 5, "query_repeats": 40, "batch_repeats": 5, "retrieval_pages": 100})
+    args.variants = [BASE_VARIANT] + [
+        v for v in args.variants.split(",") if v and v != BASE_VARIANT
+    ]
+    repeats = (
+        {"page_repeats": 2, "query_repeats": 3, "batch_repeats": 1, "retrieval_pages": 0}
+        if args.full
+        else {"page_repeats": 2, "query_repeats": 12, "batch_repeats": 2, "retrieval_pages": 100}
+        if args.quick
+        else {"page_repeats": 5, "query_repeats": 40, "batch_repeats": 5, "retrieval_pages": 100}
+    )
     work = args.workdir.expanduser()
     work.mkdir(parents=True, exist_ok=True)
 
     def progress(message: str) -> None:
-        print(f"[bench {time.perf_counter() - started:6.0f}s] {message}", file=sys.stderr, flush=True)
+        print(
+            f"[bench {time.perf_counter() - started:6.0f}s] {message}", file=sys.stderr, flush=True
+        )
 
     if args.against:
         from benchmarks.embed.against import run_against
@@ -153,29 +209,48 @@ def main(argv: list[str] | None = None) -> int:
     if args.int8_baseline and "int8" in args.variants:
         add_int8_baseline(folder, progress)
     shapes = Shapes.from_manifest(json.loads((folder / MANIFEST_NAME).read_text()))
-    shapes = dataclasses.replace(shapes, full_blocks=len(getattr(spec, "fullatt_block_indexes", ())))
+    shapes = dataclasses.replace(
+        shapes, full_blocks=len(getattr(spec, "fullatt_block_indexes", ()))
+    )
     progress("measuring GEMM peaks")
     peaks = gemm_peaks(threads)
-    progress(f"fp32 peak {peaks['fp32_gflops']:.0f} GFLOP/s, int8 peak {peaks['int8_gops']:.0f} GOP/s")
+    progress(
+        f"fp32 peak {peaks['fp32_gflops']:.0f} GFLOP/s, int8 peak {peaks['int8_gops']:.0f} GOP/s"
+    )
 
     jobs: dict[str, dict[str, Any]] = {}
     if not args.no_torch:
-        jobs["torch"] = {"runtime": "torch", "variant": "torch", "checkpoint": str(ckpt),
-                         "family": args.family}
+        jobs["torch"] = {
+            "runtime": "torch",
+            "variant": "torch",
+            "checkpoint": str(ckpt),
+            "family": args.family,
+        }
         if not args.no_bf16:
-            jobs["torch-bf16"] = {"runtime": "torch", "torch_runtime": "torch-bf16",
-                                  "variant": "torch-bf16", "checkpoint": str(ckpt),
-                                  "family": args.family}
+            jobs["torch-bf16"] = {
+                "runtime": "torch",
+                "torch_runtime": "torch-bf16",
+                "variant": "torch-bf16",
+                "checkpoint": str(ckpt),
+                "family": args.family,
+            }
     for variant in args.variants:
         jobs[variant] = {"runtime": "colembed", "variant": variant, "folder": str(folder)}
         if not args.full:  # the accuracy set: 100 pages would take hours at full depth
             jobs[variant]["embeddings_out"] = str(work / f"emb-{variant}.npz")
         if variant == "int8" and args.int8_baseline:
-            jobs[INT8_BASELINE] = {"runtime": "colembed", "variant": INT8_BASELINE,
-                                   "folder": str(folder)}
+            jobs[INT8_BASELINE] = {
+                "runtime": "colembed",
+                "variant": INT8_BASELINE,
+                "folder": str(folder),
+            }
     if args.arena_off:
-        jobs["fp32 (arena off)"] = {"runtime": "colembed", "variant": BASE_VARIANT, "folder": str(folder),
-                                    "cpu_mem_arena": False}
+        jobs["fp32 (arena off)"] = {
+            "runtime": "colembed",
+            "variant": BASE_VARIANT,
+            "folder": str(folder),
+            "cpu_mem_arena": False,
+        }
     rows: dict[str, dict[str, Any]] = {}
     for name, job in jobs.items():
         progress(f"running {name}")
@@ -183,15 +258,19 @@ def main(argv: list[str] | None = None) -> int:
         stale = job.get("embeddings_out")
         if stale and Path(stale).exists():
             Path(stale).unlink()
-        rows[name] = spawn(job, timeout=3600) | {"runtime": job["runtime"],
-                                                       "variant": job["variant"]}
+        rows[name] = spawn(job, timeout=3600) | {
+            "runtime": job["runtime"],
+            "variant": job["variant"],
+        }
         if "error" in rows[name]:
             progress(f"{name} failed: {rows[name]['error'][-300:]}")
         else:
             r = rows[name]
-            progress(f"{name}: page {r['page_s']['median']:.2f} s, query "
-                     f"{r['query_latency_s']['median'] * 1e3:.0f} ms, 16 queries "
-                     f"{r['batch16_s']['median']:.2f} s")
+            progress(
+                f"{name}: page {r['page_s']['median']:.2f} s, query "
+                f"{r['query_latency_s']['median'] * 1e3:.0f} ms, 16 queries "
+                f"{r['batch16_s']['median']:.2f} s"
+            )
     # Peaks again at the end: a busy machine understates a single measurement; keep the best.
     again = gemm_peaks(threads)
     peaks["fp32_gflops_runs"] = [peaks["fp32_gflops"], again["fp32_gflops"]]
@@ -201,10 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     derive(rows, shapes, peaks, folder, ckpt)
     results: dict[str, Any] = {
         "machine": info,
-        "setting": {"vision_depth": args.vision_depth, "text_layers": args.text_layers,
-                    "threads": threads, "quick": args.quick, "stress": args.stress, **repeats,
-                    "family": args.family, "workdir": str(work),
-                    "model": f"{WIDTHS[args.family]} widths, random weights"},
+        "setting": {
+            "vision_depth": args.vision_depth,
+            "text_layers": args.text_layers,
+            "threads": threads,
+            "quick": args.quick,
+            "stress": args.stress,
+            **repeats,
+            "family": args.family,
+            "workdir": str(work),
+            "model": f"{WIDTHS[args.family]} widths, random weights",
+        },
         "peaks": peaks,
         "runtimes": rows,
         "accuracy": accuracy(work, [v for v in args.variants if v != BASE_VARIANT]),

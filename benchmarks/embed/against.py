@@ -42,15 +42,28 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.shared.common import (QUERIES, Worker, letter_page, load_average, machine_info, markdown_header,
-                    markdown_table, serve, spread, timed)
+from benchmarks.shared.common import (
+    QUERIES,
+    Worker,
+    letter_page,
+    load_average,
+    machine_info,
+    markdown_header,
+    markdown_table,
+    serve,
+    spread,
+    timed,
+)
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 REPO = HERE.parent
 COLUMNS = {  # column key -> (variant, item)
-    "page fp32": ("fp32", "page"), "16 queries fp32": ("fp32", "q16"),
-    "1 query fp32": ("fp32", "q1"), "page int8": ("int8", "page"),
-    "16 queries int8": ("int8", "q16"), "1 query int8": ("int8", "q1"),
+    "page fp32": ("fp32", "page"),
+    "16 queries fp32": ("fp32", "q16"),
+    "1 query fp32": ("fp32", "q1"),
+    "page int8": ("int8", "page"),
+    "16 queries int8": ("int8", "q16"),
+    "1 query int8": ("int8", "q1"),
 }
 SINGLE_QUERIES = 16  # single-query calls per pass of a "1 query" sample (QUERIES[:16], one each)
 SAMPLE_SECONDS = 0.5  # the least work in one timed sample (see the module docstring)
@@ -64,9 +77,15 @@ class _Embedder:
         self.model = None
         self.page = letter_page()
 
-    def load(self, runtime: str, variant: str = "fp32", folder: str | None = None,
-             checkpoint: str | None = None, threads: int | None = None,
-             family: str = "colqwen2") -> dict[str, Any]:
+    def load(
+        self,
+        runtime: str,
+        variant: str = "fp32",
+        folder: str | None = None,
+        checkpoint: str | None = None,
+        threads: int | None = None,
+        family: str = "colqwen2",
+    ) -> dict[str, Any]:
         self.model = None
         start = time.perf_counter()
         if runtime.startswith("torch"):
@@ -90,8 +109,9 @@ class _Embedder:
         elif item == "q16":
             calls = [lambda: model.embed_queries(QUERIES[:16], batch_size=16)] * repeats
         elif item == "q1":
-            calls = [lambda q=q: model.embed_queries([q])
-                     for q in QUERIES[:SINGLE_QUERIES]] * repeats
+            calls = [
+                lambda q=q: model.embed_queries([q]) for q in QUERIES[:SINGLE_QUERIES]
+            ] * repeats
         else:
             raise ValueError(f"unknown item {item!r}")
         return {"s": sum(timed(call) for call in calls) / len(calls), "calls": len(calls)}
@@ -110,12 +130,19 @@ def checkout(ref: str, work: Path) -> tuple[Path, str]:
     given = Path(ref).expanduser()
     if given.is_dir():
         return given, str(given)
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", ref],
-                            capture_output=True, text=True, check=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", ref],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     tree = work / f"ref-{commit}"
     if not (tree / "colembed").is_dir():
-        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
-                       check=True, capture_output=True)
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "add", "--detach", str(tree), commit],
+            check=True,
+            capture_output=True,
+        )
     shim = work / f"ref-{commit}-path"
     shim.mkdir(exist_ok=True)
     for name, target in (("colembed", tree / "colembed"), ("colembed_export", tree / "export")):
@@ -133,15 +160,20 @@ def ref_export(path: Path, ckpt: Path, out: Path, progress) -> Path:
     if (out / MANIFEST_NAME).is_file():  # made by an earlier run: reused
         return out
     progress(f"exporting {ckpt.name} with the other version's exporter")
-    code = ("import sys\n"
-            "try:\n    from colembed_export.pipeline.exporter import export_model\n"
-            "except ImportError:  # a version from before the exporter's folders\n"
-            "    from colembed_export.exporter import export_model\n"
-            "export_model(sys.argv[1], sys.argv[2], overwrite=True, variants=['int8'])")
+    code = (
+        "import sys\n"
+        "try:\n    from colembed_export.pipeline.exporter import export_model\n"
+        "except ImportError:  # a version from before the exporter's folders\n"
+        "    from colembed_export.exporter import export_model\n"
+        "export_model(sys.argv[1], sys.argv[2], overwrite=True, variants=['int8'])"
+    )
     # `-P`: no current folder on sys.path, or a run from this checkout would import its own
     # colembed instead of the other version's
-    subprocess.run([sys.executable, "-P", "-c", code, str(ckpt), str(out)], check=True,
-                   env=dict(os.environ, PYTHONPATH=str(path)))
+    subprocess.run(
+        [sys.executable, "-P", "-c", code, str(ckpt), str(out)],
+        check=True,
+        env=dict(os.environ, PYTHONPATH=str(path)),
+    )
     return out
 
 
@@ -152,8 +184,7 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
     against any of them."""
     info = machine_info()
     ours = "this checkout"
-    sides: dict[str, tuple[dict[str, str], Path]] = {
-        ours: ({"PYTHONPATH": str(REPO)}, folder)}
+    sides: dict[str, tuple[dict[str, str], Path]] = {ours: ({"PYTHONPATH": str(REPO)}, folder)}
     argv = [sys.executable, "-P", "-m", "benchmarks.embed.against", "--serve"]
     graphs: dict[str, str] = {}
     for ref in args.against.split(","):
@@ -163,8 +194,13 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
         if mode in ("same", "auto"):
             with Worker("probe", argv, env=env) as probe:
                 try:
-                    probe.call("load", runtime="colembed", variant="int8", folder=str(folder),
-                               threads=args.threads)
+                    probe.call(
+                        "load",
+                        runtime="colembed",
+                        variant="int8",
+                        folder=str(folder),
+                        threads=args.threads,
+                    )
                     mode = "same"
                 except RuntimeError as e:
                     if mode == "same":
@@ -172,30 +208,36 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
                     progress(f"{label} cannot load this export ({str(e)[:200]}): own graphs")
                     mode = "own"
         if mode == "own":
-            other_folder = ref_export(path, ckpt, work / f"model-{label}-"
-                                      f"{ckpt.name.removeprefix('ckpt-')}", progress)
+            other_folder = ref_export(
+                path, ckpt, work / f"model-{label}-{ckpt.name.removeprefix('ckpt-')}", progress
+            )
         graphs[label] = mode
         sides[label] = (env, other_folder)
     others = [side for side in sides if side != ours]
     rounds = args.rounds
-    times: dict[str, dict[str, list[float]]] = {side: {c: [] for c in COLUMNS}
-                                               for side in [*sides, "torch"]}
+    times: dict[str, dict[str, list[float]]] = {
+        side: {c: [] for c in COLUMNS} for side in [*sides, "torch"]
+    }
     loads: dict[str, Any] = {}
     repeats: dict[str, int] = {}
     load_start = load_average()
     torch_worker = None if args.no_torch else Worker("torch", argv, env=sides[ours][0])
     try:
         if torch_worker:
-            loads["torch"] = torch_worker.call("load", runtime="torch", checkpoint=str(ckpt),
-                                               threads=args.threads)
+            loads["torch"] = torch_worker.call(
+                "load", runtime="torch", checkpoint=str(ckpt), threads=args.threads
+            )
         for variant in args.against_variants.split(","):
             workers = {side: Worker(side, argv, env=env) for side, (env, _) in sides.items()}
             try:
                 for side, w in workers.items():
-                    loads[f"{side} {variant}"] = w.call("load", runtime="colembed",
-                                                        variant=variant,
-                                                        folder=str(sides[side][1]),
-                                                        threads=args.threads)
+                    loads[f"{side} {variant}"] = w.call(
+                        "load",
+                        runtime="colembed",
+                        variant=variant,
+                        folder=str(sides[side][1]),
+                        threads=args.threads,
+                    )
                 everyone = dict(workers, **({"torch": torch_worker} if torch_worker else {}))
                 columns = [c for c, (v, _) in COLUMNS.items() if v == variant]
                 warm: dict[str, list[float]] = {c: [] for c in columns}
@@ -212,28 +254,48 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
                         order.reverse()
                     for c in columns:
                         for side, w in order:
-                            times[side][c].append(w.call("time", item=COLUMNS[c][1],
-                                                         repeats=repeats[c])["s"])
-                    progress(f"{variant} round {r + 1}/{rounds}: " + "; ".join(
-                        f"{c} " + "/".join(f"{times[side][c][-1]:.3f}" for side in sides)
-                        for c in columns) + f" s ({', '.join(sides)})")
+                            times[side][c].append(
+                                w.call("time", item=COLUMNS[c][1], repeats=repeats[c])["s"]
+                            )
+                    progress(
+                        f"{variant} round {r + 1}/{rounds}: "
+                        + "; ".join(
+                            f"{c} " + "/".join(f"{times[side][c][-1]:.3f}" for side in sides)
+                            for c in columns
+                        )
+                        + f" s ({', '.join(sides)})"
+                    )
             finally:
                 for w in workers.values():
                     w.close()
     finally:
         if torch_worker:
             torch_worker.close()
-    results = {"against": args.against, "variants": args.against_variants, "others": others, "graphs": graphs, "rounds": rounds,
-               "margin": args.margin, "loads": loads, "load_average_start": load_start,
-               "load_average_end": load_average(), "model": str(ckpt.name),
-               "sample_seconds": SAMPLE_SECONDS, "repeats": repeats,
-               "calls_per_sample": {c: repeats[c] * (SINGLE_QUERIES if COLUMNS[c][1] == "q1" else 1)
-                                    for c in repeats},
-               "folders": {side: str(f) for side, (_, f) in sides.items()},
-               "threads": args.threads, "machine": info, "times": times,
-               "versus": {other: summarise(times, ours, other, args.margin) for other in others}}
-    results["verdict"] = ("fail" if any(v["verdict"] == "fail" for v in results["versus"].values())
-                          else "pass")
+    results = {
+        "against": args.against,
+        "variants": args.against_variants,
+        "others": others,
+        "graphs": graphs,
+        "rounds": rounds,
+        "margin": args.margin,
+        "loads": loads,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "model": str(ckpt.name),
+        "sample_seconds": SAMPLE_SECONDS,
+        "repeats": repeats,
+        "calls_per_sample": {
+            c: repeats[c] * (SINGLE_QUERIES if COLUMNS[c][1] == "q1" else 1) for c in repeats
+        },
+        "folders": {side: str(f) for side, (_, f) in sides.items()},
+        "threads": args.threads,
+        "machine": info,
+        "times": times,
+        "versus": {other: summarise(times, ours, other, args.margin) for other in others},
+    }
+    results["verdict"] = (
+        "fail" if any(v["verdict"] == "fail" for v in results["versus"].values()) else "pass"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "embed-against.json").write_text(json.dumps(results, indent=1) + "\n")
     table = markdown(results)
@@ -275,46 +337,74 @@ def samples_line(results: dict[str, Any]) -> str:
     calls = results.get("calls_per_sample")
     if not calls:
         return "1 query = mean of 4 single-query calls"
-    return (f"each sample >= {results['sample_seconds']} s of work on the fastest side, calls per "
-            "sample (mean per call reported): " + ", ".join(f"{c} {n}" for c, n in calls.items()))
+    return (
+        f"each sample >= {results['sample_seconds']} s of work on the fastest side, calls per "
+        "sample (mean per call reported): " + ", ".join(f"{c} {n}" for c, n in calls.items())
+    )
 
 
 def markdown(results: dict[str, Any]) -> str:
     ours = "this checkout"
-    lines = [f"# colembed against {results['against']}, interleaved in one run", "",
-             markdown_header(results["machine"]),
-             f"- load average at start {results['load_average_start']}, at end "
-             f"{results['load_average_end']}; threads {results['threads'] or 'physical cores'}",
-             f"- model: {results['model']} (random weights, Qwen2-VL-2B widths); graphs: "
-             + ", ".join(f"{k}: {v}" for k, v in results["graphs"].items())
-             + f" (same = every version on this checkout's export, {results['folders'][ours]}); "
-             f"{results['rounds']} rounds after a warm-up, each round one item per process in "
-             "turn, order reversed every other round; " + samples_line(results), "",
-             f"Verdict: **{results['verdict']}** (fails when a column's median over rounds of "
-             f"REF / this-checkout time < {1 - results['margin']:.2f}; margin "
-             f"{results['margin']:.0%})", ""]
+    lines = [
+        f"# colembed against {results['against']}, interleaved in one run",
+        "",
+        markdown_header(results["machine"]),
+        f"- load average at start {results['load_average_start']}, at end "
+        f"{results['load_average_end']}; threads {results['threads'] or 'physical cores'}",
+        f"- model: {results['model']} (random weights, Qwen2-VL-2B widths); graphs: "
+        + ", ".join(f"{k}: {v}" for k, v in results["graphs"].items())
+        + f" (same = every version on this checkout's export, {results['folders'][ours]}); "
+        f"{results['rounds']} rounds after a warm-up, each round one item per process in "
+        "turn, order reversed every other round; " + samples_line(results),
+        "",
+        f"Verdict: **{results['verdict']}** (fails when a column's median over rounds of "
+        f"REF / this-checkout time < {1 - results['margin']:.2f}; margin "
+        f"{results['margin']:.0%})",
+        "",
+    ]
     first = next(iter(results["versus"].values()))["columns"]
     head = ["", *first]
     rows = [[f"{ours} s (median)", *(f"{e['ours_s']['median']:.3f}" for e in first.values())]]
     for other, v in results["versus"].items():
         cols = v["columns"]
-        rows += [[f"{other} s (median)", *(f"{e['other_s']['median']:.3f}" for e in cols.values())],
-                 [f"**{other} / this** (median of rounds)",
-                  *(f"**{e['other_over_ours']['median']:.3f}**" for e in cols.values())],
-                 ["  spread of that ratio (min - max)",
-                  *(f"{e['other_over_ours']['min']:.2f} - {e['other_over_ours']['max']:.2f}"
-                    for e in cols.values())]]
+        rows += [
+            [f"{other} s (median)", *(f"{e['other_s']['median']:.3f}" for e in cols.values())],
+            [
+                f"**{other} / this** (median of rounds)",
+                *(f"**{e['other_over_ours']['median']:.3f}**" for e in cols.values()),
+            ],
+            [
+                "  spread of that ratio (min - max)",
+                *(
+                    f"{e['other_over_ours']['min']:.2f} - {e['other_over_ours']['max']:.2f}"
+                    for e in cols.values()
+                ),
+            ],
+        ]
         if v["slower_columns"]:
-            rows.append([f"  slower than {other}", *("yes" if c in v["slower_columns"] else ""
-                                                     for c in cols)])
+            rows.append(
+                [
+                    f"  slower than {other}",
+                    *("yes" if c in v["slower_columns"] else "" for c in cols),
+                ]
+            )
     if all("x_torch_ours" in e for e in first.values()):
-        rows.append(["torch eager fp32 s (median)", *(f"{e['torch_s']['median']:.3f}"
-                                                       for e in first.values())])
+        rows.append(
+            [
+                "torch eager fp32 s (median)",
+                *(f"{e['torch_s']['median']:.3f}" for e in first.values()),
+            ]
+        )
         for other, v in results["versus"].items():
-            rows.append([f"x torch, {other}", *(f"{e['x_torch_other']['median']:.2f}"
-                                                for e in v["columns"].values())])
-        rows.append([f"x torch, {ours}", *(f"{e['x_torch_ours']['median']:.2f}"
-                                           for e in first.values())])
+            rows.append(
+                [
+                    f"x torch, {other}",
+                    *(f"{e['x_torch_other']['median']:.2f}" for e in v["columns"].values()),
+                ]
+            )
+        rows.append(
+            [f"x torch, {ours}", *(f"{e['x_torch_ours']['median']:.2f}" for e in first.values())]
+        )
     lines += markdown_table(head, rows)
     return "\n".join(lines) + "\n"
 

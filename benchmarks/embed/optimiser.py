@@ -32,53 +32,67 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
     arch = manifest["architecture"]
     config = PreprocessConfig.from_dict(manifest["preprocess"])
-    contracts = colqwen2_contracts(patch_dim=config.patch_dim,
-                                   vision_head_dim=config.vision_head_dim,
-                                   text_hidden=arch["text_hidden"],
-                                   embedding_dim=manifest["embedding_dim"])
+    contracts = colqwen2_contracts(
+        patch_dim=config.patch_dim,
+        vision_head_dim=config.vision_head_dim,
+        text_hidden=arch["text_hidden"],
+        embedding_dim=manifest["embedding_dim"],
+    )
     rng = np.random.default_rng(0)
     report: dict[str, Any] = {}
     patches = page_tokens * config.merge_size**2
     tokens = page_tokens + 20
     index = np.zeros((1, tokens), np.int64)
-    index[0, 5:5 + page_tokens] = np.arange(1, page_tokens + 1)
+    index[0, 5 : 5 + page_tokens] = np.arange(1, page_tokens + 1)
     feeds = {
         "vision": contracts["vision"].feeds(
             rng.standard_normal((1, patches, config.patch_dim), dtype=np.float32),
             np.ones((patches, config.vision_head_dim), np.float32),
-            np.zeros((patches, config.vision_head_dim), np.float32)),
+            np.zeros((patches, config.vision_head_dim), np.float32),
+        ),
         "text": contracts["text"].feeds(
             np.full((1, tokens), config.pad_token_id, np.int64),
             np.ones((1, tokens), np.int64),
             np.broadcast_to(np.arange(tokens), (3, 1, tokens)).copy(),
             index,
-            rng.standard_normal((page_tokens, arch["text_hidden"]), dtype=np.float32)),
+            rng.standard_normal((page_tokens, arch["text_hidden"]), dtype=np.float32),
+        ),
     }
     model_types = {"vision": "clip", "text": "bert"}  # the fusion sets that match our patterns
     with tempfile.TemporaryDirectory(prefix="colembed-opt-") as tmp:
         for role in ("vision", "text"):
             src = folder / manifest["variants"][BASE_VARIANT][role]["file"]
-            before = collections.Counter(n.op_type for n in
-                                         onnx.load(str(src), load_external_data=False).graph.node)
+            before = collections.Counter(
+                n.op_type for n in onnx.load(str(src), load_external_data=False).graph.node
+            )
             opt_path = Path(tmp) / f"{role}.opt.onnx"
             session_path = Path(tmp) / f"{role}.ort-all.onnx"
             optimised = optimizer.optimize_model(
-                str(src), model_type=model_types[role], num_heads=0, hidden_size=0, opt_level=0,
-                use_gpu=False)
+                str(src),
+                model_type=model_types[role],
+                num_heads=0,
+                hidden_size=0,
+                opt_level=0,
+                use_gpu=False,
+            )
             fused = {k: v for k, v in optimised.get_fused_operator_statistics().items() if v}
             optimised.save_model_to_file(str(opt_path), use_external_data_format=True)
             after = collections.Counter(n.op_type for n in optimised.model.graph.node)
             del optimised
             timing = {}
             for label, path in (("exported", src), ("transformer_optimiser", opt_path)):
-                session = Session(path, threads=threads,
-                                  save_optimized=session_path if label == "exported" else None)
+                session = Session(
+                    path,
+                    threads=threads,
+                    save_optimized=session_path if label == "exported" else None,
+                )
                 feed = feeds[role]
                 session.run(feed)
                 timing[label] = min(_timed(lambda s=session, f=feed: s.run(f)) for _ in range(3))
                 del session
             in_session = collections.Counter(
-                n.op_type for n in onnx.load(str(session_path), load_external_data=False).graph.node)
+                n.op_type for n in onnx.load(str(session_path), load_external_data=False).graph.node
+            )
             report[role] = {
                 "model_type": model_types[role],
                 "fusions": fused,
@@ -92,4 +106,6 @@ def optimiser_report(folder: Path, threads: int, page_tokens: int) -> dict[str, 
 
 
 def _delta(before, after) -> dict[str, int]:
-    return {k: after[k] - before[k] for k in sorted(set(before) | set(after)) if after[k] != before[k]}
+    return {
+        k: after[k] - before[k] for k in sorted(set(before) | set(after)) if after[k] != before[k]
+    }

@@ -20,12 +20,15 @@ from colembed.layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE  # noqa:
 
 def folder_bytes(folder: Path, variant: str) -> int:
     manifest = json.loads((folder / MANIFEST_NAME).read_text())
-    files = {f for g in manifest["variants"][variant].values() for f in (g["file"], g["data_file"]) if f}
+    files = {
+        f for g in manifest["variants"][variant].values() for f in (g["file"], g["data_file"]) if f
+    }
     return sum((folder / f).stat().st_size for f in files | {TOKENIZER_FILE})
 
 
-def derive(rows: dict[str, dict], shapes: Shapes, peaks: dict, folder: Path,
-           checkpoint: Path) -> None:
+def derive(
+    rows: dict[str, dict], shapes: Shapes, peaks: dict, folder: Path, checkpoint: Path
+) -> None:
     """Add FLOP/s, peak fractions, speed-ups and memory ratios to each runtime's figures."""
     torch_row = rows.get("torch", {})
     for name, r in rows.items():
@@ -42,8 +45,11 @@ def derive(rows: dict[str, dict], shapes: Shapes, peaks: dict, folder: Path,
         query_flops = sum(text_flops(shapes, n) for n in r["query_rows"])
         r["batch16_gflops"] = query_flops / r["batch16_s"]["median"] / 1e9
         r["load_peak_over_base_mib"] = r["peak_rss_load_mib"] - r["rss_base_mib"]
-        size = (folder_bytes(folder, r["variant"]) if r["runtime"] == "colembed"
-                else sum(p.stat().st_size for p in checkpoint.glob("*.safetensors")))
+        size = (
+            folder_bytes(folder, r["variant"])
+            if r["runtime"] == "colembed"
+            else sum(p.stat().st_size for p in checkpoint.glob("*.safetensors"))
+        )
         r["files_mib"] = size / 2**20
         r["load_rss_over_files"] = r["load_peak_over_base_mib"] / r["files_mib"]
         bf16 = rows.get("torch-bf16", {})
@@ -82,10 +88,15 @@ def time_split(r: dict[str, Any], peaks: dict[str, Any]) -> dict[str, Any] | Non
     quantised = sum(v for op, v in by_op.items() if op in QUANTISED_GEMM_OPS)
     fp32_ops = {op: v for op, v in by_op.items() if op not in QUANTISED_GEMM_OPS}
     page = prof["host_s"] + graphs
-    split = {"page_s": page, "host_s": prof["host_s"], "graphs_s": graphs,
-             "quantised_gemm_s": quantised, "fp32_kernels_s": sum(fp32_ops.values()),
-             "between_kernels_s": graphs - sum(by_op.values()),
-             "fp32_by_op": dict(sorted(fp32_ops.items(), key=lambda kv: -kv[1]))}
+    split = {
+        "page_s": page,
+        "host_s": prof["host_s"],
+        "graphs_s": graphs,
+        "quantised_gemm_s": quantised,
+        "fp32_kernels_s": sum(fp32_ops.values()),
+        "between_kernels_s": graphs - sum(by_op.values()),
+        "fp32_by_op": dict(sorted(fp32_ops.items(), key=lambda kv: -kv[1])),
+    }
     if quantised:
         near = prof.get("peaks", peaks)
         int8_peak, fp32_peak = near["int8_gops"] * 1e9, near["fp32_gflops"] * 1e9
@@ -113,9 +124,15 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
         if not path.is_file():
             return None
         data = np.load(path)
-        group = lambda prefix: [data[k] for k in sorted((k for k in data.files  # noqa: E731
-                                                         if k.startswith(prefix) and k[len(prefix):].isdigit()),
-                                                        key=lambda k: int(k[len(prefix):]))]
+        group = (  # noqa: E731
+            lambda prefix: [
+                data[k]
+                for k in sorted(
+                    (k for k in data.files if k.startswith(prefix) and k[len(prefix) :].isdigit()),
+                    key=lambda k: int(k[len(prefix) :]),
+                )
+            ]
+        )
         return {"letter": data["letter"], "q": group("q"), "rp": group("rp"), "rq": group("rq")}
 
     ref = load(BASE_VARIANT)
@@ -127,10 +144,15 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
         got = load(name)
         if got is None:
             continue
-        figures = cosine_figures([got["letter"], *got["rp"]], [ref["letter"], *ref["rp"]],
-                                 got["q"] + got["rq"], ref["q"] + ref["rq"])
-        figures["top5"] = topk_agreement(maxsim_scores(got["rq"], got["rp"]), fp32_scores, k=5,
-                                         tie=0.005)
+        figures = cosine_figures(
+            [got["letter"], *got["rp"]],
+            [ref["letter"], *ref["rp"]],
+            got["q"] + got["rq"],
+            ref["q"] + ref["rq"],
+        )
+        figures["top5"] = topk_agreement(
+            maxsim_scores(got["rq"], got["rp"]), fp32_scores, k=5, tie=0.005
+        )
         out[name] = figures
     return out
 
@@ -144,8 +166,9 @@ def markdown(results: dict[str, Any]) -> str:
     s = results["setting"]
     # the letter page's image tokens as measured: 744 for 28-px tokens, ColQwen3's 32-px tokens
     # under its 1280-token bound give another count
-    letter = next((r["letter_image_tokens"] for r in rows.values() if "letter_image_tokens" in r),
-                  "?")
+    letter = next(
+        (r["letter_image_tokens"] for r in rows.values() if "letter_image_tokens" in r), "?"
+    )
     lines = [
         f"# Embedding benchmark ({s['vision_depth']} vision + {s['text_layers']} language layers, "
         f"{s['model']})",
@@ -179,39 +202,56 @@ def markdown(results: dict[str, Any]) -> str:
             f"{fmt(sp.get('query_latency'))} | {fmt(sp.get('batch16'))} | "
             f"{fmt(sb.get('pages'))} | {fmt(sb.get('query_latency'))} | {r['files_mib']:.0f} | "
             f"{r['load_peak_over_base_mib']:.0f} ({r['load_rss_over_files']:.2f}x) | "
-            f"{r['peak_rss_embed_mib']:.0f} | {r['load_s']:.1f} |")
+            f"{r['peak_rss_embed_mib']:.0f} | {r['load_s']:.1f} |"
+        )
     for name, message in results.get("gate_misses", {}).items():
-        lines.append(f"| {name} | not written: export gate missed ({message.splitlines()[-1].strip()}) |")
+        lines.append(
+            f"| {name} | not written: export gate missed ({message.splitlines()[-1].strip()}) |"
+        )
     acc = results.get("accuracy", {})
     if acc:
-        lines += ["", "Accuracy against colembed fp32 (letter page, 16 queries, 100-page synthetic "
-                  "retrieval set with 20 queries; random weights: necessary, not sufficient)", "",
-                  "| variant | mean token cosine | min token cosine | top-5 same set | "
-                  "top-5 within 0.5% ties | gate |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Accuracy against colembed fp32 (letter page, 16 queries, 100-page synthetic "
+            "retrieval set with 20 queries; random weights: necessary, not sufficient)",
+            "",
+            "| variant | mean token cosine | min token cosine | top-5 same set | "
+            "top-5 within 0.5% ties | gate |",
+            "|---|---|---|---|---|---|",
+        ]
         from colembed_export.variants.recipes import GATES
 
         for name, a in acc.items():
             # the fp16 peak is measured at export: judged in the exporter's gate table below
             gate = GATES.get(name) and dataclasses.replace(GATES[name], fp16_peak=None)
             ok = "-" if gate is None else ("pass" if not gate.misses(a) else "MISS")
-            lines.append(f"| {name} | {a['mean_cosine']:.5f} | {a['min_cosine']:.5f} | "
-                         f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
-                         f"| {ok} |")
+            lines.append(
+                f"| {name} | {a['mean_cosine']:.5f} | {a['min_cosine']:.5f} | "
+                f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
+                f"| {ok} |"
+            )
     lines += target_markdown(rows)
     lines += split_markdown(rows)
     lines += gate_markdown(results.get("gates", {}))
     opt = results.get("optimiser")
     if opt and "error" not in opt:
-        lines += ["", "onnxruntime transformer optimiser on the fp32 graphs "
-                  f"({opt['vision']['tokens']} image tokens):", "",
-                  "| graph | fusions fired | op delta (optimiser) | op delta (session level ALL) | "
-                  "graph s exported -> optimised |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "onnxruntime transformer optimiser on the fp32 graphs "
+            f"({opt['vision']['tokens']} image tokens):",
+            "",
+            "| graph | fusions fired | op delta (optimiser) | op delta (session level ALL) | "
+            "graph s exported -> optimised |",
+            "|---|---|---|---|---|",
+        ]
         for role in ("vision", "text"):
             o = opt[role]
-            lines.append(f"| {role} ({o['model_type']}) | {o['fusions']} | "
-                         f"{o['op_delta_transformer_optimiser']} | {o['op_delta_ort_session_all']} | "
-                         f"{o['graph_s']['exported']:.3f} -> "
-                         f"{o['graph_s']['transformer_optimiser']:.3f} |")
+            lines.append(
+                f"| {role} ({o['model_type']}) | {o['fusions']} | "
+                f"{o['op_delta_transformer_optimiser']} | {o['op_delta_ort_session_all']} | "
+                f"{o['graph_s']['exported']:.3f} -> "
+                f"{o['graph_s']['transformer_optimiser']:.3f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -227,15 +267,19 @@ def target_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
     for name, target in TARGETS.items():
         ratio = rows.get(name, {}).get("speedup_vs_torch", {}).get("pages")
         if ratio is not None:
-            lines.append(f"{name} {ratio:.2f}x torch per page (target >= {target}x: "
-                         f"{'met' if ratio >= target else 'MISSED'})")
+            lines.append(
+                f"{name} {ratio:.2f}x torch per page (target >= {target}x: "
+                f"{'met' if ratio >= target else 'MISSED'})"
+            )
     for name, (pages, query) in TARGETS_VS_BF16.items():
         ratio = rows.get(name, {}).get("speedup_vs_torch_bf16")
         if ratio:
             met = ratio["pages"] >= pages and ratio["query_latency"] >= query
-            lines.append(f"{name} {ratio['pages']:.2f}x torch bf16 per page, "
-                         f"{ratio['query_latency']:.2f}x per query (target >= {pages}x / "
-                         f">= {query}x: {'met' if met else 'MISSED'})")
+            lines.append(
+                f"{name} {ratio['pages']:.2f}x torch bf16 per page, "
+                f"{ratio['query_latency']:.2f}x per query (target >= {pages}x / "
+                f">= {query}x: {'met' if met else 'MISSED'})"
+            )
     return ["", "Targets: " + "; ".join(lines)] if lines else []
 
 
@@ -244,23 +288,35 @@ def split_markdown(rows: dict[str, dict[str, Any]]) -> list[str]:
     split = {name: r["time_split"] for name, r in rows.items() if r.get("time_split")}
     if not split:
         return []
-    lines = ["", "Where a letter page's time goes (`--profile`: onnxruntime's profiler on the page's "
-             "own feeds, one run after a warm-up; seconds)", "",
-             "| runtime | page | host (preprocessing, Python) | quantised GEMMs (% of int8 peak) | "
-             "fp32 kernels: largest op types | between kernels | bound x torch | "
-             "light x torch |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "Where a letter page's time goes (`--profile`: onnxruntime's profiler on the page's "
+        "own feeds, one run after a warm-up; seconds)",
+        "",
+        "| runtime | page | host (preprocessing, Python) | quantised GEMMs (% of int8 peak) | "
+        "fp32 kernels: largest op types | between kernels | bound x torch | "
+        "light x torch |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, t in split.items():
         top = ", ".join(f"{op} {v:.2f}" for op, v in list(t["fp32_by_op"].items())[:6])
-        gemms = (f"{t['quantised_gemm_s']:.2f} ({100 * t['quantised_gemm_fraction_int8_peak']:.0f}%)"
-                 if t["quantised_gemm_s"] else "-")
-        lines.append(f"| {name} | {t['page_s']:.2f} | {t['host_s']:.2f} | {gemms} | "
-                     f"{t['fp32_kernels_s']:.2f}: {top} | {t['between_kernels_s']:.2f} | "
-                     f"{fmt(t.get('bound_x_torch'))} | {fmt(t.get('light_x_torch'))} |")
-    lines += ["", "bound x torch: the page's x torch if every quantised GEMM ran at the int8 peak "
-              "(measured beside the profile) and everything else took what it took here; light x "
-              "torch: if the page cost nothing but its weight GEMMs at the int8 peak and its "
-              "attention products at the fp32 peak."]
+        gemms = (
+            f"{t['quantised_gemm_s']:.2f} ({100 * t['quantised_gemm_fraction_int8_peak']:.0f}%)"
+            if t["quantised_gemm_s"]
+            else "-"
+        )
+        lines.append(
+            f"| {name} | {t['page_s']:.2f} | {t['host_s']:.2f} | {gemms} | "
+            f"{t['fp32_kernels_s']:.2f}: {top} | {t['between_kernels_s']:.2f} | "
+            f"{fmt(t.get('bound_x_torch'))} | {fmt(t.get('light_x_torch'))} |"
+        )
+    lines += [
+        "",
+        "bound x torch: the page's x torch if every quantised GEMM ran at the int8 peak "
+        "(measured beside the profile) and everything else took what it took here; light x "
+        "torch: if the page cost nothing but its weight GEMMs at the int8 peak and its "
+        "attention products at the fp32 peak.",
+    ]
     return lines
 
 
@@ -269,12 +325,20 @@ def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
     and queries, top-1 agreement on its clear-winner ranking set (colembed_export.variants.gates)."""
     if not gates:
         return []
-    labels = sorted({label for per in gates.values() for label in per}, key=lambda label: label != "random weights")
-    lines = ["", "Variant gates as the exporter checked them (per-token cosine to fp32, mean / min; "
-             "top-1 agreement on the clear-winner ranking set)", "",
-             "| variant | " + " | ".join(f"{x}: mean / min cosine | {x}: top-1 | {x}: gate"
-                                         for x in labels) + " |",
-             "|---|" + "---|---|---|" * len(labels)]
+    labels = sorted(
+        {label for per in gates.values() for label in per},
+        key=lambda label: label != "random weights",
+    )
+    lines = [
+        "",
+        "Variant gates as the exporter checked them (per-token cosine to fp32, mean / min; "
+        "top-1 agreement on the clear-winner ranking set)",
+        "",
+        "| variant | "
+        + " | ".join(f"{x}: mean / min cosine | {x}: top-1 | {x}: gate" for x in labels)
+        + " |",
+        "|---|" + "---|---|---|" * len(labels),
+    ]
     for name, per in gates.items():
         cells = []
         for label in labels:
@@ -285,7 +349,10 @@ def gate_markdown(gates: dict[str, dict[str, Any]]) -> list[str]:
             from colembed_export.variants.recipes import GATES
 
             ok = "pass" if not GATES[name].misses(f) else "MISS"
-            cells += [f"{f['mean_cosine']:.5f} / {f['min_cosine']:.5f}",
-                      f"{100 * f['ranking']['top1_agreement']:.0f}% of {f['ranking']['queries']}", ok]
+            cells += [
+                f"{f['mean_cosine']:.5f} / {f['min_cosine']:.5f}",
+                f"{100 * f['ranking']['top1_agreement']:.0f}% of {f['ranking']['queries']}",
+                ok,
+            ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines

@@ -47,8 +47,9 @@ def interpreter(family: str) -> str:
 class TorchRuntime:
     """One of `TORCH_RUNTIMES` over a checkpoint folder, with colembed's embed_* signatures."""
 
-    def __init__(self, checkpoint: str, threads: int, family: str = "colqwen2",
-                 runtime: str = "torch") -> None:
+    def __init__(
+        self, checkpoint: str, threads: int, family: str = "colqwen2", runtime: str = "torch"
+    ) -> None:
         import torch
 
         dtype_name, attention = TORCH_RUNTIMES[runtime]
@@ -58,18 +59,24 @@ class TorchRuntime:
         if family == "colqwen3":
             from colembed_export.families.qwen3.reference import load_reference
 
-            model, self.processor = load_reference(Path(checkpoint), dtype=self.dtype,
-                                                   attention=attention)
+            model, self.processor = load_reference(
+                Path(checkpoint), dtype=self.dtype, attention=attention
+            )
             self.model = model
-            self._embeddings = lambda batch: self.model(**batch)  # colpali-engine returns the tensor
+            self._embeddings = lambda batch: self.model(
+                **batch
+            )  # colpali-engine returns the tensor
             return
         from transformers import ColQwen2ForRetrieval, ColQwen2Processor
 
         from colembed_export.families import export_family
 
         self.processor = ColQwen2Processor.from_pretrained(checkpoint, use_fast=False)
-        self.model = export_family(family).prepare_reference(ColQwen2ForRetrieval.from_pretrained(
-            checkpoint, dtype=self.dtype, attn_implementation=attention).eval())
+        self.model = export_family(family).prepare_reference(
+            ColQwen2ForRetrieval.from_pretrained(
+                checkpoint, dtype=self.dtype, attn_implementation=attention
+            ).eval()
+        )
         self._embeddings = lambda batch: self.model(**batch).embeddings
 
     def _rows(self, batch) -> list:
@@ -79,9 +86,15 @@ class TorchRuntime:
         return [out[i][batch["attention_mask"][i] == 1].numpy() for i in range(out.shape[0])]
 
     def embed_images(self, images, batch_size=4):
-        return [row for i in range(0, len(images), batch_size)
-                for row in self._rows(self.processor.process_images(images[i:i + batch_size]))]
+        return [
+            row
+            for i in range(0, len(images), batch_size)
+            for row in self._rows(self.processor.process_images(images[i : i + batch_size]))
+        ]
 
     def embed_queries(self, texts, batch_size=16):
-        return [row for i in range(0, len(texts), batch_size)
-                for row in self._rows(self.processor.process_queries(texts[i:i + batch_size]))]
+        return [
+            row
+            for i in range(0, len(texts), batch_size)
+            for row in self._rows(self.processor.process_queries(texts[i : i + batch_size]))
+        ]

@@ -18,8 +18,16 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
-from benchmarks.shared.common import (BUDGET_TOKENS, QUERIES, budget_page, image_tokens, letter_page,  # noqa: E402
-                    rss_mib, run_json_subprocess, timed)
+from benchmarks.shared.common import (  # noqa: E402
+    BUDGET_TOKENS,
+    QUERIES,
+    budget_page,
+    image_tokens,
+    letter_page,
+    rss_mib,
+    run_json_subprocess,
+    timed,
+)
 
 from colembed.sessions import Session  # noqa: E402
 
@@ -41,21 +49,25 @@ def gemm_peaks(threads: int, size: int = 3072, repeats: int = 7) -> dict[str, An
 
     weight = rng.integers(-127, 128, (size, size), dtype=np.int8)
     graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])], "int8peak",
+        [helper.make_node("MatMulInteger", ["a", "w"], ["y"])],
+        "int8peak",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, ["m", size])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, ["m", size])],
-        [numpy_helper.from_array(weight, "w")])
+        [numpy_helper.from_array(weight, "w")],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
     session = Session(model.SerializeToString(), threads=threads)
     activations = rng.integers(0, 256, (size, size), dtype=np.uint8)
     session.run({"a": activations})
     best8 = min(_timed(lambda: session.run({"a": activations})) for _ in range(repeats))
-    return {"size": size, "threads": threads, "fp32_gflops": fp32 / 1e9,
-            "int8_gops": 2 * size**3 / best8 / 1e9,
-            "fp32_how": f"numpy {np.__version__} float32 {size}^3 matmul, best of {repeats}",
-            "int8_how": f"onnxruntime MatMulInteger u8 x s8 {size}^3, best of {repeats}"}
-
-
+    return {
+        "size": size,
+        "threads": threads,
+        "fp32_gflops": fp32 / 1e9,
+        "int8_gops": 2 * size**3 / best8 / 1e9,
+        "fp32_how": f"numpy {np.__version__} float32 {size}^3 matmul, best of {repeats}",
+        "int8_how": f"onnxruntime MatMulInteger u8 x s8 {size}^3, best of {repeats}",
+    }
 
 
 def run_worker(job: dict[str, Any]) -> dict[str, Any]:
@@ -69,8 +81,12 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
 
         from colembed_export.families.preprocess_config import read_preprocess_config
 
-        model = TorchRuntime(job["checkpoint"], job["threads"], job.get("family", "colqwen2"),
-                             runtime=job.get("torch_runtime", "torch"))
+        model = TorchRuntime(
+            job["checkpoint"],
+            job["threads"],
+            job.get("family", "colqwen2"),
+            runtime=job.get("torch_runtime", "torch"),
+        )
         config = read_preprocess_config(Path(job["checkpoint"]))
     else:
         import colembed
@@ -79,17 +95,24 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         # the OpenVINO variants run on OpenVINO (a compiled-model cache of the job's own, so the
         # load time is a first compile's)
         openvino = job["variant"] in OPENVINO_VARIANTS
-        model = colembed.load(job["folder"], variant=job["variant"], threads=job["threads"],
-                              cpu_mem_arena=job.get("cpu_mem_arena", True),
-                              providers=[("openvino", {"cache_dir": ""})] if openvino else None)
+        model = colembed.load(
+            job["folder"],
+            variant=job["variant"],
+            threads=job["threads"],
+            cpu_mem_arena=job.get("cpu_mem_arena", True),
+            providers=[("openvino", {"cache_dir": ""})] if openvino else None,
+        )
         config = model.config
     load_s = time.perf_counter() - start
     after_load = rss_mib()
     page = letter_page()
     small = budget_page(page, BUDGET_TOKENS, config)
-    result: dict[str, Any] = {"load_s": load_s, "rss_base_mib": base["rss"],
-                              "rss_after_load_mib": after_load["rss"],
-                              "peak_rss_load_mib": after_load["peak"]}
+    result: dict[str, Any] = {
+        "load_s": load_s,
+        "rss_base_mib": base["rss"],
+        "rss_after_load_mib": after_load["rss"],
+        "peak_rss_load_mib": after_load["peak"],
+    }
 
     def timed_runs(fn, repeats):
         fn()  # warm-up: first-run allocations, kernel selection
@@ -108,10 +131,14 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     queries = QUERIES[:16]
     model.embed_queries(queries[:1])
-    latencies = [_timed(lambda q=q: model.embed_queries([q])) for q in
-                 (QUERIES * 4)[:job["query_repeats"]]]
-    result["query_latency_s"] = {"median": statistics.median(latencies),
-                                 "p90": float(np.percentile(latencies, 90)), "min": min(latencies)}
+    latencies = [
+        _timed(lambda q=q: model.embed_queries([q])) for q in (QUERIES * 4)[: job["query_repeats"]]
+    ]
+    result["query_latency_s"] = {
+        "median": statistics.median(latencies),
+        "p90": float(np.percentile(latencies, 90)),
+        "min": min(latencies),
+    }
     query_rows = model.embed_queries(queries, batch_size=16)
     result["query_rows"] = [int(q.shape[0]) for q in query_rows]
     times = timed_runs(lambda: model.embed_queries(queries, batch_size=16), job["batch_repeats"])
@@ -126,17 +153,29 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
         retrieval_pages = model.embed_images(pages, batch_size=8)
         retrieval_queries = model.embed_queries(texts)
-        np.savez(job["embeddings_out"],
-                 **{"letter": letter[0], **{f"q{i}": q for i, q in enumerate(query_rows)},
-                    **{f"rp{i}": p for i, p in enumerate(retrieval_pages)},
-                    **{f"rq{i}": q for i, q in enumerate(retrieval_queries)}})
+        np.savez(
+            job["embeddings_out"],
+            **{
+                "letter": letter[0],
+                **{f"q{i}": q for i, q in enumerate(query_rows)},
+                **{f"rp{i}": p for i, p in enumerate(retrieval_pages)},
+                **{f"rq{i}": q for i, q in enumerate(retrieval_queries)},
+            },
+        )
     return result
 
 
 # Op types of the quantised weight-GEMMs (the quantisation of their input included): everything
 # else in a variant's graphs (attention, softmax, norms, rotary, activations, layout) is fp32.
-QUANTISED_GEMM_OPS = frozenset({"DynamicQuantizeMatMul", "MatMulIntegerToFloat",
-                                "DynamicQuantizeLinear", "MatMulInteger", "MatMulNBits"})
+QUANTISED_GEMM_OPS = frozenset(
+    {
+        "DynamicQuantizeMatMul",
+        "MatMulIntegerToFloat",
+        "DynamicQuantizeLinear",
+        "MatMulInteger",
+        "MatMulNBits",
+    }
+)
 
 
 def page_profile(model, page, threads: int) -> dict[str, Any]:
@@ -158,6 +197,7 @@ def page_profile(model, page, threads: int) -> dict[str, Any]:
             finally:
                 graph_s[role] = graph_s.get(role, 0.0) + time.perf_counter() - start
                 feeds.setdefault(role, dict(inputs))
+
         return timed
 
     for role, session in sessions.items():
@@ -167,11 +207,15 @@ def page_profile(model, page, threads: int) -> dict[str, Any]:
     finally:
         for session in sessions.values():
             del session.run  # back to the class's method
-    out: dict[str, Any] = {"page_s": page_s, "host_s": page_s - sum(graph_s.values()),
-                           "graph_s": graph_s, "kernels": {},
-                           # the peaks beside the profiled runs: on a shared machine the bound
-                           # then compares kernel times and peaks taken under the same load
-                           "peaks": gemm_peaks(threads, repeats=3)}
+    out: dict[str, Any] = {
+        "page_s": page_s,
+        "host_s": page_s - sum(graph_s.values()),
+        "graph_s": graph_s,
+        "kernels": {},
+        # the peaks beside the profiled runs: on a shared machine the bound
+        # then compares kernel times and peaks taken under the same load
+        "peaks": gemm_peaks(threads, repeats=3),
+    }
     with tempfile.TemporaryDirectory(prefix="colembed-profile-") as tmp:
         for role in feeds:
             path = model.folder / model.manifest.graph(model.variant, role).file
@@ -189,8 +233,11 @@ def _last_run_kernels(profile: Path) -> dict[str, Any]:
     run = [e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"][-1]
     by_op: dict[str, float] = {}
     for e in events:
-        if (e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
-                and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]):
+        if (
+            e.get("cat") == "Node"
+            and e["name"].endswith("_kernel_time")
+            and run["ts"] <= e["ts"] <= run["ts"] + run["dur"]
+        ):
             op = e["args"]["op_name"]
             by_op[op] = by_op.get(op, 0.0) + e["dur"] / 1e6
     return {"run_s": run["dur"] / 1e6, "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]))}

@@ -63,7 +63,13 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
-from benchmarks.shared.common import load_average, machine_info, markdown_header, markdown_table, spread  # noqa: E402
+from benchmarks.shared.common import (  # noqa: E402
+    load_average,
+    machine_info,
+    markdown_header,
+    markdown_table,
+    spread,
+)
 
 from colembed.sessions import Session, physical_cores  # noqa: E402
 
@@ -80,100 +86,152 @@ def _graphs(tokens: int) -> dict[str, Any]:
     from onnx import TensorProto, helper, numpy_helper
 
     width = HEADS * HEAD_DIM
-    scale = HEAD_DIM ** -0.5
-    inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, tokens, width])
-              for n in ("q", "k", "v")]
+    scale = HEAD_DIM**-0.5
+    inputs = [
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, tokens, width])
+        for n in ("q", "k", "v")
+    ]
     output = [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, tokens, width])]
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     c = lambda name, value, dtype=np.int64: numpy_helper.from_array(np.array(value, dtype), name)  # noqa: E731
-    consts = [c("heads_shape", [tokens, HEADS, HEAD_DIM]), c("rows_shape", [HEADS * tokens, -1]),
-              c("bhtd_shape", [HEADS, tokens, -1]), c("out_shape", [1, tokens, width]),
-              c("flat_shape", [tokens, width]), c("axis_last", [-1]),
-              c("u8_128", 128, np.uint8), c("u8_0", 0, np.uint8), c("i8_0", 0, np.int8),
-              c("inv127", 1 / 127, np.float32), c("inv_kv", 1 / KV_PEAK, np.float32),
-              c("inv255", 1 / 255, np.float32), c("floor", 1e-30, np.float32),
-              c("softmax_scale", scale, np.float32)]
+    consts = [
+        c("heads_shape", [tokens, HEADS, HEAD_DIM]),
+        c("rows_shape", [HEADS * tokens, -1]),
+        c("bhtd_shape", [HEADS, tokens, -1]),
+        c("out_shape", [1, tokens, width]),
+        c("flat_shape", [tokens, width]),
+        c("axis_last", [-1]),
+        c("u8_128", 128, np.uint8),
+        c("u8_0", 0, np.uint8),
+        c("i8_0", 0, np.int8),
+        c("inv127", 1 / 127, np.float32),
+        c("inv_kv", 1 / KV_PEAK, np.float32),
+        c("inv255", 1 / 255, np.float32),
+        c("floor", 1e-30, np.float32),
+        c("softmax_scale", scale, np.float32),
+    ]
     n = helper.make_node
 
     def heads(x):  # (1, T, H*D) -> (H, T, D)
-        return [n("Reshape", [x, "heads_shape"], [f"{x}_thd"]),
-                n("Transpose", [f"{x}_thd"], [f"{x}_htd"], perm=[1, 0, 2])]
+        return [
+            n("Reshape", [x, "heads_shape"], [f"{x}_thd"]),
+            n("Transpose", [f"{x}_thd"], [f"{x}_htd"], perm=[1, 0, 2]),
+        ]
 
     def row_scale(x, rows, inv, name):  # per row of the 2-D `rows`: max |x| * inv (floored)
-        return [n("Abs", [rows], [f"{name}_abs"]),
-                n("ReduceMax", [f"{name}_abs", "axis_last"], [f"{name}_peak"], keepdims=0),
-                n("Max", [f"{name}_peak", "floor"], [f"{name}_floored"]),
-                n("Mul", [f"{name}_floored", inv], [f"{name}_scale"])]
+        return [
+            n("Abs", [rows], [f"{name}_abs"]),
+            n("ReduceMax", [f"{name}_abs", "axis_last"], [f"{name}_peak"], keepdims=0),
+            n("Max", [f"{name}_peak", "floor"], [f"{name}_floored"]),
+            n("Mul", [f"{name}_floored", inv], [f"{name}_scale"]),
+        ]
 
     mha = helper.make_graph(
-        [n("MultiHeadAttention", ["q", "k", "v"], ["out"], domain="com.microsoft",
-           num_heads=HEADS, scale=scale)], "mha", inputs, output)
+        [
+            n(
+                "MultiHeadAttention",
+                ["q", "k", "v"],
+                ["out"],
+                domain="com.microsoft",
+                num_heads=HEADS,
+                scale=scale,
+            )
+        ],
+        "mha",
+        inputs,
+        output,
+    )
 
-    unfused_nodes = heads("q") + heads("k") + heads("v") + [
-        n("Transpose", ["k_htd"], ["k_hdt"], perm=[0, 2, 1]),
-        n("MatMul", ["q_htd", "k_hdt"], ["scores_raw"]),
-        n("Mul", ["scores_raw", "softmax_scale"], ["scores"]),
-        n("Softmax", ["scores"], ["probs"], axis=-1),
-        n("MatMul", ["probs", "v_htd"], ["o_htd"]),
-        n("Transpose", ["o_htd"], ["o_thd"], perm=[1, 0, 2]),
-        n("Reshape", ["o_thd", "out_shape"], ["out"])]
+    unfused_nodes = (
+        heads("q")
+        + heads("k")
+        + heads("v")
+        + [
+            n("Transpose", ["k_htd"], ["k_hdt"], perm=[0, 2, 1]),
+            n("MatMul", ["q_htd", "k_hdt"], ["scores_raw"]),
+            n("Mul", ["scores_raw", "softmax_scale"], ["scores"]),
+            n("Softmax", ["scores"], ["probs"], axis=-1),
+            n("MatMul", ["probs", "v_htd"], ["o_htd"]),
+            n("Transpose", ["o_htd"], ["o_thd"], perm=[1, 0, 2]),
+            n("Reshape", ["o_thd", "out_shape"], ["out"]),
+        ]
+    )
     used = {name for node in unfused_nodes for name in node.input}
-    unfused = helper.make_graph(unfused_nodes, "unfused", inputs, output,
-                                [t for t in consts if t.name in used])
+    unfused = helper.make_graph(
+        unfused_nodes, "unfused", inputs, output, [t for t in consts if t.name in used]
+    )
 
-    int8_nodes = heads("q") + heads("k") + heads("v") + [
-        # Q: one uint8 scale per (head, token) row, zero point 128
-        n("Reshape", ["q_htd", "rows_shape"], ["q_rows"]),
-        *row_scale("q", "q_rows", "inv127", "q"),
-        n("Shape", ["q_scale"], ["q_count"]), n("Expand", ["u8_128", "q_count"], ["q_zps"]),
-        n("QuantizeLinear", ["q_rows", "q_scale", "q_zps"], ["q_u8_rows"], axis=0),
-        n("Reshape", ["q_u8_rows", "bhtd_shape"], ["q_u8"]),
-        # K: one 7-bit scale per (head, key token), as the columns of K^T
-        n("Reshape", ["k_htd", "rows_shape"], ["k_rows"]),
-        *row_scale("k", "k_rows", "inv_kv", "k"),
-        n("Shape", ["k_scale"], ["k_count"]), n("Expand", ["i8_0", "k_count"], ["k_zps"]),
-        n("QuantizeLinear", ["k_rows", "k_scale", "k_zps"], ["k_i8_rows"], axis=0),
-        n("Reshape", ["k_i8_rows", "bhtd_shape"], ["k_i8"]),
-        n("Transpose", ["k_i8"], ["k_i8_t"], perm=[0, 2, 1]),
-        n("MatMulInteger", ["q_u8", "k_i8_t", "u8_128", "i8_0"], ["s_int"]),
-        n("Cast", ["s_int"], ["s_float"], to=TensorProto.FLOAT),
-        n("Reshape", ["q_scale", "bhtd_shape"], ["q_scale_col"]),  # (H, T, 1)
-        n("Mul", ["q_scale_col", "softmax_scale"], ["q_scale_soft"]),
-        n("Reshape", ["k_scale", c("k_row_shape", [HEADS, 1, tokens]).name], ["k_scale_row"]),
-        n("Mul", ["s_float", "q_scale_soft"], ["s_q"]),
-        n("Mul", ["s_q", "k_scale_row"], ["scores"]),
-        n("Softmax", ["scores"], ["probs"], axis=-1),
-        # P: one uint8 scale per row (row max / 255), zero point 0
-        n("Reshape", ["probs", "rows_shape"], ["p_rows"]),
-        n("ReduceMax", ["p_rows", "axis_last"], ["p_peak"], keepdims=0),
-        n("Mul", ["p_peak", "inv255"], ["p_scale"]),
-        n("Shape", ["p_scale"], ["p_count"]), n("Expand", ["u8_0", "p_count"], ["p_zps"]),
-        n("QuantizeLinear", ["p_rows", "p_scale", "p_zps"], ["p_u8_rows"], axis=0),
-        n("Reshape", ["p_u8_rows", "bhtd_shape"], ["p_u8"]),
-        # V: one 7-bit scale per (head, channel) over the tokens
-        n("Reshape", ["v", "flat_shape"], ["v_flat"]),
-        n("Abs", ["v_flat"], ["v_abs"]),
-        n("ReduceMax", ["v_abs", c("axis0", [0]).name], ["v_peak"], keepdims=0),
-        n("Max", ["v_peak", "floor"], ["v_floored"]),
-        n("Mul", ["v_floored", "inv_kv"], ["v_scale"]),
-        n("Shape", ["v_scale"], ["v_count"]), n("Expand", ["i8_0", "v_count"], ["v_zps"]),
-        n("QuantizeLinear", ["v_flat", "v_scale", "v_zps"], ["v_i8_flat"], axis=1),
-        n("Reshape", ["v_i8_flat", "heads_shape"], ["v_i8_thd"]),
-        n("Transpose", ["v_i8_thd"], ["v_i8"], perm=[1, 0, 2]),
-        n("MatMulInteger", ["p_u8", "v_i8", "u8_0", "i8_0"], ["o_int"]),
-        n("Cast", ["o_int"], ["o_float"], to=TensorProto.FLOAT),
-        n("Reshape", ["p_scale", "bhtd_shape"], ["p_scale_col"]),
-        n("Reshape", ["v_scale", c("v_row_shape", [HEADS, 1, HEAD_DIM]).name], ["v_scale_row"]),
-        n("Mul", ["o_float", "p_scale_col"], ["o_p"]),
-        n("Mul", ["o_p", "v_scale_row"], ["o_htd"]),
-        n("Transpose", ["o_htd"], ["o_thd"], perm=[1, 0, 2]),
-        n("Reshape", ["o_thd", "out_shape"], ["out"])]
-    extra = [c("k_row_shape", [HEADS, 1, tokens]), c("v_row_shape", [HEADS, 1, HEAD_DIM]),
-             c("axis0", [0])]
+    int8_nodes = (
+        heads("q")
+        + heads("k")
+        + heads("v")
+        + [
+            # Q: one uint8 scale per (head, token) row, zero point 128
+            n("Reshape", ["q_htd", "rows_shape"], ["q_rows"]),
+            *row_scale("q", "q_rows", "inv127", "q"),
+            n("Shape", ["q_scale"], ["q_count"]),
+            n("Expand", ["u8_128", "q_count"], ["q_zps"]),
+            n("QuantizeLinear", ["q_rows", "q_scale", "q_zps"], ["q_u8_rows"], axis=0),
+            n("Reshape", ["q_u8_rows", "bhtd_shape"], ["q_u8"]),
+            # K: one 7-bit scale per (head, key token), as the columns of K^T
+            n("Reshape", ["k_htd", "rows_shape"], ["k_rows"]),
+            *row_scale("k", "k_rows", "inv_kv", "k"),
+            n("Shape", ["k_scale"], ["k_count"]),
+            n("Expand", ["i8_0", "k_count"], ["k_zps"]),
+            n("QuantizeLinear", ["k_rows", "k_scale", "k_zps"], ["k_i8_rows"], axis=0),
+            n("Reshape", ["k_i8_rows", "bhtd_shape"], ["k_i8"]),
+            n("Transpose", ["k_i8"], ["k_i8_t"], perm=[0, 2, 1]),
+            n("MatMulInteger", ["q_u8", "k_i8_t", "u8_128", "i8_0"], ["s_int"]),
+            n("Cast", ["s_int"], ["s_float"], to=TensorProto.FLOAT),
+            n("Reshape", ["q_scale", "bhtd_shape"], ["q_scale_col"]),  # (H, T, 1)
+            n("Mul", ["q_scale_col", "softmax_scale"], ["q_scale_soft"]),
+            n("Reshape", ["k_scale", c("k_row_shape", [HEADS, 1, tokens]).name], ["k_scale_row"]),
+            n("Mul", ["s_float", "q_scale_soft"], ["s_q"]),
+            n("Mul", ["s_q", "k_scale_row"], ["scores"]),
+            n("Softmax", ["scores"], ["probs"], axis=-1),
+            # P: one uint8 scale per row (row max / 255), zero point 0
+            n("Reshape", ["probs", "rows_shape"], ["p_rows"]),
+            n("ReduceMax", ["p_rows", "axis_last"], ["p_peak"], keepdims=0),
+            n("Mul", ["p_peak", "inv255"], ["p_scale"]),
+            n("Shape", ["p_scale"], ["p_count"]),
+            n("Expand", ["u8_0", "p_count"], ["p_zps"]),
+            n("QuantizeLinear", ["p_rows", "p_scale", "p_zps"], ["p_u8_rows"], axis=0),
+            n("Reshape", ["p_u8_rows", "bhtd_shape"], ["p_u8"]),
+            # V: one 7-bit scale per (head, channel) over the tokens
+            n("Reshape", ["v", "flat_shape"], ["v_flat"]),
+            n("Abs", ["v_flat"], ["v_abs"]),
+            n("ReduceMax", ["v_abs", c("axis0", [0]).name], ["v_peak"], keepdims=0),
+            n("Max", ["v_peak", "floor"], ["v_floored"]),
+            n("Mul", ["v_floored", "inv_kv"], ["v_scale"]),
+            n("Shape", ["v_scale"], ["v_count"]),
+            n("Expand", ["i8_0", "v_count"], ["v_zps"]),
+            n("QuantizeLinear", ["v_flat", "v_scale", "v_zps"], ["v_i8_flat"], axis=1),
+            n("Reshape", ["v_i8_flat", "heads_shape"], ["v_i8_thd"]),
+            n("Transpose", ["v_i8_thd"], ["v_i8"], perm=[1, 0, 2]),
+            n("MatMulInteger", ["p_u8", "v_i8", "u8_0", "i8_0"], ["o_int"]),
+            n("Cast", ["o_int"], ["o_float"], to=TensorProto.FLOAT),
+            n("Reshape", ["p_scale", "bhtd_shape"], ["p_scale_col"]),
+            n("Reshape", ["v_scale", c("v_row_shape", [HEADS, 1, HEAD_DIM]).name], ["v_scale_row"]),
+            n("Mul", ["o_float", "p_scale_col"], ["o_p"]),
+            n("Mul", ["o_p", "v_scale_row"], ["o_htd"]),
+            n("Transpose", ["o_htd"], ["o_thd"], perm=[1, 0, 2]),
+            n("Reshape", ["o_thd", "out_shape"], ["out"]),
+        ]
+    )
+    extra = [
+        c("k_row_shape", [HEADS, 1, tokens]),
+        c("v_row_shape", [HEADS, 1, HEAD_DIM]),
+        c("axis0", [0]),
+    ]
     int8 = helper.make_graph(int8_nodes, "int8", inputs, output, consts + extra)
-    return {name: helper.make_model(g, opset_imports=opsets) for name, g in (
-        ("fp32 MultiHeadAttention", mha), ("fp32 MatMul-Softmax-MatMul", unfused),
-        ("int8 QK^T and PV", int8))}
+    return {
+        name: helper.make_model(g, opset_imports=opsets)
+        for name, g in (
+            ("fp32 MultiHeadAttention", mha),
+            ("fp32 MatMul-Softmax-MatMul", unfused),
+            ("int8 QK^T and PV", int8),
+        )
+    }
 
 
 def _per_head_graphs(tokens: int) -> dict[str, Any]:
@@ -188,93 +246,155 @@ def _per_head_graphs(tokens: int) -> dict[str, Any]:
     inputs = [vi(x, TensorProto.FLOAT, [1, tokens, width]) for x in ("q", "k", "v")]
     output = [vi("out", TensorProto.FLOAT, [1, tokens, width])]
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
-    consts = [c("heads_shape", [-1, HEADS, HEAD_DIM]), c("out_shape", [1, -1, width]),
-              c("ax12", [1, 2]), c("ax_last", [-1]), c("ax1", [1]), c("one1", [1]),
-              c("u8_0", 0, np.uint8), c("u8_128", 128, np.uint8), c("i8_0", 0, np.int8),
-              c("inv127", 1 / 127, np.float32), c("inv255", 1 / 255, np.float32),
-              c("floor", 1e-30, np.float32), c("soft", HEAD_DIM ** -0.5, np.float32),
-              c("one", 1.0, np.float32), c("c127", 127.0, np.float32),
-              c("zp128_h", [128] * HEADS, np.uint8), c("zp0_h", [0] * HEADS, np.int8),
-              c("sl0", [0]), c("sl80", [HEAD_DIM]), c("sl81", [HEAD_DIM + 1]),
-              c("ones127", np.full((HEADS, 1, 1), 127), np.int8)]
+    consts = [
+        c("heads_shape", [-1, HEADS, HEAD_DIM]),
+        c("out_shape", [1, -1, width]),
+        c("ax12", [1, 2]),
+        c("ax_last", [-1]),
+        c("ax1", [1]),
+        c("one1", [1]),
+        c("u8_0", 0, np.uint8),
+        c("u8_128", 128, np.uint8),
+        c("i8_0", 0, np.int8),
+        c("inv127", 1 / 127, np.float32),
+        c("inv255", 1 / 255, np.float32),
+        c("floor", 1e-30, np.float32),
+        c("soft", HEAD_DIM**-0.5, np.float32),
+        c("one", 1.0, np.float32),
+        c("c127", 127.0, np.float32),
+        c("zp128_h", [128] * HEADS, np.uint8),
+        c("zp0_h", [0] * HEADS, np.int8),
+        c("sl0", [0]),
+        c("sl80", [HEAD_DIM]),
+        c("sl81", [HEAD_DIM + 1]),
+        c("ones127", np.full((HEADS, 1, 1), 127), np.int8),
+    ]
 
     def heads(x):  # (1, T, H*D) -> (H, T, D)
-        return [n("Reshape", [x, "heads_shape"], [f"{x}_thd"]),
-                n("Transpose", [f"{x}_thd"], [f"{x}_htd"], perm=[1, 0, 2])]
+        return [
+            n("Reshape", [x, "heads_shape"], [f"{x}_thd"]),
+            n("Transpose", [f"{x}_thd"], [f"{x}_htd"], perm=[1, 0, 2]),
+        ]
 
     def peak_scale(x, axes, name, keepdims=0):  # max |x| over axes / 127 (floored)
-        return [n("Abs", [x], [f"{name}_abs"]),
-                n("ReduceMax", [f"{name}_abs"] + ([axes] if axes else []), [f"{name}_peak"],
-                  keepdims=keepdims),
-                n("Max", [f"{name}_peak", "floor"], [f"{name}_fl"]),
-                n("Mul", [f"{name}_fl", "inv127"], [f"{name}_scale"])]
+        return [
+            n("Abs", [x], [f"{name}_abs"]),
+            n(
+                "ReduceMax",
+                [f"{name}_abs"] + ([axes] if axes else []),
+                [f"{name}_peak"],
+                keepdims=keepdims,
+            ),
+            n("Max", [f"{name}_peak", "floor"], [f"{name}_fl"]),
+            n("Mul", [f"{name}_fl", "inv127"], [f"{name}_scale"]),
+        ]
 
     def pv(p, v, o, s, mode):  # probabilities (or scores for "exp") -> (rows, D) output
         if mode == "rowq":
-            return [n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=0),
-                    n("Mul", [f"pm{s}", "inv255"], [f"ps{s}"]),
-                    n("QuantizeLinear", [p, f"ps{s}"], [f"e8{s}"], axis=0,
-                      output_dtype=TensorProto.UINT8),
-                    n("MatMulInteger", [f"e8{s}", v, "u8_0", "i8_0"], [f"oi{s}"]),
-                    n("Cast", [f"oi{s}"], [f"of{s}"], to=TensorProto.FLOAT),
-                    n("Unsqueeze", [f"ps{s}", "ax_last"], [f"psc{s}"]),
-                    n("Mul", [f"of{s}", f"psc{s}"], [o])]
+            return [
+                n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=0),
+                n("Mul", [f"pm{s}", "inv255"], [f"ps{s}"]),
+                n(
+                    "QuantizeLinear",
+                    [p, f"ps{s}"],
+                    [f"e8{s}"],
+                    axis=0,
+                    output_dtype=TensorProto.UINT8,
+                ),
+                n("MatMulInteger", [f"e8{s}", v, "u8_0", "i8_0"], [f"oi{s}"]),
+                n("Cast", [f"oi{s}"], [f"of{s}"], to=TensorProto.FLOAT),
+                n("Unsqueeze", [f"ps{s}", "ax_last"], [f"psc{s}"]),
+                n("Mul", [f"of{s}", f"psc{s}"], [o]),
+            ]
         if mode == "rowmax":
-            return [n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=1),
-                    n("Div", [p, f"pm{s}"], [f"e{s}"]),
-                    n("QuantizeLinear", [f"e{s}", "inv255", "u8_0"], [f"e8{s}"]),
-                    n("MatMulIntegerToFloat", [f"e8{s}", v, "inv255", "one", "u8_0", "i8_0"],
-                      [f"o1{s}"], domain="com.microsoft"),
-                    n("Mul", [f"o1{s}", f"pm{s}"], [o])]
+            return [
+                n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=1),
+                n("Div", [p, f"pm{s}"], [f"e{s}"]),
+                n("QuantizeLinear", [f"e{s}", "inv255", "u8_0"], [f"e8{s}"]),
+                n(
+                    "MatMulIntegerToFloat",
+                    [f"e8{s}", v, "inv255", "one", "u8_0", "i8_0"],
+                    [f"o1{s}"],
+                    domain="com.microsoft",
+                ),
+                n("Mul", [f"o1{s}", f"pm{s}"], [o]),
+            ]
         if mode == "exp":
-            return [n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=1),
-                    n("Sub", [p, f"pm{s}"], [f"d{s}"]),
-                    n("Exp", [f"d{s}"], [f"e{s}"]),
-                    n("QuantizeLinear", [f"e{s}", "inv255", "u8_0"], [f"e8{s}"]),
-                    n("MatMulInteger", [f"e8{s}", v, "u8_0", "i8_0"], [f"oi{s}"]),
-                    n("Cast", [f"oi{s}"], [f"of{s}"], to=TensorProto.FLOAT),
-                    n("Slice", [f"of{s}", "sl0", "sl80", "ax_last"], [f"on{s}"]),
-                    n("Slice", [f"of{s}", "sl80", "sl81", "ax_last"], [f"ol{s}"]),
-                    n("Div", [f"on{s}", f"ol{s}"], [f"o127{s}"]),
-                    n("Mul", [f"o127{s}", "c127"], [o])]
+            return [
+                n("ReduceMax", [p, "ax_last"], [f"pm{s}"], keepdims=1),
+                n("Sub", [p, f"pm{s}"], [f"d{s}"]),
+                n("Exp", [f"d{s}"], [f"e{s}"]),
+                n("QuantizeLinear", [f"e{s}", "inv255", "u8_0"], [f"e8{s}"]),
+                n("MatMulInteger", [f"e8{s}", v, "u8_0", "i8_0"], [f"oi{s}"]),
+                n("Cast", [f"oi{s}"], [f"of{s}"], to=TensorProto.FLOAT),
+                n("Slice", [f"of{s}", "sl0", "sl80", "ax_last"], [f"on{s}"]),
+                n("Slice", [f"of{s}", "sl80", "sl81", "ax_last"], [f"ol{s}"]),
+                n("Div", [f"on{s}", f"ol{s}"], [f"o127{s}"]),
+                n("Mul", [f"o127{s}", "c127"], [o]),
+            ]
         if mode == "static":
-            return [n("QuantizeLinear", [p, "inv255", "u8_0"], [f"e8{s}"]),
-                    n("MatMulIntegerToFloat", [f"e8{s}", v, "inv255", "one", "u8_0", "i8_0"], [o],
-                      domain="com.microsoft")]
+            return [
+                n("QuantizeLinear", [p, "inv255", "u8_0"], [f"e8{s}"]),
+                n(
+                    "MatMulIntegerToFloat",
+                    [f"e8{s}", v, "inv255", "one", "u8_0", "i8_0"],
+                    [o],
+                    domain="com.microsoft",
+                ),
+            ]
         if mode == "fp32v":
-            return [n("DequantizeLinear", [v, "one", "i8_0"], [f"vf{s}"]),
-                    n("MatMul", [p, f"vf{s}"], [o])]
+            return [
+                n("DequantizeLinear", [v, "one", "i8_0"], [f"vf{s}"]),
+                n("MatMul", [p, f"vf{s}"], [o]),
+            ]
         raise ValueError(mode)
 
     def chain(q, k_t, v, a, b, o, s, mode):
-        nodes = [n("MatMulIntegerToFloat", [q, k_t, a, b, "u8_128", "i8_0"], [f"s{s}"],
-                   domain="com.microsoft")]
+        nodes = [
+            n(
+                "MatMulIntegerToFloat",
+                [q, k_t, a, b, "u8_128", "i8_0"],
+                [f"s{s}"],
+                domain="com.microsoft",
+            )
+        ]
         if mode == "exp":
             return nodes + pv(f"s{s}", v, o, s, mode)
         return nodes + [n("Softmax", [f"s{s}"], [f"p{s}"], axis=-1)] + pv(f"p{s}", v, o, s, mode)
 
     def v_per_channel():  # V int8 per (head, channel): scale (H, 1, D), applied after PV
-        return heads("v") + peak_scale("v_htd", "ax1", "v", keepdims=1) + [
-            n("Div", ["v_htd", "v_scale"], ["v_div"]),
-            n("QuantizeLinear", ["v_div", "one", "i8_0"], ["v_i8"])]
+        return (
+            heads("v")
+            + peak_scale("v_htd", "ax1", "v", keepdims=1)
+            + [
+                n("Div", ["v_htd", "v_scale"], ["v_div"]),
+                n("QuantizeLinear", ["v_div", "one", "i8_0"], ["v_i8"]),
+            ]
+        )
 
     def finish(o_htd):
-        return [n("Transpose", [o_htd], ["o_thd"], perm=[1, 0, 2]),
-                n("Reshape", ["o_thd", "out_shape"], ["out"])]
+        return [
+            n("Transpose", [o_htd], ["o_thd"], perm=[1, 0, 2]),
+            n("Reshape", ["o_thd", "out_shape"], ["out"]),
+        ]
 
     def per_head(mode, blocks=1):
         nodes = heads("q") + heads("k") + v_per_channel()
         nodes += peak_scale("q_htd", "ax12", "q") + peak_scale("k_htd", "ax12", "k")
-        nodes += [n("QuantizeLinear", ["q_htd", "q_scale", "zp128_h"], ["q_u8"], axis=0),
-                  n("QuantizeLinear", ["k_htd", "k_scale", "zp0_h"], ["k_i8"], axis=0),
-                  n("Transpose", ["k_i8"], ["kT_i8"], perm=[0, 2, 1]),
-                  n("Mul", ["q_scale", "soft"], ["qa"])]
+        nodes += [
+            n("QuantizeLinear", ["q_htd", "q_scale", "zp128_h"], ["q_u8"], axis=0),
+            n("QuantizeLinear", ["k_htd", "k_scale", "zp0_h"], ["k_i8"], axis=0),
+            n("Transpose", ["k_i8"], ["kT_i8"], perm=[0, 2, 1]),
+            n("Mul", ["q_scale", "soft"], ["qa"]),
+        ]
         v_in = "v_i8"
         if mode == "exp":  # a column of 127s: the product's last column is 127 x the row sum
-            nodes += [n("Shape", ["v_i8"], ["v_sh"], start=0, end=2),
-                      n("Concat", ["v_sh", "one1"], ["v_sh1"], axis=0),
-                      n("Expand", ["ones127", "v_sh1"], ["ones_col"]),
-                      n("Concat", ["v_i8", "ones_col"], ["v_i8_aug"], axis=-1)]
+            nodes += [
+                n("Shape", ["v_i8"], ["v_sh"], start=0, end=2),
+                n("Concat", ["v_sh", "one1"], ["v_sh1"], axis=0),
+                n("Expand", ["ones127", "v_sh1"], ["ones_col"]),
+                n("Concat", ["v_i8", "ones_col"], ["v_i8_aug"], axis=-1),
+            ]
             v_in = "v_i8_aug"
         body_nodes = []
         if blocks == 1:
@@ -286,38 +406,64 @@ def _per_head_graphs(tokens: int) -> dict[str, Any]:
                 body_nodes += chain(part, "bkT", "bv", "ba", "bb", f"bo{i}", str(i), mode)
             body_nodes.append(n("Concat", [f"bo{i}" for i in range(blocks)], ["bo"], axis=0))
         body = helper.make_graph(
-            body_nodes, "head",
-            [vi("bq", TensorProto.UINT8, [tokens, HEAD_DIM]),
-             vi("bkT", TensorProto.INT8, [HEAD_DIM, tokens]),
-             vi("bv", TensorProto.INT8, [tokens, "dv"]), vi("ba", TensorProto.FLOAT, []),
-             vi("bb", TensorProto.FLOAT, [])],
-            [vi("bo", TensorProto.FLOAT, [tokens, HEAD_DIM])])
-        nodes += [n("Scan", ["q_u8", "kT_i8", v_in, "qa", "k_scale"], ["o_h"], num_scan_inputs=5,
-                    body=body),
-                  n("Mul", ["o_h", "v_scale"], ["o_htd"])] + finish("o_htd")
+            body_nodes,
+            "head",
+            [
+                vi("bq", TensorProto.UINT8, [tokens, HEAD_DIM]),
+                vi("bkT", TensorProto.INT8, [HEAD_DIM, tokens]),
+                vi("bv", TensorProto.INT8, [tokens, "dv"]),
+                vi("ba", TensorProto.FLOAT, []),
+                vi("bb", TensorProto.FLOAT, []),
+            ],
+            [vi("bo", TensorProto.FLOAT, [tokens, HEAD_DIM])],
+        )
+        nodes += [
+            n(
+                "Scan",
+                ["q_u8", "kT_i8", v_in, "qa", "k_scale"],
+                ["o_h"],
+                num_scan_inputs=5,
+                body=body,
+            ),
+            n("Mul", ["o_h", "v_scale"], ["o_htd"]),
+        ] + finish("o_htd")
         return helper.make_graph(nodes, "per_head", inputs, output, consts)
 
     def all_heads(mode):  # one batched call over the 16 heads: one scale for all of Q, of K
         nodes = heads("q") + heads("k") + v_per_channel()
         nodes += peak_scale("q_htd", None, "q") + peak_scale("k_htd", None, "k")
-        nodes += [n("QuantizeLinear", ["q_htd", "q_scale", "u8_128"], ["q_u8"]),
-                  n("QuantizeLinear", ["k_htd", "k_scale", "i8_0"], ["k_i8"]),
-                  n("Transpose", ["k_i8"], ["kT_i8"], perm=[0, 2, 1]),
-                  n("Mul", ["q_scale", "soft"], ["qa"])]
+        nodes += [
+            n("QuantizeLinear", ["q_htd", "q_scale", "u8_128"], ["q_u8"]),
+            n("QuantizeLinear", ["k_htd", "k_scale", "i8_0"], ["k_i8"]),
+            n("Transpose", ["k_i8"], ["kT_i8"], perm=[0, 2, 1]),
+            n("Mul", ["q_scale", "soft"], ["qa"]),
+        ]
         nodes += chain("q_u8", "kT_i8", "v_i8", "qa", "k_scale", "o_h", "", mode)
         nodes += [n("Mul", ["o_h", "v_scale"], ["o_htd"])] + finish("o_htd")
         return helper.make_graph(nodes, "all_heads", inputs, output, consts)
 
     def fp32_per_head():
-        nodes = heads("q") + heads("k") + heads("v") + [
-            n("Transpose", ["k_htd"], ["kT"], perm=[0, 2, 1])]
+        nodes = (
+            heads("q")
+            + heads("k")
+            + heads("v")
+            + [n("Transpose", ["k_htd"], ["kT"], perm=[0, 2, 1])]
+        )
         body = helper.make_graph(
-            [n("MatMul", ["bq", "bkT"], ["s0"]), n("Mul", ["s0", "soft"], ["s"]),
-             n("Softmax", ["s"], ["p"], axis=-1), n("MatMul", ["p", "bv"], ["bo"])], "head",
-            [vi("bq", TensorProto.FLOAT, [tokens, HEAD_DIM]),
-             vi("bkT", TensorProto.FLOAT, [HEAD_DIM, tokens]),
-             vi("bv", TensorProto.FLOAT, [tokens, HEAD_DIM])],
-            [vi("bo", TensorProto.FLOAT, [tokens, HEAD_DIM])])
+            [
+                n("MatMul", ["bq", "bkT"], ["s0"]),
+                n("Mul", ["s0", "soft"], ["s"]),
+                n("Softmax", ["s"], ["p"], axis=-1),
+                n("MatMul", ["p", "bv"], ["bo"]),
+            ],
+            "head",
+            [
+                vi("bq", TensorProto.FLOAT, [tokens, HEAD_DIM]),
+                vi("bkT", TensorProto.FLOAT, [HEAD_DIM, tokens]),
+                vi("bv", TensorProto.FLOAT, [tokens, HEAD_DIM]),
+            ],
+            [vi("bo", TensorProto.FLOAT, [tokens, HEAD_DIM])],
+        )
         nodes += [n("Scan", ["q_htd", "kT", "v_htd"], ["o_htd"], num_scan_inputs=3, body=body)]
         nodes += finish("o_htd")
         return helper.make_graph(nodes, "fp32_per_head", inputs, output, consts)
@@ -349,12 +495,17 @@ def main(argv: list[str] | None = None) -> int:
     info = machine_info()
     load_start = load_average()
     rng = np.random.default_rng(0)
-    feeds = {n: rng.standard_normal((1, args.tokens, HEADS * HEAD_DIM), dtype=np.float32)
-             for n in ("q", "k", "v")}
+    feeds = {
+        n: rng.standard_normal((1, args.tokens, HEADS * HEAD_DIM), dtype=np.float32)
+        for n in ("q", "k", "v")
+    }
     models = {**_graphs(args.tokens), **_per_head_graphs(args.tokens)}
     only = set(args.only.split(",")) if args.only else None
-    sessions = {name: Session(model.SerializeToString(), threads=threads)
-                for name, model in models.items() if only is None or name in only or name == MHA}
+    sessions = {
+        name: Session(model.SerializeToString(), threads=threads)
+        for name, model in models.items()
+        if only is None or name in only or name == MHA
+    }
     outputs = {name: s.run(feeds)[0][0] for name, s in sessions.items()}  # warm-up + outputs
     reference = outputs[MHA]
     # sharper attention (a trained tower's heads are peaked): q x SHARP_Q, logits' std ~SHARP_Q
@@ -369,44 +520,83 @@ def main(argv: list[str] | None = None) -> int:
             start = time.perf_counter()
             session.run(feeds)
             times[name].append(time.perf_counter() - start)
-        print(f"round {r + 1}/{args.rounds}: " + ", ".join(
-            f"{name} {times[name][-1]:.3f} s" for name in sessions), file=sys.stderr, flush=True)
+        print(
+            f"round {r + 1}/{args.rounds}: "
+            + ", ".join(f"{name} {times[name][-1]:.3f} s" for name in sessions),
+            file=sys.stderr,
+            flush=True,
+        )
     flops = 2 * 2 * HEADS * args.tokens**2 * HEAD_DIM
     rows = {}
     for name in sessions:
+
         def cosines(out, ref):
             return np.sum(out * ref, 1) / np.linalg.norm(out, axis=1) / np.linalg.norm(ref, axis=1)
 
         cosine = cosines(outputs[name], reference)
         sharp_cosine = cosines(sharp_outputs[name], sharp_outputs[MHA])
         paired = [t / m for t, m in zip(times[name], times[MHA])]
-        rows[name] = {"s": spread(times[name]), "over_mha": spread(paired),
-                      "gflops": flops / statistics.median(times[name]) / 1e9,
-                      "cosine_mean": float(cosine.mean()), "cosine_min": float(cosine.min()),
-                      "sharp_cosine_mean": float(sharp_cosine.mean()),
-                      "sharp_cosine_min": float(sharp_cosine.min())}
-    results = {"machine": info, "tokens": args.tokens, "heads": HEADS, "head_dim": HEAD_DIM,
-               "threads": threads, "rounds": args.rounds, "load_average_start": load_start,
-               "load_average_end": load_average(), "flops": flops, "rows": rows}
+        rows[name] = {
+            "s": spread(times[name]),
+            "over_mha": spread(paired),
+            "gflops": flops / statistics.median(times[name]) / 1e9,
+            "cosine_mean": float(cosine.mean()),
+            "cosine_min": float(cosine.min()),
+            "sharp_cosine_mean": float(sharp_cosine.mean()),
+            "sharp_cosine_min": float(sharp_cosine.min()),
+        }
+    results = {
+        "machine": info,
+        "tokens": args.tokens,
+        "heads": HEADS,
+        "head_dim": HEAD_DIM,
+        "threads": threads,
+        "rounds": args.rounds,
+        "load_average_start": load_start,
+        "load_average_end": load_average(),
+        "flops": flops,
+        "rows": rows,
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "attention-int8.json").write_text(json.dumps(results, indent=1) + "\n")
-    lines = [f"# One vision attention, {args.tokens} patches x {HEADS} heads of {HEAD_DIM}: "
-             "fp32 fused against unfused and int8 forms", "", markdown_header(info),
-             f"- threads {threads}; {args.rounds} interleaved rounds after a warm-up; load "
-             f"average at start {load_start}, at end {results['load_average_end']}",
-             f"- {flops / 1e9:.1f} GFLOP of products per run; cosine: per token, to "
-             "MultiHeadAttention's output, q/k/v ~ N(0, 1) (logits' std ~1), and with q x "
-             f"{SHARP_Q:g} (logits' std ~{SHARP_Q:g}: sharper attention, as a trained tower's "
-             "heads; not timed)", ""]
+    lines = [
+        f"# One vision attention, {args.tokens} patches x {HEADS} heads of {HEAD_DIM}: "
+        "fp32 fused against unfused and int8 forms",
+        "",
+        markdown_header(info),
+        f"- threads {threads}; {args.rounds} interleaved rounds after a warm-up; load "
+        f"average at start {load_start}, at end {results['load_average_end']}",
+        f"- {flops / 1e9:.1f} GFLOP of products per run; cosine: per token, to "
+        "MultiHeadAttention's output, q/k/v ~ N(0, 1) (logits' std ~1), and with q x "
+        f"{SHARP_Q:g} (logits' std ~{SHARP_Q:g}: sharper attention, as a trained tower's "
+        "heads; not timed)",
+        "",
+    ]
     lines += markdown_table(
-        ["graph", "s (median)", "spread s", "x MHA time (median of rounds)", "MHA / it", "GFLOP/s",
-         "mean / min cosine", f"q x {SHARP_Q:g}: mean / min cosine"],
-        [[name, f"{r['s']['median']:.3f}", f"{r['s']['min']:.3f} - {r['s']['max']:.3f}",
-          f"{r['over_mha']['median']:.2f} ({r['over_mha']['min']:.2f} - {r['over_mha']['max']:.2f})",
-          f"{1 / r['over_mha']['median']:.2f}", f"{r['gflops']:.0f}",
-          f"{r['cosine_mean']:.5f} / {r['cosine_min']:.5f}",
-          f"{r['sharp_cosine_mean']:.5f} / {r['sharp_cosine_min']:.5f}"]
-         for name, r in rows.items()])
+        [
+            "graph",
+            "s (median)",
+            "spread s",
+            "x MHA time (median of rounds)",
+            "MHA / it",
+            "GFLOP/s",
+            "mean / min cosine",
+            f"q x {SHARP_Q:g}: mean / min cosine",
+        ],
+        [
+            [
+                name,
+                f"{r['s']['median']:.3f}",
+                f"{r['s']['min']:.3f} - {r['s']['max']:.3f}",
+                f"{r['over_mha']['median']:.2f} ({r['over_mha']['min']:.2f} - {r['over_mha']['max']:.2f})",
+                f"{1 / r['over_mha']['median']:.2f}",
+                f"{r['gflops']:.0f}",
+                f"{r['cosine_mean']:.5f} / {r['cosine_min']:.5f}",
+                f"{r['sharp_cosine_mean']:.5f} / {r['sharp_cosine_min']:.5f}",
+            ]
+            for name, r in rows.items()
+        ],
+    )
     (args.out / "attention-int8.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

@@ -87,18 +87,40 @@ def pages(start: int, count: int, seed: int = 0):
     from colembed.index.schema import make_point
     from colembed.model import PageLayout
 
-    layout = PageLayout(grid_rows=GRID, grid_cols=GRID, image_start=14,
-                        num_tokens=GRID * GRID + PROMPT_ROWS, token_px=28)
+    layout = PageLayout(
+        grid_rows=GRID,
+        grid_cols=GRID,
+        image_start=14,
+        num_tokens=GRID * GRID + PROMPT_ROWS,
+        token_px=28,
+    )
     out = []
     for n in range(start, start + count):
         rng = np.random.default_rng((seed, n))
         v = rng.standard_normal((layout.num_tokens, DIM), dtype=np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
-        out.append(make_point(v, layout, {
-            "path": f"/archive/doc-{n // 10:05d}.pdf", "page": n % 10 + 1, "pages": 10,
-            "sha256": f"{n // 10:064x}", "width": 756, "height": 980, "model": "colqwen2",
-            "variant": BASE_VARIANT, "manifest_sha256": "0" * 64, "schema": 2, "max_image_tokens": 768,
-            "render": "pixel budget", "source": "bench", "model_source": "/models/colqwen2"}))
+        out.append(
+            make_point(
+                v,
+                layout,
+                {
+                    "path": f"/archive/doc-{n // 10:05d}.pdf",
+                    "page": n % 10 + 1,
+                    "pages": 10,
+                    "sha256": f"{n // 10:064x}",
+                    "width": 756,
+                    "height": 980,
+                    "model": "colqwen2",
+                    "variant": BASE_VARIANT,
+                    "manifest_sha256": "0" * 64,
+                    "schema": 2,
+                    "max_image_tokens": 768,
+                    "render": "pixel budget",
+                    "source": "bench",
+                    "model_source": "/models/colqwen2",
+                },
+            )
+        )
     return out
 
 
@@ -131,31 +153,42 @@ def write(folder: Path, total: int, *, cadence: bool, report_every: int = 0) -> 
     sampler.done.set()
     sampler.join()
     final = allocated(folder)
-    return {"pages": total, "cadence": cadence, "seconds": round(wrote, 1),
-            "pages_per_s": round(total / wrote, 1), "flushes": len(flush_times),
-            "flush_s_median": round(float(np.median(flush_times)), 3) if flush_times else None,
-            "flush_s_max": round(max(flush_times), 3) if flush_times else None,
-            "flush_s_total": round(sum(flush_times), 1),
-            "peak_disk_mb": round(max(sampler.peak, before_final) / 2**20),
-            "final_disk_mb": round(final / 2**20),
-            "peak_over_final": round(max(sampler.peak, before_final) / final, 2)}
+    return {
+        "pages": total,
+        "cadence": cadence,
+        "seconds": round(wrote, 1),
+        "pages_per_s": round(total / wrote, 1),
+        "flushes": len(flush_times),
+        "flush_s_median": round(float(np.median(flush_times)), 3) if flush_times else None,
+        "flush_s_max": round(max(flush_times), 3) if flush_times else None,
+        "flush_s_total": round(sum(flush_times), 1),
+        "peak_disk_mb": round(max(sampler.peak, before_final) / 2**20),
+        "final_disk_mb": round(final / 2**20),
+        "peak_over_final": round(max(sampler.peak, before_final) / final, 2),
+    }
 
 
 def reopen_seconds(folder: Path) -> tuple[float, int]:
     """Time to open the folder and count its pages, in a fresh process (the WAL is replayed)."""
-    code = ("import sys, time; t = time.perf_counter()\n"
-            "from colembed.index import open_store\n"
-            "s = open_store(sys.argv[1]); n = s.count(); s.close()\n"
-            "print(time.perf_counter() - t, n)")
-    out = subprocess.run([sys.executable, "-c", code, str(folder)], capture_output=True,
-                         text=True, check=True).stdout.split()
+    code = (
+        "import sys, time; t = time.perf_counter()\n"
+        "from colembed.index import open_store\n"
+        "s = open_store(sys.argv[1]); n = s.count(); s.close()\n"
+        "print(time.perf_counter() - t, n)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(folder)], capture_output=True, text=True, check=True
+    ).stdout.split()
     return float(out[0]), int(out[1])
 
 
 def killed_run(folder: Path, total: int) -> dict:
     """A run of `total` pages killed with SIGKILL once half are stored."""
-    child = subprocess.Popen([sys.executable, "-m", __spec__.name, "--child", str(folder), str(total)],
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-m", __spec__.name, "--child", str(folder), str(total)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     for line in child.stdout:
         if int(line.split()[1]) >= total // 2:
             os.kill(child.pid, signal.SIGKILL)
@@ -163,15 +196,23 @@ def killed_run(folder: Path, total: int) -> dict:
     child.wait()
     wal = wal_bytes(folder)
     seconds, count = reopen_seconds(folder)
-    return {"killed_after_pages": total // 2, "wal_left_mb": round(wal / 2**20),
-            "reopen_s": round(seconds, 2), "pages_after_reopen": count}
+    return {
+        "killed_after_pages": total // 2,
+        "wal_left_mb": round(wal / 2**20),
+        "reopen_s": round(seconds, 2),
+        "pages_after_reopen": count,
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=10_000)
-    parser.add_argument("--unflushed-pages", type=int, default=3_000,
-                        help="pages of the run without the cadence (0: skip it)")
+    parser.add_argument(
+        "--unflushed-pages",
+        type=int,
+        default=3_000,
+        help="pages of the run without the cadence (0: skip it)",
+    )
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -193,38 +234,66 @@ def main() -> None:
     load.append(load_average())
     shutil.rmtree(base / "killed", ignore_errors=True)
     if args.unflushed_pages:
-        subprocess.run([sys.executable, "-c", (
-            "import sys, json; from benchmarks.experiments import index_disk as b; "
-            "from pathlib import Path; "
-            "print(json.dumps(b.write(Path(sys.argv[1]), int(sys.argv[2]), cadence=False)))"),
-            str(base / "unflushed"), str(args.unflushed_pages)],
-            check=True, stdout=open(base / "unflushed.json", "w"))
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                (
+                    "import sys, json; from benchmarks.experiments import index_disk as b; "
+                    "from pathlib import Path; "
+                    "print(json.dumps(b.write(Path(sys.argv[1]), int(sys.argv[2]), cadence=False)))"
+                ),
+                str(base / "unflushed"),
+                str(args.unflushed_pages),
+            ],
+            check=True,
+            stdout=open(base / "unflushed.json", "w"),
+        )
         runs.append(json.loads((base / "unflushed.json").read_text()))
         load.append(load_average())
     shutil.rmtree(base, ignore_errors=True)
     from colembed.index import edge
 
-    result = {"machine": info, "load": load, "runs": runs, "killed": killed,
-              "cadence": {k: getattr(edge, k) for k in ("FLUSH_FRACTION", "FLUSH_MIN_PAGES",
-                                                         "FLUSH_MAX_PAGES", "FLUSH_SECONDS")}}
+    result = {
+        "machine": info,
+        "load": load,
+        "runs": runs,
+        "killed": killed,
+        "cadence": {
+            k: getattr(edge, k)
+            for k in ("FLUSH_FRACTION", "FLUSH_MIN_PAGES", "FLUSH_MAX_PAGES", "FLUSH_SECONDS")
+        },
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "index_disk.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [markdown_header(info), "",
-             f"Load average before / after each phase: {load}. Under concurrent load (8 engineers "
-             "share 2 cores).", "",
-             f"Flush cadence: {result['cadence']}.", "",
-             "| run | pages | pages/s | flushes | flush median / max s | peak disk MB | final MB "
-             "| peak / final |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        markdown_header(info),
+        "",
+        f"Load average before / after each phase: {load}. Under concurrent load (8 engineers "
+        "share 2 cores).",
+        "",
+        f"Flush cadence: {result['cadence']}.",
+        "",
+        "| run | pages | pages/s | flushes | flush median / max s | peak disk MB | final MB "
+        "| peak / final |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in runs:
-        lines.append(f"| {'cadence' if r['cadence'] else 'no cadence (before #26)'} | {r['pages']} "
-                     f"| {r['pages_per_s']} | {r['flushes']} | {r['flush_s_median']} / "
-                     f"{r['flush_s_max']} | {r['peak_disk_mb']} | {r['final_disk_mb']} "
-                     f"| {r['peak_over_final']} |")
-    lines += ["", f"Reopen (fresh process: open + count) after the uninterrupted run: "
-              f"{clean['reopen_s']} s (WAL after close {clean['wal_after_close_mb']} MB). "
-              f"Killed with SIGKILL after {killed['killed_after_pages']} pages: WAL left "
-              f"{killed['wal_left_mb']} MB, reopen {killed['reopen_s']} s, "
-              f"{killed['pages_after_reopen']} pages there.", ""]
+        lines.append(
+            f"| {'cadence' if r['cadence'] else 'no cadence (before #26)'} | {r['pages']} "
+            f"| {r['pages_per_s']} | {r['flushes']} | {r['flush_s_median']} / "
+            f"{r['flush_s_max']} | {r['peak_disk_mb']} | {r['final_disk_mb']} "
+            f"| {r['peak_over_final']} |"
+        )
+    lines += [
+        "",
+        f"Reopen (fresh process: open + count) after the uninterrupted run: "
+        f"{clean['reopen_s']} s (WAL after close {clean['wal_after_close_mb']} MB). "
+        f"Killed with SIGKILL after {killed['killed_after_pages']} pages: WAL left "
+        f"{killed['wal_left_mb']} MB, reopen {killed['reopen_s']} s, "
+        f"{killed['pages_after_reopen']} pages there.",
+        "",
+    ]
     (RESULTS / "index_disk.md").write_text("\n".join(lines))
     print("\n".join(lines))
 

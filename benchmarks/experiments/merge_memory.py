@@ -92,8 +92,9 @@ print(json.dumps(meter.as_dicts()[0]))
 
 
 def child(code: str, *args: str) -> str:
-    return subprocess.run([sys.executable, "-c", code, *args], check=True, cwd=HERE,
-                          capture_output=True, text=True).stdout
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], check=True, cwd=HERE, capture_output=True, text=True
+    ).stdout
 
 
 def main() -> int:
@@ -101,8 +102,12 @@ def main() -> int:
     parser.add_argument("--vision-depth", type=int, default=2)
     parser.add_argument("--text-layers", type=int, default=2)
     parser.add_argument("--workdir", default="/tmp/colembed-bench-merge")
-    parser.add_argument("--loader-file", action="append", default=[],
-                        help="another export/families/qwen2_5/checkpoint.py to measure beside the current one")
+    parser.add_argument(
+        "--loader-file",
+        action="append",
+        default=[],
+        help="another export/families/qwen2_5/checkpoint.py to measure beside the current one",
+    )
     parser.add_argument("--clean", action="store_true")
     parser.add_argument("--results", default=str(HERE / "results" / "experiments" / "merge-memory"))
     args = parser.parse_args()
@@ -120,22 +125,44 @@ def main() -> int:
     for loader in ["", *args.loader_file]:  # interleaved: A, B per step
         for what in ("load the base", "merge the adapter"):
             record = json.loads(child(MEASURE, what, str(work), loader).strip().splitlines()[-1])
-            rows.append({"loader": loader or "current", **record,
-                         "peak_over_weights": round(record["peak_rss_gb"] / weights, 2)})
-    result = {"weights_gb": round(weights, 3), "vision_depth": args.vision_depth,
-              "text_layers": args.text_layers, "rows": rows}
-    lines = ["# Loading a colpali-layout ColQwen2.5 base and merging an adapter: peak RSS", "",
-             markdown_header(info), "",
-             f"Base: random weights, Qwen2.5-VL-3B widths, {args.vision_depth} vision blocks + "
-             f"{args.text_layers} language layers, pre-4.52 colpali layout in 2 fp32 shards, "
-             f"{weights:.2f} GB. Adapter: LoRA r 32 / alpha 32, nomic-ai's target regex.", "",
-             "| loader | step | seconds | peak RSS GB | peak / fp32 weights |", "|---|---|---:|---:|---:|"]
+            rows.append(
+                {
+                    "loader": loader or "current",
+                    **record,
+                    "peak_over_weights": round(record["peak_rss_gb"] / weights, 2),
+                }
+            )
+    result = {
+        "weights_gb": round(weights, 3),
+        "vision_depth": args.vision_depth,
+        "text_layers": args.text_layers,
+        "rows": rows,
+    }
+    lines = [
+        "# Loading a colpali-layout ColQwen2.5 base and merging an adapter: peak RSS",
+        "",
+        markdown_header(info),
+        "",
+        f"Base: random weights, Qwen2.5-VL-3B widths, {args.vision_depth} vision blocks + "
+        f"{args.text_layers} language layers, pre-4.52 colpali layout in 2 fp32 shards, "
+        f"{weights:.2f} GB. Adapter: LoRA r 32 / alpha 32, nomic-ai's target regex.",
+        "",
+        "| loader | step | seconds | peak RSS GB | peak / fp32 weights |",
+        "|---|---|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['loader']} | {r['step']} | {r['seconds']:.1f} | {r['peak_rss_gb']:.2f} | "
-                     f"{r['peak_over_weights']:.2f}x |")
-    lines += ["", "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start), "
-              "each in a fresh process after torch, transformers and peft are imported."]
-    Path(args.results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
+        lines.append(
+            f"| {r['loader']} | {r['step']} | {r['seconds']:.1f} | {r['peak_rss_gb']:.2f} | "
+            f"{r['peak_over_weights']:.2f}x |"
+        )
+    lines += [
+        "",
+        "Peak RSS per step is that step's own high-water mark (VmHWM reset at its start), "
+        "each in a fresh process after torch, transformers and peft are imported.",
+    ]
+    Path(args.results + ".json").write_text(
+        json.dumps({"machine": info, **result}, indent=2) + "\n"
+    )
     Path(args.results + ".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     if args.clean:

@@ -75,9 +75,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=2000)
     parser.add_argument("--queries", type=int, default=QUERIES)
-    parser.add_argument("--candidates", type=int, default=CANDIDATES,
-                        help="pages a stage hands the rerank (default 100, plan.py's; at a "
-                             "smaller size, the same fraction of the pages keeps the test as hard)")
+    parser.add_argument(
+        "--candidates",
+        type=int,
+        default=CANDIDATES,
+        help="pages a stage hands the rerank (default 100, plan.py's; at a "
+        "smaller size, the same fraction of the pages keeps the test as hard)",
+    )
     args = parser.parse_args()
     CANDIDATES = args.candidates
     from benchmarks.shared.local_answer import local_queries, query_targets
@@ -114,22 +118,39 @@ def main() -> None:
         }
         for name, c in candidates.items():
             ranked = sorted(c, key=lambda i: -exact[i])[:K]
-            stages[name].append({"needle": int(target) in ranked,
-                                 "recall": len(set(ranked) & exact_top) / K})
+            stages[name].append(
+                {"needle": int(target) in ranked, "recall": len(set(ranked) & exact_top) / K}
+            )
     results = {
-        "machine": machine_info(), "load_before": load_before, "load_after": load_average(),
-        "pages": args.pages, "queries": args.queries, "candidates": CANDIDATES,
-        "muvera": {"k_sim": muvera.k_sim, "dim_proj": muvera.dim_proj, "r_reps": muvera.r_reps,
-                   "dims": int(fdes.shape[1])},
+        "machine": machine_info(),
+        "load_before": load_before,
+        "load_after": load_average(),
+        "pages": args.pages,
+        "queries": args.queries,
+        "candidates": CANDIDATES,
+        "muvera": {
+            "k_sim": muvera.k_sim,
+            "dim_proj": muvera.dim_proj,
+            "r_reps": muvera.r_reps,
+            "dims": int(fdes.shape[1]),
+        },
         "exact_needle_at_10": float(np.mean(needle_exact)),
-        "stages": {n: {"needle_at_10": float(np.mean([r["needle"] for r in rows])),
-                       "recall_at_10": float(np.mean([r["recall"] for r in rows]))}
-                   for n, rows in stages.items()},
+        "stages": {
+            n: {
+                "needle_at_10": float(np.mean([r["needle"] for r in rows])),
+                "recall_at_10": float(np.mean([r["recall"] for r in rows])),
+            }
+            for n, rows in stages.items()
+        },
         "scan_ms_p50": {n: 1000 * float(np.median(t)) for n, t in times.items()},
-        "bytes_per_page": {"tokens": int(centroids[0].nbytes), "muvera": int(fdes[0].nbytes),
-                           "mean": int(means[0].nbytes)},
-        "build_ms_per_page": {k.removesuffix("_s"): 1000 * v / args.pages
-                              for k, v in build_t.items()},
+        "bytes_per_page": {
+            "tokens": int(centroids[0].nbytes),
+            "muvera": int(fdes[0].nbytes),
+            "mean": int(means[0].nbytes),
+        },
+        "build_ms_per_page": {
+            k.removesuffix("_s"): 1000 * v / args.pages for k, v in build_t.items()
+        },
     }
     out = HERE / "results" / "experiments" / f"muvera-candidates-{args.pages}"
     out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
@@ -139,29 +160,40 @@ def main() -> None:
 
 def markdown(r: dict) -> str:
     base = r["exact_needle_at_10"]
-    lines = ["# MUVERA vs the token-centroid candidate stage", "", markdown_header(r["machine"]),
-             "", f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 "
-             "cores (under concurrent load: read the times as same-run ratios).", "",
-             f"{r['pages']:,} local-answer pages (benchmarks/shared/local_answer.py), {r['queries']} "
-             f"queries, {r['candidates']} candidates a stage (twice that alone), exact MaxSim "
-             f"rerank in numpy. MUVERA: FastEmbed `Muvera(dim=128)` defaults (k_sim "
-             f"{r['muvera']['k_sim']}, dim_proj {r['muvera']['dim_proj']}, r_reps "
-             f"{r['muvera']['r_reps']}: {r['muvera']['dims']:,}-d).", "",
-             "| candidate stage | needle in top 10 | of exact's | recall@10 vs exact |",
-             "|---|---:|---:|---:|",
-             f"| exact (every page) | {100 * base:.0f}% | 100% | 1.000 |"]
+    lines = [
+        "# MUVERA vs the token-centroid candidate stage",
+        "",
+        markdown_header(r["machine"]),
+        "",
+        f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 "
+        "cores (under concurrent load: read the times as same-run ratios).",
+        "",
+        f"{r['pages']:,} local-answer pages (benchmarks/shared/local_answer.py), {r['queries']} "
+        f"queries, {r['candidates']} candidates a stage (twice that alone), exact MaxSim "
+        f"rerank in numpy. MUVERA: FastEmbed `Muvera(dim=128)` defaults (k_sim "
+        f"{r['muvera']['k_sim']}, dim_proj {r['muvera']['dim_proj']}, r_reps "
+        f"{r['muvera']['r_reps']}: {r['muvera']['dims']:,}-d).",
+        "",
+        "| candidate stage | needle in top 10 | of exact's | recall@10 vs exact |",
+        "|---|---:|---:|---:|",
+        f"| exact (every page) | {100 * base:.0f}% | 100% | 1.000 |",
+    ]
     for name, s in r["stages"].items():
-        lines.append(f"| {name} | {100 * s['needle_at_10']:.0f}% | "
-                     f"{100 * s['needle_at_10'] / max(base, 1e-9):.0f}% | "
-                     f"{s['recall_at_10']:.3f} |")
+        lines.append(
+            f"| {name} | {100 * s['needle_at_10']:.0f}% | "
+            f"{100 * s['needle_at_10'] / max(base, 1e-9):.0f}% | "
+            f"{s['recall_at_10']:.3f} |"
+        )
     b, t, m = r["bytes_per_page"], r["scan_ms_p50"], r["build_ms_per_page"]
-    lines += ["", "| what a stage reads | bytes a page | scan p50 ms a query (all pages) | "
-              "build ms a page |", "|---|---:|---:|---:|",
-              f"| token centroids (16 x 128 float32) | {b['tokens']:,} | {t['tokens']:.1f} | "
-              f"{m['centroids']:.1f} |",
-              f"| MUVERA FDE (float32) | {b['muvera']:,} | {t['muvera']:.1f} | "
-              f"{m['muvera']:.1f} |",
-              f"| mean (128 float32) | {b['mean']:,} | {t['mean']:.1f} | - |"]
+    lines += [
+        "",
+        "| what a stage reads | bytes a page | scan p50 ms a query (all pages) | build ms a page |",
+        "|---|---:|---:|---:|",
+        f"| token centroids (16 x 128 float32) | {b['tokens']:,} | {t['tokens']:.1f} | "
+        f"{m['centroids']:.1f} |",
+        f"| MUVERA FDE (float32) | {b['muvera']:,} | {t['muvera']:.1f} | {m['muvera']:.1f} |",
+        f"| mean (128 float32) | {b['mean']:,} | {t['mean']:.1f} | - |",
+    ]
     return "\n".join(lines)
 
 

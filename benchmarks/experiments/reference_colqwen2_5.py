@@ -55,11 +55,15 @@ def rows(embeddings: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 def compare(name: str, batch_a, out_a, batch_b, out_b) -> None:
     pairs = zip(rows(out_a, batch_a["attention_mask"]), rows(out_b, batch_b["attention_mask"]))
     for i, (a, b) in enumerate(pairs):
-        ids_equal = torch.equal(batch_a["input_ids"][i][batch_a["attention_mask"][i].bool()],
-                                batch_b["input_ids"][i][batch_b["attention_mask"][i].bool()])
+        ids_equal = torch.equal(
+            batch_a["input_ids"][i][batch_a["attention_mask"][i].bool()],
+            batch_b["input_ids"][i][batch_b["attention_mask"][i].bool()],
+        )
         diff = (a - b).abs().max().item() if a.shape == b.shape else float("nan")
-        print(f"{name}[{i}]: real tokens {tuple(a.shape)} vs {tuple(b.shape)}, ids equal {ids_equal}, "
-              f"max |A-B| {diff:.3g}")
+        print(
+            f"{name}[{i}]: real tokens {tuple(a.shape)} vs {tuple(b.shape)}, ids equal {ids_equal}, "
+            f"max |A-B| {diff:.3g}"
+        )
 
 
 def main(preset: str = "tiny-2.5") -> None:
@@ -79,8 +83,12 @@ def run(root: Path, preset: str) -> None:
     proc_b = ColQwen2Processor.from_pretrained(hf_folder, use_fast=False)
     print("padding side: A", proc_a.tokenizer.padding_side, "B", proc_b.tokenizer.padding_side)
     print("query prefix: A", repr(proc_a.query_prefix), "B", repr(proc_b.query_prefix))
-    print("augmentation: A", repr(proc_a.query_augmentation_token),
-          "B", repr(proc_b.query_augmentation_token))
+    print(
+        "augmentation: A",
+        repr(proc_a.query_augmentation_token),
+        "B",
+        repr(proc_b.query_augmentation_token),
+    )
     print("page prompt equal:", proc_a.visual_prompt_prefix == proc_b.visual_prompt_prefix)
     rng = np.random.default_rng(0)
     pages = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)) for h, w in PAGES]

@@ -48,9 +48,11 @@ def scan_before(table: np.ndarray, query: np.ndarray, chunk: int = 8192) -> np.n
     q = np.asarray(query, dtype=np.float32).T
     out = np.empty(len(table), dtype=np.float32)
     for lo in range(0, len(table), chunk):
-        block = table[lo:lo + chunk]
+        block = table[lo : lo + chunk]
         sims = block.reshape(-1, block.shape[-1]) @ q
-        out[lo:lo + len(block)] = sims.reshape(len(block), block.shape[1], -1).max(axis=1).sum(axis=1)
+        out[lo : lo + len(block)] = (
+            sims.reshape(len(block), block.shape[1], -1).max(axis=1).sum(axis=1)
+        )
     return out
 
 
@@ -69,17 +71,24 @@ def bench_scan(pages: int, rounds: int, query_tokens: int, folder: Path) -> dict
     if not half.is_file() or half.stat().st_size != pages * K * DIM * 2:
         for lo in range(0, pages, 10000):
             with open(half, "wb" if lo == 0 else "ab") as f:
-                f.write(np.asarray(table[lo:lo + 10000]).astype(np.float16).tobytes())
+                f.write(np.asarray(table[lo : lo + 10000]).astype(np.float16).tobytes())
     table16 = np.memmap(half, dtype=np.float16, mode="r", shape=(pages, K, DIM))
     queries = [rng.standard_normal((query_tokens, DIM)).astype(np.float32) for _ in range(16)]
-    contenders = {"before": lambda qs: [scan_before(table, q) for q in qs],
-                  "now": lambda qs: centroid_scores_many(table, qs),
-                  "now, float16 table": lambda qs: centroid_scores_many(table16, qs)}
+    contenders = {
+        "before": lambda qs: [scan_before(table, q) for q in qs],
+        "now": lambda qs: centroid_scores_many(table, qs),
+        "now, float16 table": lambda qs: centroid_scores_many(table16, qs),
+    }
     before = np.stack(contenders["before"](queries[:2]))
-    out = {"pages": pages, "table_mib": table.nbytes / 2**20, "query_tokens": query_tokens,
-           "max_abs_score_difference": float(np.abs(before - contenders["now"](queries[:2])).max()),
-           "float16_max_abs_score_difference": float(np.abs(
-               before - contenders["now, float16 table"](queries[:2])).max())}
+    out = {
+        "pages": pages,
+        "table_mib": table.nbytes / 2**20,
+        "query_tokens": query_tokens,
+        "max_abs_score_difference": float(np.abs(before - contenders["now"](queries[:2])).max()),
+        "float16_max_abs_score_difference": float(
+            np.abs(before - contenders["now, float16 table"](queries[:2])).max()
+        ),
+    }
     for n in (1, 16):
         for fn in contenders.values():
             fn(queries[:n])  # the table in the page cache, as between queries
@@ -134,52 +143,91 @@ def bench_reopen(folders: list[Path], rounds: int) -> dict:
     runs = {str(f): [] for f in folders}
     for _ in range(rounds):
         for f in folders:
-            line = subprocess.run([sys.executable, "-c", REOPEN_WORKER, str(f)],
-                                  check=True, capture_output=True, text=True).stdout
+            line = subprocess.run(
+                [sys.executable, "-c", REOPEN_WORKER, str(f)],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             runs[str(f)].append(json.loads(line.strip().splitlines()[-1]))
     out = {}
     for f in folders:
         rows = runs[str(f)]
-        out[str(f)] = {"pages": rows[0]["pages"], "storage": storage_of(f),
-                       **{key: spread([r[key] for r in rows]) for key in (
-                           "open_s", "open_read_mib", "open_rss_growth_mib", "first_query_ms",
-                           "second_query_ms")}}
+        out[str(f)] = {
+            "pages": rows[0]["pages"],
+            "storage": storage_of(f),
+            **{
+                key: spread([r[key] for r in rows])
+                for key in (
+                    "open_s",
+                    "open_read_mib",
+                    "open_rss_growth_mib",
+                    "first_query_ms",
+                    "second_query_ms",
+                )
+            },
+        }
     return out
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Search parts: {r['title']}", "", markdown_header(r["machine"]), "",
-             f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 cores"
-             + load_caveat(r) + (f" {r['note']}" if r.get("note") else ""), "", "Medians over the rounds (min-max in brackets); contenders "
-             "interleaved in every round.", ""]
+    lines = [
+        f"# Search parts: {r['title']}",
+        "",
+        markdown_header(r["machine"]),
+        "",
+        f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 cores"
+        + load_caveat(r)
+        + (f" {r['note']}" if r.get("note") else ""),
+        "",
+        "Medians over the rounds (min-max in brackets); contenders interleaved in every round.",
+        "",
+    ]
     if "scan" in r:
         s = r["scan"]
-        lines += [f"## Centroid scan, {s['pages']:,} pages ({s['table_mib']:.0f} MiB float32 table, "
-                  f"page cache warm), queries of {s['query_tokens']} tokens", "",
-                  "| queries | before ms | now ms | now / before | now, float16 table ms | "
-                  "float16 / now |", "|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            f"## Centroid scan, {s['pages']:,} pages ({s['table_mib']:.0f} MiB float32 table, "
+            f"page cache warm), queries of {s['query_tokens']} tokens",
+            "",
+            "| queries | before ms | now ms | now / before | now, float16 table ms | "
+            "float16 / now |",
+            "|---:|---:|---:|---:|---:|---:|",
+        ]
         for n in (1, 16):
             t = s[f"{n}_queries_ms"]
             b, a, h = t["before"], t["now"], t["now, float16 table"]
             span = lambda x: f"{x['median']:.0f} ({x['min']:.0f}-{x['max']:.0f})"  # noqa: E731
-            lines.append(f"| {n} | {span(b)} | {span(a)} | {a['median'] / b['median']:.2f} | "
-                         f"{span(h)} | {h['median'] / a['median']:.2f} |")
-        lines += ["", f"Largest score difference, now vs before: {s['max_abs_score_difference']:.2g}"
-                  f" (summation order); float16 table vs float32: "
-                  f"{s['float16_max_abs_score_difference']:.2g}.", ""]
+            lines.append(
+                f"| {n} | {span(b)} | {span(a)} | {a['median'] / b['median']:.2f} | "
+                f"{span(h)} | {h['median'] / a['median']:.2f} |"
+            )
+        lines += [
+            "",
+            f"Largest score difference, now vs before: {s['max_abs_score_difference']:.2g}"
+            f" (summation order); float16 table vs float32: "
+            f"{s['float16_max_abs_score_difference']:.2g}.",
+            "",
+        ]
     if "reopen" in r:
-        lines += ["## Reopen (fresh process each)", "",
-                  "| folder | pages | storage of rows / cols | open s | read at open MiB | RSS "
-                  "growth at open MiB | first query ms | second query ms |",
-                  "|---|---:|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Reopen (fresh process each)",
+            "",
+            "| folder | pages | storage of rows / cols | open s | read at open MiB | RSS "
+            "growth at open MiB | first query ms | second query ms |",
+            "|---|---:|---|---:|---:|---:|---:|---:|",
+        ]
         for f, v in r["reopen"].items():
-            cell = lambda key: (f"{v[key]['median']:.2f} ({v[key]['min']:.2f}-{v[key]['max']:.2f})"  # noqa: E731
-                                if key == "open_s" else
-                                f"{v[key]['median']:.0f} ({v[key]['min']:.0f}-{v[key]['max']:.0f})")
-            lines.append(f"| {Path(f).name} | {v['pages']:,} | {v['storage'].get('rows')} / "
-                         f"{v['storage'].get('cols')} | {cell('open_s')} | "
-                         f"{cell('open_read_mib')} | {cell('open_rss_growth_mib')} | "
-                         f"{cell('first_query_ms')} | {cell('second_query_ms')} |")
+            cell = lambda key: (  # noqa: E731
+                f"{v[key]['median']:.2f} ({v[key]['min']:.2f}-{v[key]['max']:.2f})"
+                if key == "open_s"
+                else f"{v[key]['median']:.0f} ({v[key]['min']:.0f}-{v[key]['max']:.0f})"
+            )
+            lines.append(
+                f"| {Path(f).name} | {v['pages']:,} | {v['storage'].get('rows')} / "
+                f"{v['storage'].get('cols')} | {cell('open_s')} | "
+                f"{cell('open_read_mib')} | {cell('open_rss_growth_mib')} | "
+                f"{cell('first_query_ms')} | {cell('second_query_ms')} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -192,10 +240,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--scratch", type=Path, help="where the scan's table file is kept")
     parser.add_argument("--out", default="search-parts")
-    parser.add_argument("--note", default="", help="how the run was scheduled (nice, lock), for the report")
+    parser.add_argument(
+        "--note", default="", help="how the run was scheduled (nice, lock), for the report"
+    )
     args = parser.parse_args()
-    results = {"machine": machine_info(), "load_before": load_average(),
-               "title": args.out, "note": args.note}
+    results = {
+        "machine": machine_info(),
+        "load_before": load_average(),
+        "title": args.out,
+        "note": args.note,
+    }
     with tempfile.TemporaryDirectory(prefix="colembed-search-parts-") as tmp:
         if args.scan:
             folder = args.scratch or Path(tmp)
@@ -204,7 +258,9 @@ def main() -> None:
     if args.reopen:
         results["reopen"] = bench_reopen(args.reopen, args.rounds)
     results["load_after"] = load_average()
-    (HERE / "results" / "experiments" / f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (HERE / "results" / "experiments" / f"{args.out}.json").write_text(
+        json.dumps(results, indent=2) + "\n"
+    )
     (HERE / "results" / "experiments" / f"{args.out}.md").write_text(markdown(results) + "\n")
     print(markdown(results))
 

@@ -48,8 +48,12 @@ def worker(lo: int, hi: int, pages: int, out: Path) -> None:
     flat = np.concatenate(queries)
     bounds = np.cumsum([0] + [len(q) for q in queries])
     n = hi - lo
-    cents = np.lib.format.open_memmap(out / f"cents-{lo}.npy", "w+", np.float32, (n, CENTROIDS, 128))
-    scores = {name: np.zeros((n, QUERIES), np.float32) for name in ("exact", "mean", "rows", "cols")}
+    cents = np.lib.format.open_memmap(
+        out / f"cents-{lo}.npy", "w+", np.float32, (n, CENTROIDS, 128)
+    )
+    scores = {
+        name: np.zeros((n, QUERIES), np.float32) for name in ("exact", "mean", "rows", "cols")
+    }
     qsum = np.stack([q.sum(0) for q in queries])
 
     def maxsim(doc):
@@ -93,13 +97,16 @@ def evaluate(out: Path, pages: int, starts: list[int]) -> dict:
         t0 = time.perf_counter()
         cscore = centroid_scores(table, q)
         scan_ms.append((time.perf_counter() - t0) * 1000)
-        token_cands = top(cscore, plan.TOKEN_CANDIDATES) | top(s["mean"][:, j],
-                                                               plan.TOKEN_MEAN_CANDIDATES)
+        token_cands = top(cscore, plan.TOKEN_CANDIDATES) | top(
+            s["mean"][:, j], plan.TOKEN_MEAN_CANDIDATES
+        )
         pool = np.zeros(pages, bool)
         pool[list(top(s["mean"][:, j], plan.MEAN_POOL))] = True
-        gated = (top(s["mean"][:, j], plan.MEAN_CANDIDATES)
-                 | top(s["rows"][:, j], plan.POOLED_CANDIDATES, pool)
-                 | top(s["cols"][:, j], plan.POOLED_CANDIDATES, pool))
+        gated = (
+            top(s["mean"][:, j], plan.MEAN_CANDIDATES)
+            | top(s["rows"][:, j], plan.POOLED_CANDIDATES, pool)
+            | top(s["cols"][:, j], plan.POOLED_CANDIDATES, pool)
+        )
         mean_only = top(s["mean"][:, j], plan.MEAN_CANDIDATES + 2 * plan.POOLED_CANDIDATES)
 
         def reranked(cands):
@@ -107,44 +114,67 @@ def evaluate(out: Path, pages: int, starts: list[int]) -> dict:
             return set(c[np.argsort(-exact[c])[:K]].tolist())
 
         found["exact"] += int(t in best)
-        for name, cands in (("tokens", token_cands), ("mean-gated", gated), ("mean only", mean_only)):
+        for name, cands in (
+            ("tokens", token_cands),
+            ("mean-gated", gated),
+            ("mean only", mean_only),
+        ):
             got = reranked(cands)
             found[name] += int(t in got)
             if name in recall:
                 recall[name].append(len(got & best) / K)
-    return {"pages": pages, "queries": QUERIES,
-            "needle_at_10": {k: v / QUERIES for k, v in found.items()},
-            "recall_at_10_vs_exact": {k: float(np.mean(v)) for k, v in recall.items()},
-            "centroid_scan_ms": {"p50": float(np.percentile(scan_ms, 50)),
-                                 "p90": float(np.percentile(scan_ms, 90))},
-            "table_mib": table.nbytes / 2**20,
-            "plan": {"TOKEN_CANDIDATES": plan.TOKEN_CANDIDATES,
-                     "TOKEN_MEAN_CANDIDATES": plan.TOKEN_MEAN_CANDIDATES,
-                     "MEAN_CANDIDATES": plan.MEAN_CANDIDATES, "MEAN_POOL": plan.MEAN_POOL,
-                     "POOLED_CANDIDATES": plan.POOLED_CANDIDATES}}
+    return {
+        "pages": pages,
+        "queries": QUERIES,
+        "needle_at_10": {k: v / QUERIES for k, v in found.items()},
+        "recall_at_10_vs_exact": {k: float(np.mean(v)) for k, v in recall.items()},
+        "centroid_scan_ms": {
+            "p50": float(np.percentile(scan_ms, 50)),
+            "p90": float(np.percentile(scan_ms, 90)),
+        },
+        "table_mib": table.nbytes / 2**20,
+        "plan": {
+            "TOKEN_CANDIDATES": plan.TOKEN_CANDIDATES,
+            "TOKEN_MEAN_CANDIDATES": plan.TOKEN_MEAN_CANDIDATES,
+            "MEAN_CANDIDATES": plan.MEAN_CANDIDATES,
+            "MEAN_POOL": plan.MEAN_POOL,
+            "POOLED_CANDIDATES": plan.POOLED_CANDIDATES,
+        },
+    }
 
 
 def markdown(r: dict) -> str:
     n = r["needle_at_10"]
-    return "\n".join([
-        f"# Search plans at {r['pages']:,} local-answer pages (numpy replay)", "",
-        markdown_header(r["machine"]), "", f"Command: `{r['command']}`. Generation + scoring "
-        f"took {r['build_s'] / 60:.1f} min; load before / after {r['load_before']} / "
-        f"{r['load_after']} (under concurrent load).", "",
-        "Each plan's candidates reranked by exact MaxSim (float32), as Edge does (see the script's "
-        "docstring for why this equals the store's result up to float16 rounding).", "",
-        "| plan | needle in top 10 | of exact's | recall@10 vs exact |", "|---|---:|---:|---:|",
-        f"| exact | {100 * n['exact']:.0f}% | 100% | 1 |",
-        f"| tokens (default) | {100 * n['tokens']:.0f}% | {100 * n['tokens'] / max(n['exact'], 1e-9):.0f}% "
-        f"| {r['recall_at_10_vs_exact']['tokens']:.3f} |",
-        f"| mean-gated (0.2 default) | {100 * n['mean-gated']:.0f}% | "
-        f"{100 * n['mean-gated'] / max(n['exact'], 1e-9):.0f}% | "
-        f"{r['recall_at_10_vs_exact']['mean-gated']:.3f} |",
-        f"| mean only (200) | {100 * n['mean only']:.0f}% | "
-        f"{100 * n['mean only'] / max(n['exact'], 1e-9):.0f}% | - |", "",
-        f"Centroid scan over {r['pages']:,} pages ({r['table_mib']:.0f} MiB float32 table, "
-        f"memory-mapped): p50 {r['centroid_scan_ms']['p50']:.0f} ms, p90 "
-        f"{r['centroid_scan_ms']['p90']:.0f} ms a query.", ""])
+    return "\n".join(
+        [
+            f"# Search plans at {r['pages']:,} local-answer pages (numpy replay)",
+            "",
+            markdown_header(r["machine"]),
+            "",
+            f"Command: `{r['command']}`. Generation + scoring "
+            f"took {r['build_s'] / 60:.1f} min; load before / after {r['load_before']} / "
+            f"{r['load_after']} (under concurrent load).",
+            "",
+            "Each plan's candidates reranked by exact MaxSim (float32), as Edge does (see the script's "
+            "docstring for why this equals the store's result up to float16 rounding).",
+            "",
+            "| plan | needle in top 10 | of exact's | recall@10 vs exact |",
+            "|---|---:|---:|---:|",
+            f"| exact | {100 * n['exact']:.0f}% | 100% | 1 |",
+            f"| tokens (default) | {100 * n['tokens']:.0f}% | {100 * n['tokens'] / max(n['exact'], 1e-9):.0f}% "
+            f"| {r['recall_at_10_vs_exact']['tokens']:.3f} |",
+            f"| mean-gated (0.2 default) | {100 * n['mean-gated']:.0f}% | "
+            f"{100 * n['mean-gated'] / max(n['exact'], 1e-9):.0f}% | "
+            f"{r['recall_at_10_vs_exact']['mean-gated']:.3f} |",
+            f"| mean only (200) | {100 * n['mean only']:.0f}% | "
+            f"{100 * n['mean only'] / max(n['exact'], 1e-9):.0f}% | - |",
+            "",
+            f"Centroid scan over {r['pages']:,} pages ({r['table_mib']:.0f} MiB float32 table, "
+            f"memory-mapped): p50 {r['centroid_scan_ms']['p50']:.0f} ms, p90 "
+            f"{r['centroid_scan_ms']['p90']:.0f} ms a query.",
+            "",
+        ]
+    )
 
 
 def main() -> None:
@@ -156,24 +186,43 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(*args.worker, args.pages, args.scratch)
-    results = {"machine": machine_info(), "load_before": load_average(),
-               "command": "python -m benchmarks.experiments.search_scale " + " ".join(sys.argv[1:])}
+    results = {
+        "machine": machine_info(),
+        "load_before": load_average(),
+        "command": "python -m benchmarks.experiments.search_scale " + " ".join(sys.argv[1:]),
+    }
     with tempfile.TemporaryDirectory(prefix="colembed-search-scale-") as tmp:
         out = args.scratch or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
         step = -(-args.pages // args.workers)
         starts = list(range(0, args.pages, step))
         t = time.perf_counter()
-        procs = [subprocess.Popen([sys.executable, "-m", __spec__.name, "--pages", str(args.pages),
-                                   "--scratch", str(out), "--worker", str(lo),
-                                   str(min(lo + step, args.pages))]) for lo in starts]
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    __spec__.name,
+                    "--pages",
+                    str(args.pages),
+                    "--scratch",
+                    str(out),
+                    "--worker",
+                    str(lo),
+                    str(min(lo + step, args.pages)),
+                ]
+            )
+            for lo in starts
+        ]
         if any(p.wait() for p in procs):
             raise SystemExit("a worker failed")
         results["build_s"] = time.perf_counter() - t
         results.update(evaluate(out, args.pages, starts))
     results["load_after"] = load_average()
     name = f"search-scale-{args.pages // 1000}k"
-    (HERE / "results" / "experiments" / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (HERE / "results" / "experiments" / f"{name}.json").write_text(
+        json.dumps(results, indent=2) + "\n"
+    )
     (HERE / "results" / "experiments" / f"{name}.md").write_text(markdown(results) + "\n")
     print(markdown(results))
 

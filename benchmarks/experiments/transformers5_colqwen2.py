@@ -37,22 +37,28 @@ def run_model(folder: Path, inputs: Path, out: Path) -> None:
     found = {}
     with torch.no_grad():
         for key in (k for k in data.files if k.endswith("_ids")):
-            item = key[:-len("_ids")]
+            item = key[: -len("_ids")]
             ids = torch.from_numpy(data[key])[None]
             extra = {}
             if item.startswith("page"):
-                extra = dict(pixel_values=torch.from_numpy(data[f"{item}_pixels"])[None],
-                             image_grid_thw=torch.from_numpy(data[f"{item}_grid"])[None])
-            found[item] = model(input_ids=ids, attention_mask=torch.ones_like(ids),
-                                **extra).embeddings[0].numpy()
+                extra = dict(
+                    pixel_values=torch.from_numpy(data[f"{item}_pixels"])[None],
+                    image_grid_thw=torch.from_numpy(data[f"{item}_grid"])[None],
+                )
+            found[item] = (
+                model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra)
+                .embeddings[0]
+                .numpy()
+            )
     np.savez(out, **found)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reference-python", required=True, help="a transformers 5.x interpreter")
-    parser.add_argument("--embed", nargs=3, metavar=("FOLDER", "INPUTS", "OUT"),
-                        help=argparse.SUPPRESS)  # the child's half
+    parser.add_argument(
+        "--embed", nargs=3, metavar=("FOLDER", "INPUTS", "OUT"), help=argparse.SUPPRESS
+    )  # the child's half
     args = parser.parse_args()
     if args.embed:
         run_model(*(Path(p) for p in args.embed))
@@ -68,7 +74,8 @@ def main() -> int:
         folder = build_checkpoint(work / "tiny", "tiny")
         config = json.loads((folder / "config.json").read_text())
         config["vlm_config"]["vision_config"]["mlp_ratio"] = int(
-            config["vlm_config"]["vision_config"]["mlp_ratio"])
+            config["vlm_config"]["vision_config"]["mlp_ratio"]
+        )
         (folder / "config.json").write_text(json.dumps(config))
         processor = ColQwen2Processor.from_pretrained(folder, use_fast=False)
         inputs = {}
@@ -81,15 +88,30 @@ def main() -> int:
             inputs[f"query{i}_ids"] = processor.process_queries([query])["input_ids"][0].numpy()
         np.savez(work / "inputs.npz", **inputs)
         run_model(folder, work / "inputs.npz", work / "pinned.npz")
-        subprocess.run([args.reference_python, __file__, "--reference-python", "-", "--embed",
-                        str(folder), str(work / "inputs.npz"), str(work / "other.npz")],
-                       check=True)
+        subprocess.run(
+            [
+                args.reference_python,
+                __file__,
+                "--reference-python",
+                "-",
+                "--embed",
+                str(folder),
+                str(work / "inputs.npz"),
+                str(work / "other.npz"),
+            ],
+            check=True,
+        )
         other_version = subprocess.run(
             [args.reference_python, "-c", "import transformers; print(transformers.__version__)"],
-            check=True, capture_output=True, text=True).stdout.strip()
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
         pinned, other = np.load(work / "pinned.npz"), np.load(work / "other.npz")
-        print(f"ColQwen2ForRetrieval, transformers {other_version} vs {transformers.__version__}, "
-              "same ids and pixels, max abs diff per item:")
+        print(
+            f"ColQwen2ForRetrieval, transformers {other_version} vs {transformers.__version__}, "
+            "same ids and pixels, max abs diff per item:"
+        )
         for item in pinned.files:
             print(f"  {item}: {np.abs(pinned[item] - other[item]).max():.2e}")
     return 0

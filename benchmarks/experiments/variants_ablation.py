@@ -30,8 +30,15 @@ from colembed.layout import BASE_VARIANT
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
 
-def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], per_feed: dict,
-              levels: tuple[int, int] | None = None, nbits8: int | None = None) -> None:
+def write_arm(
+    fp32: Path,
+    arm: Path,
+    keep: set[str],
+    calibration: list[dict],
+    per_feed: dict,
+    levels: tuple[int, int] | None = None,
+    nbits8: int | None = None,
+) -> None:
     import onnx_ir as ir
 
     from colembed.integrity import describe_file
@@ -49,8 +56,13 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
     src = fp32 / "text.onnx"
     model = ir.load(src)
     matmuls = weight_matmuls(model)
-    factors = smoothing_factors(model, src, calibration, alpha=SMOOTHING_ALPHA,
-                                maxima={k: np.max(v, axis=0) for k, v in per_feed.items()})
+    factors = smoothing_factors(
+        model,
+        src,
+        calibration,
+        alpha=SMOOTHING_ALPHA,
+        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
+    )
     outliers = {}
     for node in matmuls:
         s = factors.get(node.name)
@@ -65,10 +77,17 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
         kept = any(k in path for k in keep)
         if kept and node.name in factors:  # an fp32 MatMul still needs its smoothed weight
             w = node.inputs[1]
-            w.const_value = ir.tensor(w.const_value.numpy() * factors[node.name][:, None],
-                                      name=w.name)
-        schemes[node.name] = BASE_VARIANT if kept else "row"  # quantise.SCHEMES: BASE_VARIANT keeps fp32
-    from colembed_export.variants.quantise import ACTIVATION_PEAK, WEIGHT_PEAK, quantise_int4_matmuls
+            w.const_value = ir.tensor(
+                w.const_value.numpy() * factors[node.name][:, None], name=w.name
+            )
+        schemes[node.name] = (
+            BASE_VARIANT if kept else "row"
+        )  # quantise.SCHEMES: BASE_VARIANT keeps fp32
+    from colembed_export.variants.quantise import (
+        ACTIVATION_PEAK,
+        WEIGHT_PEAK,
+        quantise_int4_matmuls,
+    )
 
     if nbits8:  # MatMulNBits 8-bit blocks (kept MatMuls fp32, unsmoothed: the kernel's per-block
         # activation scales do not need SmoothQuant; the smoothed weights above are undone by it)
@@ -77,8 +96,14 @@ def write_arm(fp32: Path, arm: Path, keep: set[str], calibration: list[dict], pe
         quantise_int4_matmuls(model, chosen, block_size=nbits8, accuracy_level=4, bits=8)
     else:
         weights, activations = levels or (WEIGHT_PEAK, ACTIVATION_PEAK)
-        quantise_matmuls(model, schemes, factors, outliers=outliers, weight_levels=weights,
-                         activation_levels=activations)
+        quantise_matmuls(
+            model,
+            schemes,
+            factors,
+            outliers=outliers,
+            weight_levels=weights,
+            activation_levels=activations,
+        )
     finish(model)
     file, data = save_graph(model, fp32, "text.ablation.onnx", external=True)
     manifest = read_manifest(arm)
@@ -94,15 +119,24 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--pages", default="sample page 2,smallest")
-    parser.add_argument("--arms", default="none,mlp.down_proj,self_attn.o_proj,self_attn.v_proj,"
-                        "mlp.up_proj,mlp.gate_proj,layers.0.,layers.1.,projection")
+    parser.add_argument(
+        "--arms",
+        default="none,mlp.down_proj,self_attn.o_proj,self_attn.v_proj,"
+        "mlp.up_proj,mlp.gate_proj,layers.0.,layers.1.,projection",
+    )
     parser.add_argument("--work", type=Path, default=Path("/tmp/colembed-bench-ablation"))
     parser.add_argument("--results")
-    parser.add_argument("--int8-levels", help="W,A: weight and activation code peaks (default: "
-                        "quantise.py's)")
-    parser.add_argument("--nbits8", type=int, metavar="BLOCK", help="write the int8 MatMuls as "
-                        "MatMulNBits 8-bit blocks of BLOCK along K, accuracy level 4 (activations "
-                        "quantised per token and block by the kernel) instead of the row scheme")
+    parser.add_argument(
+        "--int8-levels", help="W,A: weight and activation code peaks (default: quantise.py's)"
+    )
+    parser.add_argument(
+        "--nbits8",
+        type=int,
+        metavar="BLOCK",
+        help="write the int8 MatMuls as "
+        "MatMulNBits 8-bit blocks of BLOCK along K, accuracy level 4 (activations "
+        "quantised per token and block by the kernel) instead of the row scheme",
+    )
     args = parser.parse_args()
     levels = tuple(int(v) for v in args.int8_levels.split(",")) if args.int8_levels else None
 
@@ -130,10 +164,21 @@ def main() -> int:
         model = colembed.load(args.folder, variant="int8", verify=False)
         for (name, img), w in zip(pages, want):
             cos = token_cosines([model.embed_images([img], batch_size=1)[0]], [w])
-            rows.append({"fp32 kept": arm, "int8 levels": (f"MatMulNBits 8-bit, block {args.nbits8}" if args.nbits8
-                                         else args.int8_levels or "default"), "page": name, "mean": float(cos.mean()),
-                         "min": float(cos.min()), "worst_token": int(cos.argmin()),
-                         "tokens": int(cos.size)})
+            rows.append(
+                {
+                    "fp32 kept": arm,
+                    "int8 levels": (
+                        f"MatMulNBits 8-bit, block {args.nbits8}"
+                        if args.nbits8
+                        else args.int8_levels or "default"
+                    ),
+                    "page": name,
+                    "mean": float(cos.mean()),
+                    "min": float(cos.min()),
+                    "worst_token": int(cos.argmin()),
+                    "tokens": int(cos.size),
+                }
+            )
             print(rows[-1], flush=True)
         del model
     from colembed.manifest import MANIFEST_NAME
@@ -141,13 +186,20 @@ def main() -> int:
     shutil.copy(args.work / MANIFEST_NAME, args.folder / MANIFEST_NAME)  # fp32 only again
     for name in ("text.ablation.onnx", "text.ablation.onnx_data"):
         (args.folder / name).unlink(missing_ok=True)
-    lines = [f"folder: `{args.folder}`", "",
-             "| kept fp32 | int8 code peaks W,A | page | mean | min | worst token / tokens |",
-             "|---|---|---|---:|---:|---:|"]
-    lines += [f"| {r['fp32 kept']} | {r['int8 levels']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
-              f"{r['worst_token']} / {r['tokens']} |" for r in rows]
-    text = results_markdown("int8 text graph, vision fp32: which MatMuls cost the pages", info,
-                            lines)
+    lines = [
+        f"folder: `{args.folder}`",
+        "",
+        "| kept fp32 | int8 code peaks W,A | page | mean | min | worst token / tokens |",
+        "|---|---|---|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['fp32 kept']} | {r['int8 levels']} | {r['page']} | {r['mean']:.5f} | {r['min']:.4f} | "
+        f"{r['worst_token']} / {r['tokens']} |"
+        for r in rows
+    ]
+    text = results_markdown(
+        "int8 text graph, vision fp32: which MatMuls cost the pages", info, lines
+    )
     print(text)
     if args.results:
         write_results(args.results, text, info, {"rows": rows})

@@ -34,14 +34,17 @@ HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 ARMS = [(63, 127, 1), (127, 63, 1), (90, 90, 1), (63, 127, 2)]
 
 
-def row_product(x: np.ndarray, weight: np.ndarray, weights: int, activations: int,
-                passes: int) -> np.ndarray:
+def row_product(
+    x: np.ndarray, weight: np.ndarray, weights: int, activations: int, passes: int
+) -> np.ndarray:
     from colembed_export.variants.quantise import quantised_weight_passes
 
     scale = np.abs(x).max(axis=1, keepdims=True) / activations
     codes = np.clip(np.rint(x / scale), -activations, activations)
-    return sum((codes @ c.astype(np.float64)) * scale * s.astype(np.float64)[None, :]
-               for c, s in quantised_weight_passes(weight.astype(np.float32), weights, passes))
+    return sum(
+        (codes @ c.astype(np.float64)) * scale * s.astype(np.float64)[None, :]
+        for c, s in quantised_weight_passes(weight.astype(np.float32), weights, passes)
+    )
 
 
 def main() -> int:
@@ -59,16 +62,36 @@ def main() -> int:
         for w, a, passes in ARMS:
             got = row_product(x, weight, w, a, passes)
             cos = (got * exact).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(exact, axis=1)
-            rows.append({"K": depth, "weights": w, "activations": a, "codes": passes,
-                         "relative_error": float(np.linalg.norm(got - exact) / np.linalg.norm(exact)),
-                         "cosine_loss": float(1 - cos.mean())})
-    lines = ["| K | weight peak | activation peak | codes per weight | relative error | "
-             "1 - mean cosine |", "|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['K']} | {r['weights']} | {r['activations']} | {r['codes']} | "
-              f"{r['relative_error']:.4f} | {r['cosine_loss']:.2e} |" for r in rows]
-    text = results_markdown("int8 row scheme: one MatMul's rounding error per code split", machine_info(),
-                            ["Gaussian activations (64 tokens) and weights (256 columns), numpy "
-                             "emulation of quantise.py's row scheme.", ""] + lines)
+            rows.append(
+                {
+                    "K": depth,
+                    "weights": w,
+                    "activations": a,
+                    "codes": passes,
+                    "relative_error": float(np.linalg.norm(got - exact) / np.linalg.norm(exact)),
+                    "cosine_loss": float(1 - cos.mean()),
+                }
+            )
+    lines = [
+        "| K | weight peak | activation peak | codes per weight | relative error | "
+        "1 - mean cosine |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {r['K']} | {r['weights']} | {r['activations']} | {r['codes']} | "
+        f"{r['relative_error']:.4f} | {r['cosine_loss']:.2e} |"
+        for r in rows
+    ]
+    text = results_markdown(
+        "int8 row scheme: one MatMul's rounding error per code split",
+        machine_info(),
+        [
+            "Gaussian activations (64 tokens) and weights (256 columns), numpy "
+            "emulation of quantise.py's row scheme.",
+            "",
+        ]
+        + lines,
+    )
     print(text)
     if args.results:
         write_results(args.results, text, machine_info(), {"rows": rows})

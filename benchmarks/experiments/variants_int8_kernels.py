@@ -35,10 +35,13 @@ def _fp32_model(w):
     from onnx import TensorProto, helper, numpy_helper
 
     K, N = w.shape
-    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", K])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", N])],
-                          [numpy_helper.from_array(w, "w")])
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["T", K])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["T", N])],
+        [numpy_helper.from_array(w, "w")],
+    )
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21)])
 
 
@@ -58,8 +61,13 @@ def nbits8_model(w, block, accuracy):
     from colembed_export.variants.quantise import quantise_int4_matmuls
 
     model = ir.from_proto(_fp32_model(w))
-    quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],
-                          block_size=block, accuracy_level=accuracy, bits=8)
+    quantise_int4_matmuls(
+        model,
+        [n for n in model.graph if n.op_type == "MatMul"],
+        block_size=block,
+        accuracy_level=accuracy,
+        bits=8,
+    )
     return ir.to_proto(model)
 
 
@@ -68,7 +76,9 @@ def session(proto):
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 2
-    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def cosines(a, b):
@@ -80,8 +90,12 @@ def main() -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--row-only", action="store_true", help="only the row scheme with one and "
-                        "two weight codes (quantise_matmuls weight_passes), no MatMulNBits arms")
+    parser.add_argument(
+        "--row-only",
+        action="store_true",
+        help="only the row scheme with one and "
+        "two weight codes (quantise_matmuls weight_passes), no MatMulNBits arms",
+    )
     args = parser.parse_args()
     rng = np.random.default_rng(0)
     print("load average at start", os.getloadavg(), flush=True)
@@ -95,21 +109,29 @@ def main() -> int:
         want = x.astype(np.float64) @ w.astype(np.float64)
         for name, s in arms.items():
             c = cosines(s.run(None, {"x": x})[0], want)
-            print(f"K {K} N {N} {name}: per-token cosine min {c.min():.6f} mean {c.mean():.6f}", flush=True)
+            print(
+                f"K {K} N {N} {name}: per-token cosine min {c.min():.6f} mean {c.mean():.6f}",
+                flush=True,
+            )
         for tokens in (20, 200):
             xs = x[:tokens]
             times = {n: [] for n in arms}
             reps = max(3, 200 // tokens)
             for r in range(5 if args.row_only else 3):
-                for n in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
+                for n in list(arms) if r % 2 == 0 else list(arms)[::-1]:
                     start = time.perf_counter()
                     for _ in range(reps):
                         arms[n].run(None, {"x": xs})
                     times[n].append((time.perf_counter() - start) / reps)
             base = np.median(times["row"])
-            print(f"K {K} N {N} tokens {tokens}: " + "; ".join(
-                f"{n} {np.median(v) * 1e3:.1f} ms ({np.median(v) / base:.2f}x row)" for n, v in times.items()),
-                flush=True)
+            print(
+                f"K {K} N {N} tokens {tokens}: "
+                + "; ".join(
+                    f"{n} {np.median(v) * 1e3:.1f} ms ({np.median(v) / base:.2f}x row)"
+                    for n, v in times.items()
+                ),
+                flush=True,
+            )
     print("load average at end", os.getloadavg(), flush=True)
     return 0
 

@@ -52,8 +52,13 @@ def record_feeds(folder: Path, pages: list[Any], queries: list[str]) -> dict[str
     return recorded
 
 
-def emulated_int8(x: np.ndarray, w: np.ndarray, smoothing: np.ndarray | None,
-                  outliers: np.ndarray | None, levels: int) -> np.ndarray:
+def emulated_int8(
+    x: np.ndarray,
+    w: np.ndarray,
+    smoothing: np.ndarray | None,
+    outliers: np.ndarray | None,
+    levels: int,
+) -> np.ndarray:
     """quantise.py's "row" product of x (tokens, K) and w (K, M), in numpy."""
     from colembed_export.variants.quantise import INT8_PEAK, ROW_SCALE_FLOOR, quantised_weight
 
@@ -80,12 +85,23 @@ def row_cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.sum(a * b, axis=1) / np.maximum(norms, 1e-30)
 
 
-def matmul_errors(folder: Path, role: str, feeds: list[dict], names: list[str],
-                  calibration: list[dict], image_token_id: int | None) -> list[dict]:
+def matmul_errors(
+    folder: Path,
+    role: str,
+    feeds: list[dict],
+    names: list[str],
+    calibration: list[dict],
+    image_token_id: int | None,
+) -> list[dict]:
     """Per MatMul and item: min per-token cosine of the emulated int8 product to fp32's."""
     import onnx_ir as ir
 
-    from colembed_export.graphs.edits import _probe, channel_maxima_per_feed, module_path, smoothing_factors
+    from colembed_export.graphs.edits import (
+        _probe,
+        channel_maxima_per_feed,
+        module_path,
+        smoothing_factors,
+    )
     from colembed_export.variants.quantise import WEIGHT_PEAK
     from colembed_export.variants.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
 
@@ -94,15 +110,20 @@ def matmul_errors(folder: Path, role: str, feeds: list[dict], names: list[str],
     matmuls = weight_matmuls(model)
     inputs = sorted({n.inputs[0].name for n in matmuls})
     per_feed = channel_maxima_per_feed(src, inputs, calibration)
-    factors = smoothing_factors(model, src, calibration, alpha=SMOOTHING_ALPHA,
-                                maxima={k: np.max(v, axis=0) for k, v in per_feed.items()})
+    factors = smoothing_factors(
+        model,
+        src,
+        calibration,
+        alpha=SMOOTHING_ALPHA,
+        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
+    )
     rows = []
     with _probe(src, lambda graph: list(inputs)) as (session, outs):
         for item, feed in zip(names, feeds):
             values = dict(zip(outs, session.run(outs, feed)))
             kinds = None
             if image_token_id is not None and "input_ids" in feed:
-                kinds = (feed["input_ids"][0] == image_token_id)
+                kinds = feed["input_ids"][0] == image_token_id
             for node in matmuls:
                 x = values[node.inputs[0].name]
                 x = x.reshape(-1, x.shape[-1])
@@ -114,11 +135,24 @@ def matmul_errors(folder: Path, role: str, feeds: list[dict], names: list[str],
                 got = emulated_int8(x, w, s, found, WEIGHT_PEAK)
                 cos = row_cosines(got, want)
                 worst = int(np.argmin(cos))
-                token = ("image" if kinds is not None and kinds.size == cos.size and kinds[worst]
-                         else "text" if kinds is not None else "patch")
-                row = {"role": role, "item": item, "matmul": module_path(node),
-                       "min": float(cos.min()), "mean": float(cos.mean()), "worst_token": worst,
-                       "worst_kind": token, "outliers": int(found.size), "depth": int(w.shape[0])}
+                token = (
+                    "image"
+                    if kinds is not None and kinds.size == cos.size and kinds[worst]
+                    else "text"
+                    if kinds is not None
+                    else "patch"
+                )
+                row = {
+                    "role": role,
+                    "item": item,
+                    "matmul": module_path(node),
+                    "min": float(cos.min()),
+                    "mean": float(cos.mean()),
+                    "worst_token": worst,
+                    "worst_kind": token,
+                    "outliers": int(found.size),
+                    "depth": int(w.shape[0]),
+                }
                 if kinds is not None and kinds.size == cos.size and kinds.any():
                     row["min_image"] = float(cos[kinds].min())
                     row["min_text"] = float(cos[~kinds].min())
@@ -129,10 +163,14 @@ def matmul_errors(folder: Path, role: str, feeds: list[dict], names: list[str],
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="an fp32 export folder")
-    parser.add_argument("--pages", default="", help="comma-separated gate page names to run "
-                        "(default: all gate pages)")
-    parser.add_argument("--queries", default="bound", help="'bound' (the query at the bound), "
-                        "'all' or 'none'")
+    parser.add_argument(
+        "--pages",
+        default="",
+        help="comma-separated gate page names to run (default: all gate pages)",
+    )
+    parser.add_argument(
+        "--queries", default="bound", help="'bound' (the query at the bound), 'all' or 'none'"
+    )
     parser.add_argument("--results", help="results path without extension")
     args = parser.parse_args()
 
@@ -154,18 +192,30 @@ def main() -> int:
     calibration = calibration_feeds(args.folder)
     names = [f"page: {n}" for n, _ in pages]
     rows = matmul_errors(args.folder, "vision", feeds["vision"], names, calibration["vision"], None)
-    rows += matmul_errors(args.folder, "text", feeds["text"],
-                          names + [f"query: {n}" for n, _ in queries], calibration["text"],
-                          image_token)
-    lines = [f"folder: `{args.folder}`", "",
-             "| role | MatMul | item | min cos | worst token | min image tok | min text tok | "
-             "fp32 outlier ch / depth |", "|---|---|---|---:|---|---:|---:|---:|"]
+    rows += matmul_errors(
+        args.folder,
+        "text",
+        feeds["text"],
+        names + [f"query: {n}" for n, _ in queries],
+        calibration["text"],
+        image_token,
+    )
+    lines = [
+        f"folder: `{args.folder}`",
+        "",
+        "| role | MatMul | item | min cos | worst token | min image tok | min text tok | "
+        "fp32 outlier ch / depth |",
+        "|---|---|---|---:|---|---:|---:|---:|",
+    ]
     for r in sorted(rows, key=lambda r: r["min"])[:60]:
-        lines.append(f"| {r['role']} | {r['matmul']} | {r['item']} | {r['min']:.5f} | "
-                     f"{r['worst_kind']} {r['worst_token']} | {r.get('min_image', float('nan')):.5f} | "
-                     f"{r.get('min_text', float('nan')):.5f} | {r['outliers']} / {r['depth']} |")
-    text = results_markdown("int8 local error per MatMul (emulated recipe vs fp32, same fp32 "
-                            "input)", info, lines)
+        lines.append(
+            f"| {r['role']} | {r['matmul']} | {r['item']} | {r['min']:.5f} | "
+            f"{r['worst_kind']} {r['worst_token']} | {r.get('min_image', float('nan')):.5f} | "
+            f"{r.get('min_text', float('nan')):.5f} | {r['outliers']} / {r['depth']} |"
+        )
+    text = results_markdown(
+        "int8 local error per MatMul (emulated recipe vs fp32, same fp32 input)", info, lines
+    )
     print(text)
     if args.results:
         write_results(args.results, text, info, {"rows": rows})

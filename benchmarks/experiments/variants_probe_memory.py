@@ -62,20 +62,34 @@ def child(arm: str, folder: Path, role: str, out: Path) -> None:
     with meter.step("probe"):
         peaks = graph_edits.fp16_gemm_peaks(model, src, feeds, keep_scopes=FP16_KEEP_SCOPES)
     (record,) = meter.records
-    out.write_text(json.dumps({
-        "arm": arm, "prepacking": ARMS[arm], "feeds": len(feeds),
-        "seconds": round(time.perf_counter() - start, 2), "peak_rss_gb": record.peak_rss_gb,
-        "peak_anon_gb": record.peak_anon_gb, "rss_after_gb": record.rss_after_gb,
-        "peaks": peaks,
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "arm": arm,
+                "prepacking": ARMS[arm],
+                "feeds": len(feeds),
+                "seconds": round(time.perf_counter() - start, 2),
+                "peak_rss_gb": record.peak_rss_gb,
+                "peak_anon_gb": record.peak_anon_gb,
+                "rss_after_gb": record.rss_after_gb,
+                "peaks": peaks,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--role", default="text", choices=("text", "vision"))
-    parser.add_argument("--results", type=Path, default=None,
-                        help="write RESULTS.md and RESULTS.json (default: print)")
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="write RESULTS.md and RESULTS.json (default: print)",
+    )
     parser.add_argument("--child", nargs=2, metavar=("ARM", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -89,37 +103,73 @@ def main() -> int:
     runs = []
     for arm in ARMS:
         out = data.with_name(f"{data.name}-{arm}.json")
-        subprocess.run([sys.executable, "-m", __spec__.name, str(args.folder), "--role", args.role,
-                        "--child", arm, str(out)], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                __spec__.name,
+                str(args.folder),
+                "--role",
+                args.role,
+                "--child",
+                arm,
+                str(out),
+            ],
+            check=True,
+        )
         runs.append(json.loads(out.read_text()))
         out.unlink()
     weights = sum(p.stat().st_size for p in args.folder.glob(f"{args.role}.onnx*"))
     first = runs[0]
-    worst = max(abs(a - b) / max(abs(a), 1e-30) for name, a in first["peaks"].items()
-                for b in [runs[1]["peaks"][name]] if a != float("inf") and b != float("inf"))
-    lines = [f"# A calibration probe with and without weight prepacking ({args.role} graph)", "",
-             markdown_header(info), "",
-             f"Folder: `{args.folder}`, {weights / 1e9:.2f} GB of fp32 {args.role} graph (file "
-             f"and external data); {first['feeds']} calibration feeds. Each arm in a fresh "
-             "process, one after another.", "",
-             "| arm | seconds | peak RSS GB | peak anonymous GB | RSS after GB |",
-             "|---|---:|---:|---:|---:|"]
+    worst = max(
+        abs(a - b) / max(abs(a), 1e-30)
+        for name, a in first["peaks"].items()
+        for b in [runs[1]["peaks"][name]]
+        if a != float("inf") and b != float("inf")
+    )
+    lines = [
+        f"# A calibration probe with and without weight prepacking ({args.role} graph)",
+        "",
+        markdown_header(info),
+        "",
+        f"Folder: `{args.folder}`, {weights / 1e9:.2f} GB of fp32 {args.role} graph (file "
+        f"and external data); {first['feeds']} calibration feeds. Each arm in a fresh "
+        "process, one after another.",
+        "",
+        "| arm | seconds | peak RSS GB | peak anonymous GB | RSS after GB |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for run in runs:
-        lines.append(f"| {run['arm']} | {run['seconds']:.1f} | {run['peak_rss_gb']:.2f} | "
-                     f"{run['peak_anon_gb']:.2f} | {run['rss_after_gb']:.2f} |")
-    lines += ["", f"unpacked / prepacked: time {runs[1]['seconds'] / first['seconds']:.2f}x, "
-              f"peak anonymous memory {runs[1]['peak_anon_gb'] / first['peak_anon_gb']:.2f}x, "
-              f"peak RSS {runs[1]['peak_rss_gb'] / first['peak_rss_gb']:.2f}x; the largest "
-              f"relative difference of any of the {len(first['peaks'])} measured peaks {worst:.1e}.",
-              ""]
+        lines.append(
+            f"| {run['arm']} | {run['seconds']:.1f} | {run['peak_rss_gb']:.2f} | "
+            f"{run['peak_anon_gb']:.2f} | {run['rss_after_gb']:.2f} |"
+        )
+    lines += [
+        "",
+        f"unpacked / prepacked: time {runs[1]['seconds'] / first['seconds']:.2f}x, "
+        f"peak anonymous memory {runs[1]['peak_anon_gb'] / first['peak_anon_gb']:.2f}x, "
+        f"peak RSS {runs[1]['peak_rss_gb'] / first['peak_rss_gb']:.2f}x; the largest "
+        f"relative difference of any of the {len(first['peaks'])} measured peaks {worst:.1e}.",
+        "",
+    ]
     text = "\n".join(lines)
     if args.results is None:
         print(text)
     else:
         args.results.with_suffix(".md").write_text(text)
         args.results.with_suffix(".json").write_text(
-            json.dumps({"machine": info, "folder": str(args.folder), "role": args.role,
-                        "weights_gb": round(weights / 1e9, 3), "runs": runs}, indent=2) + "\n")
+            json.dumps(
+                {
+                    "machine": info,
+                    "folder": str(args.folder),
+                    "role": args.role,
+                    "weights_gb": round(weights / 1e9, 3),
+                    "runs": runs,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

@@ -59,8 +59,12 @@ def main() -> int:
     arms = dict(a.split("=", 1) for a in args.arms)
     # FOLDER@VARIANT: that arm's variant instead of --variant (e.g. fp32 beside two int8 recipes)
     chosen = {n: (f.rsplit("@", 1) if "@" in f else (f, args.variant)) for n, f in arms.items()}
-    models = {n: colembed.load(Path(f), variant=v, verify=False, threads=args.threads,
-                               max_image_tokens=256) for n, (f, v) in chosen.items()}
+    models = {
+        n: colembed.load(
+            Path(f), variant=v, verify=False, threads=args.threads, max_image_tokens=256
+        )
+        for n, (f, v) in chosen.items()
+    }
     page = page_image()
     for model in models.values():  # warm-up: first-run allocations out of the timings
         model.embed_images([page], batch_size=1)
@@ -68,29 +72,43 @@ def main() -> int:
     times = {n: {"page": [], "query": []} for n in models}
     order = list(models)
     for r in range(args.rounds):
-        for name in (order if r % 2 == 0 else order[::-1]):
+        for name in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             models[name].embed_images([page], batch_size=1)
             times[name]["page"].append(time.perf_counter() - start)
             start = time.perf_counter()
             models[name].embed_queries([QUERY], batch_size=1)
             times[name]["query"].append(time.perf_counter() - start)
-        print(f"round {r + 1}: " + ", ".join(f"{n} page {t['page'][-1] * 1e3:.0f} ms query "
-                                            f"{t['query'][-1] * 1e3:.1f} ms" for n, t in times.items()),
-              file=sys.stderr, flush=True)
+        print(
+            f"round {r + 1}: "
+            + ", ".join(
+                f"{n} page {t['page'][-1] * 1e3:.0f} ms query {t['query'][-1] * 1e3:.1f} ms"
+                for n, t in times.items()
+            ),
+            file=sys.stderr,
+            flush=True,
+        )
     base = order[0]
-    lines = ["| arm | folder | page 448x448 (256 tokens) ms, median (min-max) | x first | "
-             "query batch 1 ms, median (min-max) | x first |", "|---|---|---:|---:|---:|---:|"]
+    lines = [
+        "| arm | folder | page 448x448 (256 tokens) ms, median (min-max) | x first | "
+        "query batch 1 ms, median (min-max) | x first |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
     for name in order:
         cells = []
         for item in ("page", "query"):
             t = times[name][item]
             med = statistics.median(t)
-            cells += [f"{med * 1e3:.1f} ({min(t) * 1e3:.1f}-{max(t) * 1e3:.1f})",
-                      f"{med / statistics.median(times[base][item]):.2f}x"]
+            cells += [
+                f"{med * 1e3:.1f} ({min(t) * 1e3:.1f}-{max(t) * 1e3:.1f})",
+                f"{med / statistics.median(times[base][item]):.2f}x",
+            ]
         lines.append(f"| {name} | `{arms[name]}` | " + " | ".join(cells) + " |")
-    body = [f"Variant `{args.variant}` (unless an arm names its own: FOLDER@VARIANT), {args.rounds} interleaved rounds (order reversed every "
-            "other round), one warm-up each.", ""] + lines
+    body = [
+        f"Variant `{args.variant}` (unless an arm names its own: FOLDER@VARIANT), {args.rounds} interleaved rounds (order reversed every "
+        "other round), one warm-up each.",
+        "",
+    ] + lines
     text = results_markdown("int8 recipes side by side: page and query time", info, body)
     print(text)
     if args.results:

@@ -61,7 +61,7 @@ def run(folder: Path, batch: int, tokens: int, threads: int) -> dict:
 
     def once() -> None:
         for lo in range(0, PAGES, batch):
-            pixels = np.stack([p.patches for p in pages[lo:lo + batch]])
+            pixels = np.stack([p.patches for p in pages[lo : lo + batch]])
             vision.run(contract.feeds(pixels, *grid_inputs))
 
     once()
@@ -71,35 +71,55 @@ def run(folder: Path, batch: int, tokens: int, threads: int) -> dict:
         once()
         wall.append(time.perf_counter() - start)
         cpu.append(time.process_time() - start_cpu)
-    return {"batch": batch, "patches": int(pages[0].patches.shape[0]),
-            "wall_s_per_page": min(wall) / PAGES, "cpu_s_per_page": min(cpu) / PAGES,
-            "peak_rss_mib": rss_mib()["peak"]}
+    return {
+        "batch": batch,
+        "patches": int(pages[0].patches.shape[0]),
+        "wall_s_per_page": min(wall) / PAGES,
+        "cpu_s_per_page": min(cpu) / PAGES,
+        "peak_rss_mib": rss_mib()["peak"],
+    }
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workdir", type=Path, default=Path.home() / ".cache" / "colembed-bench")
-    parser.add_argument("--tokens", type=int, nargs="*", default=[0, 256, 64],
-                        help="page sizes: 0 = a letter page at 150 dpi, else a token budget")
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        nargs="*",
+        default=[0, 256, 64],
+        help="page sizes: 0 = a letter page at 150 dpi, else a token budget",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         job = json.loads(args.worker)
-        print("RESULT " + json.dumps(run(Path(job["folder"]), job["batch"], job["tokens"],
-                                         job["threads"])))
+        print(
+            "RESULT "
+            + json.dumps(run(Path(job["folder"]), job["batch"], job["tokens"], job["threads"]))
+        )
         return 0
     folder = build(args.workdir / "vision-batching")
-    print("| page | patches | batch | wall s/page | CPU s/page | peak RSS MiB |\n|---|---|---|---|---|---|")
+    print(
+        "| page | patches | batch | wall s/page | CPU s/page | peak RSS MiB |\n|---|---|---|---|---|---|"
+    )
     for tokens in args.tokens:
         for batch in (1, 2, 4):
             job = {"folder": str(folder), "batch": batch, "tokens": tokens, "threads": args.threads}
-            out = subprocess.run([sys.executable, "-m", __spec__.name, "--worker", json.dumps(job)],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-m", __spec__.name, "--worker", json.dumps(job)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             r = json.loads(out.split("RESULT ", 1)[1])
             label = "letter, 150 dpi" if not tokens else f"{tokens}-token budget"
-            print(f"| {label} | {r['patches']} | {batch} | {r['wall_s_per_page']:.3f} | "
-                  f"{r['cpu_s_per_page']:.3f} | {r['peak_rss_mib']:.0f} |", flush=True)
+            print(
+                f"| {label} | {r['patches']} | {batch} | {r['wall_s_per_page']:.3f} | "
+                f"{r['cpu_s_per_page']:.3f} | {r['peak_rss_mib']:.0f} |",
+                flush=True,
+            )
     return 0
 
 

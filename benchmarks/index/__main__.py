@@ -53,10 +53,24 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 from benchmarks.shared.common import BENCH_WORKDIR, load_average, machine_info  # noqa: E402
 from benchmarks.index.ingest import INGEST_MODELS, bench_ingest  # noqa: E402
-from benchmarks.index.long_run import long_from_log, long_markdown, long_run, worker_long, worker_reopen  # noqa: E402
+from benchmarks.index.long_run import (  # noqa: E402
+    long_from_log,
+    long_markdown,
+    long_run,
+    worker_long,
+    worker_reopen,
+)
 from benchmarks.index.report import write_results  # noqa: E402
-from benchmarks.index.stores import (CLIENT_LOCAL_MAX_PAGES, EDGE_BACKENDS, NUMPY_MAX_PAGES, SETS,  # noqa: E402
-                          disk_mib, worker_build, worker_numpy, worker_query)
+from benchmarks.index.stores import (  # noqa: E402
+    CLIENT_LOCAL_MAX_PAGES,
+    EDGE_BACKENDS,
+    NUMPY_MAX_PAGES,
+    SETS,
+    disk_mib,
+    worker_build,
+    worker_numpy,
+    worker_query,
+)
 
 
 def run_worker(args) -> None:
@@ -65,11 +79,13 @@ def run_worker(args) -> None:
     if args.worker == "numpy":
         out = worker_numpy(args.pages)
     elif args.worker.startswith("build:"):
-        out = worker_build(args.worker[6:], args.pages, folder, args.set[0],
-                           (args.pool_factor or [1])[0])
+        out = worker_build(
+            args.worker[6:], args.pages, folder, args.set[0], (args.pool_factor or [1])[0]
+        )
     elif args.worker == "long":
-        out = worker_long(args.pages, folder, args.set[0], args.log_bytes,
-                          (args.pool_factor or [1])[0])
+        out = worker_long(
+            args.pages, folder, args.set[0], args.log_bytes, (args.pool_factor or [1])[0]
+        )
     elif args.worker == "reopen":
         out = worker_reopen(args.pages, folder, args.set[0])
     elif args.worker.startswith("ingest:"):
@@ -88,8 +104,9 @@ def _sub(worker: str, pages: int, folder: Path | None = None, extra: tuple = ())
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int],
-                 baseline: dict | None = None) -> dict:
+def bench_pooled(
+    pages: int, scratch: Path, data: str, factors: list[int], baseline: dict | None = None
+) -> dict:
     """Index-time pooling: per pool factor a store of the same pages (factor 1: unpooled), its
     default two-stage plan and its exact scan; quality against the unpooled store's exact top 10
     (`index_report.pooling_markdown`). One store on disk at a time. `baseline`: the factor-1
@@ -101,16 +118,26 @@ def bench_pooled(pages: int, scratch: Path, data: str, factors: list[int],
         extra = ("--set", data, "--pool-factor", str(factor))
         build = _sub("build:edge", pages, folder, extra)
         for backend in ("edge-two-stage", "edge-exact"):
-            results[f"{backend}-pool{factor}"] = {**build, **_sub(f"query:{backend}", pages,
-                                                                   folder, extra)}
-            print(data, backend, factor, pages, results[f"{backend}-pool{factor}"],
-                  file=sys.stderr, flush=True)
+            results[f"{backend}-pool{factor}"] = {
+                **build,
+                **_sub(f"query:{backend}", pages, folder, extra),
+            }
+            print(
+                data,
+                backend,
+                factor,
+                pages,
+                results[f"{backend}-pool{factor}"],
+                file=sys.stderr,
+                flush=True,
+            )
         shutil.rmtree(folder)
     return results
 
 
-def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
-                 store: Path | None = None) -> dict:
+def bench_stores(
+    pages: int, scratch: Path, data: str = "page-wide", store: Path | None = None
+) -> dict:
     """Every backend on one data set; `store`: an Edge folder this script built before with the
     same set and size (its build figures are then not measured: "reused")."""
     results = {}
@@ -123,8 +150,11 @@ def bench_stores(pages: int, scratch: Path, data: str = "page-wide",
 
         t = time.perf_counter()
         upgrade_index(store)  # a folder of an older build: its token table made from its vectors
-        build = {"reused": str(store), "table_rebuild_s": time.perf_counter() - t,
-                 "disk_mib": disk_mib(store)}
+        build = {
+            "reused": str(store),
+            "table_rebuild_s": time.perf_counter() - t,
+            "disk_mib": disk_mib(store),
+        }
     for backend in EDGE_BACKENDS:
         results[backend] = {**build, **_sub(f"query:{backend}", pages, edge, extra)}
         print(data, backend, pages, results[backend], file=sys.stderr, flush=True)
@@ -149,14 +179,28 @@ def long_main(args) -> None:
     pages = (args.pages or [10000])[0]
     if args.long_from_log:
         log, stopped, command = args.long_from_log
-        result = {"machine": dict(machine_info(), command=command), "load_before": None,
-                  **long_from_log(Path(log), command, pages, args.set[0], stopped)}
+        result = {
+            "machine": dict(machine_info(), command=command),
+            "load_before": None,
+            **long_from_log(Path(log), command, pages, args.set[0], stopped),
+        }
     else:
-        result = {"machine": machine_info(), "load_before": load_average(),
-                  **long_run(__spec__.name, _sub, pages, args.kill_at, args.long_run,
-                             args.set[0], args.long_queries, args.ab_cadence,
-                             (args.pool_factor or [1])[0]),
-                  "command": "python -m benchmarks.index " + " ".join(sys.argv[1:])}
+        result = {
+            "machine": machine_info(),
+            "load_before": load_average(),
+            **long_run(
+                __spec__.name,
+                _sub,
+                pages,
+                args.kill_at,
+                args.long_run,
+                args.set[0],
+                args.long_queries,
+                args.ab_cadence,
+                (args.pool_factor or [1])[0],
+            ),
+            "command": "python -m benchmarks.index " + " ".join(sys.argv[1:]),
+        }
     result["load_after"] = load_average()
     name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
     if (args.pool_factor or [1])[0] > 1:
@@ -168,41 +212,84 @@ def long_main(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pages", type=int, action="append", help="store sizes (default 1000, 10000)")
+    parser.add_argument(
+        "--pages", type=int, action="append", help="store sizes (default 1000, 10000)"
+    )
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--model", type=Path,
-                        help="a model folder for the ingest check instead of --ingest-model's")
+    parser.add_argument(
+        "--model", type=Path, help="a model folder for the ingest check instead of --ingest-model's"
+    )
     parser.add_argument("--no-ingest", action="store_true", help="stores only")
-    parser.add_argument("--ingest-only", action="store_true",
-                        help="indexing throughput only (writes index-ingest.{md,json})")
-    parser.add_argument("--ingest-model", choices=sorted(INGEST_MODELS), action="append",
-                        help="models for the ingest check (default: tiny and bench)")
-    parser.add_argument("--set", choices=SETS, action="append",
-                        help="data sets (default both; local_answer.py's and the page-wide one)")
-    parser.add_argument("--store", type=Path,
-                        help="query this Edge folder (built before by this script with one --set "
-                             "and one --pages) instead of building one")
-    parser.add_argument("--pool-factor", type=int, action="append",
-                        help="measure index-time token pooling at these factors beside 1 "
-                             "(writes index-pooling.{md,json}); with --long-run: the one factor "
-                             "the store is built at (writes index-long-N-poolF.{md,json})")
-    parser.add_argument("--baseline", type=Path,
-                        help="with --pool-factor: a JSON of the factor-1 stores' results from an "
-                             "earlier run (same set and size) instead of building that store")
-    parser.add_argument("--long-run", type=Path, metavar="FOLDER",
-                        help="one long build of --pages pages into FOLDER (new), killed at each "
-                             "--kill-at and resumed (index/long_run.py); writes "
-                             "index-long-N.{md,json}")
-    parser.add_argument("--kill-at", type=int, action="append", default=[],
-                        help="with --long-run: SIGKILL the writer once this many pages are stored")
-    parser.add_argument("--ab-cadence", action="store_true",
-                        help="with --long-run: alternate the legs between the cadence without its "
-                             "byte bound and the current one (an interleaved A/B of the kills)")
-    parser.add_argument("--long-queries", action="store_true",
-                        help="with --long-run: then time two-stage and exact queries on it")
-    parser.add_argument("--long-from-log", nargs=3, metavar=("LOG", "WHY", "COMMAND"),
-                        help="write the results of a --long-run stopped early from its stderr LOG "
-                             "(its kill lines), saying WHY it stopped and its COMMAND")
+    parser.add_argument(
+        "--ingest-only",
+        action="store_true",
+        help="indexing throughput only (writes index-ingest.{md,json})",
+    )
+    parser.add_argument(
+        "--ingest-model",
+        choices=sorted(INGEST_MODELS),
+        action="append",
+        help="models for the ingest check (default: tiny and bench)",
+    )
+    parser.add_argument(
+        "--set",
+        choices=SETS,
+        action="append",
+        help="data sets (default both; local_answer.py's and the page-wide one)",
+    )
+    parser.add_argument(
+        "--store",
+        type=Path,
+        help="query this Edge folder (built before by this script with one --set "
+        "and one --pages) instead of building one",
+    )
+    parser.add_argument(
+        "--pool-factor",
+        type=int,
+        action="append",
+        help="measure index-time token pooling at these factors beside 1 "
+        "(writes index-pooling.{md,json}); with --long-run: the one factor "
+        "the store is built at (writes index-long-N-poolF.{md,json})",
+    )
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="with --pool-factor: a JSON of the factor-1 stores' results from an "
+        "earlier run (same set and size) instead of building that store",
+    )
+    parser.add_argument(
+        "--long-run",
+        type=Path,
+        metavar="FOLDER",
+        help="one long build of --pages pages into FOLDER (new), killed at each "
+        "--kill-at and resumed (index/long_run.py); writes "
+        "index-long-N.{md,json}",
+    )
+    parser.add_argument(
+        "--kill-at",
+        type=int,
+        action="append",
+        default=[],
+        help="with --long-run: SIGKILL the writer once this many pages are stored",
+    )
+    parser.add_argument(
+        "--ab-cadence",
+        action="store_true",
+        help="with --long-run: alternate the legs between the cadence without its "
+        "byte bound and the current one (an interleaved A/B of the kills)",
+    )
+    parser.add_argument(
+        "--long-queries",
+        action="store_true",
+        help="with --long-run: then time two-stage and exact queries on it",
+    )
+    parser.add_argument(
+        "--long-from-log",
+        nargs=3,
+        metavar=("LOG", "WHY", "COMMAND"),
+        help="write the results of a --long-run stopped early from its stderr LOG "
+        "(its kill lines), saying WHY it stopped and its COMMAND",
+    )
     parser.add_argument("--log-bytes", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--folder", help=argparse.SUPPRESS)
@@ -224,12 +311,14 @@ def main() -> None:
                 for data in args.set:
                     baseline = json.loads(args.baseline.read_text()) if args.baseline else None
                     results["pooling"][f"{data}:{pages}"] = bench_pooled(
-                        pages, Path(tmp), data, args.pool_factor, baseline)
+                        pages, Path(tmp), data, args.pool_factor, baseline
+                    )
         results["load_after"] = load_average()
         sets = "" if len(args.set) > 1 else f"-{args.set[0]}"
         factors = "-".join(map(str, sorted(set(args.pool_factor))))
-        return write_results(results, f"index-pooling{sets}-{max(args.pages or [10000])}"
-                                      f"-pool{factors}")
+        return write_results(
+            results, f"index-pooling{sets}-{max(args.pages or [10000])}-pool{factors}"
+        )
     with tempfile.TemporaryDirectory(prefix="colembed-bench-index-") as tmp:
         scratch = Path(tmp)
         if not args.no_ingest:
@@ -239,11 +328,13 @@ def main() -> None:
                 print("ingest", name, results["ingest"][name], file=sys.stderr, flush=True)
         for pages in sizes:
             for data in args.set or SETS:
-                results["stores"][f"{data}:{pages}"] = bench_stores(pages, scratch, data,
-                                                                    args.store)
+                results["stores"][f"{data}:{pages}"] = bench_stores(
+                    pages, scratch, data, args.store
+                )
     results["load_after"] = load_average()
-    write_results(results, "index-ingest" if args.ingest_only else
-                  "index-quick" if args.quick else "index")
+    write_results(
+        results, "index-ingest" if args.ingest_only else "index-quick" if args.quick else "index"
+    )
 
 
 if __name__ == "__main__":

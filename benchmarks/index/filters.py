@@ -92,8 +92,9 @@ def build(folder: Path, pages: int) -> dict:
     for i in range(pages):
         point = bench_point("local", i)
         text, truncated = encode_text(page_text(i))
-        point.payload.update({META_FIELD: {"share": share_of(i)}, TEXT_FIELD: text,
-                              TEXT_TRUNCATED_FIELD: truncated})
+        point.payload.update(
+            {META_FIELD: {"share": share_of(i)}, TEXT_FIELD: text, TEXT_TRUNCATED_FIELD: truncated}
+        )
         batch.append(point)
         if len(batch) == BATCH:
             store.upsert(batch)
@@ -126,8 +127,10 @@ def timed(search, queries: list, rounds: int = ROUNDS) -> dict:
         t = time.perf_counter()
         search(queries[r % len(queries)])
         times.append(time.perf_counter() - t)
-    return {"p50_ms": float(np.percentile(times, 50)) * 1000,
-            "p90_ms": float(np.percentile(times, 90)) * 1000}
+    return {
+        "p50_ms": float(np.percentile(times, 50)) * 1000,
+        "p90_ms": float(np.percentile(times, 90)) * 1000,
+    }
 
 
 def serial(hit) -> int:
@@ -154,13 +157,19 @@ def filters(store, pages: int) -> list[dict]:
         first_ms = (time.perf_counter() - started) * 1000
         results = [store.search([q], K, "two-stage", where=where)[0] for q in queries]
         outside = sum(not allowed(serial(h)) for hits in results for h in hits) if allowed else 0
-        rows.append({"filter": "none" if share is None else f"share < {share} ({share}%)",
-                     "allowed_pages": pages if share is None else
-                     sum(share_of(i) < share for i in range(pages)),
-                     "first_query_ms": first_ms,
-                     **timed(lambda q: store.search([q], K, "two-stage", where=where), queries),
-                     "hits_min": min(len(h) for h in [first[0], *results]),
-                     "outside_filter": outside, **needles(results, targets)})
+        rows.append(
+            {
+                "filter": "none" if share is None else f"share < {share} ({share}%)",
+                "allowed_pages": pages
+                if share is None
+                else sum(share_of(i) < share for i in range(pages)),
+                "first_query_ms": first_ms,
+                **timed(lambda q: store.search([q], K, "two-stage", where=where), queries),
+                "hits_min": min(len(h) for h in [first[0], *results]),
+                "outside_filter": outside,
+                **needles(results, targets),
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -175,16 +184,27 @@ def hybrid(store, pages: int) -> list[dict]:
             texts = [" ".join(words(rng, QUERY_WORDS)) for _ in targets]
         else:
             texts = [f"invoice {identifier(int(t))}" for t in targets]
-            queries = [unit(q + IDENTIFIER_NOISE * rng.standard_normal(q.shape) / np.sqrt(q.shape[1]))
-                       for q in queries]
+            queries = [
+                unit(q + IDENTIFIER_NOISE * rng.standard_normal(q.shape) / np.sqrt(q.shape[1]))
+                for q in queries
+            ]
         for mode in ("two-stage", "hybrid"):
+
             def search(i, mode=mode):
-                return store.search([queries[i]], K, mode,
-                                    texts=[texts[i]] if mode == "hybrid" else None)[0]
+                return store.search(
+                    [queries[i]], K, mode, texts=[texts[i]] if mode == "hybrid" else None
+                )[0]
+
             results = [search(i) for i in range(len(queries))]
             order = list(range(len(queries)))
-            rows.append({"set": name, "mode": mode, **needles(results, targets),
-                         **timed(lambda i: search(i), order)})
+            rows.append(
+                {
+                    "set": name,
+                    "mode": mode,
+                    **needles(results, targets),
+                    **timed(lambda i: search(i), order),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -192,41 +212,91 @@ def hybrid(store, pages: int) -> list[dict]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pages", type=int, default=10000)
-    parser.add_argument("--store", type=Path, required=True,
-                        help="the Edge folder to build (or reuse, when this job built it)")
-    parser.add_argument("--out", default=None,
-                        help="results stem under benchmarks/results/index/ (default "
-                             "index-filters-<scale>, e.g. index-filters-10k)")
+    parser.add_argument(
+        "--store",
+        type=Path,
+        required=True,
+        help="the Edge folder to build (or reuse, when this job built it)",
+    )
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="results stem under benchmarks/results/index/ (default "
+        "index-filters-<scale>, e.g. index-filters-10k)",
+    )
     args = parser.parse_args(argv)
     from colembed.index.backends import open_store
 
-    info = machine_info(["-m", "benchmarks.index.filters", *(sys.argv[1:] if argv is None else argv)])
+    info = machine_info(
+        ["-m", "benchmarks.index.filters", *(sys.argv[1:] if argv is None else argv)]
+    )
     built = build(args.store, args.pages)
     store = open_store(args.store, create=False)
     rows_f, rows_h = filters(store, args.pages), hybrid(store, args.pages)
     store.close()
     info["load_average_at_end"] = load_average()
     fmt = lambda x: f"{x:.1f}"  # noqa: E731
-    body = [f"{args.pages:,} local-answer pages (built in {built['build_s']:.0f} s), k = {K}, "
-            f"{NEEDLES} needle queries per row, {ROUNDS} timed single queries per row. Load "
-            f"average at the end: {info['load_average_at_end']}.", "",
-            "## Filters (default two-stage plan; needles drawn from the allowed pages)", "",
-            *markdown_table(["filter", "allowed pages", "first query ms", "p50 ms", "p90 ms",
-                             "fewest hits", "hits outside", "needle in top 10", "needle first"],
-                            [[r["filter"], r["allowed_pages"], fmt(r["first_query_ms"]),
-                              fmt(r["p50_ms"]), fmt(r["p90_ms"]), r["hits_min"],
-                              r["outside_filter"], f"{r['needle_top10']:.3f}",
-                              f"{r['needle_first']:.3f}"] for r in rows_f]),
-            "", "## Hybrid beside dense", "",
-            *markdown_table(["set", "mode", "needle in top 10", "needle first", "p50 ms",
-                             "p90 ms"],
-                            [[r["set"], r["mode"], f"{r['needle_top10']:.3f}",
-                              f"{r['needle_first']:.3f}", fmt(r["p50_ms"]), fmt(r["p90_ms"])]
-                             for r in rows_h], align_right_from=2)]
+    body = [
+        f"{args.pages:,} local-answer pages (built in {built['build_s']:.0f} s), k = {K}, "
+        f"{NEEDLES} needle queries per row, {ROUNDS} timed single queries per row. Load "
+        f"average at the end: {info['load_average_at_end']}.",
+        "",
+        "## Filters (default two-stage plan; needles drawn from the allowed pages)",
+        "",
+        *markdown_table(
+            [
+                "filter",
+                "allowed pages",
+                "first query ms",
+                "p50 ms",
+                "p90 ms",
+                "fewest hits",
+                "hits outside",
+                "needle in top 10",
+                "needle first",
+            ],
+            [
+                [
+                    r["filter"],
+                    r["allowed_pages"],
+                    fmt(r["first_query_ms"]),
+                    fmt(r["p50_ms"]),
+                    fmt(r["p90_ms"]),
+                    r["hits_min"],
+                    r["outside_filter"],
+                    f"{r['needle_top10']:.3f}",
+                    f"{r['needle_first']:.3f}",
+                ]
+                for r in rows_f
+            ],
+        ),
+        "",
+        "## Hybrid beside dense",
+        "",
+        *markdown_table(
+            ["set", "mode", "needle in top 10", "needle first", "p50 ms", "p90 ms"],
+            [
+                [
+                    r["set"],
+                    r["mode"],
+                    f"{r['needle_top10']:.3f}",
+                    f"{r['needle_first']:.3f}",
+                    fmt(r["p50_ms"]),
+                    fmt(r["p90_ms"]),
+                ]
+                for r in rows_h
+            ],
+            align_right_from=2,
+        ),
+    ]
     text = results_markdown("Filtered and hybrid search", info, body)
     print(text)
-    stem = Path(__file__).resolve().parents[1] / "results" / "index" / (args.out or
-                                                                      default_stem(args.pages))
+    stem = (
+        Path(__file__).resolve().parents[1]
+        / "results"
+        / "index"
+        / (args.out or default_stem(args.pages))
+    )
     write_results(stem, text, info, {"build": built, "filters": rows_f, "hybrid": rows_h})
     return 0
 

@@ -19,9 +19,17 @@ from benchmarks.shared.common import BENCH_WORKDIR, make_pdfs, rss_mib
 from colembed.layout import BASE_VARIANT
 
 INGEST_MODELS = {  # name -> (label, files, pages per file)
-    "tiny": ("tiny random-weight model (export/testing/tiny_qwen2.py \"tiny\"): unrealistically cheap embedding", 6, 4),
-    "bench": ("Qwen2-VL-2B widths at 2 vision + 2 language layers (export/testing/tiny_qwen2.py \"qwen2-vl-2b\", "
-              "as bench_embed.py --quick builds it): real per-layer cost, 1/16 of the depth", 2, 4),
+    "tiny": (
+        'tiny random-weight model (export/testing/tiny_qwen2.py "tiny"): unrealistically cheap embedding',
+        6,
+        4,
+    ),
+    "bench": (
+        'Qwen2-VL-2B widths at 2 vision + 2 language layers (export/testing/tiny_qwen2.py "qwen2-vl-2b", '
+        "as bench_embed.py --quick builds it): real per-layer cost, 1/16 of the depth",
+        2,
+        4,
+    ),
 }
 INGEST_ROUNDS = 2
 
@@ -36,8 +44,9 @@ def ingest_model(name: str, given: Path | None, scratch: Path) -> Path:
 
         from benchmarks.shared.embed_models import prepare_model
 
-        args = types.SimpleNamespace(family="colqwen2", vision_depth=2, text_layers=2,
-                                     variants=[BASE_VARIANT])
+        args = types.SimpleNamespace(
+            family="colqwen2", vision_depth=2, text_layers=2, variants=[BASE_VARIANT]
+        )
         BENCH_WORKDIR.mkdir(parents=True, exist_ok=True)
         return prepare_model(args, BENCH_WORKDIR, lambda m: print(m, file=sys.stderr))[1]
     from colembed_export.pipeline.exporter import export_model
@@ -81,12 +90,25 @@ def store_cost(embedded: list, folder: Path, dim: int) -> dict:
     from colembed.index.backends import open_store
 
     store = open_store(folder, dim=dim)
-    payload = {"path": "/docs/a.pdf", "pages": len(embedded), "sha256": "0" * 64, "width": 1,
-               "height": 1, "model": "m", "variant": BASE_VARIANT, "manifest_sha256": "0", "schema": 1}
+    payload = {
+        "path": "/docs/a.pdf",
+        "pages": len(embedded),
+        "sha256": "0" * 64,
+        "width": 1,
+        "height": 1,
+        "model": "m",
+        "variant": BASE_VARIANT,
+        "manifest_sha256": "0",
+        "schema": 1,
+    }
     start = _clock()
     for lo in range(0, len(embedded), 4):
-        store.upsert([make_point(*embedded[i], dict(payload, page=i + 1))
-                      for i in range(lo, min(lo + 4, len(embedded)))])
+        store.upsert(
+            [
+                make_point(*embedded[i], dict(payload, page=i + 1))
+                for i in range(lo, min(lo + 4, len(embedded)))
+            ]
+        )
     store.flush()
     cost = _since(start)
     store.close()
@@ -117,13 +139,22 @@ def bench_ingest(name: str, given: Path | None, scratch: Path) -> dict:
     n = len(images)
     embed = min(rounds["embed"], key=lambda x: x["wall_s"])
     index = min(rounds["index"], key=lambda x: x["wall_s"])
-    per_page = {stage: {"cpu_ms": c["cpu_s"] / n * 1000, "wall_ms": c["wall_s"] / n * 1000}
-                for stage, c in {**costs, "embed": embed, "index": index}.items()}
+    per_page = {
+        stage: {"cpu_ms": c["cpu_s"] / n * 1000, "wall_ms": c["wall_s"] / n * 1000}
+        for stage, c in {**costs, "embed": embed, "index": index}.items()
+    }
     other = sum(costs[s]["cpu_s"] for s in ("hash", "render", "store"))
-    return {"model": label, "model_folder": str(given or name), "pages": n,
-            "max_pixels": model.config.max_pixels, "ms_per_page": per_page, "rounds": rounds,
-            "bound": embed["cpu_s"] / (embed["cpu_s"] + other),
-            "embed_only_pages_per_s": n / embed["wall_s"], "index_pages_per_s": n / index["wall_s"],
-            "ratio": embed["wall_s"] / index["wall_s"], "cpu_ratio": embed["cpu_s"] / index["cpu_s"],
-            "peak_rss_mib": rss_mib()["peak"]}
-
+    return {
+        "model": label,
+        "model_folder": str(given or name),
+        "pages": n,
+        "max_pixels": model.config.max_pixels,
+        "ms_per_page": per_page,
+        "rounds": rounds,
+        "bound": embed["cpu_s"] / (embed["cpu_s"] + other),
+        "embed_only_pages_per_s": n / embed["wall_s"],
+        "index_pages_per_s": n / index["wall_s"],
+        "ratio": embed["wall_s"] / index["wall_s"],
+        "cpu_ratio": embed["cpu_s"] / index["cpu_s"],
+        "peak_rss_mib": rss_mib()["peak"],
+    }

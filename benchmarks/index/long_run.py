@@ -48,6 +48,7 @@ class DiskSampler(threading.Thread):
 def wal_mib(folder: Path) -> float:
     return disk_mib(folder / "shard" / "wal")
 
+
 def bench_point(data: str, i: int, pool_factor: int = 1):
     """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF);
     `pool_factor` > 1: its image tokens hierarchically pooled, as `Index(pool_factor=)` stores
@@ -55,12 +56,25 @@ def bench_point(data: str, i: int, pool_factor: int = 1):
     from colembed.index.schema import make_point
 
     vectors, layout = page_of(data, i)
-    return make_point(vectors, layout, {
-        "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
-        "width": 683, "height": 883, "model": "synthetic", "variant": BASE_VARIANT,
-        "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i,
-        "pool_factor": pool_factor})
-
+    return make_point(
+        vectors,
+        layout,
+        {
+            "path": f"/docs/{i // 10}.pdf",
+            "page": i % 10 + 1,
+            "pages": 10,
+            "sha256": f"{i // 10:064x}",
+            "width": 683,
+            "height": 883,
+            "model": "synthetic",
+            "variant": BASE_VARIANT,
+            "manifest_sha256": "0" * 64,
+            "schema": 1,
+            "model_source": "synthetic",
+            "serial": i,
+            "pool_factor": pool_factor,
+        },
+    )
 
 
 # ------------------------------------------------------------------------------------ long runs
@@ -76,8 +90,9 @@ def _pool_helper_start() -> None:
     os.nice(5)  # (pool_tokens holds its products to one BLAS thread)
 
 
-def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = None,
-                pool_factor: int = 1) -> dict:
+def worker_long(
+    pages: int, folder: Path, data: str, log_bytes: float | None = None, pool_factor: int = 1
+) -> dict:
     """Store pages 0..pages-1 of `data` into the Edge folder, resuming where a killed run left
     off (every stored page has its token-table row: a chunk stored but not yet in the table is
     written again; an upsert of the same id replaces it). A progress line after every batch:
@@ -97,19 +112,30 @@ def worker_long(pages: int, folder: Path, data: str, log_bytes: float | None = N
         helpers = multiprocessing.get_context("spawn").Pool(POOL_WORKERS, _pool_helper_start)
     store = open_store(folder, dim=DIM)
     start = min(store.count(), len(store.tokens))
-    make = (functools.partial(bench_point, data, pool_factor=pool_factor))
+    make = functools.partial(bench_point, data, pool_factor=pool_factor)
     t = time.perf_counter()
-    points = (helpers.imap(make, range(start, pages), chunksize=8) if helpers
-              else map(make, range(start, pages)))
+    points = (
+        helpers.imap(make, range(start, pages), chunksize=8)
+        if helpers
+        else map(make, range(start, pages))
+    )
     for lo in range(start, pages, LONG_BATCH):
         store.upsert([next(points) for _ in range(lo, min(lo + LONG_BATCH, pages))])
-        print(f"stored {min(lo + LONG_BATCH, pages)} unflushed {store._unflushed} rss_peak_mib "
-              f"{peak_rss_mib():.0f}", flush=True)
+        print(
+            f"stored {min(lo + LONG_BATCH, pages)} unflushed {store._unflushed} rss_peak_mib "
+            f"{peak_rss_mib():.0f}",
+            flush=True,
+        )
     store.flush()
     wrote = time.perf_counter() - t
-    out = {"resumed_from": start, "stored": store.count(), "write_s": wrote,
-           "flushes": store.flushes, "flush_s": store.flush_seconds,
-           "peak_rss_mib": peak_rss_mib()}
+    out = {
+        "resumed_from": start,
+        "stored": store.count(),
+        "write_s": wrote,
+        "flushes": store.flushes,
+        "flush_s": store.flush_seconds,
+        "peak_rss_mib": peak_rss_mib(),
+    }
     store.close()
     if helpers:
         helpers.close()
@@ -131,12 +157,26 @@ def worker_reopen(pages: int, folder: Path, data: str) -> dict:
     store.search(queries, K, "two-stage")
     first = time.perf_counter() - t
     store.close()
-    return {"open_s": opened, "pages": count, "token_table_current": current,
-            "first_query_ms": first * 1000, "peak_rss_mib": peak_rss_mib()}
+    return {
+        "open_s": opened,
+        "pages": count,
+        "token_table_current": current,
+        "first_query_ms": first * 1000,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
-def long_run(module: str, sub, pages: int, kill_at: list[int], folder: Path, data: str,
-             queries: bool, ab: bool = False, pool_factor: int = 1) -> dict:
+def long_run(
+    module: str,
+    sub,
+    pages: int,
+    kill_at: list[int],
+    folder: Path,
+    data: str,
+    queries: bool,
+    ab: bool = False,
+    pool_factor: int = 1,
+) -> dict:
     """One long build of `pages` pages into `folder`, SIGKILLed once at each of `kill_at` (pages
     stored), each kill followed by: the log left (allocated bytes), a fresh process opening the
     folder (the replay), a second fresh open of the same folder (now clean: the like-for-like
@@ -162,9 +202,19 @@ def long_run(module: str, sub, pages: int, kill_at: list[int], folder: Path, dat
     most = {"current": 0, "no byte bound": 0}
     for leg, point in enumerate([*sorted(kill_at), None]):
         cadence = "no byte bound" if ab and point is not None and leg % 2 == 0 else "current"
-        cmd = [sys.executable, "-m", module, "--worker", "long", "--pages", str(pages),
-               "--folder", str(folder), *extra,
-               *(["--log-bytes", "inf"] if cadence != "current" else [])]
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            "--worker",
+            "long",
+            "--pages",
+            str(pages),
+            "--folder",
+            str(folder),
+            *extra,
+            *(["--log-bytes", "inf"] if cadence != "current" else []),
+        ]
         t = time.perf_counter()
         child = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         last, done, killed = None, None, False
@@ -173,8 +223,11 @@ def long_run(module: str, sub, pages: int, kill_at: list[int], folder: Path, dat
                 words = line.split()
                 last = {"stored": int(words[1]), "unflushed": int(words[3])}
                 rss = max(rss, float(words[5]))
-                if (point is not None and last["stored"] >= point
-                        and last["unflushed"] >= max(1, 0.75 * most[cadence])):
+                if (
+                    point is not None
+                    and last["stored"] >= point
+                    and last["unflushed"] >= max(1, 0.75 * most[cadence])
+                ):
                     os.kill(child.pid, signal.SIGKILL)
                     killed = True
                     break
@@ -193,25 +246,50 @@ def long_run(module: str, sub, pages: int, kill_at: list[int], folder: Path, dat
         wal = wal_mib(folder)
         replay = sub("reopen", pages, folder, tuple(extra))
         clean = sub("reopen", pages, folder, tuple(extra))
-        kills.append({"cadence": cadence, "killed_at": last, "wal_mb": wal, "after_kill": replay,
-                      "clean": clean, "wal_after_clean_close_mb": wal_mib(folder),
-                      "open_over_clean_s": replay["open_s"] - clean["open_s"]})
+        kills.append(
+            {
+                "cadence": cadence,
+                "killed_at": last,
+                "wal_mb": wal,
+                "after_kill": replay,
+                "clean": clean,
+                "wal_after_clean_close_mb": wal_mib(folder),
+                "open_over_clean_s": replay["open_s"] - clean["open_s"],
+            }
+        )
         print("kill", kills[-1], file=sys.stderr, flush=True)
     sampler.done.set()
     sampler.join()
     final = disk_mib(folder)
-    result = {"pages": pages, "set": data, "pool_factor": pool_factor, "folder": str(folder),
-              "build_s": build_s,
-              "insert_pages_per_s": pages / build_s, "build_peak_rss_mib": rss,
-              "peak_disk_mib": max(sampler.peak, final), "final_disk_mib": final,
-              "final_leg": legs[-1], "kills": kills,
-              "reopen": sub("reopen", pages, folder, tuple(extra)),
-              "cadence": {k: getattr(edge, k) for k in (
-                  "FLUSH_FRACTION", "FLUSH_MIN_PAGES", "FLUSH_MAX_PAGES", "FLUSH_SECONDS",
-                  "FLUSH_MAX_LOG_BYTES")}}
+    result = {
+        "pages": pages,
+        "set": data,
+        "pool_factor": pool_factor,
+        "folder": str(folder),
+        "build_s": build_s,
+        "insert_pages_per_s": pages / build_s,
+        "build_peak_rss_mib": rss,
+        "peak_disk_mib": max(sampler.peak, final),
+        "final_disk_mib": final,
+        "final_leg": legs[-1],
+        "kills": kills,
+        "reopen": sub("reopen", pages, folder, tuple(extra)),
+        "cadence": {
+            k: getattr(edge, k)
+            for k in (
+                "FLUSH_FRACTION",
+                "FLUSH_MIN_PAGES",
+                "FLUSH_MAX_PAGES",
+                "FLUSH_SECONDS",
+                "FLUSH_MAX_LOG_BYTES",
+            )
+        },
+    }
     if queries:
-        result["queries"] = {b: sub(f"query:{b}", pages, folder, tuple(extra))
-                             for b in ("edge-two-stage", "edge-exact")}
+        result["queries"] = {
+            b: sub(f"query:{b}", pages, folder, tuple(extra))
+            for b in ("edge-two-stage", "edge-exact")
+        }
     return result
 
 
@@ -222,67 +300,111 @@ def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) 
 
     from colembed.index import edge
 
-    kills = [ast.literal_eval(line[5:]) for line in log.read_text().splitlines()
-             if line.startswith("kill {")]
-    return {"pages": pages, "set": data, "kills": kills, "stopped": stopped, "command": command,
-            "cadence": {k: getattr(edge, k) for k in (
-                "FLUSH_FRACTION", "FLUSH_MIN_PAGES", "FLUSH_MAX_PAGES", "FLUSH_SECONDS",
-                "FLUSH_MAX_LOG_BYTES")}}
+    kills = [
+        ast.literal_eval(line[5:])
+        for line in log.read_text().splitlines()
+        if line.startswith("kill {")
+    ]
+    return {
+        "pages": pages,
+        "set": data,
+        "kills": kills,
+        "stopped": stopped,
+        "command": command,
+        "cadence": {
+            k: getattr(edge, k)
+            for k in (
+                "FLUSH_FRACTION",
+                "FLUSH_MIN_PAGES",
+                "FLUSH_MAX_PAGES",
+                "FLUSH_SECONDS",
+                "FLUSH_MAX_LOG_BYTES",
+            )
+        },
+    }
 
 
 def long_markdown(r: dict) -> str:
     how = "killed and resumed" if r["kills"] else "one uninterrupted build"
-    lines = [f"# Long index run: {r['pages']:,} pages ({r['set']} set), {how}", "",
-             markdown_header(r["machine"]), "",
-             f"Load average before / after: {r['load_before']} / {r['load_after']} on "
-             f"{os.cpu_count()} cores" + load_caveat(r), "",
-             "One build through `Store.upsert` (64 pages a call, `bench_point` payloads; the "
-             "store's own flush cadence), SIGKILLed at each kill point and resumed from what "
-             "was stored. After a kill: the write-ahead log left (allocated MB), a fresh process "
-             "opening the folder (Edge replays the log; open = `open_store`, then count and a "
-             "first two-stage query), then a second fresh open of the same folder, which the "
-             "first closed cleanly: the uninterrupted open at the same page count "
-             "(like-for-like). Disk = allocated blocks of the folder, sampled every second.", "",
-             f"Flush cadence: {r['cadence']}.", ""]
+    lines = [
+        f"# Long index run: {r['pages']:,} pages ({r['set']} set), {how}",
+        "",
+        markdown_header(r["machine"]),
+        "",
+        f"Load average before / after: {r['load_before']} / {r['load_after']} on "
+        f"{os.cpu_count()} cores" + load_caveat(r),
+        "",
+        "One build through `Store.upsert` (64 pages a call, `bench_point` payloads; the "
+        "store's own flush cadence), SIGKILLed at each kill point and resumed from what "
+        "was stored. After a kill: the write-ahead log left (allocated MB), a fresh process "
+        "opening the folder (Edge replays the log; open = `open_store`, then count and a "
+        "first two-stage query), then a second fresh open of the same folder, which the "
+        "first closed cleanly: the uninterrupted open at the same page count "
+        "(like-for-like). Disk = allocated blocks of the folder, sampled every second.",
+        "",
+        f"Flush cadence: {r['cadence']}.",
+        "",
+    ]
     if "stopped" in r:
-        lines += [f"**Stopped before the end** ({r['stopped']}): the kills below are the ones the "
-                  "run made before it was stopped; no finished-build figures.", ""]
+        lines += [
+            f"**Stopped before the end** ({r['stopped']}): the kills below are the ones the "
+            "run made before it was stopped; no finished-build figures.",
+            "",
+        ]
     else:
         lines += [
-             f"Build: {r['pages']:,} pages in {r['build_s']:.0f} s ({r['insert_pages_per_s']:.1f} "
-             f"pages/s, kills and resumes included); writer peak RSS "
-             f"{r['build_peak_rss_mib']:.0f} MiB; flushes in the last leg "
-             f"{r['final_leg']['flushes']} costing {r['final_leg']['flush_s']:.1f} s of its "
-             f"{r['final_leg']['write_s']:.0f} s. Peak disk during the build "
-             f"{r['peak_disk_mib']:.0f} MiB, final {r['final_disk_mib']:.0f} MiB "
-             f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).", ""]
+            f"Build: {r['pages']:,} pages in {r['build_s']:.0f} s ({r['insert_pages_per_s']:.1f} "
+            f"pages/s, kills and resumes included); writer peak RSS "
+            f"{r['build_peak_rss_mib']:.0f} MiB; flushes in the last leg "
+            f"{r['final_leg']['flushes']} costing {r['final_leg']['flush_s']:.1f} s of its "
+            f"{r['final_leg']['write_s']:.0f} s. Peak disk during the build "
+            f"{r['peak_disk_mib']:.0f} MiB, final {r['final_disk_mib']:.0f} MiB "
+            f"({r['peak_disk_mib'] / r['final_disk_mib']:.2f}x).",
+            "",
+        ]
     if r["kills"]:
-        lines += ["| cadence | killed at pages | unflushed pages then | log left MB | open after "
-                  "kill s | clean open, same pages s | difference s | pages after reopen | "
-                  "first query ms |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| cadence | killed at pages | unflushed pages then | log left MB | open after "
+            "kill s | clean open, same pages s | difference s | pages after reopen | "
+            "first query ms |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     else:
         lines += ["No kill points were asked for (`--kill-at`): the build ran once to the end."]
     for k in r["kills"]:
         unflushed = k["killed_at"]["unflushed"]  # None: a kill made by hand (writer unseen)
-        lines.append(f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | "
-                     f"{'?' if unflushed is None else unflushed} | "
-                     f"{k['wal_mb']:.0f} | {k['after_kill']['open_s']:.2f} | "
-                     f"{k['clean']['open_s']:.2f} | {k['open_over_clean_s']:+.2f} | "
-                     f"{k['after_kill']['pages']:,} | {k['after_kill']['first_query_ms']:.0f} |")
+        lines.append(
+            f"| {k.get('cadence', 'current')} | {k['killed_at']['stored']:,} | "
+            f"{'?' if unflushed is None else unflushed} | "
+            f"{k['wal_mb']:.0f} | {k['after_kill']['open_s']:.2f} | "
+            f"{k['clean']['open_s']:.2f} | {k['open_over_clean_s']:+.2f} | "
+            f"{k['after_kill']['pages']:,} | {k['after_kill']['first_query_ms']:.0f} |"
+        )
     o = r.get("reopen")
-    lines += [""] if o is None else [
-              "", f"Reopen of the finished index ({o['pages']:,} pages): {o['open_s']:.2f} s, "
-              f"first query {o['first_query_ms']:.0f} ms, peak RSS {o['peak_rss_mib']:.0f} MiB.",
-              ""]
+    lines += (
+        [""]
+        if o is None
+        else [
+            "",
+            f"Reopen of the finished index ({o['pages']:,} pages): {o['open_s']:.2f} s, "
+            f"first query {o['first_query_ms']:.0f} ms, peak RSS {o['peak_rss_mib']:.0f} MiB.",
+            "",
+        ]
+    )
     for name, q in (r.get("queries") or {}).items():
-        lines.append(f"- {name}: reopen {q['reopen_s']:.2f} s, first query "
-                     f"{q['first_query_ms']:.0f} ms, 1 query p50 / p90 {q['q1_p50_ms']:.0f} / "
-                     f"{q['q1_p90_ms']:.0f} ms, 16 queries p50 / p90 {q['q16_p50_ms']:.0f} / "
-                     f"{q['q16_p90_ms']:.0f} ms, peak RSS {q['peak_rss_mib']:.0f} MiB")
+        lines.append(
+            f"- {name}: reopen {q['reopen_s']:.2f} s, first query "
+            f"{q['first_query_ms']:.0f} ms, 1 query p50 / p90 {q['q1_p50_ms']:.0f} / "
+            f"{q['q1_p90_ms']:.0f} ms, 16 queries p50 / p90 {q['q16_p50_ms']:.0f} / "
+            f"{q['q16_p90_ms']:.0f} ms, peak RSS {q['peak_rss_mib']:.0f} MiB"
+        )
     two = (r.get("queries") or {}).get("edge-two-stage", {})
     if "needle_at_10" in two:
         n = two["needle_at_10"]
-        lines += ["", f"Needle in top 10 over {two['needle_queries']} queries: two-stage "
-                  f"{100 * n['edge-two-stage']:.0f}%, exact {100 * n['edge-exact']:.0f}%; "
-                  f"recall@10 vs exact {two['recall_at_10']:.3f}."]
+        lines += [
+            "",
+            f"Needle in top 10 over {two['needle_queries']} queries: two-stage "
+            f"{100 * n['edge-two-stage']:.0f}%, exact {100 * n['edge-exact']:.0f}%; "
+            f"recall@10 vs exact {two['recall_at_10']:.3f}.",
+        ]
     return "\n".join(lines) + "\n"

@@ -96,11 +96,12 @@ def generated_exact(pages: int, count: int, workers: int) -> list[list[list[floa
     import multiprocessing
 
     scores = np.empty((pages, count), np.float32)
-    tasks = [(lo, min(lo + EXACT_CHUNK, pages), pages, count)
-             for lo in range(0, pages, EXACT_CHUNK)]
+    tasks = [
+        (lo, min(lo + EXACT_CHUNK, pages), pages, count) for lo in range(0, pages, EXACT_CHUNK)
+    ]
     with multiprocessing.get_context("spawn").Pool(workers) as pool:
         for lo, part in pool.imap_unordered(_generated_chunk, tasks):
-            scores[lo:lo + len(part)] = part
+            scores[lo : lo + len(part)] = part
     return _top(scores, K)
 
 
@@ -114,16 +115,20 @@ def stored_exact(store, queries: list[np.ndarray]) -> list[list[list[float]]]:
     ids = store.ids()
     scores = np.empty((len(ids), len(queries)), np.float32)
     for lo in range(0, len(ids), STORED_CHUNK):
-        part = [uuid.UUID(i) for i in ids[lo:lo + STORED_CHUNK]]
+        part = [uuid.UUID(i) for i in ids[lo : lo + STORED_CHUNK]]
         records = store.shard.retrieve(part, with_payload=False, with_vector=[PAGE_VECTOR])
         got = {str(r.id): r for r in records}
-        for j, pid in enumerate(ids[lo:lo + STORED_CHUNK]):
+        for j, pid in enumerate(ids[lo : lo + STORED_CHUNK]):
             doc = np.array(got[pid].vector[PAGE_VECTOR], dtype=np.float32)
             scores[lo + j] = _maxsim_many(flat, starts, doc)
     top = _top(scores, K)
     winners = sorted({ids[row] for q in top for row, _ in q})
-    serial = {str(r.id): int(r.payload["serial"]) for r in store.shard.retrieve(
-        [uuid.UUID(i) for i in winners], with_payload=True, with_vector=False)}
+    serial = {
+        str(r.id): int(r.payload["serial"])
+        for r in store.shard.retrieve(
+            [uuid.UUID(i) for i in winners], with_payload=True, with_vector=False
+        )
+    }
     return [[[serial[ids[row]], s] for row, s in q] for q in top]
 
 
@@ -174,8 +179,12 @@ def _query_parts(store, queries: list[np.ndarray]) -> dict:
         store.search([q], K, "two-stage")
         whole.append(time.perf_counter() - t)
     med = lambda xs: float(np.median(xs)) * 1000  # noqa: E731
-    return {"scan": med(scan), "whole": med(whole), "rest": med(whole) - med(scan),
-            "queries": len(queries)}
+    return {
+        "scan": med(scan),
+        "whole": med(whole),
+        "rest": med(whole) - med(scan),
+        "queries": len(queries),
+    }
 
 
 # The default plan's candidates (token stage, mean stage) beside fewer: Edge's exact rerank costs
@@ -196,16 +205,23 @@ def _budgets(store, queries, targets, exact) -> list[dict]:
             plan.TOKEN_CANDIDATES, plan.TOKEN_MEAN_CANDIDATES = tokens, mean
             tops = _serials(store.search(queries, K, "two-stage"))
             times = []
-            for q in queries[:BUDGET_TIMED + 1]:
+            for q in queries[: BUDGET_TIMED + 1]:
                 t = time.perf_counter()
                 store.search([q], K, "two-stage")
                 times.append(time.perf_counter() - t)
-            out.append({"token_candidates": tokens, "mean_candidates": mean,
-                        "needle_at_10": float(np.mean([int(t) in top
-                                                       for top, t in zip(tops, targets)])),
-                        "recall_at_10": float(np.mean([len(set(a) & set(b)) / K
-                                                       for a, b in zip(tops, own)])),
-                        "q1_p50_ms": float(np.median(times[1:])) * 1000})
+            out.append(
+                {
+                    "token_candidates": tokens,
+                    "mean_candidates": mean,
+                    "needle_at_10": float(
+                        np.mean([int(t) in top for top, t in zip(tops, targets)])
+                    ),
+                    "recall_at_10": float(
+                        np.mean([len(set(a) & set(b)) / K for a, b in zip(tops, own)])
+                    ),
+                    "q1_p50_ms": float(np.median(times[1:])) * 1000,
+                }
+            )
     finally:
         plan.TOKEN_CANDIDATES, plan.TOKEN_MEAN_CANDIDATES = saved
     return out
@@ -236,18 +252,31 @@ def job_query(folder: Path, pages: int, exact: list, reference: list) -> dict:
     own = [[s for s, _ in q] for q in exact]
     ref = [[s for s, _ in q] for q in reference]
     needle = lambda tops: float(np.mean([int(t) in top for top, t in zip(tops, targets)]))  # noqa: E731
-    recall = lambda tops, against: float(np.mean([len(set(a) & set(b)) / K  # noqa: E731
-                                                  for a, b in zip(tops, against)]))
-    return {"pages": count, "pool_factor": int(payload.get("pool_factor", 1)),
-            "schema": store.schema,
-            "reopen_s": reopen, **timings, "parts_ms": parts, "peak_rss_mib": peak_rss_mib(),
-            "needle_queries": len(targets),
-            "needle_at_10": {"exact": needle(own), "unpooled exact": needle(ref),
-                             **{p: needle(top) for p, top in plans.items()}},
-            "recall_at_10": {p: recall(top, own) for p, top in plans.items()},
-            "recall_at_10_vs_unpooled_exact": {"exact": recall(own, ref),
-                                               **{p: recall(top, ref) for p, top in plans.items()}},
-            "budgets": budgets, "tops": plans}
+    recall = lambda tops, against: float(  # noqa: E731
+        np.mean([len(set(a) & set(b)) / K for a, b in zip(tops, against)])
+    )
+    return {
+        "pages": count,
+        "pool_factor": int(payload.get("pool_factor", 1)),
+        "schema": store.schema,
+        "reopen_s": reopen,
+        **timings,
+        "parts_ms": parts,
+        "peak_rss_mib": peak_rss_mib(),
+        "needle_queries": len(targets),
+        "needle_at_10": {
+            "exact": needle(own),
+            "unpooled exact": needle(ref),
+            **{p: needle(top) for p, top in plans.items()},
+        },
+        "recall_at_10": {p: recall(top, own) for p, top in plans.items()},
+        "recall_at_10_vs_unpooled_exact": {
+            "exact": recall(own, ref),
+            **{p: recall(top, ref) for p, top in plans.items()},
+        },
+        "budgets": budgets,
+        "tops": plans,
+    }
 
 
 # ---------------------------------------------------------------------------- the page cache
@@ -265,8 +294,14 @@ def page_cache(folder: Path, evict: bool = False) -> dict:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
-                          ctypes.c_int, ctypes.c_long]
+    libc.mmap.argtypes = [
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_long,
+    ]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
     libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_ubyte)]
     total = resident = 0
@@ -294,7 +329,17 @@ def page_cache(folder: Path, evict: bool = False) -> dict:
 # ----------------------------------------------------------------------------------- driver
 def _run(job: str, folder: Path, pages: int, extra: dict | None = None) -> dict:
     """One job in a fresh interpreter; `extra` is handed over through a file (the exact lists)."""
-    cmd = [sys.executable, "-m", __spec__.name, "--job", job, "--folder", str(folder), "--pages", str(pages)]
+    cmd = [
+        sys.executable,
+        "-m",
+        __spec__.name,
+        "--job",
+        job,
+        "--folder",
+        str(folder),
+        "--pages",
+        str(pages),
+    ]
     if extra is not None:
         path = Path(f"{folder}.job-input.json")
         path.write_text(json.dumps(extra))
@@ -331,8 +376,15 @@ def _pool_factor_of(folder: Path) -> int:
         store.close()
 
 
-def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int, exact_only: bool,
-            check: bool, cold: bool = False) -> dict:
+def measure(
+    folders: list[Path],
+    builds: list[Path],
+    scratch: Path,
+    workers: int,
+    exact_only: bool,
+    check: bool,
+    cold: bool = False,
+) -> dict:
     from benchmarks.index.stores import EDGE_EXACT_MAX_PAGES
 
     scratch.mkdir(parents=True, exist_ok=True)
@@ -342,8 +394,10 @@ def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int
     references = {}
     for n in sorted(set(pages.values())):
         t = time.perf_counter()
-        references[n] = _cached(scratch / f"exact-generated-{n}-{NEEDLE_QUERIES}.json",
-                                lambda: generated_exact(n, NEEDLE_QUERIES, workers))
+        references[n] = _cached(
+            scratch / f"exact-generated-{n}-{NEEDLE_QUERIES}.json",
+            lambda: generated_exact(n, NEEDLE_QUERIES, workers),
+        )
         out.setdefault("generated_exact_s", {})[n] = time.perf_counter() - t
     for folder, build in zip(folders, builds + [None] * (len(folders) - len(builds))):
         n, factor = pages[folder], factors[folder]
@@ -355,26 +409,46 @@ def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int
             cache = scratch / f"exact-stored-{folder.name}-{NEEDLE_QUERIES}.json"
             cached = cache.is_file()
             own = _cached(cache, lambda: _run("stored-exact", folder, n)["top"])
-            how = ("stored vectors read back (cached by an earlier --exact-only run)" if cached
-                   else f"stored vectors read back ({time.perf_counter() - t:.0f} s)")
+            how = (
+                "stored vectors read back (cached by an earlier --exact-only run)"
+                if cached
+                else f"stored vectors read back ({time.perf_counter() - t:.0f} s)"
+            )
         entry = {"folder": str(folder), "pages": n, "pool_factor": factor, "exact_from": how}
         if check and n <= EDGE_EXACT_MAX_PAGES:
             edge = _run("edge-exact", folder, n)["top"]
             stored = own if factor > 1 else _run("stored-exact", folder, n)["top"]
-            same = lambda a, b: float(np.mean([[s for s, _ in x] == [s for s, _ in y]  # noqa: E731
-                                               for x, y in zip(a, b)]))
-            diff = lambda a, b: max(abs(x[1] - y[1]) for qa, qb in zip(a, b)  # noqa: E731
-                                    for x, y in zip(qa, qb))
-            entry["check"] = {"stored_vs_edge_same_top10": same(stored, edge),
-                              "stored_vs_edge_max_score_diff": diff(stored, edge)}
+            same = lambda a, b: float(  # noqa: E731
+                np.mean([[s for s, _ in x] == [s for s, _ in y] for x, y in zip(a, b)])
+            )
+            diff = lambda a, b: max(  # noqa: E731
+                abs(x[1] - y[1]) for qa, qb in zip(a, b) for x, y in zip(qa, qb)
+            )
+            entry["check"] = {
+                "stored_vs_edge_same_top10": same(stored, edge),
+                "stored_vs_edge_max_score_diff": diff(stored, edge),
+            }
             if factor == 1:
-                entry["check"].update({"generated_vs_edge_same_top10": same(own, edge),
-                                       "generated_vs_edge_max_score_diff": diff(own, edge)})
+                entry["check"].update(
+                    {
+                        "generated_vs_edge_same_top10": same(own, edge),
+                        "generated_vs_edge_max_score_diff": diff(own, edge),
+                    }
+                )
         if build is not None:
             b = json.loads(Path(build).read_text())
-            entry["build"] = {k: b.get(k) for k in ("build_s", "insert_pages_per_s",
-                                                    "build_peak_rss_mib", "final_disk_mib",
-                                                    "peak_disk_mib", "pool_factor", "command")}
+            entry["build"] = {
+                k: b.get(k)
+                for k in (
+                    "build_s",
+                    "insert_pages_per_s",
+                    "build_peak_rss_mib",
+                    "final_disk_mib",
+                    "peak_disk_mib",
+                    "pool_factor",
+                    "command",
+                )
+            }
             entry["build"]["command"] = b.get("command")
             entry["build"]["date"] = b["machine"]["date"]
             entry["build"]["load"] = [b.get("load_before"), b.get("load_after")]
@@ -383,8 +457,10 @@ def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int
         entry["disk_mib"] = disk_mib(folder)
         if not exact_only:
             if cold:  # no process holds the store now: its pages can all be dropped
-                entry["page_cache"] = {"before": page_cache(folder),
-                                       "after_evict": page_cache(folder, evict=True)}
+                entry["page_cache"] = {
+                    "before": page_cache(folder),
+                    "after_evict": page_cache(folder, evict=True),
+                }
             entry.update(_run("query", folder, n, {"exact": own, "reference": references[n]}))
             Path(f"{folder}.job-input.json").unlink(missing_ok=True)
         out["stores"][name] = entry
@@ -395,110 +471,175 @@ def measure(folders: list[Path], builds: list[Path], scratch: Path, workers: int
 def _how_to_read(r: dict) -> list[str]:
     caches = {name: s["page_cache"] for name, s in r["stores"].items() if s.get("page_cache")}
     if caches:
-        held = "; ".join(f"{name}: {c['before']['resident_bytes'] / 2**30:.2f} of "
-                         f"{c['before']['bytes'] / 2**30:.2f} GiB in the page cache, "
-                         f"{c['after_evict']['resident_bytes'] / 2**30:.2f} GiB after the drop"
-                         for name, c in caches.items())
-        start = ("How to read the times (--cold): before the fresh process opened a store, its "
-                 "files were dropped from the page cache (posix_fadvise DONTNEED, checked with "
-                 f"mincore: {held}), as after a reboot; ")
+        held = "; ".join(
+            f"{name}: {c['before']['resident_bytes'] / 2**30:.2f} of "
+            f"{c['before']['bytes'] / 2**30:.2f} GiB in the page cache, "
+            f"{c['after_evict']['resident_bytes'] / 2**30:.2f} GiB after the drop"
+            for name, c in caches.items()
+        )
+        start = (
+            "How to read the times (--cold): before the fresh process opened a store, its "
+            "files were dropped from the page cache (posix_fadvise DONTNEED, checked with "
+            f"mincore: {held}), as after a reboot; "
+        )
     else:
-        start = ("How to read the times: the store is opened in a fresh process after the other "
-                 "store's run, so its vectors are mostly not in the page cache (not checked: a "
-                 "store built or searched just before is mostly cached); ")
-    return [start + "each timed query (`index_stores._timed_queries`: 15 single queries, then 2 "
-            "batches of 16) is one it has not run before, so the pages it reranks are read from "
-            "disk (cold); the parts line and the budget table re-run queries already run (warm: "
-            "their pages cached)."]
+        start = (
+            "How to read the times: the store is opened in a fresh process after the other "
+            "store's run, so its vectors are mostly not in the page cache (not checked: a "
+            "store built or searched just before is mostly cached); "
+        )
+    return [
+        start + "each timed query (`index_stores._timed_queries`: 15 single queries, then 2 "
+        "batches of 16) is one it has not run before, so the pages it reranks are read from "
+        "disk (cold); the parts line and the budget table re-run queries already run (warm: "
+        "their pages cached)."
+    ]
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Search at scale: {r['title']}", "", markdown_header(r["machine"]), "",
-             f"Load average before / after: {r['load_before']} / {r['load_after']} on "
-             f"{os.cpu_count()} cores" + load_caveat(r) + (f" {r['note']}" if r.get("note") else ""),
-             "", f"Local-answer pages (benchmarks/shared/local_answer.py), {r['needle_queries']} needle "
-             "queries (the page a query was drawn from is its needle). Exact's top 10 is computed "
-             "in numpy (search_large.py says how), not by Edge's exact scan; the default plan "
-             "(two-stage: the token stage + the mean vector, union reranked by exact MaxSim in "
-             "Edge) and the mean-gated plan (what a Qdrant server runs) are Edge's.", "",
-             *_how_to_read(r), ""]
+    lines = [
+        f"# Search at scale: {r['title']}",
+        "",
+        markdown_header(r["machine"]),
+        "",
+        f"Load average before / after: {r['load_before']} / {r['load_after']} on "
+        f"{os.cpu_count()} cores" + load_caveat(r) + (f" {r['note']}" if r.get("note") else ""),
+        "",
+        f"Local-answer pages (benchmarks/shared/local_answer.py), {r['needle_queries']} needle "
+        "queries (the page a query was drawn from is its needle). Exact's top 10 is computed "
+        "in numpy (search_large.py says how), not by Edge's exact scan; the default plan "
+        "(two-stage: the token stage + the mean vector, union reranked by exact MaxSim in "
+        "Edge) and the mean-gated plan (what a Qdrant server runs) are Edge's.",
+        "",
+        *_how_to_read(r),
+        "",
+    ]
     stores = r["stores"]
-    lines += ["| store | pages | pool factor | build s (pages/s) | disk GiB | build peak RSS MiB "
-              "| reopen s | first query ms | 1 query p50 / p90 ms | 16 queries p50 / p90 ms | "
-              "query peak RSS MiB |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| store | pages | pool factor | build s (pages/s) | disk GiB | build peak RSS MiB "
+        "| reopen s | first query ms | 1 query p50 / p90 ms | 16 queries p50 / p90 ms | "
+        "query peak RSS MiB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for name, s in stores.items():
         b = s.get("build") or {}
-        built = (f"{b['build_s']:.0f} ({b['insert_pages_per_s']:.1f})" if b.get("build_s")
-                 else "-")
+        built = f"{b['build_s']:.0f} ({b['insert_pages_per_s']:.1f})" if b.get("build_s") else "-"
         peak = f"{b['build_peak_rss_mib']:.0f}" if b.get("build_peak_rss_mib") else "-"
         if "reopen_s" in s:
-            lines.append(f"| {name} | {s['pages']:,} | {s['pool_factor']} | {built} | "
-                         f"{s['disk_mib'] / 1024:.1f} | {peak} | {s['reopen_s']:.2f} | "
-                         f"{s['first_query_ms']:.0f} | {s['q1_p50_ms']:.0f} / {s['q1_p90_ms']:.0f} "
-                         f"| {s['q16_p50_ms']:.0f} / {s['q16_p90_ms']:.0f} | "
-                         f"{s['peak_rss_mib']:.0f} |")
-    lines += ["", "| store | exact: needle@10 | default: needle@10 (of exact's) | default: "
-              "recall@10 vs exact | mean-gated: needle@10 | mean-gated: recall@10 | vs the "
-              "unpooled exact: exact's needle@10, recall@10 (exact / default) |",
-              "|---|---:|---:|---:|---:|---:|---|"]
+            lines.append(
+                f"| {name} | {s['pages']:,} | {s['pool_factor']} | {built} | "
+                f"{s['disk_mib'] / 1024:.1f} | {peak} | {s['reopen_s']:.2f} | "
+                f"{s['first_query_ms']:.0f} | {s['q1_p50_ms']:.0f} / {s['q1_p90_ms']:.0f} "
+                f"| {s['q16_p50_ms']:.0f} / {s['q16_p90_ms']:.0f} | "
+                f"{s['peak_rss_mib']:.0f} |"
+            )
+    lines += [
+        "",
+        "| store | exact: needle@10 | default: needle@10 (of exact's) | default: "
+        "recall@10 vs exact | mean-gated: needle@10 | mean-gated: recall@10 | vs the "
+        "unpooled exact: exact's needle@10, recall@10 (exact / default) |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
     for name, s in stores.items():
         if "needle_at_10" not in s:
             continue
         n, rc, ru = s["needle_at_10"], s["recall_at_10"], s["recall_at_10_vs_unpooled_exact"]
         of = n["edge-two-stage"] / n["exact"] if n["exact"] else float("nan")
-        gated = (f"{100 * n['edge-mean-gated']:.0f}% | {rc['edge-mean-gated']:.3f}"
-                 if "edge-mean-gated" in n else "- (no rows / cols) | -")
-        lines.append(f"| {name} | {100 * n['exact']:.0f}% | {100 * n['edge-two-stage']:.0f}% "
-                     f"({100 * of:.0f}%) | {rc['edge-two-stage']:.3f} | {gated} | "
-                     f"{100 * n['unpooled exact']:.0f}%, {ru['exact']:.3f} / "
-                     f"{ru['edge-two-stage']:.3f} |")
+        gated = (
+            f"{100 * n['edge-mean-gated']:.0f}% | {rc['edge-mean-gated']:.3f}"
+            if "edge-mean-gated" in n
+            else "- (no rows / cols) | -"
+        )
+        lines.append(
+            f"| {name} | {100 * n['exact']:.0f}% | {100 * n['edge-two-stage']:.0f}% "
+            f"({100 * of:.0f}%) | {rc['edge-two-stage']:.3f} | {gated} | "
+            f"{100 * n['unpooled exact']:.0f}%, {ru['exact']:.3f} / "
+            f"{ru['edge-two-stage']:.3f} |"
+        )
     lines.append("")
     for name, s in stores.items():
         if s.get("parts_ms"):
             p = s["parts_ms"]
-            lines.append(f"- {name}: one query's parts (medians of {p['queries']}, after the "
-                         f"timings): the whole search {p['whole']:.0f} ms, the centroid scan "
-                         f"{p['scan']:.0f} ms, the rest (Edge: mean stage + exact rerank) "
-                         f"{p['rest']:.0f} ms")
-        lines.append(f"- {name}: exact from {s['exact_from']}"
-                     + (f"; check against Edge's exact scan: {s['check']}" if s.get("check") else "")
-                     + (f"; built by `{s['build']['command']}` from {s['build']['date']} (load "
-                        f"before / after {s['build']['load']})" if s.get("build") else ""))
+            lines.append(
+                f"- {name}: one query's parts (medians of {p['queries']}, after the "
+                f"timings): the whole search {p['whole']:.0f} ms, the centroid scan "
+                f"{p['scan']:.0f} ms, the rest (Edge: mean stage + exact rerank) "
+                f"{p['rest']:.0f} ms"
+            )
+        lines.append(
+            f"- {name}: exact from {s['exact_from']}"
+            + (f"; check against Edge's exact scan: {s['check']}" if s.get("check") else "")
+            + (
+                f"; built by `{s['build']['command']}` from {s['build']['date']} (load "
+                f"before / after {s['build']['load']})"
+                if s.get("build")
+                else ""
+            )
+        )
     for name, s in stores.items():
         if s.get("budgets"):
-            lines += ["", f"{name}, the default plan's candidate budget (token stage + mean stage; "
-                      f"the default is {s['budgets'][0]['token_candidates']} + "
-                      f"{s['budgets'][0]['mean_candidates']}), same queries, one process:", "",
-                      "| token + mean candidates | needle@10 | recall@10 vs exact | 1 query p50 ms |",
-                      "|---|---:|---:|---:|"]
-            lines += [f"| {b['token_candidates']} + {b['mean_candidates']} | "
-                      f"{100 * b['needle_at_10']:.0f}% | {b['recall_at_10']:.3f} | "
-                      f"{b['q1_p50_ms']:.0f} |" for b in s["budgets"]]
+            lines += [
+                "",
+                f"{name}, the default plan's candidate budget (token stage + mean stage; "
+                f"the default is {s['budgets'][0]['token_candidates']} + "
+                f"{s['budgets'][0]['mean_candidates']}), same queries, one process:",
+                "",
+                "| token + mean candidates | needle@10 | recall@10 vs exact | 1 query p50 ms |",
+                "|---|---:|---:|---:|",
+            ]
+            lines += [
+                f"| {b['token_candidates']} + {b['mean_candidates']} | "
+                f"{100 * b['needle_at_10']:.0f}% | {b['recall_at_10']:.3f} | "
+                f"{b['q1_p50_ms']:.0f} |"
+                for b in s["budgets"]
+            ]
             lines.append("")
     gen = r.get("generated_exact_s") or {}
     if gen:
-        lines.append(f"- generated exact: {', '.join(f'{int(k):,} pages {v:.0f} s' for k, v in gen.items())}"
-                     " (0: cached from an earlier run)")
+        lines.append(
+            f"- generated exact: {', '.join(f'{int(k):,} pages {v:.0f} s' for k, v in gen.items())}"
+            " (0: cached from an earlier run)"
+        )
     return "\n".join(lines) + "\n"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--store", type=Path, action="append", default=[])
-    parser.add_argument("--build", type=Path, action="append", default=[],
-                        help="the --long-run JSON of each --store, in order")
-    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()) / "colembed-search-exact")
+    parser.add_argument(
+        "--build",
+        type=Path,
+        action="append",
+        default=[],
+        help="the --long-run JSON of each --store, in order",
+    )
+    parser.add_argument(
+        "--scratch", type=Path, default=Path(tempfile.gettempdir()) / "colembed-search-exact"
+    )
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--exact-only", action="store_true",
-                        help="compute and cache the exact top lists only (no timing)")
-    parser.add_argument("--check", action="store_true",
-                        help="also compare the numpy exacts with Edge's exact scan (small stores)")
-    parser.add_argument("--reference", type=int, metavar="PAGES",
-                        help="only compute and cache the generated (unpooled) exact of PAGES pages "
-                             "(no store needed: can run while the stores are being built)")
-    parser.add_argument("--cold", action="store_true",
-                        help="drop each store's files from the page cache before its query job "
-                             "(posix_fadvise; reported with mincore), so new queries read disk")
+    parser.add_argument(
+        "--exact-only",
+        action="store_true",
+        help="compute and cache the exact top lists only (no timing)",
+    )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="also compare the numpy exacts with Edge's exact scan (small stores)",
+    )
+    parser.add_argument(
+        "--reference",
+        type=int,
+        metavar="PAGES",
+        help="only compute and cache the generated (unpooled) exact of PAGES pages "
+        "(no store needed: can run while the stores are being built)",
+    )
+    parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="drop each store's files from the page cache before its query job "
+        "(posix_fadvise; reported with mincore), so new queries read disk",
+    )
     parser.add_argument("--out", default="search-large")
     parser.add_argument("--note", default="")
     parser.add_argument("--job", help=argparse.SUPPRESS)
@@ -508,28 +649,46 @@ def main() -> None:
     args = parser.parse_args()
     if args.job:
         extra = json.loads(args.input.read_text()) if args.input else {}
-        job = {"stored-exact": lambda: job_stored_exact(args.folder, args.pages),
-               "edge-exact": lambda: job_edge_exact(args.folder, args.pages),
-               "query": lambda: job_query(args.folder, args.pages, extra["exact"],
-                                          extra["reference"])}[args.job]
+        job = {
+            "stored-exact": lambda: job_stored_exact(args.folder, args.pages),
+            "edge-exact": lambda: job_edge_exact(args.folder, args.pages),
+            "query": lambda: job_query(args.folder, args.pages, extra["exact"], extra["reference"]),
+        }[args.job]
         print(json.dumps(job()))
         return
     if args.reference:
         args.scratch.mkdir(parents=True, exist_ok=True)
         t = time.perf_counter()
-        _cached(args.scratch / f"exact-generated-{args.reference}-{NEEDLE_QUERIES}.json",
-                lambda: generated_exact(args.reference, NEEDLE_QUERIES, args.workers))
+        _cached(
+            args.scratch / f"exact-generated-{args.reference}-{NEEDLE_QUERIES}.json",
+            lambda: generated_exact(args.reference, NEEDLE_QUERIES, args.workers),
+        )
         print(f"generated exact of {args.reference} pages: {time.perf_counter() - t:.0f} s")
         return
-    results = {"machine": machine_info(), "load_before": load_average(), "title": args.out,
-               "note": args.note}
-    results.update(measure(args.store, args.build, args.scratch, args.workers, args.exact_only,
-                           args.check, args.cold))
+    results = {
+        "machine": machine_info(),
+        "load_before": load_average(),
+        "title": args.out,
+        "note": args.note,
+    }
+    results.update(
+        measure(
+            args.store,
+            args.build,
+            args.scratch,
+            args.workers,
+            args.exact_only,
+            args.check,
+            args.cold,
+        )
+    )
     results["load_after"] = load_average()
     if args.exact_only:
         print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1)[:3000])
         return
-    (HERE / "results" / "index" / f"{args.out}.json").write_text(json.dumps(results, indent=2) + "\n")
+    (HERE / "results" / "index" / f"{args.out}.json").write_text(
+        json.dumps(results, indent=2) + "\n"
+    )
     (HERE / "results" / "index" / f"{args.out}.md").write_text(markdown(results))
     print(markdown(results))
 

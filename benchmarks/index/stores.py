@@ -43,11 +43,14 @@ EDGE_EXACT_MAX_PAGES = 20000
 
 def _timed_queries(search, queries: list[np.ndarray], pages: int, slow: bool = False) -> dict:
     """p50/p90 of one query at a time and of batches of 16 (fewer rounds for large stores)."""
-    singles, batches = (SLOW_ROUNDS if slow else QUERY_ROUNDS[1000] if pages <= 1000
-                        else LARGE_ROUNDS)
+    singles, batches = (
+        SLOW_ROUNDS if slow else QUERY_ROUNDS[1000] if pages <= 1000 else LARGE_ROUNDS
+    )
     one, sixteen = [], []
     t = time.perf_counter()
-    search(queries[-1:])  # the first query after opening (what a reopened index makes wait); warm-up
+    search(
+        queries[-1:]
+    )  # the first query after opening (what a reopened index makes wait); warm-up
     first = time.perf_counter() - t
     for r in range(singles):
         q = queries[r % len(queries)]
@@ -55,14 +58,19 @@ def _timed_queries(search, queries: list[np.ndarray], pages: int, slow: bool = F
         search([q])
         one.append(time.perf_counter() - t)
     for r in range(batches):
-        batch = queries[(r * 16) % len(queries):][:16]
-        batch = batch + queries[:16 - len(batch)]
+        batch = queries[(r * 16) % len(queries) :][:16]
+        batch = batch + queries[: 16 - len(batch)]
         t = time.perf_counter()
         search(batch)
         sixteen.append(time.perf_counter() - t)
     q = lambda xs, p: float(np.percentile(xs, p)) * 1000  # noqa: E731
-    return {"first_query_ms": first * 1000, "q1_p50_ms": q(one, 50), "q1_p90_ms": q(one, 90),
-            "q16_p50_ms": q(sixteen, 50), "q16_p90_ms": q(sixteen, 90)}
+    return {
+        "first_query_ms": first * 1000,
+        "q1_p50_ms": q(one, 50),
+        "q1_p90_ms": q(one, 90),
+        "q16_p50_ms": q(sixteen, 50),
+        "q16_p90_ms": q(sixteen, 90),
+    }
 
 
 def disk_mib(folder: Path) -> float:
@@ -89,13 +97,13 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
     if data == "local":
         import benchmarks.shared.local_answer as local_answer
 
-        return (local_answer.local_queries(pages, count),
-                local_answer.query_targets(pages, count))
+        return (local_answer.local_queries(pages, count), local_answer.query_targets(pages, count))
     return synthetic_queries(pages, count), query_targets(pages, count)
 
 
-def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide",
-                 pool_factor: int = 1) -> dict:
+def worker_build(
+    backend: str, pages: int, folder: Path, data: str = "page-wide", pool_factor: int = 1
+) -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess); `pool_factor` > 1
     stores them hierarchically pooled (colembed/index/pooling.py, as `Index(pool_factor=)`)."""
     from colembed.index.schema import make_point
@@ -106,11 +114,27 @@ def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide"
     batch = []
     for i in range(pages):
         vectors, layout = page_of(data, i)
-        batch.append(make_point(vectors, layout, {
-            "path": f"/docs/{i // 10}.pdf", "page": i % 10 + 1, "pages": 10, "sha256": f"{i // 10:064x}",
-            "width": 683, "height": 883, "model": "synthetic", "variant": BASE_VARIANT,
-            "manifest_sha256": "0" * 64, "schema": 1, "model_source": "synthetic", "serial": i,
-            "pool_factor": pool_factor}))
+        batch.append(
+            make_point(
+                vectors,
+                layout,
+                {
+                    "path": f"/docs/{i // 10}.pdf",
+                    "page": i % 10 + 1,
+                    "pages": 10,
+                    "sha256": f"{i // 10:064x}",
+                    "width": 683,
+                    "height": 883,
+                    "model": "synthetic",
+                    "variant": BASE_VARIANT,
+                    "manifest_sha256": "0" * 64,
+                    "schema": 1,
+                    "model_source": "synthetic",
+                    "serial": i,
+                    "pool_factor": pool_factor,
+                },
+            )
+        )
         if len(batch) == 64:
             store.upsert(batch)
             batch = []
@@ -119,8 +143,13 @@ def worker_build(backend: str, pages: int, folder: Path, data: str = "page-wide"
     insert_s = time.perf_counter() - t
     store.close()
     schema = getattr(store, "schema", None)
-    return {"insert_pages_per_s": pages / insert_s, "insert_s": insert_s, "schema": schema,
-            "disk_mib": disk_mib(folder), "build_peak_rss_mib": peak_rss_mib()}
+    return {
+        "insert_pages_per_s": pages / insert_s,
+        "insert_s": insert_s,
+        "schema": schema,
+        "disk_mib": disk_mib(folder),
+        "build_peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def _use_plan(store, backend: str) -> None:
@@ -157,8 +186,12 @@ def worker_query(backend: str, pages: int, folder: Path, data: str = "page-wide"
         return {"reopen_s": reopen, "skipped": f"schema {store.schema}: no rows / cols"}
     _use_plan(store, backend)
     queries, _ = queries_of(data, pages, 64)
-    timings = _timed_queries(lambda qs: store.search(qs, K, mode), queries, pages,
-                             slow=backend == "client-local" or (mode == "exact" and pages >= 10000))
+    timings = _timed_queries(
+        lambda qs: store.search(qs, K, mode),
+        queries,
+        pages,
+        slow=backend == "client-local" or (mode == "exact" and pages >= 10000),
+    )
     result = {"reopen_s": reopen, **timings, "peak_rss_mib": peak_rss_mib()}
     if backend == "edge-two-stage":
         result.update(_quality(store, pages, data))
@@ -175,34 +208,49 @@ def _quality(store, pages: int, data: str) -> dict:
     by_plan = {}
     # the schema-1 plan (rows / cols MaxSim over every page) is ~40 s a query at 100,000 pages on
     # 2 cores: measured up to PREVIOUS_MAX_PAGES (its 10,000-page figures are the comparison)
-    for backend in [b for b in EDGE_BACKENDS[:-1] if runs_on(store, b)
-                    and (b != "edge-previous" or pages <= PREVIOUS_MAX_PAGES)]:
+    for backend in [
+        b
+        for b in EDGE_BACKENDS[:-1]
+        if runs_on(store, b) and (b != "edge-previous" or pages <= PREVIOUS_MAX_PAGES)
+    ]:
         _use_plan(store, backend)
         by_plan[backend] = store.search(queries, K, "two-stage")
     _use_plan(store, "edge-two-stage")
     fast, previous = by_plan["edge-two-stage"], by_plan.get("edge-previous")
-    first = lambda rows: float(np.mean([int(r[0].payload["serial"]) == int(t)  # noqa: E731
-                                         for r, t in zip(rows, targets)]))
-    needle = lambda rows: float(np.mean([any(int(h.payload["serial"]) == int(t)  # noqa: E731
-                                             for h in r) for r, t in zip(rows, targets)]))
+    first = lambda rows: float(  # noqa: E731
+        np.mean([int(r[0].payload["serial"]) == int(t) for r, t in zip(rows, targets)])
+    )
+    needle = lambda rows: float(  # noqa: E731
+        np.mean([any(int(h.payload["serial"]) == int(t) for h in r) for r, t in zip(rows, targets)])
+    )
     worst = 0.0
     for q, hits in zip(queries[:4], exact[:4]):
         stored = store.page_vectors([h.id for h in hits[:3]])
         for h in hits[:3]:
             worst = max(worst, abs(float((q @ stored[h.id].T).max(axis=1).sum()) - h.score))
-    recall = lambda rows: float(np.mean([len({h.id for h in a} & {h.id for h in b}) / K  # noqa: E731
-                                         for a, b in zip(exact, rows)]))
+    recall = lambda rows: float(  # noqa: E731
+        np.mean([len({h.id for h in a} & {h.id for h in b}) / K for a, b in zip(exact, rows)])
+    )
     serials = lambda rows: [[int(h.payload["serial"]) for h in r] for r in rows]  # noqa: E731
-    return {"exact_top": serials(exact), "two_stage_top": serials(fast),
-            "needle_targets": [int(t) for t in targets],
-            "recall_at_10": recall(fast),
-            "previous_recall_at_10": None if previous is None else recall(previous),
-            "target_at_1": {"exact": first(exact), "two-stage": first(fast),
-                            "previous": None if previous is None else first(previous)},
-            "needle_at_10": {"edge-exact": needle(exact),
-                             **{b: needle(rows) for b, rows in by_plan.items()}},
-            "recall_vs_exact": {b: recall(rows) for b, rows in by_plan.items()},
-            "needle_queries": len(queries), "score_max_abs_diff_vs_numpy": worst}
+    return {
+        "exact_top": serials(exact),
+        "two_stage_top": serials(fast),
+        "needle_targets": [int(t) for t in targets],
+        "recall_at_10": recall(fast),
+        "previous_recall_at_10": None if previous is None else recall(previous),
+        "target_at_1": {
+            "exact": first(exact),
+            "two-stage": first(fast),
+            "previous": None if previous is None else first(previous),
+        },
+        "needle_at_10": {
+            "edge-exact": needle(exact),
+            **{b: needle(rows) for b, rows in by_plan.items()},
+        },
+        "recall_vs_exact": {b: recall(rows) for b, rows in by_plan.items()},
+        "needle_queries": len(queries),
+        "score_max_abs_diff_vs_numpy": worst,
+    }
 
 
 def worker_numpy(pages: int) -> dict:
@@ -214,8 +262,12 @@ def worker_numpy(pages: int) -> dict:
     docs = [synthetic_page(i)[0] for i in range(pages)]
     build = time.perf_counter() - t
     queries = synthetic_queries(pages, 64)
-    timings = _timed_queries(lambda qs: colembed.top_k(qs, docs, K, backend="numpy"), queries,
-                             pages)
-    return {"build_s": build, **timings, "peak_rss_mib": peak_rss_mib(),
-            "memory_mib": sum(d.nbytes for d in docs) / 2**20}
-
+    timings = _timed_queries(
+        lambda qs: colembed.top_k(qs, docs, K, backend="numpy"), queries, pages
+    )
+    return {
+        "build_s": build,
+        **timings,
+        "peak_rss_mib": peak_rss_mib(),
+        "memory_mib": sum(d.nbytes for d in docs) / 2**20,
+    }

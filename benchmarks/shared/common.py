@@ -61,11 +61,16 @@ QUERIES = [
 ]
 QUERY_WORDS = "what was the total revenue growth of the company in 2023 by region".split()
 # checkpoints and exports the benchmarks build are cached here (bench_embed.py's --workdir default)
-BENCH_WORKDIR = Path(os.environ.get("COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench"))
+BENCH_WORKDIR = Path(
+    os.environ.get("COLEMBED_BENCH_DIR", Path.home() / ".cache" / "colembed-bench")
+)
 # The environment every benchmark subprocess gets: no tokenizer threads competing with the
 # measured ones, no network look-ups by transformers.
-SUBPROCESS_ENV = {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
-                  "TRANSFORMERS_OFFLINE": "1"}
+SUBPROCESS_ENV = {
+    "TOKENIZERS_PARALLELISM": "false",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+}
 
 
 # ------------------------------------------------------------------------------------ documents
@@ -95,8 +100,13 @@ def image_tokens(page, config) -> int:
     from colembed.preprocess.images import smart_resize
 
     f = config.resize_factor
-    h, w = smart_resize(page.height, page.width, factor=f, min_pixels=config.min_pixels,
-                        max_pixels=config.max_pixels)
+    h, w = smart_resize(
+        page.height,
+        page.width,
+        factor=f,
+        min_pixels=config.min_pixels,
+        max_pixels=config.max_pixels,
+    )
     return (h // f) * (w // f)
 
 
@@ -108,8 +118,13 @@ def budget_page(page, tokens: int, config):
     from colembed.preprocess.images import smart_resize
 
     budget = config.with_max_image_tokens(tokens)
-    h, w = smart_resize(page.height, page.width, factor=budget.resize_factor,
-                        min_pixels=budget.min_pixels, max_pixels=budget.max_pixels)
+    h, w = smart_resize(
+        page.height,
+        page.width,
+        factor=budget.resize_factor,
+        min_pixels=budget.min_pixels,
+        max_pixels=budget.max_pixels,
+    )
     return page.resize((w, h), Image.BICUBIC)
 
 
@@ -125,9 +140,13 @@ def make_pdfs(folder: Path, files: int, pages: int) -> None:
             im = Image.new("RGB", LETTER_150DPI, "white")
             draw = ImageDraw.Draw(im)
             for line in range(40):
-                draw.text((100, 100 + 36 * line), f"file {f} page {p} line {line} " * 4, fill="black")
+                draw.text(
+                    (100, 100 + 36 * line), f"file {f} page {p} line {line} " * 4, fill="black"
+                )
             images.append(im)
-        images[0].save(folder / f"doc{f}.pdf", save_all=True, append_images=images[1:], resolution=150)
+        images[0].save(
+            folder / f"doc{f}.pdf", save_all=True, append_images=images[1:], resolution=150
+        )
 
 
 # ------------------------------------------------------------------------------------ models
@@ -136,11 +155,13 @@ def tiny_folder(work: Path) -> Path:
     in a child process so that torch never counts in this process's RSS."""
     folder = work / "tiny"
     if not (folder / "colembed_manifest.json").is_file():
-        script = ("import sys; from pathlib import Path\n"
-                  "from colembed_export.pipeline.exporter import export_model\n"
-                  "from colembed_export.testing.tiny_qwen2 import build_checkpoint\n"
-                  "w = Path(sys.argv[1])\n"
-                  "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n")
+        script = (
+            "import sys; from pathlib import Path\n"
+            "from colembed_export.pipeline.exporter import export_model\n"
+            "from colembed_export.testing.tiny_qwen2 import build_checkpoint\n"
+            "w = Path(sys.argv[1])\n"
+            "export_model(build_checkpoint(w / 'checkpoint', 'tiny', seed=0), w / 'tiny')\n"
+        )
         subprocess.run([sys.executable, "-c", script, str(work)], check=True)
     return folder
 
@@ -155,9 +176,13 @@ def timed(fn: Callable[[], Any]) -> float:
 def spread(values: Sequence[float]) -> dict[str, float]:
     """median, min, max and the relative half-range (max - min) / 2 / median of `values`."""
     med = statistics.median(values)
-    return {"median": med, "min": min(values), "max": max(values),
-            "half_range": (max(values) - min(values)) / 2 / med if med else 0.0,
-            "n": len(values)}
+    return {
+        "median": med,
+        "min": min(values),
+        "max": max(values),
+        "half_range": (max(values) - min(values)) / 2 / med if med else 0.0,
+        "n": len(values),
+    }
 
 
 def load_caveat(results: dict) -> str:
@@ -166,20 +191,33 @@ def load_caveat(results: dict) -> str:
     loads = [max(results.get(key) or [0.0]) for key in ("load_before", "load_after")]
     if max(loads) <= 0.75 * (os.cpu_count() or 1):
         return " (a quiet machine)."
-    return (" (other processes held the cores during the run: absolute times are inflated and "
-            "matter less than the ratios between rows of one table).")
+    return (
+        " (other processes held the cores during the run: absolute times are inflated and "
+        "matter less than the ratios between rows of one table)."
+    )
 
 
 # ------------------------------------------------------------------------------------ processes
-def run_json_subprocess(argv: Sequence[str], *, timeout: float, env: dict[str, str] | None = None,
-                        cwd: str | None = None) -> dict[str, Any]:
+def run_json_subprocess(
+    argv: Sequence[str],
+    *,
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> dict[str, Any]:
     """Run `argv` in a fresh process; its answer is the last stdout line starting with RESULT
     (JSON). A crash or a missing answer is returned as {"error": ...} with stderr's tail."""
-    proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})))
+    proc = subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})),
+    )
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     return {"error": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
 
 
@@ -191,12 +229,25 @@ class Worker:
     worker is being timed (colembed's sessions do not spin; torch's threads sleep).
     """
 
-    def __init__(self, label: str, argv: Sequence[str], *, env: dict[str, str] | None = None,
-                 cwd: str | None = None) -> None:
+    def __init__(
+        self,
+        label: str,
+        argv: Sequence[str],
+        *,
+        env: dict[str, str] | None = None,
+        cwd: str | None = None,
+    ) -> None:
         self.label = label
-        self.proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=None, text=True, bufsize=1, cwd=cwd,
-                                     env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})))
+        self.proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=None,
+            text=True,
+            bufsize=1,
+            cwd=cwd,
+            env=dict(os.environ, **SUBPROCESS_ENV, **(env or {})),
+        )
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         assert self.proc.stdin and self.proc.stdout
@@ -207,7 +258,7 @@ class Worker:
             if not line:
                 raise RuntimeError(f"worker {self.label} exited ({self.proc.wait()}) during {op}")
             if line.startswith("ANSWER "):
-                answer = json.loads(line[len("ANSWER "):])
+                answer = json.loads(line[len("ANSWER ") :])
                 if "error" in answer:
                     raise RuntimeError(f"worker {self.label}, {op}: {answer['error']}")
                 return answer
@@ -250,13 +301,17 @@ def serve(handlers: dict[str, Callable[..., dict[str, Any]]]) -> int:
 
 
 # ------------------------------------------------------------------------------------ tables
-def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]],
-                   align_right_from: int = 1) -> list[str]:
+def markdown_table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], align_right_from: int = 1
+) -> list[str]:
     """A markdown table: `headers`, then `rows` (cells str()-ed); columns from
     `align_right_from` on are right-aligned (numbers)."""
-    out = ["| " + " | ".join(headers) + " |",
-           "|" + "|".join("---" if i < align_right_from else "---:" for i in range(len(headers)))
-           + "|"]
+    out = [
+        "| " + " | ".join(headers) + " |",
+        "|"
+        + "|".join("---" if i < align_right_from else "---:" for i in range(len(headers)))
+        + "|",
+    ]
     out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return out
 
@@ -272,5 +327,6 @@ def write_results(stem: str | Path, text: str, info: dict[str, Any], data: dict[
     `stem` is the path without extension (benchmarks/results/NAME). One home for the pair's
     shape, so a results file always carries the machine facts its figures were taken on."""
     Path(f"{stem}.md").write_text(text)
-    Path(f"{stem}.json").write_text(json.dumps({"machine": info, **data}, indent=1, default=str)
-                                    + "\n")
+    Path(f"{stem}.json").write_text(
+        json.dumps({"machine": info, **data}, indent=1, default=str) + "\n"
+    )

@@ -37,8 +37,11 @@ def exporter_fingerprint() -> str:
     for package in ("colembed_export", "colembed"):
         root = Path(importlib.util.find_spec(package).origin).parent
         for path in sorted(root.rglob("*")):
-            if (path.is_file() and path.suffix in (".py", ".json")
-                    and "__pycache__" not in path.parts):
+            if (
+                path.is_file()
+                and path.suffix in (".py", ".json")
+                and "__pycache__" not in path.parts
+            ):
                 digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
@@ -48,8 +51,9 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
     stress checkpoint (trained-model activation traits, export/testing/tiny_qwen2.py) at the same widths."""
     from benchmarks.shared.specs import FAMILY_PRESETS, build, reduced_spec
 
-    spec = reduced_spec(args.family, FAMILY_PRESETS[args.family], args.vision_depth,
-                        args.text_layers)
+    spec = reduced_spec(
+        args.family, FAMILY_PRESETS[args.family], args.vision_depth, args.text_layers
+    )
     size = {"colqwen2": "2b", "colqwen2.5": "2.5-3b", "colqwen3": "3-4b"}[args.family]
     tag = f"{'stress-' if stress else ''}{size}-v{args.vision_depth}-t{args.text_layers}"
     ckpt = work / f"ckpt-{tag}"
@@ -108,8 +112,12 @@ def add_int8_baseline(folder: Path, progress) -> None:
         for role, fp32 in manifest["variants"][BASE_VARIANT].items():
             model = quantize_int8(folder / fp32["file"], Path(tmp), calibration=None)
             finish(model)
-            file, data = save_graph(model, folder, f"{role}.{INT8_BASELINE}.onnx",
-                                    external=fp32["data_file"] is not None)
+            file, data = save_graph(
+                model,
+                folder,
+                f"{role}.{INT8_BASELINE}.onnx",
+                external=fp32["data_file"] is not None,
+            )
             entries[role] = {**fp32, "file": file, "data_file": data}
             for name in (file, data):
                 if name:
@@ -125,9 +133,21 @@ def gate_figures(folders: dict[str, Path]) -> dict[str, dict[str, Any]]:
         checks = json.loads((folder / "colembed_manifest.json").read_text())["checks"]
         for name, figures in checks.items():
             if name != BASE_VARIANT and "mean_cosine" in figures:
-                out.setdefault(name, {})[label] = {k: figures.get(k) for k in (
-                    "mean_cosine", "min_cosine", "finite", "ranking", "gate", "tokens",
-                    "non_finite_tokens", "fp16_gemm_peak", "fp16_gemm_peak_at", "fp16_kept_fp32")}
+                out.setdefault(name, {})[label] = {
+                    k: figures.get(k)
+                    for k in (
+                        "mean_cosine",
+                        "min_cosine",
+                        "finite",
+                        "ranking",
+                        "gate",
+                        "tokens",
+                        "non_finite_tokens",
+                        "fp16_gemm_peak",
+                        "fp16_gemm_peak_at",
+                        "fp16_kept_fp32",
+                    )
+                }
     return out
 
 

@@ -57,19 +57,41 @@ class Shapes:
         windowed = attention.get("kind") == "windowed"
         side = attention.get("window_size", 0) // config.patch_size if windowed else 0
         extras = manifest.get("vision_extras") or {}
-        return cls(a.vision_depth, a.vision_embed_dim, a.vision_mlp_ratio, a.text_layers,
-                   a.text_hidden, a.text_heads, a.text_kv_heads, a.text_head_dim,
-                   a.text_intermediate, a.embedding_dim, config.patch_dim, config.merge_size**2,
-                   gated_mlp=windowed,
-                   window_patches=side * side if windowed else None,
-                   deepstack_layers=int(extras.get("deepstack_layers", 0)))
+        return cls(
+            a.vision_depth,
+            a.vision_embed_dim,
+            a.vision_mlp_ratio,
+            a.text_layers,
+            a.text_hidden,
+            a.text_heads,
+            a.text_kv_heads,
+            a.text_head_dim,
+            a.text_intermediate,
+            a.embedding_dim,
+            config.patch_dim,
+            config.merge_size**2,
+            gated_mlp=windowed,
+            window_patches=side * side if windowed else None,
+            deepstack_layers=int(extras.get("deepstack_layers", 0)),
+        )
 
     @classmethod
     def from_spec(cls, spec: Any, config: Any) -> "Shapes":
         """From a tiny-checkpoint `ArchitectureSpec` and the checkpoint's PreprocessConfig."""
-        return cls(spec.vision_depth, spec.vision_embed_dim, spec.vision_mlp_ratio, spec.text_layers,
-                   spec.text_hidden, spec.text_heads, spec.text_kv_heads, spec.text_head_dim,
-                   spec.text_intermediate, spec.embedding_dim, config.patch_dim, config.merge_size**2)
+        return cls(
+            spec.vision_depth,
+            spec.vision_embed_dim,
+            spec.vision_mlp_ratio,
+            spec.text_layers,
+            spec.text_hidden,
+            spec.text_heads,
+            spec.text_kv_heads,
+            spec.text_head_dim,
+            spec.text_intermediate,
+            spec.embedding_dim,
+            config.patch_dim,
+            config.merge_size**2,
+        )
 
 
 def vision_flops(s: Shapes, patches: int) -> float:
@@ -78,8 +100,9 @@ def vision_flops(s: Shapes, patches: int) -> float:
     mlp = round(d * s.vision_mlp_ratio)
     embed = 2 * p * s.patch_dim * d
     linear = 2 * p * (3 * d * d + d * d + (3 if s.gated_mlp else 2) * d * mlp)
-    return float(embed + s.vision_depth * linear + (1 + s.deepstack_layers) * merger_flops(s, patches)
-                 ) + vision_attention_flops(s, patches)
+    return float(
+        embed + s.vision_depth * linear + (1 + s.deepstack_layers) * merger_flops(s, patches)
+    ) + vision_attention_flops(s, patches)
 
 
 def merger_flops(s: Shapes, patches: int) -> float:
@@ -109,7 +132,9 @@ def text_flops(s: Shapes, tokens: int) -> float:
     h, t = s.text_hidden, tokens
     q, kv = s.text_heads * s.text_head_dim, s.text_kv_heads * s.text_head_dim
     linear = 2 * t * (2 * h * q + 2 * h * kv + 3 * h * s.text_intermediate)
-    return float(s.text_layers * linear + 2 * t * h * s.embedding_dim) + text_attention_flops(s, tokens)
+    return float(s.text_layers * linear + 2 * t * h * s.embedding_dim) + text_attention_flops(
+        s, tokens
+    )
 
 
 def text_attention_flops(s: Shapes, tokens: int) -> float:
@@ -121,10 +146,16 @@ def text_attention_flops(s: Shapes, tokens: int) -> float:
 def page_flops(s: Shapes, image_tokens: int, sequence_tokens: int) -> dict[str, float]:
     vision = vision_flops(s, image_tokens * s.merge)
     text = text_flops(s, sequence_tokens)
-    attention = (vision_attention_flops(s, image_tokens * s.merge)
-                 + text_attention_flops(s, sequence_tokens))
-    return {"vision": vision, "text": text, "total": vision + text,
-            "attention": attention, "weight_gemms": vision + text - attention}
+    attention = vision_attention_flops(s, image_tokens * s.merge) + text_attention_flops(
+        s, sequence_tokens
+    )
+    return {
+        "vision": vision,
+        "text": text,
+        "total": vision + text,
+        "attention": attention,
+        "weight_gemms": vision + text - attention,
+    }
 
 
 if __name__ == "__main__":
@@ -141,9 +172,14 @@ if __name__ == "__main__":
     parser.add_argument("--text-layers", type=int, help="override the folder's language depth")
     args = parser.parse_args()
     shapes = Shapes.from_manifest(json.loads((args.folder / MANIFEST_NAME).read_text()))
-    shapes = dataclasses.replace(shapes, vision_depth=args.vision_depth or shapes.vision_depth,
-                                 text_layers=args.text_layers or shapes.text_layers)
+    shapes = dataclasses.replace(
+        shapes,
+        vision_depth=args.vision_depth or shapes.vision_depth,
+        text_layers=args.text_layers or shapes.text_layers,
+    )
     page = page_flops(shapes, 744, 744 + 20)
-    print(f"letter page, 150 dpi, 744 image tokens: vision {page['vision'] / 1e12:.2f} TFLOP, "
-          f"language {page['text'] / 1e12:.2f} TFLOP")
+    print(
+        f"letter page, 150 dpi, 744 image tokens: vision {page['vision'] / 1e12:.2f} TFLOP, "
+        f"language {page['text'] / 1e12:.2f} TFLOP"
+    )
     print(f"25-token query: {text_flops(shapes, 25) / 1e9:.1f} GFLOP")

@@ -32,7 +32,9 @@ from benchmarks.shared.synthetic_pages import DIM, PROMPT_HEAD, PROMPT_ROWS, sha
 
 TOPICS = 2000  # shared topic vocabulary
 BLOCKS = (3, 7)  # blocks per page: 3..6
-BACKGROUND_NOISE = 0.45  # per-token noise of a background token, relative to the direction (~0.9 cos)
+BACKGROUND_NOISE = (
+    0.45  # per-token noise of a background token, relative to the direction (~0.9 cos)
+)
 PAGE_OFFSET = 0.15  # per-page shift of the background (scanner, paper, layout)
 LINE_WEIGHT = 1.0  # a text line's own direction against its block's topic (1.0)
 TOKEN_NOISE = 0.6  # per-token noise of a text token
@@ -57,9 +59,9 @@ def _blocks(rng, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
             break
         h, w = int(rng.integers(2, 7)), int(rng.integers(6, 17))
         r0, c0 = int(rng.integers(1, rows - h)), int(rng.integers(1, cols - w))
-        if taken[max(r0 - 1, 0):r0 + h + 1, max(c0 - 1, 0):c0 + w + 1].any():
+        if taken[max(r0 - 1, 0) : r0 + h + 1, max(c0 - 1, 0) : c0 + w + 1].any():
             continue
-        taken[r0:r0 + h, c0:c0 + w] = True
+        taken[r0 : r0 + h, c0 : c0 + w] = True
         out.append((r0, c0, h, w))
     return out
 
@@ -72,22 +74,34 @@ def local_page(i: int):
     rng = np.random.default_rng(9_000_011 + i)
     rows, cols = int(rng.integers(26, 31)), int(rng.integers(25, 30))
     offset = PAGE_OFFSET * rng.standard_normal(DIM) / np.sqrt(DIM)
-    grid = (_BACKGROUND + offset + BACKGROUND_NOISE * rng.standard_normal((rows, cols, DIM))
-            / np.sqrt(DIM))
+    grid = (
+        _BACKGROUND
+        + offset
+        + BACKGROUND_NOISE * rng.standard_normal((rows, cols, DIM)) / np.sqrt(DIM)
+    )
     blocks = []
     for r0, c0, h, w in _blocks(rng, rows, cols):
         topic = int(rng.integers(TOPICS))
         lines = rng.standard_normal((h, DIM)) / np.sqrt(DIM)
-        text = (_TOPIC_VECTORS[topic] + LINE_WEIGHT * lines[:, None, :] + 0.3 * _BACKGROUND
-                + TOKEN_NOISE * rng.standard_normal((h, w, DIM)) / np.sqrt(DIM))
-        grid[r0:r0 + h, c0:c0 + w] = text
+        text = (
+            _TOPIC_VECTORS[topic]
+            + LINE_WEIGHT * lines[:, None, :]
+            + 0.3 * _BACKGROUND
+            + TOKEN_NOISE * rng.standard_normal((h, w, DIM)) / np.sqrt(DIM)
+        )
+        grid[r0 : r0 + h, c0 : c0 + w] = text
         blocks.append((r0, c0, h, w, topic))
     prompt, _ = shared_rows()
     head = prompt[:PROMPT_HEAD] + 0.05 * rng.standard_normal((PROMPT_HEAD, DIM))
     tail = prompt[PROMPT_HEAD:] + 0.05 * rng.standard_normal((PROMPT_ROWS - PROMPT_HEAD, DIM))
     vectors = np.concatenate([unit(head), unit(grid.reshape(-1, DIM)), unit(tail)])
-    layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=PROMPT_HEAD,
-                        num_tokens=len(vectors), token_px=28)
+    layout = PageLayout(
+        grid_rows=rows,
+        grid_cols=cols,
+        image_start=PROMPT_HEAD,
+        num_tokens=len(vectors),
+        token_px=28,
+    )
     return vectors, layout, blocks
 
 
@@ -95,22 +109,24 @@ def query_targets(n_pages: int, count: int, seed: int = 17) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, n_pages, count)
 
 
-def local_queries(n_pages: int, count: int, seed: int = 17,
-                  targets: np.ndarray | None = None) -> list[np.ndarray]:
+def local_queries(
+    n_pages: int, count: int, seed: int = 17, targets: np.ndarray | None = None
+) -> list[np.ndarray]:
     """`count` queries, query j about 1-2 rows of one block of page query_targets(...)[j] (or of
     page `targets[j]` when given: queries about chosen pages, e.g. those a filter allows)."""
     rng = np.random.default_rng(seed + 1)
     _, augmentation = shared_rows()
     out = []
-    for target in (query_targets(n_pages, count, seed) if targets is None else targets[:count]):
+    for target in query_targets(n_pages, count, seed) if targets is None else targets[:count]:
         vectors, layout, blocks = local_page(int(target))
         r0, c0, h, w, _ = blocks[int(rng.integers(len(blocks)))]
         span = min(int(rng.integers(1, 3)), h)
         first = r0 + int(rng.integers(0, h - span + 1))
         grid = vectors[layout.image_rows].reshape(layout.grid_rows, layout.grid_cols, DIM)
-        picked = grid[first:first + span, c0:c0 + w].reshape(-1, DIM)
-        budget = int(np.clip(len(picked), 0.01 * layout.num_image_tokens,
-                             0.03 * layout.num_image_tokens))
+        picked = grid[first : first + span, c0 : c0 + w].reshape(-1, DIM)
+        budget = int(
+            np.clip(len(picked), 0.01 * layout.num_image_tokens, 0.03 * layout.num_image_tokens)
+        )
         picked = picked[rng.choice(len(picked), min(budget, len(picked)), replace=False)]
         noise = QUERY_NOISE * rng.standard_normal(picked.shape) / np.sqrt(DIM)
         out.append(np.concatenate([unit(picked + noise), augmentation]))

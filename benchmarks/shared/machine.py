@@ -22,14 +22,38 @@ from pathlib import Path
 from typing import Any, Sequence
 
 # Instruction sets that decide which GEMM kernels run (fp32 FMA, int8 dot products, bf16/fp16).
-INTERESTING_FLAGS = ("avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl",
-                     "avx512_vnni", "avx_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
-                     "amx_int8", "amx_bf16", "neon", "asimddp", "sve")
+INTERESTING_FLAGS = (
+    "avx",
+    "avx2",
+    "fma",
+    "f16c",
+    "avx512f",
+    "avx512bw",
+    "avx512vl",
+    "avx512_vnni",
+    "avx_vnni",
+    "avx512_bf16",
+    "avx512_fp16",
+    "amx_tile",
+    "amx_int8",
+    "amx_bf16",
+    "neon",
+    "asimddp",
+    "sve",
+)
 # Environment variables that change which BLAS kernels run or how many threads they use
 # (OPENBLAS_CORETYPE, OPENBLAS_L2_SIZE, OPENBLAS_NUM_THREADS, OMP_NUM_THREADS, MKL_*, ...).
 ENVIRONMENT_MARKERS = ("BLAS", "OMP_", "MKL", "CORETYPE", "NUM_THREADS")
-DISTRIBUTIONS = ("colembed", "onnxruntime", "onnx", "numpy", "torch", "transformers", "tokenizers",
-                 "pillow")
+DISTRIBUTIONS = (
+    "colembed",
+    "onnxruntime",
+    "onnx",
+    "numpy",
+    "torch",
+    "transformers",
+    "tokenizers",
+    "pillow",
+)
 
 
 def _cpuinfo() -> dict[str, Any]:
@@ -54,8 +78,11 @@ def _cpuinfo() -> dict[str, Any]:
             if core is not None:
                 cores.add((physical, core))
             physical = core = None
-    return {"model": model, "flags": sorted(f for f in INTERESTING_FLAGS if f in flags),
-            "physical_cores": len(cores) or None}
+    return {
+        "model": model,
+        "flags": sorted(f for f in INTERESTING_FLAGS if f in flags),
+        "physical_cores": len(cores) or None,
+    }
 
 
 def _memory_gib() -> float | None:
@@ -70,8 +97,13 @@ def _memory_gib() -> float | None:
 
 def _git_commit() -> str | None:
     try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                             cwd=Path(__file__).resolve().parent, timeout=5)
+        out = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).resolve().parent,
+            timeout=5,
+        )
         return out.stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None
@@ -84,8 +116,11 @@ def load_average() -> list[float] | None:
 
 def blas_environment() -> dict[str, str]:
     """The BLAS/OpenMP/thread-count environment variables that are set."""
-    return {k: v for k, v in sorted(os.environ.items())
-            if any(marker in k for marker in ENVIRONMENT_MARKERS)}
+    return {
+        k: v
+        for k, v in sorted(os.environ.items())
+        if any(marker in k for marker in ENVIRONMENT_MARKERS)
+    }
 
 
 def openblas() -> dict[str, Any]:
@@ -97,21 +132,27 @@ def openblas() -> dict[str, Any]:
     """
     try:
         maps = Path("/proc/self/maps").read_text()
-        path = next((line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()),
-                    None)
+        path = next(
+            (line.split()[-1] for line in maps.splitlines() if "openblas" in line.lower()), None
+        )
         if path is None:
             return {"error": "no OpenBLAS library loaded"}
         lib = ctypes.CDLL(path)
         info: dict[str, Any] = {"library": os.path.basename(path)}
         for prefix in ("scipy_openblas_", "openblas_"):
-            for field, suffix in (("core", "get_corename64_"), ("config", "get_config64_"),
-                                  ("core", "get_corename"), ("config", "get_config")):
+            for field, suffix in (
+                ("core", "get_corename64_"),
+                ("config", "get_config64_"),
+                ("core", "get_corename"),
+                ("config", "get_config"),
+            ):
                 fn = getattr(lib, prefix + suffix, None)
                 if fn is not None and field not in info:
                     fn.restype = ctypes.c_char_p
                     info[field] = fn().decode()
-            fn = getattr(lib, prefix + "get_num_threads64_", None) or \
-                getattr(lib, prefix + "get_num_threads", None)
+            fn = getattr(lib, prefix + "get_num_threads64_", None) or getattr(
+                lib, prefix + "get_num_threads", None
+            )
             if fn is not None and "threads" not in info:
                 fn.restype = ctypes.c_int
                 info["threads"] = fn()
@@ -160,15 +201,17 @@ def machine_info(argv: Sequence[str] | None = None) -> dict[str, Any]:
 def markdown_header(info: dict[str, Any]) -> str:
     """A few lines describing `machine_info()` for the top of a results table."""
     v = info["versions"]
-    return "\n".join([
-        f"- machine: {info['cpu']}, {info['physical_cores']} physical cores "
-        f"({info['logical_cpus']} logical), {info['memory_gib']} GiB, {info['os']}",
-        f"- instruction sets: {', '.join(info['instruction_sets']) or 'unknown'}",
-        "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
-        f"- date: {info['date']} (load average at start: "
-        f"{', '.join(f'{x:.2f}' for x in info['load_average_at_start'] or [])})",
-        f"- command: `{info['command']}`",
-    ])
+    return "\n".join(
+        [
+            f"- machine: {info['cpu']}, {info['physical_cores']} physical cores "
+            f"({info['logical_cpus']} logical), {info['memory_gib']} GiB, {info['os']}",
+            f"- instruction sets: {', '.join(info['instruction_sets']) or 'unknown'}",
+            "- versions: " + ", ".join(f"{k} {val}" for k, val in v.items()),
+            f"- date: {info['date']} (load average at start: "
+            f"{', '.join(f'{x:.2f}' for x in info['load_average_at_start'] or [])})",
+            f"- command: `{info['command']}`",
+        ]
+    )
 
 
 def rss_mib() -> dict[str, float | None]:

@@ -14,8 +14,9 @@ import numpy as np
 from colembed_export.variants.gates import maxsim as maxsim_scores  # noqa: F401  (re-exported)
 
 
-def topk_agreement(variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int = 5,
-                   tie: float = 0.0) -> dict[str, Any]:
+def topk_agreement(
+    variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int = 5, tie: float = 0.0
+) -> dict[str, Any]:
     """Share of queries whose top-k pages agree with fp32's.
 
     `same_set` / `same_order`: exactly the same k pages (in the same order). `within_ties`: the
@@ -35,14 +36,20 @@ def topk_agreement(variant_scores: np.ndarray, fp32_scores: np.ndarray, k: int =
         sure = set(np.flatnonzero(fp32_scores[row] > kth + band))
         within.append(bool(np.all(fp32_scores[row, tv] >= kth - band)) and sure <= set(tv))
     gaps = np.sort(fp32_scores, axis=1)[:, ::-1]
-    return {"k": k, "queries": len(same_set), "same_set": float(np.mean(same_set)),
-            "same_order": float(np.mean(same_order)), "tie": tie,
-            "within_ties": float(np.mean(within)),
-            "median_fp32_gap_k": float(np.median(gaps[:, k - 1] - gaps[:, k]))}
+    return {
+        "k": k,
+        "queries": len(same_set),
+        "same_set": float(np.mean(same_set)),
+        "same_order": float(np.mean(same_order)),
+        "tie": tie,
+        "within_ties": float(np.mean(within)),
+        "median_fp32_gap_k": float(np.median(gaps[:, k - 1] - gaps[:, k])),
+    }
 
 
-def synthetic_retrieval_set(pages: int = 100, queries: int = 20, *, size: tuple[int, int] = (112, 140),
-                            seed: int = 0) -> tuple[list[Any], list[str]]:
+def synthetic_retrieval_set(
+    pages: int = 100, queries: int = 20, *, size: tuple[int, int] = (112, 140), seed: int = 0
+) -> tuple[list[Any], list[str]]:
     """`pages` small same-size page images with rendered text, and `queries` that quote them.
 
     Page i shows a title ("Report 17: harbour freight"), a few body lines drawn from a word list
@@ -55,9 +62,11 @@ def synthetic_retrieval_set(pages: int = 100, queries: int = 20, *, size: tuple[
     from PIL import Image, ImageDraw
 
     rng = np.random.default_rng(seed)
-    words = ("harbour freight invoice revenue tax energy rail audit salary budget forecast river "
-             "clinic grain steel vaccine solar port tariff loan credit wind copper cotton wheat "
-             "coffee tourism census school bridge").split()
+    words = (
+        "harbour freight invoice revenue tax energy rail audit salary budget forecast river "
+        "clinic grain steel vaccine solar port tariff loan credit wind copper cotton wheat "
+        "coffee tourism census school bridge"
+    ).split()
     images, texts = [], []
     for i in range(pages):
         title = f"Report {i}: {words[i % len(words)]} {words[(3 * i + 1) % len(words)]}"
@@ -75,6 +84,8 @@ def synthetic_retrieval_set(pages: int = 100, queries: int = 20, *, size: tuple[
         draw.rectangle([4, top, 4 + int(rng.integers(20, size[0] - 8)), top + 16], fill=bar)
         images.append(image)
         texts.append((title, lines))
-    query_texts = [f"{texts[j * pages // queries][0]} {texts[j * pages // queries][1][0]}"
-                   for j in range(queries)]
+    query_texts = [
+        f"{texts[j * pages // queries][0]} {texts[j * pages // queries][1][0]}"
+        for j in range(queries)
+    ]
     return images, query_texts

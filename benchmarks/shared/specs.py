@@ -13,8 +13,11 @@ from pathlib import Path
 from typing import Any
 
 # family -> its full-size preset (the published model's widths)
-FAMILY_PRESETS = {"colqwen2": "qwen2-vl-2b", "colqwen2.5": "qwen2.5-vl-3b",
-                  "colqwen3": "qwen3-vl-4b"}
+FAMILY_PRESETS = {
+    "colqwen2": "qwen2-vl-2b",
+    "colqwen2.5": "qwen2.5-vl-3b",
+    "colqwen3": "qwen3-vl-4b",
+}
 
 
 def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) -> Any:
@@ -25,15 +28,22 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
 
         spec = PRESETS_3[preset]
         kept = tuple(i for i in spec.deepstack_layers if i < vision_depth) or (vision_depth - 1,)
-        return dataclasses.replace(spec, vision_depth=vision_depth, text_layers=text_layers,
-                                   deepstack_layers=kept[:text_layers])
+        return dataclasses.replace(
+            spec,
+            vision_depth=vision_depth,
+            text_layers=text_layers,
+            deepstack_layers=kept[:text_layers],
+        )
     if family == "colqwen2.5":
         from colembed_export.testing.tiny_qwen2_5 import PRESETS_2_5
 
         spec = PRESETS_2_5[preset]
-        full = tuple(i for i in spec.fullatt_block_indexes if i < vision_depth) or (vision_depth - 1,)
-        return dataclasses.replace(spec, vision_depth=vision_depth, text_layers=text_layers,
-                                   fullatt_block_indexes=full)
+        full = tuple(i for i in spec.fullatt_block_indexes if i < vision_depth) or (
+            vision_depth - 1,
+        )
+        return dataclasses.replace(
+            spec, vision_depth=vision_depth, text_layers=text_layers, fullatt_block_indexes=full
+        )
     from colembed_export.testing.tiny_qwen2 import PRESETS
 
     return dataclasses.replace(PRESETS[preset], vision_depth=vision_depth, text_layers=text_layers)
@@ -46,7 +56,10 @@ def build(family: str, out: Path, spec: Any, *, stress: bool = False) -> Path:
 
         return (build_stress_checkpoint_3 if stress else build_checkpoint_3)(out, spec, seed=0)
     if family == "colqwen2.5":
-        from colembed_export.testing.tiny_qwen2_5 import build_checkpoint_2_5, build_stress_checkpoint_2_5
+        from colembed_export.testing.tiny_qwen2_5 import (
+            build_checkpoint_2_5,
+            build_stress_checkpoint_2_5,
+        )
 
         return (build_stress_checkpoint_2_5 if stress else build_checkpoint_2_5)(out, spec, seed=0)
     from colembed_export.testing.tiny_qwen2 import build_checkpoint, build_stress_checkpoint

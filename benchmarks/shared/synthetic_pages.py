@@ -35,7 +35,9 @@ def unit(x: np.ndarray) -> np.ndarray:
 def shared_rows(seed: int = 12345) -> tuple[np.ndarray, np.ndarray]:
     """(prompt rows every page carries, augmentation rows every query carries), fixed."""
     rng = np.random.default_rng(seed)
-    return unit(rng.standard_normal((PROMPT_ROWS, DIM))), unit(rng.standard_normal((AUGMENTATION_ROWS, DIM)))
+    return unit(rng.standard_normal((PROMPT_ROWS, DIM))), unit(
+        rng.standard_normal((AUGMENTATION_ROWS, DIM))
+    )
 
 
 def synthetic_page(i: int):
@@ -55,8 +57,13 @@ def synthetic_page(i: int):
     head = prompt[:PROMPT_HEAD] + 0.05 * rng.standard_normal((PROMPT_HEAD, DIM))
     tail = prompt[PROMPT_HEAD:] + 0.05 * rng.standard_normal((PROMPT_ROWS - PROMPT_HEAD, DIM))
     vectors = np.concatenate([unit(head), unit(grid.reshape(-1, DIM)), unit(tail)])
-    layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=PROMPT_HEAD, num_tokens=len(vectors),
-                        token_px=28)
+    layout = PageLayout(
+        grid_rows=rows,
+        grid_cols=cols,
+        image_start=PROMPT_HEAD,
+        num_tokens=len(vectors),
+        token_px=28,
+    )
     return vectors, layout
 
 
@@ -77,4 +84,3 @@ def synthetic_queries(n_pages: int, count: int, seed: int = 7) -> list[np.ndarra
         noise = 0.3 * rng.standard_normal(picked.shape) / np.sqrt(DIM)  # 0.3 of a unit token
         out.append(np.concatenate([unit(picked + noise), augmentation]))
     return out
-

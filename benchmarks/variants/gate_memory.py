@@ -70,20 +70,39 @@ def child(arm: str, folder: Path, variants: list[str], out: Path) -> None:
     start_rss = rss_bytes()
     start = time.perf_counter()
     results, failures = evaluation.evaluate_variants(
-        folder, variants, {n: VARIANTS[n].gate for n in variants}, step=meter.step)
+        folder, variants, {n: VARIANTS[n].gate for n in variants}, step=meter.step
+    )
     # fp16's peak gate reads what its recipe measured on the calibration feeds while writing the
     # graph (Gate.fp16_peak); a gate-only run has no such figure, so that one check is not judged
     failures = [f for f in failures if "fp16 GEMM reaches None" not in f]
-    out.write_text(json.dumps({
-        "arm": arm, "env": ARMS[arm][0], "session_config": evaluation.GATE_SESSION_CONFIG,
-        "large_blocks_mapped": mapped, "execution_order": evaluation.GATE_EXECUTION_ORDER,
-        "seconds": round(time.perf_counter() - start, 1), "rss_at_start_gb": round(start_rss / 1e9, 3),
-        "peak_rss_gb": round(max(meter.peak_rss_gb, peak_rss_bytes() / 1e9), 3),
-        "steps": meter.as_dicts(), "failures": failures,
-        "figures": {n: {"mean": r["mean_cosine"], "min": r["min_cosine"], "buckets": r["buckets"],
-                        "top1": r["ranking"]["top1_agreement"], "worst_item": r["worst_item"]}
-                    for n, r in results.items()},
-    }, indent=2) + "\n")
+    out.write_text(
+        json.dumps(
+            {
+                "arm": arm,
+                "env": ARMS[arm][0],
+                "session_config": evaluation.GATE_SESSION_CONFIG,
+                "large_blocks_mapped": mapped,
+                "execution_order": evaluation.GATE_EXECUTION_ORDER,
+                "seconds": round(time.perf_counter() - start, 1),
+                "rss_at_start_gb": round(start_rss / 1e9, 3),
+                "peak_rss_gb": round(max(meter.peak_rss_gb, peak_rss_bytes() / 1e9), 3),
+                "steps": meter.as_dicts(),
+                "failures": failures,
+                "figures": {
+                    n: {
+                        "mean": r["mean_cosine"],
+                        "min": r["min_cosine"],
+                        "buckets": r["buckets"],
+                        "top1": r["ranking"]["top1_agreement"],
+                        "worst_item": r["worst_item"],
+                    }
+                    for n, r in results.items()
+                },
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def largest_difference(a: dict, b: dict) -> float:
@@ -93,43 +112,67 @@ def largest_difference(a: dict, b: dict) -> float:
         fb = b[name]
         worst = max(worst, abs(fa["mean"] - fb["mean"]), abs(fa["min"] - fb["min"]))
         for bucket, row in fa["buckets"].items():
-            worst = max(worst, abs(row["mean"] - fb["buckets"][bucket]["mean"]),
-                        abs(row["min"] - fb["buckets"][bucket]["min"]))
+            worst = max(
+                worst,
+                abs(row["mean"] - fb["buckets"][bucket]["mean"]),
+                abs(row["min"] - fb["buckets"][bucket]["min"]),
+            )
     return worst
 
 
 def markdown(info: dict, folder: Path, weights: int, runs: list[dict]) -> list[str]:
-    lines = [f"Folder: `{folder}`, {weights / 1e9:.2f} GB of fp32 graph weights. Each arm in a "
-             "fresh process, one after another; per part its own peak RSS (VmHWM reset at its "
-             "start) and the RSS it left (after gc and malloc_trim).", ""]
+    lines = [
+        f"Folder: `{folder}`, {weights / 1e9:.2f} GB of fp32 graph weights. Each arm in a "
+        "fresh process, one after another; per part its own peak RSS (VmHWM reset at its "
+        "start) and the RSS it left (after gc and malloc_trim).",
+        "",
+    ]
     first = runs[0]
     for run in runs:
         env = " ".join(f"{k}={v}" for k, v in run["env"].items()) or "(none)"
         mapped = {True: "; blocks >= 1 MB mapped (mallopt)", False: "", None: ""}[
-            run.get("large_blocks_mapped")] + ("; execution order " + ", ".join(
-                f"{k} {v}" for k, v in run["execution_order"].items())
-                if run.get("execution_order") else "")
-        lines += [f"## {run['arm']}", "",
-                  f"Environment {env}; session config {run['session_config'] or '(none)'}{mapped}. "
-                  f"Gate {run['seconds']:.0f} s; RSS at start {run['rss_at_start_gb']:.2f} GB; "
-                  f"**peak {run['peak_rss_gb']:.2f} GB = {run['peak_rss_gb'] / (weights / 1e9):.2f}x "
-                  "the fp32 graph weights**.", "",
-                  "| part | seconds | peak RSS GB | RSS after GB |", "|---|---:|---:|---:|"]
+            run.get("large_blocks_mapped")
+        ] + (
+            "; execution order " + ", ".join(f"{k} {v}" for k, v in run["execution_order"].items())
+            if run.get("execution_order")
+            else ""
+        )
+        lines += [
+            f"## {run['arm']}",
+            "",
+            f"Environment {env}; session config {run['session_config'] or '(none)'}{mapped}. "
+            f"Gate {run['seconds']:.0f} s; RSS at start {run['rss_at_start_gb']:.2f} GB; "
+            f"**peak {run['peak_rss_gb']:.2f} GB = {run['peak_rss_gb'] / (weights / 1e9):.2f}x "
+            "the fp32 graph weights**.",
+            "",
+            "| part | seconds | peak RSS GB | RSS after GB |",
+            "|---|---:|---:|---:|",
+        ]
         for s in run["steps"]:
             indent = "&nbsp;&nbsp;" if s["step"].count(":") > 1 else ""
-            lines.append(f"| {indent}{s['step'].removeprefix('variants: ')} | {s['seconds']:.1f} | "
-                         f"{s['peak_rss_gb']:.2f} | {s['rss_after_gb']:.2f} |")
-        lines += ["", "| variant | mean | min | top-1 | worst item | verdict |",
-                  "|---|---:|---:|---:|---|---|"]
+            lines.append(
+                f"| {indent}{s['step'].removeprefix('variants: ')} | {s['seconds']:.1f} | "
+                f"{s['peak_rss_gb']:.2f} | {s['rss_after_gb']:.2f} |"
+            )
+        lines += [
+            "",
+            "| variant | mean | min | top-1 | worst item | verdict |",
+            "|---|---:|---:|---:|---|---|",
+        ]
         for name, f in run["figures"].items():
             misses = [m for m in run["failures"] if m.startswith(name + ":")]
-            lines.append(f"| {name} | {f['mean']:.6f} | {f['min']:.6f} | {f['top1']:.3f} | "
-                         f"{f['worst_item']} | {'refused: ' + str(len(misses)) + ' miss(es)' if misses else 'passes'} |")
+            lines.append(
+                f"| {name} | {f['mean']:.6f} | {f['min']:.6f} | {f['top1']:.3f} | "
+                f"{f['worst_item']} | {'refused: ' + str(len(misses)) + ' miss(es)' if misses else 'passes'} |"
+            )
         if run is not first:
             same = run["failures"] == first["failures"]
-            lines += ["", f"Against `{first['arm']}`: verdicts {'identical' if same else 'DIFFERENT'}; "
-                      f"largest difference of any figure (overall and per bucket, mean and min) "
-                      f"{largest_difference(first['figures'], run['figures']):.1e}."]
+            lines += [
+                "",
+                f"Against `{first['arm']}`: verdicts {'identical' if same else 'DIFFERENT'}; "
+                f"largest difference of any figure (overall and per bucket, mean and min) "
+                f"{largest_difference(first['figures'], run['figures']):.1e}.",
+            ]
         lines.append("")
     return lines
 
@@ -151,19 +194,38 @@ def main() -> int:
     from benchmarks.shared.common import machine_info, results_markdown, write_results
 
     info = machine_info()
-    weights = sum(p.stat().st_size for p in args.folder.iterdir()
-                  if p.name in ("vision.onnx", "vision.onnx_data", "text.onnx", "text.onnx_data"))
+    weights = sum(
+        p.stat().st_size
+        for p in args.folder.iterdir()
+        if p.name in ("vision.onnx", "vision.onnx_data", "text.onnx", "text.onnx_data")
+    )
     runs = []
     for arm in args.arms.split(","):
         if arm not in ARMS:
             parser.error(f"unknown arm {arm!r}; known: {sorted(ARMS)}")
         out = args.folder.parent / f"gate-memory-{arm}.json"
-        subprocess.run([sys.executable, "-m", __spec__.name, str(args.folder), "--variants", args.variants,
-                        "--child", arm, "--out", str(out)], check=True,
-                       env={**os.environ, **ARMS[arm][0]})
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                __spec__.name,
+                str(args.folder),
+                "--variants",
+                args.variants,
+                "--child",
+                arm,
+                "--out",
+                str(out),
+            ],
+            check=True,
+            env={**os.environ, **ARMS[arm][0]},
+        )
         runs.append(json.loads(out.read_text()))
-    text = results_markdown("The variant gate's memory per model and part, by arm", info,
-                            markdown(info, args.folder, weights, runs))
+    text = results_markdown(
+        "The variant gate's memory per model and part, by arm",
+        info,
+        markdown(info, args.folder, weights, runs),
+    )
     print(text)
     if args.results:
         write_results(args.results, text, info, {"folder": str(args.folder), "runs": runs})

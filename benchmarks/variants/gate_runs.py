@@ -45,10 +45,14 @@ def main() -> int:
     label = f"{args.variant} {args.arm}"
     print(f"{label}: loaded {rss_bytes() / 1e9:.2f} GB", flush=True)
     pages, queries = E.gate_pages(model), E.gate_queries(model)
-    runs = [("query at the bound", lambda: model.embed_queries([queries[-1][1]])),
-            ("full-budget page", lambda: model.embed_images([pages[4][1]], batch_size=1)),
-            ("pair: full-budget + smallest",
-             lambda: model.embed_images([pages[4][1], pages[3][1]], batch_size=2))]
+    runs = [
+        ("query at the bound", lambda: model.embed_queries([queries[-1][1]])),
+        ("full-budget page", lambda: model.embed_images([pages[4][1]], batch_size=1)),
+        (
+            "pair: full-budget + smallest",
+            lambda: model.embed_images([pages[4][1], pages[3][1]], batch_size=2),
+        ),
+    ]
     for name, run in runs:
         release_memory()
         before = rss_bytes()
@@ -57,8 +61,11 @@ def main() -> int:
         run()
         seconds = time.perf_counter() - start
         peak = peak_rss_bytes()
-        print(f"{label}: {name}: peak {peak / 1e9:.2f} GB (+{(peak - before) / 1e9:.2f} over "
-              f"{before / 1e9:.2f}), {seconds:.1f} s", flush=True)
+        print(
+            f"{label}: {name}: peak {peak / 1e9:.2f} GB (+{(peak - before) / 1e9:.2f} over "
+            f"{before / 1e9:.2f}), {seconds:.1f} s",
+            flush=True,
+        )
     return 0
 
 

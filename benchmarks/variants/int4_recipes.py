@@ -92,11 +92,18 @@ def figures(items, got, want) -> dict[str, Any]:
         buckets.setdefault(bucket_name(kind, tokens), []).append(cos)
         if cos.min() < worst[0]:
             worst = (float(cos.min()), name)
-    rows = {k: {"mean": float(np.concatenate(v).mean()), "min": float(np.concatenate(v).min())}
-            for k, v in buckets.items()}
+    rows = {
+        k: {"mean": float(np.concatenate(v).mean()), "min": float(np.concatenate(v).min())}
+        for k, v in buckets.items()
+    }
     every = np.concatenate([np.concatenate(v) for v in buckets.values()])
-    return {"buckets": rows, "mean": float(every.mean()), "min": float(every.min()),
-            "worst_item": worst[1], "bucket_means_min": min(r["mean"] for r in rows.values())}
+    return {
+        "buckets": rows,
+        "mean": float(every.mean()),
+        "min": float(every.min()),
+        "worst_item": worst[1],
+        "bucket_means_min": min(r["mean"] for r in rows.values()),
+    }
 
 
 def report(args, info, arms, fp32_bytes, fp32_query_seconds) -> str:
@@ -105,28 +112,48 @@ def report(args, info, arms, fp32_bytes, fp32_query_seconds) -> str:
     from benchmarks.shared.common import results_markdown, write_results
 
     gate = GATES["int4"]
-    buckets = sorted({b for r in arms.values() for b in r["buckets"]},
-                     key=lambda b: (b.split()[0], int(b.split()[1].split("-")[0].rstrip("+"))))
-    lines = [f"Configuration `{args.config}`; fp32 text graph {fp32_bytes / 1e9:.3f} GB, the gate's "
-             f"queries in {fp32_query_seconds:.1f} s (one pass, fp32). Text graph only: per-token "
-             "cosine of each arm's text-graph output to fp32's on the gate's items (pages' image "
-             "features from the fp32 vision graph), mean / min per bucket. The int4 gate: every "
-             f"bucket's mean >= {gate.mean_cosine}.", "",
-             "| arm | knobs | " + " | ".join(buckets) + " | all | text graph GB | queries s |",
-             "|---|---|" + "---:|" * (len(buckets) + 3)]
+    buckets = sorted(
+        {b for r in arms.values() for b in r["buckets"]},
+        key=lambda b: (b.split()[0], int(b.split()[1].split("-")[0].rstrip("+"))),
+    )
+    lines = [
+        f"Configuration `{args.config}`; fp32 text graph {fp32_bytes / 1e9:.3f} GB, the gate's "
+        f"queries in {fp32_query_seconds:.1f} s (one pass, fp32). Text graph only: per-token "
+        "cosine of each arm's text-graph output to fp32's on the gate's items (pages' image "
+        "features from the fp32 vision graph), mean / min per bucket. The int4 gate: every "
+        f"bucket's mean >= {gate.mean_cosine}.",
+        "",
+        "| arm | knobs | " + " | ".join(buckets) + " | all | text graph GB | queries s |",
+        "|---|---|" + "---:|" * (len(buckets) + 3),
+    ]
     for name, row in arms.items():
-        cells = [f"{row['buckets'][b]['mean']:.5f} / {row['buckets'][b]['min']:.4f}"
-                 if b in row["buckets"] else "" for b in buckets]
+        cells = [
+            f"{row['buckets'][b]['mean']:.5f} / {row['buckets'][b]['min']:.4f}"
+            if b in row["buckets"]
+            else ""
+            for b in buckets
+        ]
         holds = row["bucket_means_min"] >= gate.mean_cosine
-        lines.append(f"| {'**' + name + '**' if holds else name} | `{row['spec'].partition(':')[2]}` | "
-                     + " | ".join(cells) + f" | {row['mean']:.5f} / {row['min']:.4f} | "
-                     f"{row['text_bytes'] / 1e9:.3f} | {row['query_seconds']:.1f} |")
+        lines.append(
+            f"| {'**' + name + '**' if holds else name} | `{row['spec'].partition(':')[2]}` | "
+            + " | ".join(cells)
+            + f" | {row['mean']:.5f} / {row['min']:.4f} | "
+            f"{row['text_bytes'] / 1e9:.3f} | {row['query_seconds']:.1f} |"
+        )
     lines += ["", "Bold: every bucket's mean at or above the int4 gate's mean (text graph alone)."]
     text = results_markdown(f"int4 text-graph recipes against fp32 ({args.config})", info, lines)
     if args.results:
-        write_results(args.results, text, info, {"config": args.config, "arms": arms,
-                                                 "fp32_text_bytes": fp32_bytes,
-                                                 "fp32_query_seconds": fp32_query_seconds})
+        write_results(
+            args.results,
+            text,
+            info,
+            {
+                "config": args.config,
+                "arms": arms,
+                "fp32_text_bytes": fp32_bytes,
+                "fp32_query_seconds": fp32_query_seconds,
+            },
+        )
     return text
 
 
@@ -147,18 +174,33 @@ def weight_error(depth: int = 2560, width: int = 4096, tokens: int = 64) -> list
                 if bits == 4:
                     packed, scales, zeros = quantised_weight_4bit(w, block, symmetric)
                     codes = np.stack([packed & 15, packed >> 4], -1).reshape(width, -1, block)
-                    zero = (8.0 if symmetric else np.stack([zeros & 15, zeros >> 4], -1).reshape(
-                        width, -1)[:, :codes.shape[1], None])
+                    zero = (
+                        8.0
+                        if symmetric
+                        else np.stack([zeros & 15, zeros >> 4], -1).reshape(width, -1)[
+                            :, : codes.shape[1], None
+                        ]
+                    )
                 else:
                     codes, scales, zeros = quantised_weight_8bit(w, block, symmetric)
                     zero = 128.0 if symmetric else zeros[..., None]
                 values = (codes.astype(np.float64) - zero) * scales[..., None]
                 got = x @ values.reshape(width, -1)[:, :depth].T
-                cos = np.sum(got * want, 1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
-                rows.append({"bits": bits, "block": block, "symmetric": symmetric,
-                             "relative_error": float(np.linalg.norm(got - want) / np.linalg.norm(want)),
-                             "cosine": float(cos.mean()),
-                             "bits_per_weight": bits + 32 / block + (0 if symmetric else bits / block)})
+                cos = (
+                    np.sum(got * want, 1)
+                    / np.linalg.norm(got, axis=1)
+                    / np.linalg.norm(want, axis=1)
+                )
+                rows.append(
+                    {
+                        "bits": bits,
+                        "block": block,
+                        "symmetric": symmetric,
+                        "relative_error": float(np.linalg.norm(got - want) / np.linalg.norm(want)),
+                        "cosine": float(cos.mean()),
+                        "bits_per_weight": bits + 32 / block + (0 if symmetric else bits / block),
+                    }
+                )
     return rows
 
 
@@ -166,9 +208,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="4b-2+2-random")
     parser.add_argument("--arm", action="append", help="name:knobs (see above)")
-    parser.add_argument("--weight-error", action="store_true", help="instead: one MatMul's error "
-                        "per block format (4/8 bits, blocks 16-128, asymmetric/symmetric) on a "
-                        "random 2560x4096 weight, in numpy")
+    parser.add_argument(
+        "--weight-error",
+        action="store_true",
+        help="instead: one MatMul's error "
+        "per block format (4/8 bits, blocks 16-128, asymmetric/symmetric) on a "
+        "random 2560x4096 weight, in numpy",
+    )
     parser.add_argument("--results", help="path without extension")
     args = parser.parse_args()
     if args.weight_error:
@@ -176,14 +222,20 @@ def main() -> int:
 
         info = machine_info()
         rows = weight_error()
-        lines = ["One MatMul, a random 2560x4096 weight (normal, std 0.02) quantised by onnxruntime's "
-                 "own block quantisers (quantise.quantised_weight_4bit / _8bit), dequantised in "
-                 "numpy, times 64 random rows (fp32 activations: the weights' error alone).", "",
-                 "| bits | block | zero points | bits per weight (with fp32 scales) | relative error "
-                 "of the product | mean per-row cosine |", "|---:|---:|---|---:|---:|---:|"]
-        lines += [f"| {r['bits']} | {r['block']} | {'none (symmetric)' if r['symmetric'] else 'yes'} | "
-                  f"{r['bits_per_weight']:.2f} | {r['relative_error']:.4f} | {r['cosine']:.6f} |"
-                  for r in rows]
+        lines = [
+            "One MatMul, a random 2560x4096 weight (normal, std 0.02) quantised by onnxruntime's "
+            "own block quantisers (quantise.quantised_weight_4bit / _8bit), dequantised in "
+            "numpy, times 64 random rows (fp32 activations: the weights' error alone).",
+            "",
+            "| bits | block | zero points | bits per weight (with fp32 scales) | relative error "
+            "of the product | mean per-row cosine |",
+            "|---:|---:|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {r['bits']} | {r['block']} | {'none (symmetric)' if r['symmetric'] else 'yes'} | "
+            f"{r['bits_per_weight']:.2f} | {r['relative_error']:.4f} | {r['cosine']:.6f} |"
+            for r in rows
+        ]
         text = results_markdown("MatMulNBits block formats: one MatMul's weight error", info, lines)
         if args.results:
             write_results(args.results, text, info, {"rows": rows})
@@ -226,14 +278,22 @@ def main() -> int:
         got, seconds = run_graph(work / "text.arm.onnx", feeds)
         query_seconds = sum(t for t, q in zip(seconds, is_query) if q)
         size = sum(p.stat().st_size for p in work.glob("text.arm.onnx*"))
-        arms[name] = {"spec": text, "knobs": {k: list(v) if isinstance(v, tuple) else v
-                                              for k, v in knobs.items()},
-                      **figures(items, got, want), "text_bytes": size,
-                      "query_seconds": round(query_seconds, 2), "made_seconds": round(made, 1)}
+        arms[name] = {
+            "spec": text,
+            "knobs": {k: list(v) if isinstance(v, tuple) else v for k, v in knobs.items()},
+            **figures(items, got, want),
+            "text_bytes": size,
+            "query_seconds": round(query_seconds, 2),
+            "made_seconds": round(made, 1),
+        }
         row = arms[name]
-        print(f"{name}: mean {row['mean']:.5f} min {row['min']:.5f} worst bucket mean "
-              f"{row['bucket_means_min']:.5f} size {size / 1e9:.3f} GB queries "
-              f"{query_seconds:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"{name}: mean {row['mean']:.5f} min {row['min']:.5f} worst bucket mean "
+            f"{row['bucket_means_min']:.5f} size {size / 1e9:.3f} GB queries "
+            f"{query_seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         report(args, info, arms, fp32_bytes, fp32_query_seconds)
     for old in work.glob("text.arm.onnx*"):
         old.unlink()

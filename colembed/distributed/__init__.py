@@ -20,8 +20,15 @@ from .targets import ParquetTarget, QdrantTarget, read_points
 __all__ = ["ParquetTarget", "QdrantTarget", "index_with_ray", "read_points"]
 
 
-def index_with_ray(paths: Iterable[str], target, *, model, address: str | None = None,
-                   progress: bool = True, **options: Any):
+def index_with_ray(
+    paths: Iterable[str],
+    target,
+    *,
+    model,
+    address: str | None = None,
+    progress: bool = True,
+    **options: Any,
+):
     """`pipeline.run` on the Ray cluster this process is connected to, else on the one at
     `address` ("auto": the cluster this node belongs to; None or "local": a local Ray started
     and shut down here). Options: actors, batch_size, cpus_per_actor, providers, variant,

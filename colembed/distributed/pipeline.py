@@ -29,8 +29,16 @@ from typing import Any, Iterable
 
 import ray
 
-from ..index.records import (AddResult, Catalog, FileReport, ModelIdentity, default_source,
-                             file_report, options_of, stale_ids)
+from ..index.records import (
+    AddResult,
+    Catalog,
+    FileReport,
+    ModelIdentity,
+    default_source,
+    file_report,
+    options_of,
+    stale_ids,
+)
 from ..index.sources import discover, kind_of
 from ..layout import BASE_VARIANT
 from ..manifest import read_manifest
@@ -40,15 +48,24 @@ from .targets import ParquetTarget, StoreWriter, write_part
 MAX_DOCUMENT_BLOCKS = 4096  # documents are split into at most this many blocks
 
 
-def model_identity(folder: str | os.PathLike, variant: str = BASE_VARIANT,
-                   max_image_tokens: int | None = None, dpi: float | None = None,
-                   schema: int | None = None) -> dict[str, Any]:
+def model_identity(
+    folder: str | os.PathLike,
+    variant: str = BASE_VARIANT,
+    max_image_tokens: int | None = None,
+    dpi: float | None = None,
+    schema: int | None = None,
+) -> dict[str, Any]:
     """The identity `colembed.Index` stamps on every page (`index.records.ModelIdentity`), read
     from the folder without loading it."""
     from ..index.schema import SCHEMA_VERSION
 
-    return ModelIdentity.of_folder(folder, variant=variant, max_image_tokens=max_image_tokens,
-                                   dpi=dpi, schema=schema or SCHEMA_VERSION).payload()
+    return ModelIdentity.of_folder(
+        folder,
+        variant=variant,
+        max_image_tokens=max_image_tokens,
+        dpi=dpi,
+        schema=schema or SCHEMA_VERSION,
+    ).payload()
 
 
 def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], AddResult]:
@@ -57,8 +74,9 @@ def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], Ad
     `filesystem`, each path is a file or a folder listed recursively on it."""
     if filesystem is None:
         found = discover(paths)
-        return [str(p) for p in found.documents], AddResult.of_discovery(found.ignored,
-                                                                           found.missing)
+        return [str(p) for p in found.documents], AddResult.of_discovery(
+            found.ignored, found.missing
+        )
     import pyarrow.fs as pafs
 
     documents, report = [], AddResult()
@@ -74,12 +92,24 @@ def list_documents(paths: Iterable[str], filesystem=None) -> tuple[list[str], Ad
     return list(dict.fromkeys(documents)), report
 
 
-def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int = 1,
-        batch_size: int = 4, cpus_per_actor: float = 1, providers: Any = None,
-        variant: str | None = None, max_image_tokens: int | None = None,
-        dpi: float | None = None, filesystem=None, writers: int = 1,
-        actor_options: dict[str, Any] | None = None, source: str | None = None,
-        crash_once: tuple[str, int] | None = None) -> AddResult:
+def run(
+    paths: Iterable[str],
+    target,
+    *,
+    model: str | os.PathLike,
+    actors: int = 1,
+    batch_size: int = 4,
+    cpus_per_actor: float = 1,
+    providers: Any = None,
+    variant: str | None = None,
+    max_image_tokens: int | None = None,
+    dpi: float | None = None,
+    filesystem=None,
+    writers: int = 1,
+    actor_options: dict[str, Any] | None = None,
+    source: str | None = None,
+    crash_once: tuple[str, int] | None = None,
+) -> AddResult:
     """Index `paths` into `target` (a `QdrantTarget` or `ParquetTarget`) on the Ray cluster this
     process is connected to (see `index_with_ray` for starting one). Returns what
     `colembed.Index.add` returns: files added, skipped and failed with their reasons. `variant`,
@@ -95,19 +125,36 @@ def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int =
         variant = variant or built.get("variant") or BASE_VARIANT
         max_image_tokens = max_image_tokens or built.get("max_image_tokens")
         dpi = dpi if dpi is not None else built.get("dpi")
-        identity = ModelIdentity.of_folder(folder, variant=variant,
-                                           max_image_tokens=max_image_tokens, dpi=dpi,
-                                           schema=target.schema,
-                                           pool_factor=built.get("pool_factor", 1))
+        identity = ModelIdentity.of_folder(
+            folder,
+            variant=variant,
+            max_image_tokens=max_image_tokens,
+            dpi=dpi,
+            schema=target.schema,
+            pool_factor=built.get("pool_factor", 1),
+        )
         identity.check(stored[0][1] if stored else None, target.location)
         pages = documents and _pipeline(
-            documents, actors=actors, actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor),
-            embedder=dict(folder=str(folder), identity=identity.payload(), crash_once=crash_once,
-                          stored=frozenset(pid for pid, _ in stored), batch_size=batch_size,
-                          dpi=dpi, filesystem=filesystem, source=source,
-                          load_options=dict(variant=variant, providers=providers,
-                                            max_image_tokens=max_image_tokens,
-                                            threads=max(1, round(cpus_per_actor)))))
+            documents,
+            actors=actors,
+            actor_args=dict(actor_options or {}, num_cpus=cpus_per_actor),
+            embedder=dict(
+                folder=str(folder),
+                identity=identity.payload(),
+                crash_once=crash_once,
+                stored=frozenset(pid for pid, _ in stored),
+                batch_size=batch_size,
+                dpi=dpi,
+                filesystem=filesystem,
+                source=source,
+                load_options=dict(
+                    variant=variant,
+                    providers=providers,
+                    max_image_tokens=max_image_tokens,
+                    threads=max(1, round(cpus_per_actor)),
+                ),
+            ),
+        )
         rows = _write(pages, target, writers) if documents else []
         _report(rows, documents, stored, target, result, source)
         target.flush()
@@ -119,10 +166,16 @@ def run(paths: Iterable[str], target, *, model: str | os.PathLike, actors: int =
 def _pipeline(documents, *, actors, embedder, actor_args):
     """One document per actor call: the unit Ray retries, and the one PDF an actor opens."""
     blocks = max(1, min(len(documents), MAX_DOCUMENT_BLOCKS))
-    return (ray.data.from_items([{"path": d} for d in documents], override_num_blocks=blocks)
-            .map_batches(PageEmbedder, batch_size=1, batch_format="numpy",
-                         compute=ray.data.ActorPoolStrategy(size=actors),
-                         fn_constructor_kwargs=embedder, **actor_args))
+    return ray.data.from_items(
+        [{"path": d} for d in documents], override_num_blocks=blocks
+    ).map_batches(
+        PageEmbedder,
+        batch_size=1,
+        batch_format="numpy",
+        compute=ray.data.ActorPoolStrategy(size=actors),
+        fn_constructor_kwargs=embedder,
+        **actor_args,
+    )
 
 
 def _write(pages, target, writers: int) -> list[dict[str, Any]]:
@@ -135,12 +188,22 @@ def _write(pages, target, writers: int) -> list[dict[str, Any]]:
             rows += [dict(zip(summary, values)) for values in zip(*summary.values())]
         return rows
     if isinstance(target, ParquetTarget):
-        written = pages.map_batches(write_part, batch_size=None, batch_format="numpy",
-                                    num_cpus=0, fn_kwargs=target.writer_args())
+        written = pages.map_batches(
+            write_part,
+            batch_size=None,
+            batch_format="numpy",
+            num_cpus=0,
+            fn_kwargs=target.writer_args(),
+        )
     else:
-        written = pages.map_batches(StoreWriter, batch_size=None, batch_format="numpy",
-                                    num_cpus=0, compute=ray.data.ActorPoolStrategy(size=writers),
-                                    fn_constructor_kwargs=target.writer_args())
+        written = pages.map_batches(
+            StoreWriter,
+            batch_size=None,
+            batch_format="numpy",
+            num_cpus=0,
+            compute=ray.data.ActorPoolStrategy(size=writers),
+            fn_constructor_kwargs=target.writer_args(),
+        )
     return written.take_all()
 
 
@@ -163,8 +226,12 @@ def _report(rows, documents, stored, target, result: AddResult, source: str) -> 
         end = ends[0]
         stale = stale_ids(catalog, path, end["sha256"], source)
         target.delete(stale)
-        file_report(result, path, pages=end["pages"],
-                    stored=len({r["page"] for r in unique if r["status"] == PAGE}),
-                    had=end["page"], errors={int(n): why for n, why in
-                                             json.loads(end["reason"]).items()},
-                    stale=bool(stale))
+        file_report(
+            result,
+            path,
+            pages=end["pages"],
+            stored=len({r["page"] for r in unique if r["status"] == PAGE}),
+            had=end["page"],
+            errors={int(n): why for n, why in json.loads(end["reason"]).items()},
+            stale=bool(stale),
+        )

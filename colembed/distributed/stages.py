@@ -28,13 +28,22 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..index.records import (ModelIdentity, default_source, embed_keeping_going, page_failure,
-                              page_payload)
+from ..index.records import (
+    ModelIdentity,
+    default_source,
+    embed_keeping_going,
+    page_failure,
+    page_payload,
+)
 from ..index.schema import COLS_VECTOR, PAGE_VECTOR, ROWS_VECTOR, PagePoint, make_point, point_id
 from ..index.sources import HASH_CHUNK, Document, SourceError
 
 PAGE, FILE, FAILED = "page", "file", "failed"
-VECTOR_COLUMNS = {PAGE_VECTOR: "page_vectors", ROWS_VECTOR: "rows_vectors", COLS_VECTOR: "cols_vectors"}
+VECTOR_COLUMNS = {
+    PAGE_VECTOR: "page_vectors",
+    ROWS_VECTOR: "rows_vectors",
+    COLS_VECTOR: "cols_vectors",
+}
 META_COLUMNS = ("path", "page", "pages", "sha256", "status", "reason")
 COPY_PREFIX = "colembed-doc-"
 
@@ -83,16 +92,29 @@ class PageEmbedder:
     restarted actor and the others alive), as a node lost mid-job would.
     """
 
-    def __init__(self, folder: str, identity: dict[str, Any], *, load_options: dict[str, Any],
-                 source: str | None = None, stored: frozenset[str] = frozenset(),
-                 batch_size: int = 4,
-                 dpi: float | None = None, filesystem=None,
-                 crash_once: tuple[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        folder: str,
+        identity: dict[str, Any],
+        *,
+        load_options: dict[str, Any],
+        source: str | None = None,
+        stored: frozenset[str] = frozenset(),
+        batch_size: int = 4,
+        dpi: float | None = None,
+        filesystem=None,
+        crash_once: tuple[str, int] | None = None,
+    ) -> None:
         from ..model import load
 
         self.model = load(folder, **load_options)
         self.identity, self.source = ModelIdentity(**identity), source or default_source()
-        self.stored, self.batch_size, self.dpi, self.filesystem = stored, batch_size, dpi, filesystem
+        self.stored, self.batch_size, self.dpi, self.filesystem = (
+            stored,
+            batch_size,
+            dpi,
+            filesystem,
+        )
         self.crash_once, self.batches = crash_once, 0
         self.renderer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="colembed-render")
 
@@ -105,12 +127,16 @@ class PageEmbedder:
         a document that cannot be opened is one "failed" row."""
         try:
             with _local_copy(path, self.filesystem) as (local, sha):
-                with Document(local, max_pixels=self.model.config.max_pixels, dpi=self.dpi,
-                              sha256=sha) as doc:
+                with Document(
+                    local, max_pixels=self.model.config.max_pixels, dpi=self.dpi, sha256=sha
+                ) as doc:
                     sha = doc.sha256
                     meta = dict(path=path, pages=doc.pages, sha256=sha)
-                    todo = [n for n in range(1, doc.pages + 1)
-                            if point_id(sha, n, path) not in self.stored]
+                    todo = [
+                        n
+                        for n in range(1, doc.pages + 1)
+                        if point_id(sha, n, path) not in self.stored
+                    ]
                     errors: dict[int, str] = {}
                     yield from self._embed_pages(doc, meta, todo, errors)
         except Exception as e:  # noqa: BLE001 (a document that cannot be read fails, not the job)
@@ -119,13 +145,14 @@ class PageEmbedder:
             return
         yield _columns([_meta_row(meta, doc.pages - len(todo), FILE, json.dumps(errors))])
 
-    def _embed_pages(self, doc, meta: dict[str, Any], todo: list[int],
-                     errors: dict[int, str]) -> Iterator[dict[str, list]]:
+    def _embed_pages(
+        self, doc, meta: dict[str, Any], todo: list[int], errors: dict[int, str]
+    ) -> Iterator[dict[str, list]]:
         """Embed `todo` a batch at a time while the render thread renders the next batch, as the
         single-process indexer overlaps them (one render in flight: pdfium is not thread-safe;
         none is left running when this returns, so the document can be closed). Bad pages go
         to `errors` and the others on."""
-        chunks = [todo[i:i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
+        chunks = [todo[i : i + self.batch_size] for i in range(0, len(todo), self.batch_size)]
         ahead = self.renderer.submit(_render, doc, chunks[0]) if chunks else None
         try:
             for i, pages in enumerate(chunks):
@@ -139,14 +166,17 @@ class PageEmbedder:
             if ahead is not None:
                 wait([ahead])
 
-    def _embed(self, meta: dict[str, Any], pages: list[tuple[int, Any]],
-               errors: dict[int, str]) -> list[dict]:
+    def _embed(
+        self, meta: dict[str, Any], pages: list[tuple[int, Any]], errors: dict[int, str]
+    ) -> list[dict]:
         """Point rows of `pages` ((page, image)); a page the model rejects goes to `errors`."""
         out: list[dict] = []
 
         def hand(first: int, results: list) -> None:
-            out.extend(self._point_row(meta, n, image.size, v, lay)
-                       for (n, image), (v, lay) in zip(pages[first:], results))
+            out.extend(
+                self._point_row(meta, n, image.size, v, lay)
+                for (n, image), (v, lay) in zip(pages[first:], results)
+            )
 
         bad = embed_keeping_going(self.model, [image for _, image in pages], len(pages) or 1, hand)
         errors.update({pages[i][0]: why for i, why in bad.items()})
@@ -154,14 +184,28 @@ class PageEmbedder:
         self._maybe_crash()
         return out
 
-    def _point_row(self, meta: dict[str, Any], page: int, size: tuple[int, int],
-                   vectors: np.ndarray, layout) -> dict[str, Any]:
-        point = make_point(vectors, layout, page_payload(
-            self.identity, path=meta["path"], page=page, pages=meta["pages"],
-            sha256=meta["sha256"], size=size, source=self.source))
+    def _point_row(
+        self, meta: dict[str, Any], page: int, size: tuple[int, int], vectors: np.ndarray, layout
+    ) -> dict[str, Any]:
+        point = make_point(
+            vectors,
+            layout,
+            page_payload(
+                self.identity,
+                path=meta["path"],
+                page=page,
+                pages=meta["pages"],
+                sha256=meta["sha256"],
+                size=size,
+                source=self.source,
+            ),
+        )
         out = _meta_row(meta, page, PAGE, "")
-        out.update(id=point.id, payload=json.dumps(point.payload, sort_keys=True),
-                   **{VECTOR_COLUMNS[n]: point.vectors[n].tobytes() for n in VECTOR_COLUMNS})
+        out.update(
+            id=point.id,
+            payload=json.dumps(point.payload, sort_keys=True),
+            **{VECTOR_COLUMNS[n]: point.vectors[n].tobytes() for n in VECTOR_COLUMNS},
+        )
         return out
 
     def _maybe_crash(self) -> None:
@@ -188,9 +232,17 @@ def _render(doc, pages: list[int]) -> dict[int, Any]:
 
 def _meta_row(meta: dict[str, Any], page: int, status: str, reason: str) -> dict[str, Any]:
     """A row without a point (skipped, failed), or the start of a point row."""
-    return dict(path=meta["path"], page=page, pages=meta["pages"], sha256=meta["sha256"],
-                status=status, reason=reason, id="", payload="",
-                **{c: b"" for c in VECTOR_COLUMNS.values()})
+    return dict(
+        path=meta["path"],
+        page=page,
+        pages=meta["pages"],
+        sha256=meta["sha256"],
+        status=status,
+        reason=reason,
+        id="",
+        payload="",
+        **{c: b"" for c in VECTOR_COLUMNS.values()},
+    )
 
 
 def _plain(value: Any) -> Any:
@@ -209,8 +261,10 @@ def page_points(batch: dict[str, Any], dim: int) -> list[PagePoint]:
     for i, status in enumerate(batch["status"]):
         if status != PAGE:
             continue
-        vectors = {name: np.frombuffer(batch[col][i], dtype=np.float32).reshape(-1, dim)
-                   for name, col in VECTOR_COLUMNS.items()}
+        vectors = {
+            name: np.frombuffer(batch[col][i], dtype=np.float32).reshape(-1, dim)
+            for name, col in VECTOR_COLUMNS.items()
+        }
         points.append(PagePoint(str(batch["id"][i]), vectors, json.loads(batch["payload"][i])))
     return points
 
@@ -218,4 +272,3 @@ def page_points(batch: dict[str, Any], dim: int) -> list[PagePoint]:
 def summary_rows(batch: dict[str, Any]) -> dict[str, list]:
     """The batch without its vectors and payloads: what the driver collects to report."""
     return {k: [_plain(v) for v in batch[k]] for k in (*META_COLUMNS, "id")}
-

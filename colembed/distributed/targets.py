@@ -43,11 +43,18 @@ class QdrantTarget:
     """A collection with `colembed.Index`'s schema: `location` (an Edge folder, or a local-mode
     folder with `local=True`) or `url` (+ `api_key`) of a Qdrant server."""
 
-    def __init__(self, location: str | None = None, *, url: str | None = None,
-                 api_key: str | None = None, collection: str | None = None,
-                 local: bool = False) -> None:
-        self.options = dict(location=location, url=url, api_key=api_key, collection=collection,
-                            local=local)
+    def __init__(
+        self,
+        location: str | None = None,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        collection: str | None = None,
+        local: bool = False,
+    ) -> None:
+        self.options = dict(
+            location=location, url=url, api_key=api_key, collection=collection, local=local
+        )
         self.location = f"{url or location} (collection {collection or 'default'})"
         self.store = None
 
@@ -58,9 +65,14 @@ class QdrantTarget:
 
     def open(self, dim: int) -> list[tuple[str, dict[str, Any]]]:
         """Open (creating the collection if new) on the driver; (id, payload) of stored points."""
-        self.store = open_store(self.options["location"], url=self.options["url"],
-                                api_key=self.options["api_key"], dim=dim,
-                                collection=self.options["collection"], local=self.options["local"])
+        self.store = open_store(
+            self.options["location"],
+            url=self.options["url"],
+            api_key=self.options["api_key"],
+            dim=dim,
+            collection=self.options["collection"],
+            local=self.options["local"],
+        )
         return self.store.payloads()
 
     @property
@@ -108,8 +120,11 @@ class ParquetTarget:
 
     def __init__(self, folder: str, *, filesystem: pafs.FileSystem | None = None) -> None:
         if filesystem is None:
-            filesystem, folder = pafs.FileSystem.from_uri(str(folder)) if "://" in str(folder) \
+            filesystem, folder = (
+                pafs.FileSystem.from_uri(str(folder))
+                if "://" in str(folder)
                 else (pafs.LocalFileSystem(), str(folder))
+            )
         self.folder, self.filesystem, self.dim = str(folder), filesystem, None
         self.location = f"{self.folder} (Parquet)"
 
@@ -121,9 +136,12 @@ class ParquetTarget:
         if not parts:
             return []
         table = pads.dataset(parts, format="parquet", filesystem=self.filesystem).to_table(
-            columns=["id", "payload"])
-        return [(i, json.loads(p)) for i, p in dict(zip(table["id"].to_pylist(),
-                                                        table["payload"].to_pylist())).items()]
+            columns=["id", "payload"]
+        )
+        return [
+            (i, json.loads(p))
+            for i, p in dict(zip(table["id"].to_pylist(), table["payload"].to_pylist())).items()
+        ]
 
     def parts(self) -> list[str]:
         """The finished part files (temporary ones start with a dot and are not listed)."""
@@ -131,8 +149,13 @@ class ParquetTarget:
             infos = self.filesystem.get_file_info(pafs.FileSelector(self.folder))
         except FileNotFoundError:
             return []
-        return sorted(i.path for i in infos if i.is_file and i.base_name.startswith(PART_PREFIX)
-                      and i.base_name.endswith(PART_SUFFIX))
+        return sorted(
+            i.path
+            for i in infos
+            if i.is_file
+            and i.base_name.startswith(PART_PREFIX)
+            and i.base_name.endswith(PART_SUFFIX)
+        )
 
     def writer_args(self) -> dict[str, Any]:
         return dict(folder=self.folder, filesystem=self.filesystem, dim=self.dim)
@@ -150,14 +173,22 @@ class ParquetTarget:
 
 def part_schema(dim: int) -> pa.Schema:
     multivector = pa.list_(pa.list_(pa.float32(), dim))
-    return pa.schema([("path", pa.string()), ("page", pa.int32()), ("pages", pa.int32()),
-                      ("sha256", pa.string()), ("id", pa.string()),
-                      *[(col, multivector) for col in VECTOR_COLUMNS.values()],
-                      ("payload", pa.string())])
+    return pa.schema(
+        [
+            ("path", pa.string()),
+            ("page", pa.int32()),
+            ("pages", pa.int32()),
+            ("sha256", pa.string()),
+            ("id", pa.string()),
+            *[(col, multivector) for col in VECTOR_COLUMNS.values()],
+            ("payload", pa.string()),
+        ]
+    )
 
 
-def write_part(batch: dict[str, Any], *, folder: str, filesystem: pafs.FileSystem,
-               dim: int) -> dict[str, list]:
+def write_part(
+    batch: dict[str, Any], *, folder: str, filesystem: pafs.FileSystem, dim: int
+) -> dict[str, list]:
     """Write a batch's points as one part file, atomically (a hidden temporary name, then a move);
     the name is the hash of the sorted ids, so a retried batch replaces its own file."""
     points = page_points(batch, dim)
@@ -173,9 +204,12 @@ def write_part(batch: dict[str, Any], *, folder: str, filesystem: pafs.FileSyste
 
 def _table(points: list[PagePoint], dim: int) -> pa.Table:
     columns: dict[str, Any] = {
-        "path": [p.payload["path"] for p in points], "page": [p.payload["page"] for p in points],
+        "path": [p.payload["path"] for p in points],
+        "page": [p.payload["page"] for p in points],
         "pages": [p.payload["pages"] for p in points],
-        "sha256": [p.payload["sha256"] for p in points], "id": [p.id for p in points]}
+        "sha256": [p.payload["sha256"] for p in points],
+        "id": [p.id for p in points],
+    }
     for name, col in VECTOR_COLUMNS.items():
         columns[col] = _multivectors([p.vectors[name] for p in points], dim)
     columns["payload"] = [json.dumps(p.payload, sort_keys=True) for p in points]
@@ -217,10 +251,13 @@ def _part_points(part: str, filesystem: pafs.FileSystem) -> list[PagePoint]:
         raise InputError(f"{part}: not a readable Parquet file ({e})") from None
     missing = [c for c in REQUIRED_COLUMNS if c not in table.column_names]
     if missing:
-        raise InputError(f"{part}: no column {', '.join(missing)} (a part of a colembed Parquet "
-                         f"target has {', '.join(REQUIRED_COLUMNS)})")
-    columns = {col: _ragged(table[col].combine_chunks(), part, col)
-               for col in VECTOR_COLUMNS.values()}
+        raise InputError(
+            f"{part}: no column {', '.join(missing)} (a part of a colembed Parquet "
+            f"target has {', '.join(REQUIRED_COLUMNS)})"
+        )
+    columns = {
+        col: _ragged(table[col].combine_chunks(), part, col) for col in VECTOR_COLUMNS.values()
+    }
     points = []
     for i, (pid, payload) in enumerate(zip(table["id"].to_pylist(), table["payload"].to_pylist())):
         where = f"{part} row {i}"
@@ -240,11 +277,18 @@ def _ragged(column: pa.Array, part: str, name: str) -> list[np.ndarray]:
     list<fixed_size_list<float32, dim>>; variable-size inner lists are taken when every vector
     of a row has the same width) as one (vectors, width) float32 array per row."""
     kind = column.type
-    if not (pa.types.is_list(kind) or pa.types.is_large_list(kind)) or not (
-            pa.types.is_fixed_size_list(kind.value_type) or pa.types.is_list(kind.value_type)
-            or pa.types.is_large_list(kind.value_type)) or not (
+    if (
+        not (pa.types.is_list(kind) or pa.types.is_large_list(kind))
+        or not (
+            pa.types.is_fixed_size_list(kind.value_type)
+            or pa.types.is_list(kind.value_type)
+            or pa.types.is_large_list(kind.value_type)
+        )
+        or not (
             pa.types.is_floating(kind.value_type.value_type)
-            or pa.types.is_integer(kind.value_type.value_type)):
+            or pa.types.is_integer(kind.value_type.value_type)
+        )
+    ):
         raise InputError(f"{part}, column {name}: expected lists of float vectors, got {kind}")
     if column.null_count:
         row = int(np.flatnonzero(np.asarray(column.is_null()))[0])
@@ -252,8 +296,10 @@ def _ragged(column: pa.Array, part: str, name: str) -> list[np.ndarray]:
     offsets = column.offsets.to_numpy()
     rows = column.values  # every vector of every row
     if rows.null_count:
-        row = int(np.searchsorted(offsets, np.flatnonzero(np.asarray(rows.is_null()))[0],
-                                  side="right") - 1)
+        row = int(
+            np.searchsorted(offsets, np.flatnonzero(np.asarray(rows.is_null()))[0], side="right")
+            - 1
+        )
         raise InputError(f"{part} row {row}, column {name}: a null vector")
     if pa.types.is_fixed_size_list(rows.type):
         width = rows.type.list_size
@@ -263,12 +309,14 @@ def _ragged(column: pa.Array, part: str, name: str) -> list[np.ndarray]:
         if widths.size > 1:
             first = int(np.flatnonzero(lengths != lengths[0])[0])
             row = int(np.searchsorted(offsets, first, side="right") - 1)
-            raise InputError(f"{part} row {row}, column {name}: vectors of different widths "
-                             f"({lengths[0]} and {lengths[first]})")
+            raise InputError(
+                f"{part} row {row}, column {name}: vectors of different widths "
+                f"({lengths[0]} and {lengths[first]})"
+            )
         width = int(widths[0]) if widths.size else 0
     values = rows.flatten() if not pa.types.is_fixed_size_list(rows.type) else rows.values
     if values.null_count:
         raise InputError(f"{part}, column {name}: null numbers inside vectors")
     flat = values.to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
     flat = flat.reshape(len(rows), width) if width else flat.reshape(len(rows), 0)
-    return [flat[offsets[i]:offsets[i + 1]] for i in range(len(column))]
+    return [flat[offsets[i] : offsets[i + 1]] for i in range(len(column))]

@@ -42,6 +42,7 @@ class LabelledSetError(ColembedError, ValueError):
 @dataclass(frozen=True)
 class CorpusImage:
     """One corpus page given as image bytes (a Parquet row)."""
+
     id: str
     data: bytes
     where: str  # file and row, for errors
@@ -51,6 +52,7 @@ class CorpusImage:
 class LabelledSet:
     """Queries (id -> text), their labels (query id -> corpus id -> grade), and the corpus as
     one of: a folder of documents, explicit (file, page) -> id pairs, or images to write out."""
+
     name: str
     queries: dict[str, str]
     qrels: dict[str, dict[str, float]]
@@ -62,8 +64,9 @@ class LabelledSet:
 def read_labelled_set(folder: str | Path, split: str = "test") -> LabelledSet:
     root = Path(folder).expanduser()
     if not root.is_dir():
-        raise LabelledSetError(f"{root}: not a folder (a BEIR-style or ViDoRe / MTEB dataset "
-                               "folder is expected)")
+        raise LabelledSetError(
+            f"{root}: not a folder (a BEIR-style or ViDoRe / MTEB dataset folder is expected)"
+        )
     if (root / "queries.jsonl").is_file():
         return _read_beir(root, split)
     if all(_parquet_files(root, part, split) for part in PARQUET_PARTS):
@@ -71,7 +74,8 @@ def read_labelled_set(folder: str | Path, split: str = "test") -> LabelledSet:
     raise LabelledSetError(
         f"{root}: neither a BEIR-style folder (queries.jsonl, qrels/{split}.tsv, corpus/ or "
         "corpus.jsonl) nor a ViDoRe / MTEB dataset folder (Parquet under corpus/, queries/, "
-        "qrels/)")
+        "qrels/)"
+    )
 
 
 # ------------------------------------------------------------------------------------- BEIR
@@ -113,8 +117,10 @@ def _read_beir(root: Path, split: str) -> LabelledSet:
     elif (root / "corpus").is_dir():
         labelled.corpus_folder = root / "corpus"
     else:
-        raise LabelledSetError(f"{root}: no corpus (a corpus/ folder of documents, or "
-                               "corpus.jsonl naming each page's file)")
+        raise LabelledSetError(
+            f"{root}: no corpus (a corpus/ folder of documents, or "
+            "corpus.jsonl naming each page's file)"
+        )
     return labelled
 
 
@@ -127,11 +133,14 @@ def _read_qrels_tsv(path: Path) -> dict[str, dict[str, float]]:
             if n == 1 or not row or not "".join(row).strip():
                 continue  # the header
             if len(row) != 3:
-                raise LabelledSetError(f"{path} row {n}: {len(row)} columns, not 3 "
-                                       "(query-id, corpus-id, score)")
+                raise LabelledSetError(
+                    f"{path} row {n}: {len(row)} columns, not 3 (query-id, corpus-id, score)"
+                )
             qid, cid, score = (cell.strip() for cell in row)
             if not qid or not cid:
-                raise LabelledSetError(f"{path} row {n}: empty {'query-id' if not qid else 'corpus-id'}")
+                raise LabelledSetError(
+                    f"{path} row {n}: empty {'query-id' if not qid else 'corpus-id'}"
+                )
             qrels.setdefault(qid, {})[cid] = _score(score, f"{path} row {n}")
     return qrels
 
@@ -176,8 +185,9 @@ def _column(names: list[str], spellings: tuple[str, ...], path: Path) -> str:
     for name in spellings:
         if name in names:
             return name
-    raise LabelledSetError(f"{path}: no column {' or '.join(repr(s) for s in spellings)} "
-                           f"(columns: {', '.join(names)})")
+    raise LabelledSetError(
+        f"{path}: no column {' or '.join(repr(s) for s in spellings)} (columns: {', '.join(names)})"
+    )
 
 
 def _rows(path: Path, columns: list[tuple[str, ...]]) -> Iterator[tuple[int, list[Any]]]:
@@ -213,13 +223,19 @@ def _read_parquet_set(root: Path, split: str) -> LabelledSet:
             queries[qid] = text
     qrels: dict[str, dict[str, float]] = {}
     for path in _parquet_files(root, "qrels", split):
-        for n, (qid, cid, score) in _rows(path, [ID_SPELLINGS["query"], ID_SPELLINGS["corpus"],
-                                                 ("score",)]):
+        for n, (qid, cid, score) in _rows(
+            path, [ID_SPELLINGS["query"], ID_SPELLINGS["corpus"], ("score",)]
+        ):
             where = f"{path} row {n}"
             qrels.setdefault(_parquet_id(qid, f"{where}, column query id"), {})[
-                _parquet_id(cid, f"{where}, column corpus id")] = _score(score, where)
-    return LabelledSet(root.name, queries, qrels,
-                       corpus_images=_corpus_images(_parquet_files(root, "corpus", split)))
+                _parquet_id(cid, f"{where}, column corpus id")
+            ] = _score(score, where)
+    return LabelledSet(
+        root.name,
+        queries,
+        qrels,
+        corpus_images=_corpus_images(_parquet_files(root, "corpus", split)),
+    )
 
 
 def _corpus_images(files: list[Path]) -> Iterator[CorpusImage]:

@@ -47,7 +47,7 @@ class Row:
     recall: float
     mrr: float
     top1_agreement: float  # share of queries whose first page is the reference's
-    overlap: float         # mean share of the reference's top k in this top k
+    overlap: float  # mean share of the reference's top k in this top k
     reference: bool = False
 
 
@@ -55,10 +55,10 @@ class Row:
 class Report:
     dataset: str
     k: int
-    queries: int                # queries scored (with at least one relevant page)
-    skipped_queries: int        # queries without a relevant label
+    queries: int  # queries scored (with at least one relevant page)
+    skipped_queries: int  # queries without a relevant label
     corpus_pages: int
-    unknown_labels: int         # relevant labels naming no page of the corpus
+    unknown_labels: int  # relevant labels naming no page of the corpus
     rows: list[Row] = field(default_factory=list)
     rankings: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # setting -> qid -> ids
 
@@ -69,22 +69,35 @@ class Report:
 
     def table(self) -> str:
         k = self.k
-        head = (f"{'variant':<10} {'image tokens':>12} {'mode':<10} {f'nDCG@{k}':>8} "
-                f"{f'recall@{k}':>9} {f'MRR@{k}':>7} {'top-1 = fp32 exact':>18} "
-                f"{f'top-{k} overlap':>14}")
+        head = (
+            f"{'variant':<10} {'image tokens':>12} {'mode':<10} {f'nDCG@{k}':>8} "
+            f"{f'recall@{k}':>9} {f'MRR@{k}':>7} {'top-1 = fp32 exact':>18} "
+            f"{f'top-{k} overlap':>14}"
+        )
         lines = [head]
         for r in self.rows:
             tokens = "model's" if r.max_image_tokens is None else str(r.max_image_tokens)
-            lines.append(f"{r.variant:<10} {tokens:>12} {r.mode:<10} {r.ndcg:>8.4f} "
-                         f"{r.recall:>9.4f} {r.mrr:>7.4f} {r.top1_agreement:>18.3f} "
-                         f"{r.overlap:>14.3f}" + ("  (reference)" if r.reference else ""))
+            lines.append(
+                f"{r.variant:<10} {tokens:>12} {r.mode:<10} {r.ndcg:>8.4f} "
+                f"{r.recall:>9.4f} {r.mrr:>7.4f} {r.top1_agreement:>18.3f} "
+                f"{r.overlap:>14.3f}" + ("  (reference)" if r.reference else "")
+            )
         return "\n".join(lines)
 
 
-def evaluate(dataset: str | Path, model: Any, *, variants: Sequence[str] = (BASE_VARIANT,),
-             budgets: Sequence[int | None] = (None,), modes: Sequence[str] = DEFAULT_MODES,
-             k: int = 10, split: str = "test", work: str | Path | None = None,
-             progress: bool | None = False, note: Callable[[str], None] | None = None) -> Report:
+def evaluate(
+    dataset: str | Path,
+    model: Any,
+    *,
+    variants: Sequence[str] = (BASE_VARIANT,),
+    budgets: Sequence[int | None] = (None,),
+    modes: Sequence[str] = DEFAULT_MODES,
+    k: int = 10,
+    split: str = "test",
+    work: str | Path | None = None,
+    progress: bool | None = False,
+    note: Callable[[str], None] | None = None,
+) -> Report:
     """Score colembed's search on a labelled set (labelled.py's layouts); `model`: a model folder,
     a registry name or a loaded model. One Row per (variant, budget, mode), the reference first."""
     from ..index.store import check_mode
@@ -96,22 +109,37 @@ def evaluate(dataset: str | Path, model: Any, *, variants: Sequence[str] = (BASE
     labelled = read_labelled_set(dataset, split)
     scored = _scored_queries(labelled, dataset)
     reference = Setting(BASE_VARIANT, budgets[0], "exact")
-    settings = [reference] + [s for s in (Setting(v, b, m) for v in variants for b in budgets
-                                          for m in modes) if s != reference]
+    settings = [reference] + [
+        s
+        for s in (Setting(v, b, m) for v in variants for b in budgets for m in modes)
+        if s != reference
+    ]
     if work is None:
         with tempfile.TemporaryDirectory(prefix="colembed-eval-") as tmp:
             return _run(labelled, scored, model, settings, k, Path(tmp), progress, note)
-    return _run(labelled, scored, model, settings, k, _owned_work_folder(Path(work), dataset),
-                progress, note)
+    return _run(
+        labelled,
+        scored,
+        model,
+        settings,
+        k,
+        _owned_work_folder(Path(work), dataset),
+        progress,
+        note,
+    )
 
 
 def _scored_queries(labelled: LabelledSet, dataset) -> dict[str, dict[str, float]]:
     for qid in labelled.qrels:
         if qid not in labelled.queries:
-            raise LabelledSetError(f"{dataset}: the labels name query id {qid!r}, which the "
-                                   "queries do not have")
-    scored = {qid: labels for qid, labels in labelled.qrels.items()
-              if any(grade > 0 for grade in labels.values())}
+            raise LabelledSetError(
+                f"{dataset}: the labels name query id {qid!r}, which the queries do not have"
+            )
+    scored = {
+        qid: labels
+        for qid, labels in labelled.qrels.items()
+        if any(grade > 0 for grade in labels.values())
+    }
     if not scored:
         raise LabelledSetError(f"{dataset}: no query has a relevant label (a score above 0)")
     return scored
@@ -123,15 +151,19 @@ def _owned_work_folder(work: Path, dataset) -> Path:
     stamp = {"dataset": str(Path(dataset).expanduser().resolve())}
     if work.exists() and any(work.iterdir()):
         if not marker.is_file():
-            raise LabelledSetError(f"{work}: exists and was not made by colembed eval (no "
-                                   f"{MARKER}); give a new or empty folder")
+            raise LabelledSetError(
+                f"{work}: exists and was not made by colembed eval (no "
+                f"{MARKER}); give a new or empty folder"
+            )
         try:
             owner = json.loads(marker.read_text())
         except (OSError, ValueError):
             owner = None
         if owner != stamp:
-            raise LabelledSetError(f"{work}: holds the evaluation of another dataset "
-                                   f"({owner}); give a new or empty folder")
+            raise LabelledSetError(
+                f"{work}: holds the evaluation of another dataset "
+                f"({owner}); give a new or empty folder"
+            )
         return work
     work.mkdir(parents=True, exist_ok=True)
     marker.write_text(json.dumps(stamp))
@@ -156,8 +188,9 @@ def _write_corpus_images(labelled: LabelledSet, folder: Path) -> dict[tuple[Path
             raise LabelledSetError(f"{item.where}: column 'image' is not an image ({e})") from None
         suffix = {"jpeg": ".jpg", "png": ".png", "tiff": ".tiff", "webp": ".webp"}.get(kind)
         if suffix is None:
-            raise LabelledSetError(f"{item.where}: column 'image' is {kind or 'unknown'}, not "
-                                   "PNG, JPEG, TIFF or WebP")
+            raise LabelledSetError(
+                f"{item.where}: column 'image' is {kind or 'unknown'}, not PNG, JPEG, TIFF or WebP"
+            )
         path = folder / f"page-{n:06d}{suffix}"
         if not path.is_file() or path.read_bytes() != item.data:
             path.write_bytes(item.data)
@@ -173,8 +206,10 @@ def _folder_page_ids(index, folder: Path) -> dict[tuple[Path, int], str]:
     for path, stored in index.metadata([folder]).items():
         stem = Path(path).stem
         if stem in owner:
-            raise LabelledSetError(f"{folder}: {owner[stem]} and {path} have the same corpus id "
-                                   f"{stem!r} (a corpus id is a file's name without extension)")
+            raise LabelledSetError(
+                f"{folder}: {owner[stem]} and {path} have the same corpus id "
+                f"{stem!r} (a corpus id is a file's name without extension)"
+            )
         owner[stem] = path
         for page in stored:
             pages[(Path(path), page)] = stem if len(stored) == 1 else f"{stem}#{page}"
@@ -193,15 +228,21 @@ def _run(labelled, scored, model, settings, k, work, progress, note) -> Report:
     fixed_pages = labelled.corpus_pages
     if labelled.corpus_images is not None:
         fixed_pages = _write_corpus_images(labelled, work / "corpus")
-    files = ([labelled.corpus_folder] if labelled.corpus_folder is not None
-             else sorted({path for path, _ in fixed_pages}))
+    files = (
+        [labelled.corpus_folder]
+        if labelled.corpus_folder is not None
+        else sorted({path for path, _ in fixed_pages})
+    )
     qids = list(scored)
     texts = [labelled.queries[q] for q in qids]
     rankings: dict[Setting, dict[str, list[str]]] = {}
     pages = fixed_pages
     for variant, budget in dict.fromkeys((s.variant, s.max_image_tokens) for s in settings):
-        kwargs = {} if hasattr(model, "embed_pages") else {"variant": variant,
-                                                           "max_image_tokens": budget}
+        kwargs = (
+            {}
+            if hasattr(model, "embed_pages")
+            else {"variant": variant, "max_image_tokens": budget}
+        )
         folder = _index_folder(work, Setting(variant, budget, ""))
         say(f"indexing the corpus for {variant}, {budget or 'the model`s'} image tokens: {folder}")
         with Index(folder, model=model, **kwargs) as index:
@@ -215,22 +256,41 @@ def _run(labelled, scored, model, settings, k, work, progress, note) -> Report:
                 if (s.variant, s.max_image_tokens) != (variant, budget):
                     continue
                 found = index.search(texts, k=k, mode=s.mode)
-                rankings[s] = {qid: [pages.get((Path(h.file), h.page), f"{h.file}#{h.page}")
-                                     for h in hits] for qid, hits in zip(qids, found)}
+                rankings[s] = {
+                    qid: [pages.get((Path(h.file), h.page), f"{h.file}#{h.page}") for h in hits]
+                    for qid, hits in zip(qids, found)
+                }
     known = set(pages.values())
-    report = Report(labelled.name, k, len(qids),
-                    len(labelled.queries) - len(qids), len(pages),
-                    sum(1 for labels in scored.values() for cid, grade in labels.items()
-                        if grade > 0 and cid not in known))
+    report = Report(
+        labelled.name,
+        k,
+        len(qids),
+        len(labelled.queries) - len(qids),
+        len(pages),
+        sum(
+            1
+            for labels in scored.values()
+            for cid, grade in labels.items()
+            if grade > 0 and cid not in known
+        ),
+    )
     reference = rankings[settings[0]]
     for s in settings:
         ranked = rankings[s]
         mean = lambda f: sum(f(ranked[q], scored[q], k) for q in qids) / len(qids)  # noqa: E731
-        report.rows.append(Row(
-            s.variant, s.max_image_tokens, s.mode, mean(ndcg_at_k), mean(recall_at_k),
-            mean(mrr_at_k),
-            sum(bool(ranked[q]) and ranked[q][:1] == reference[q][:1] for q in qids) / len(qids),
-            sum(overlap_at_k(ranked[q], reference[q], k) for q in qids) / len(qids),
-            reference=s == settings[0]))
+        report.rows.append(
+            Row(
+                s.variant,
+                s.max_image_tokens,
+                s.mode,
+                mean(ndcg_at_k),
+                mean(recall_at_k),
+                mean(mrr_at_k),
+                sum(bool(ranked[q]) and ranked[q][:1] == reference[q][:1] for q in qids)
+                / len(qids),
+                sum(overlap_at_k(ranked[q], reference[q], k) for q in qids) / len(qids),
+                reference=s == settings[0],
+            )
+        )
         report.rankings[s.label] = ranked
     return report

@@ -11,14 +11,36 @@ colembed.distributed; `errors.py` every error the index raises. Needs the `index
 from __future__ import annotations
 
 from .backends import open_store, upgrade_index
-from .errors import (DiskFullError, IndexBusyError, IndexNotFoundError, ModelMismatchError,
-                     OldIndexWarning, SourceError, StoreError)
+from .errors import (
+    DiskFullError,
+    IndexBusyError,
+    IndexNotFoundError,
+    ModelMismatchError,
+    OldIndexWarning,
+    SourceError,
+    StoreError,
+)
 from .index import Hit, Index
 from .maps import SimilarityMap
 from .records import AddResult, FileReport, ModelIdentity
 from .store import DEFAULT_SEARCH_MODE, SEARCH_MODES
 
-__all__ = ["AddResult", "DEFAULT_SEARCH_MODE", "DiskFullError", "FileReport", "Hit", "Index",
-           "IndexBusyError", "IndexNotFoundError", "ModelIdentity", "ModelMismatchError",
-           "OldIndexWarning", "SEARCH_MODES", "SimilarityMap", "SourceError", "StoreError",
-           "open_store", "upgrade_index"]
+__all__ = [
+    "AddResult",
+    "DEFAULT_SEARCH_MODE",
+    "DiskFullError",
+    "FileReport",
+    "Hit",
+    "Index",
+    "IndexBusyError",
+    "IndexNotFoundError",
+    "ModelIdentity",
+    "ModelMismatchError",
+    "OldIndexWarning",
+    "SEARCH_MODES",
+    "SimilarityMap",
+    "SourceError",
+    "StoreError",
+    "open_store",
+    "upgrade_index",
+]

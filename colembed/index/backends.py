@@ -14,9 +14,16 @@ from typing import Callable
 from .store import Store
 
 
-def open_store(location: str | os.PathLike | None = None, *, url: str | None = None,
-               api_key: str | None = None, dim: int | None = None,
-               collection: str | None = None, local: bool = False, create: bool = True) -> Store:
+def open_store(
+    location: str | os.PathLike | None = None,
+    *,
+    url: str | None = None,
+    api_key: str | None = None,
+    dim: int | None = None,
+    collection: str | None = None,
+    local: bool = False,
+    create: bool = True,
+) -> Store:
     """An embedded Qdrant Edge store in the folder `location` (default), a Qdrant server at `url`,
     or qdrant-client's local mode in the folder `location` (`local=True`: slow, for checks).
     A new collection is created only with `create` and a `dim`; otherwise a missing one raises
@@ -24,8 +31,9 @@ def open_store(location: str | os.PathLike | None = None, *, url: str | None = N
     if url is not None:
         from .server import ServerStore
 
-        return ServerStore(url=url, api_key=api_key, dim=dim if create else None,
-                           collection=collection)
+        return ServerStore(
+            url=url, api_key=api_key, dim=dim if create else None, collection=collection
+        )
     if location is None:
         raise ValueError("give a folder for the index or a Qdrant server url")
     if local:
@@ -37,8 +45,7 @@ def open_store(location: str | os.PathLike | None = None, *, url: str | None = N
     return EdgeStore(Path(location), dim=dim if create else None)
 
 
-def upgrade_index(location: str | os.PathLike,
-                  progress: Callable[[int, int], None] | None = None):
+def upgrade_index(location: str | os.PathLike, progress: Callable[[int, int], None] | None = None):
     """Bring a Qdrant Edge index folder up to date from its stored vectors, in place
     (`edge.upgrade_index`: an older schema rewritten, a stale token table rebuilt, a mostly-dead
     one compacted); returns `edge.Upgraded` (false when it was already current).

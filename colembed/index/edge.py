@@ -35,16 +35,32 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 import qdrant_edge as qe
 
-from ..safe_fs import (REPLACED_PURPOSE, STAGING_MARKER, commit_folder, discard_staging,
-                       is_staging_folder, remove_tree, staging_folder)
+from ..safe_fs import (
+    REPLACED_PURPOSE,
+    STAGING_MARKER,
+    commit_folder,
+    discard_staging,
+    is_staging_folder,
+    remove_tree,
+    staging_folder,
+)
 from .errors import DiskFullError, IndexBusyError, IndexNotFoundError, StoreError
 from .lock import LOCK_FILE, FolderLock
 from .errors import OldIndexWarning
 from .plan import HYBRID_CANDIDATES, RRF_K, TOKENS_STAGE, Stage, stage_query
-from .schema import (BULKY_FIELDS, COLS_VECTOR, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR,
-                     ROWS_VECTOR, SCHEMA_VECTORS, SCHEMA_VERSION, PagePoint, image_tokens)
-from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
-                    check_mode)
+from .schema import (
+    BULKY_FIELDS,
+    COLS_VECTOR,
+    LEXICAL_VECTOR,
+    MEAN_VECTOR,
+    PAGE_VECTOR,
+    ROWS_VECTOR,
+    SCHEMA_VECTORS,
+    SCHEMA_VERSION,
+    PagePoint,
+    image_tokens,
+)
+from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
 from .where import Where
 from .tokens import CENTROIDS, COMPACTING, SET_ASIDE, TokenTable, page_centroids
 
@@ -110,8 +126,11 @@ def _edge_errors(action: str, where: Path) -> Iterator[None]:
 
 
 def _is_disk_full(error: BaseException) -> bool:
-    return (getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
-            or "os error 28" in str(error))
+    return (
+        getattr(error, "errno", None) == errno.ENOSPC
+        or "No space left" in str(error)
+        or "os error 28" in str(error)
+    )
 
 
 def _free(folder: Path) -> int:
@@ -143,9 +162,11 @@ def _read_meta(folder: Path) -> dict[str, Any]:
     except PermissionError as e:
         raise StoreError(f"{path}: cannot read the index's meta file ({e.strerror})") from e
     except (ValueError, TypeError, OSError) as e:
-        raise StoreError(f"{path}: the index's meta file is damaged ({e}); it records the schema "
-                         "and vector size of the shard beside it: restore it from a backup, or "
-                         "index into a new folder") from e
+        raise StoreError(
+            f"{path}: the index's meta file is damaged ({e}); it records the schema "
+            "and vector size of the shard beside it: restore it from a backup, or "
+            "index into a new folder"
+        ) from e
     return meta
 
 
@@ -173,28 +194,38 @@ MAPPED_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)
 
 
 def _vector_params(dim: int, name: str) -> qe.EdgeVectorParams:
-    multi = (None if name == MEAN_VECTOR
-             else qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim))
+    multi = None if name == MEAN_VECTOR else qe.MultiVectorConfig(qe.MultiVectorComparator.MaxSim)
     return qe.EdgeVectorParams(
-        size=dim, distance=qe.Distance.Dot, multivector_config=multi,
-        datatype=qe.VectorStorageDatatype.Float16, hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH),
-        on_disk=name in MAPPED_VECTORS)
+        size=dim,
+        distance=qe.Distance.Dot,
+        multivector_config=multi,
+        datatype=qe.VectorStorageDatatype.Float16,
+        hnsw_config=qe.HnswIndexConfig(**_NO_GRAPH),
+        on_disk=name in MAPPED_VECTORS,
+    )
 
 
-def _prefetch(query: np.ndarray, stage: Stage, token_ids: Sequence[str],
-              where: qe.Filter | None = None) -> qe.Prefetch:
+def _prefetch(
+    query: np.ndarray, stage: Stage, token_ids: Sequence[str], where: qe.Filter | None = None
+) -> qe.Prefetch:
     """A plan stage as Edge's prefetch; `token_ids`: the centroid scan's pages for this query
     (`TOKENS_STAGE`, computed for every query of a batch in one scan), passed in by id; they are
     among the pages the search's filter allows, so that stage needs no other condition. `where`:
     the search's filter, applied in every other stage."""
     if stage.using == TOKENS_STAGE:
         ids = {uuid.UUID(i) for i in token_ids}
-        return qe.Prefetch(limit=stage.limit, filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
-                           query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR),
-                                                  using=MEAN_VECTOR))
+        return qe.Prefetch(
+            limit=stage.limit,
+            filter=qe.Filter(must=[qe.HasIdCondition(ids)]),
+            query=qe.Query.Nearest(stage_query(query, MEAN_VECTOR), using=MEAN_VECTOR),
+        )
     inner = [_prefetch(query, stage.within, token_ids, where)] if stage.within else None
-    return qe.Prefetch(limit=stage.limit, prefetches=inner, filter=where, query=qe.Query.Nearest(
-        stage_query(query, stage.using), using=stage.using))
+    return qe.Prefetch(
+        limit=stage.limit,
+        prefetches=inner,
+        filter=where,
+        query=qe.Query.Nearest(stage_query(query, stage.using), using=stage.using),
+    )
 
 
 def edge_filter(where: Where | None) -> qe.Filter | None:
@@ -228,10 +259,14 @@ def _any_of(key: str, values: Sequence[Any]) -> Any:
 class EdgeStore(Store):
     """An index folder holding one Qdrant Edge shard."""
 
-    upgrade_hint = ("`colembed upgrade --db FOLDER` (or colembed.index.upgrade_index) rewrites it "
-                    "from its stored vectors, without embedding a page again")
-    lexical_hint = ("`colembed upgrade --db FOLDER` adds it from the pages' stored text "
-                    "(nothing is embedded again)")
+    upgrade_hint = (
+        "`colembed upgrade --db FOLDER` (or colembed.index.upgrade_index) rewrites it "
+        "from its stored vectors, without embedding a page again"
+    )
+    lexical_hint = (
+        "`colembed upgrade --db FOLDER` adds it from the pages' stored text "
+        "(nothing is embedded again)"
+    )
 
     def __init__(self, folder: Path, *, dim: int | None = None) -> None:
         self.folder = Path(folder)
@@ -247,8 +282,10 @@ class EdgeStore(Store):
         if (self.folder / META_FILE).is_file():
             meta = _read_meta(self.folder)
             if meta.get("schema") not in SCHEMA_VECTORS:
-                raise StoreError(f"{self.folder}: index schema {meta.get('schema')} is not one "
-                                 f"this colembed reads ({', '.join(map(str, SCHEMA_VECTORS))})")
+                raise StoreError(
+                    f"{self.folder}: index schema {meta.get('schema')} is not one "
+                    f"this colembed reads ({', '.join(map(str, SCHEMA_VECTORS))})"
+                )
             self.dim, self.schema = int(meta["dim"]), int(meta["schema"])
             self.has_lexical = bool(meta.get("lexical"))
             self._locked(lambda: qe.EdgeShard.load(str(self.folder / SHARD_DIR)), "open the shard")
@@ -278,9 +315,12 @@ class EdgeStore(Store):
             self._drop_verified()
 
     def _table_sizes(self) -> dict[str, int]:
-        return {name: (self.folder / TOKENS_DIR / name).stat().st_size
-                if (self.folder / TOKENS_DIR / name).is_file() else 0
-                for name in self.tokens.files()}
+        return {
+            name: (self.folder / TOKENS_DIR / name).stat().st_size
+            if (self.folder / TOKENS_DIR / name).is_file()
+            else 0
+            for name in self.tokens.files()
+        }
 
     def _marked_verified(self) -> bool:
         """The mark of the last clean close, and it still describes the folder: the table files
@@ -319,9 +359,15 @@ class EdgeStore(Store):
         offset = None
         while True:
             with _edge_errors("list pages", self.folder):
-                records, offset = self.shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=4096, filter=where, with_payload=False,
-                    with_vector=False))
+                records, offset = self.shard.scroll(
+                    qe.ScrollRequest(
+                        offset=offset,
+                        limit=4096,
+                        filter=where,
+                        with_payload=False,
+                        with_vector=False,
+                    )
+                )
             out.extend(str(r.id) for r in records)
             if offset is None:
                 return out
@@ -359,22 +405,43 @@ class EdgeStore(Store):
 
     def file_paths(self) -> list[str]:
         """The distinct stored paths (a `path` glob is matched against them)."""
-        return self._cached_paths(lambda: {p["path"] for _, p in self._scroll_payloads(
-            qe.PayloadSelector.Include(["path"]), whole=False) if isinstance(p.get("path"), str)})
+        return self._cached_paths(
+            lambda: {
+                p["path"]
+                for _, p in self._scroll_payloads(qe.PayloadSelector.Include(["path"]), whole=False)
+                if isinstance(p.get("path"), str)
+            }
+        )
 
     def has_tokens(self) -> bool:
         """Whether this folder holds a current token table; says once when it does not."""
-        if not self._tokens_current and self.schema >= 2 and not getattr(
-                self, "_told_tokens", False):
+        if (
+            not self._tokens_current
+            and self.schema >= 2
+            and not getattr(self, "_told_tokens", False)
+        ):
             self._told_tokens = True
-            why, fallback = (("an interrupted write, or its files removed", "two-stage search "
-                              "uses the table it has, so a page missing from it is found by its "
-                              "mean vector only") if self.schema >= 3 else
-                             ("written by an older colembed, or interrupted", "two-stage search "
-                              "uses the mean-gated plan, which can miss a page whose answer is a "
-                              "small part of it"))
-            warnings.warn(f"{self.location}: this index has no current token table ({why}), so "
-                          f"{fallback}; {self.upgrade_hint}.", OldIndexWarning, stacklevel=4)
+            why, fallback = (
+                (
+                    "an interrupted write, or its files removed",
+                    "two-stage search "
+                    "uses the table it has, so a page missing from it is found by its "
+                    "mean vector only",
+                )
+                if self.schema >= 3
+                else (
+                    "written by an older colembed, or interrupted",
+                    "two-stage search "
+                    "uses the mean-gated plan, which can miss a page whose answer is a "
+                    "small part of it",
+                )
+            )
+            warnings.warn(
+                f"{self.location}: this index has no current token table ({why}), so "
+                f"{fallback}; {self.upgrade_hint}.",
+                OldIndexWarning,
+                stacklevel=4,
+            )
         return self._tokens_current
 
     def searches_with_tokens(self) -> bool:
@@ -388,32 +455,48 @@ class EdgeStore(Store):
         its own unfinished creation (the marker), which is cleared and started again."""
         interrupted = (self.folder / CREATING_MARKER).is_file()
         ours = {LOCK_FILE, STAGING_MARKER, CREATING_MARKER, SHARD_DIR, f".{META_FILE}.tmp"}
-        if self.folder.exists() and (not self.folder.is_dir() or any(
+        if self.folder.exists() and (
+            not self.folder.is_dir()
+            or any(
                 f.name not in (ours if interrupted else {LOCK_FILE, STAGING_MARKER})
-                for f in self.folder.iterdir())):
-            raise StoreError(f"{self.folder}: exists and is not a colembed index; give a new or "
-                             "empty folder")
+                for f in self.folder.iterdir()
+            )
+        ):
+            raise StoreError(
+                f"{self.folder}: exists and is not a colembed index; give a new or empty folder"
+            )
         if dim is None:
-            raise IndexNotFoundError(f"{self.folder}: no index here" + (
-                " (an interrupted creation was left: index into it to start it again)"
-                if interrupted else ""))
+            raise IndexNotFoundError(
+                f"{self.folder}: no index here"
+                + (
+                    " (an interrupted creation was left: index into it to start it again)"
+                    if interrupted
+                    else ""
+                )
+            )
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise StoreError(f"{self.folder}: cannot create the index folder "
-                             f"({e.strerror or e})") from e
+            raise StoreError(
+                f"{self.folder}: cannot create the index folder ({e.strerror or e})"
+            ) from e
         self.lock = FolderLock(self.folder)
         try:
             if interrupted:
                 shutil.rmtree(self.folder / SHARD_DIR, ignore_errors=True)
             (self.folder / CREATING_MARKER).write_text(f"{os.getpid()}\n")
-            config = qe.EdgeConfig(vectors={name: _vector_params(dim, name)
-                                            for name in SCHEMA_VECTORS[SCHEMA_VERSION]},
-                                   sparse_vectors={LEXICAL_VECTOR: _LEXICAL_PARAMS()})
+            config = qe.EdgeConfig(
+                vectors={
+                    name: _vector_params(dim, name) for name in SCHEMA_VECTORS[SCHEMA_VERSION]
+                },
+                sparse_vectors={LEXICAL_VECTOR: _LEXICAL_PARAMS()},
+            )
             with _edge_errors("create the shard", self.folder):
                 self.shard = qe.EdgeShard.create(str(self.folder / SHARD_DIR), config)
-            _write_meta(self.folder, {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge",
-                                      "lexical": True})
+            _write_meta(
+                self.folder,
+                {"schema": SCHEMA_VERSION, "dim": dim, "store": "qdrant-edge", "lexical": True},
+            )
             self.has_lexical = True
             (self.folder / CREATING_MARKER).unlink()
         except OSError as e:
@@ -459,8 +542,10 @@ class EdgeStore(Store):
     def _flush_due(self) -> bool:
         if self._unflushed == 0:
             return False
-        if (time.monotonic() - self._flushed_at >= FLUSH_SECONDS
-                or self._unflushed_bytes >= FLUSH_MAX_LOG_BYTES):
+        if (
+            time.monotonic() - self._flushed_at >= FLUSH_SECONDS
+            or self._unflushed_bytes >= FLUSH_MAX_LOG_BYTES
+        ):
             return True
         if self._unflushed < FLUSH_MIN_PAGES:
             return False
@@ -483,14 +568,18 @@ class EdgeStore(Store):
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
-            chunk = points[lo:lo + UPSERT_BATCH]
+            chunk = points[lo : lo + UPSERT_BATCH]
             stored = [self.stored_vectors(p) for p in chunk]
             # Edge takes lists: tolist() is exact and ~25% cheaper than its reading numpy rows
-            batch = [qe.Point(id=p.id, payload=p.payload, vector=self._named_vectors(p, vectors))
-                     for p, vectors in zip(chunk, stored)]
+            batch = [
+                qe.Point(id=p.id, payload=p.payload, vector=self._named_vectors(p, vectors))
+                for p, vectors in zip(chunk, stored)
+            ]
             self._check_space(chunk)
-            centroids = [page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload),
-                                        CENTROIDS) for p in chunk]
+            centroids = [
+                page_centroids(image_tokens(p.vectors[PAGE_VECTOR], p.payload), CENTROIDS)
+                for p in chunk
+            ]
             self._generation += 1
             current, self._tokens_current = self._tokens_current, False  # until both are written
             self._drop_verified()
@@ -515,8 +604,9 @@ class EdgeStore(Store):
         if ids:
             self._generation += 1
             with _edge_errors("update page payloads", self.folder):
-                self.shard.update(qe.UpdateOperation.set_payload(
-                    [uuid.UUID(i) for i in ids], payload))
+                self.shard.update(
+                    qe.UpdateOperation.set_payload([uuid.UUID(i) for i in ids], payload)
+                )
             self._unflushed += 1
             if self._flush_due():
                 self.flush()
@@ -547,8 +637,11 @@ class EdgeStore(Store):
         offset = None
         while True:
             with _edge_errors("list pages", self.folder):
-                records, offset = self.shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False))
+                records, offset = self.shard.scroll(
+                    qe.ScrollRequest(
+                        offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False
+                    )
+                )
             read = ((str(r.id), dict(r.payload or {})) for r in records)
             out.extend(self.readable_payloads(read) if whole else read)
             if offset is None:
@@ -556,17 +649,25 @@ class EdgeStore(Store):
 
     def any_payload(self) -> dict[str, Any] | None:
         offset = None
-        while True:  # the first stored page whose payload fits the schema (the first, nearly always)
+        while (
+            True
+        ):  # the first stored page whose payload fits the schema (the first, nearly always)
             with _edge_errors("read a page", self.folder):
-                records, offset = self.shard.scroll(qe.ScrollRequest(
-                    offset=offset, limit=16, with_payload=True))
+                records, offset = self.shard.scroll(
+                    qe.ScrollRequest(offset=offset, limit=16, with_payload=True)
+                )
             good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
             if good or offset is None:
                 return good[0][1] if good else None
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None,
-               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
+    def search(
+        self,
+        queries: Sequence[np.ndarray],
+        k: int,
+        mode: str,
+        where: Where | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> list[list[StoredHit]]:
         """`Store.search`; `where` holds in every stage: the centroid scan ranks only the pages
         it allows (listed by Qdrant: `allowed_ids`), the other stages and the exact rerank
         filter in Qdrant, by those pages' ids once listed. "hybrid": the two-stage result's best HYBRID_CANDIDATES and the BM25
@@ -577,58 +678,104 @@ class EdgeStore(Store):
         where = self.resolve_where(where)
         if where is not None and where.matches_nothing():
             return [[] for _ in queries]
-        stages = ([] if mode == "exact" else
-                  self.plan(max(k, HYBRID_CANDIDATES) if mode == "hybrid" else k))
+        stages = (
+            []
+            if mode == "exact"
+            else self.plan(max(k, HYBRID_CANDIDATES) if mode == "hybrid" else k)
+        )
         scans = [s.limit for s in stages if s.using == TOKENS_STAGE]
         allowed = None
         flt = edge_filter(where)
         if scans and where:  # the centroid scan needs the pages listed: filter by id from then on
             allowed, flt = self._allowed_pages(where)
-        token_ids = (self.tokens.top_many(queries, max(scans), allowed) if scans else
-                     [[] for _ in queries])
+        token_ids = (
+            self.tokens.top_many(queries, max(scans), allowed) if scans else [[] for _ in queries]
+        )
         if mode == "hybrid":
             from .lexical import query_terms
 
-            requests = [self._hybrid(self._request(q, max(k, HYBRID_CANDIDATES), stages, ids,
-                                                   flt), query_terms(text), k, flt)
-                        for q, ids, text in zip(queries, token_ids, texts)]
+            requests = [
+                self._hybrid(
+                    self._request(q, max(k, HYBRID_CANDIDATES), stages, ids, flt),
+                    query_terms(text),
+                    k,
+                    flt,
+                )
+                for q, ids, text in zip(queries, token_ids, texts)
+            ]
         else:
-            requests = [self._request(q, k, stages, ids, flt)
-                        for q, ids in zip(queries, token_ids)]
+            requests = [self._request(q, k, stages, ids, flt) for q, ids in zip(queries, token_ids)]
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
-        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in points
-                 if self.readable(str(p.id), dict(p.payload or {}))] for points in results]
+        return [
+            [
+                StoredHit(str(p.id), float(p.score), dict(p.payload or {}))
+                for p in points
+                if self.readable(str(p.id), dict(p.payload or {}))
+            ]
+            for points in results
+        ]
 
     @staticmethod
-    def _hybrid(dense: qe.QueryRequest, terms: tuple[list[int], list[float]], k: int,
-                where: qe.Filter | None) -> qe.QueryRequest:
+    def _hybrid(
+        dense: qe.QueryRequest,
+        terms: tuple[list[int], list[float]],
+        k: int,
+        where: qe.Filter | None,
+    ) -> qe.QueryRequest:
         """The dense request as one prefetch, the BM25 search as another, fused by RRF."""
-        stages = [qe.Prefetch(limit=dense.limit, query=dense.query, prefetches=dense.prefetches,
-                              filter=where)]
+        stages = [
+            qe.Prefetch(
+                limit=dense.limit, query=dense.query, prefetches=dense.prefetches, filter=where
+            )
+        ]
         if terms[0]:  # a query of stop words only has no terms: the dense ranking alone
-            stages.append(qe.Prefetch(limit=dense.limit, filter=where, query=qe.Query.Nearest(
-                qe.SparseVector(*terms), using=LEXICAL_VECTOR)))
-        return qe.QueryRequest(limit=k, prefetches=stages, query=qe.Fusion.Rrf(k=RRF_K),
-                               filter=where, with_payload=True)
+            stages.append(
+                qe.Prefetch(
+                    limit=dense.limit,
+                    filter=where,
+                    query=qe.Query.Nearest(qe.SparseVector(*terms), using=LEXICAL_VECTOR),
+                )
+            )
+        return qe.QueryRequest(
+            limit=k,
+            prefetches=stages,
+            query=qe.Fusion.Rrf(k=RRF_K),
+            filter=where,
+            with_payload=True,
+        )
 
     @staticmethod
-    def _request(query: np.ndarray, k: int, stages: Sequence[Stage],
-                 token_ids: Sequence[str], where: qe.Filter | None = None) -> qe.QueryRequest:
+    def _request(
+        query: np.ndarray,
+        k: int,
+        stages: Sequence[Stage],
+        token_ids: Sequence[str],
+        where: qe.Filter | None = None,
+    ) -> qe.QueryRequest:
         """Exact MaxSim over the page vectors, of every page (`stages` empty: exact mode) or of
         the union of the plan's stages' pages; of the pages `where` allows."""
         exact = qe.Query.Nearest(query, using=PAGE_VECTOR)
         if not stages:
             return qe.QueryRequest(limit=k, query=exact, with_payload=True, filter=where)
-        return qe.QueryRequest(limit=k, query=exact, with_payload=True, filter=where, prefetches=[
-            _prefetch(query, stage, token_ids, where) for stage in stages])
+        return qe.QueryRequest(
+            limit=k,
+            query=exact,
+            with_payload=True,
+            filter=where,
+            prefetches=[_prefetch(query, stage, token_ids, where) for stage in stages],
+        )
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _edge_errors("read pages", self.folder):
-            records = self.shard.retrieve([uuid.UUID(i) for i in ids], with_payload=True,
-                                          with_vector=True)
-        return {str(r.id): as_point(r) for r in records
-                if self.readable(str(r.id), dict(r.payload or {}))}
+            records = self.shard.retrieve(
+                [uuid.UUID(i) for i in ids], with_payload=True, with_vector=True
+            )
+        return {
+            str(r.id): as_point(r)
+            for r in records
+            if self.readable(str(r.id), dict(r.payload or {}))
+        }
 
     def flush(self) -> None:
         started = time.perf_counter()
@@ -658,12 +805,25 @@ class EdgeStore(Store):
 
 
 # What colembed writes in an index folder (the token table's compaction siblings included)
-_OWN_ENTRIES = frozenset({META_FILE, f".{META_FILE}.tmp", SHARD_DIR, TOKENS_DIR,
-                          TOKENS_DIR + COMPACTING, TOKENS_DIR + SET_ASIDE, LOCK_FILE,
-                          CREATING_MARKER, STAGING_MARKER, IN_PLACE_NEW, IN_PLACE_OLD})
+_OWN_ENTRIES = frozenset(
+    {
+        META_FILE,
+        f".{META_FILE}.tmp",
+        SHARD_DIR,
+        TOKENS_DIR,
+        TOKENS_DIR + COMPACTING,
+        TOKENS_DIR + SET_ASIDE,
+        LOCK_FILE,
+        CREATING_MARKER,
+        STAGING_MARKER,
+        IN_PLACE_NEW,
+        IN_PLACE_OLD,
+    }
+)
 # What an in-place swap moves (the lock file stays: the upgrade holds it throughout)
-_SWAPPED = tuple(sorted(_OWN_ENTRIES - {META_FILE, LOCK_FILE, STAGING_MARKER, IN_PLACE_NEW,
-                                        IN_PLACE_OLD})) + (META_FILE,)
+_SWAPPED = tuple(
+    sorted(_OWN_ENTRIES - {META_FILE, LOCK_FILE, STAGING_MARKER, IN_PLACE_NEW, IN_PLACE_OLD})
+) + (META_FILE,)
 
 
 def _is_index_folder(path: Path) -> bool:
@@ -713,8 +873,10 @@ def _finish_interrupted_upgrade(folder: Path) -> None:
         else:  # the new shard was never complete: put the old index back
             _move_entries(old, folder)
     leftovers = [p for p in (new, old) if p.exists()] + [
-        p for pattern in (f".{folder.name}.staging-*", f".{folder.name}.replaced-*")
-        for p in folder.parent.glob(pattern)]
+        p
+        for pattern in (f".{folder.name}.staging-*", f".{folder.name}.replaced-*")
+        for p in folder.parent.glob(pattern)
+    ]
     for path in leftovers:
         if _is_upgrade_folder(path):
             remove_tree(path, owner=_is_upgrade_folder)
@@ -766,9 +928,9 @@ def _upgrade_in_place(old: EdgeStore, progress) -> int:
 
 
 def _write_upgrade_marker(folder: Path) -> None:
-    (folder / STAGING_MARKER).write_text(json.dumps({"purpose": UPGRADE_PURPOSE,
-                                                     "pid": os.getpid(),
-                                                     "created": time.time()}) + "\n")
+    (folder / STAGING_MARKER).write_text(
+        json.dumps({"purpose": UPGRADE_PURPOSE, "pid": os.getpid(), "created": time.time()}) + "\n"
+    )
 
 
 @dataclass(frozen=True)
@@ -786,25 +948,43 @@ class Upgraded:
     dropped: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.rewritten or self.tokens_rebuilt or self.rows_compacted
-                    or self.lexical_added is not None)
+        return bool(
+            self.rewritten
+            or self.tokens_rebuilt
+            or self.rows_compacted
+            or self.lexical_added is not None
+        )
 
     def describe(self) -> str:
         """One line for `colembed upgrade` (what was done, never more)."""
         if self.lexical_added is not None:
-            done = Upgraded(self.rewritten, self.tokens_rebuilt, self.rows_compacted,
-                            old_schema=self.old_schema, dropped=self.dropped)
-            lexical = (f"added the lexical (BM25) vector for hybrid search ({self.lexical_added} "
-                       "page(s) with text)")
+            done = Upgraded(
+                self.rewritten,
+                self.tokens_rebuilt,
+                self.rows_compacted,
+                old_schema=self.old_schema,
+                dropped=self.dropped,
+            )
+            lexical = (
+                f"added the lexical (BM25) vector for hybrid search ({self.lexical_added} "
+                "page(s) with text)"
+            )
             return lexical + ("; " + done.describe() if done else "")
         if self.rewritten:
-            dropped = (f"; dropped the {' / '.join(self.dropped)} vectors, which its search does "
-                       "not read" if self.dropped else "")
-            return (f"rewrote {self.rewritten} page(s) from schema {self.old_schema} at the "
-                    f"current schema {SCHEMA_VERSION} (nothing embedded again{dropped})")
+            dropped = (
+                f"; dropped the {' / '.join(self.dropped)} vectors, which its search does not read"
+                if self.dropped
+                else ""
+            )
+            return (
+                f"rewrote {self.rewritten} page(s) from schema {self.old_schema} at the "
+                f"current schema {SCHEMA_VERSION} (nothing embedded again{dropped})"
+            )
         if self.tokens_rebuilt:
-            return (f"rebuilt the token table of {self.tokens_rebuilt} page(s) from their stored "
-                    "vectors (the pages were not rewritten)")
+            return (
+                f"rebuilt the token table of {self.tokens_rebuilt} page(s) from their stored "
+                "vectors (the pages were not rewritten)"
+            )
         if self.rows_compacted:
             return f"compacted the token table ({self.rows_compacted} dead row(s) dropped)"
         return "already at the current schema"
@@ -827,14 +1007,15 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
         if old.schema == SCHEMA_VERSION:
             lexical = None if old.has_lexical else add_lexical(old, progress)
             if not old._tokens_current:
-                return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress),
-                                lexical_added=lexical)
+                return Upgraded(tokens_rebuilt=rebuild_tokens(old, progress), lexical_added=lexical)
             return Upgraded(rows_compacted=old.tokens.compact(), lexical_added=lexical)
         foreign = sorted(p.name for p in folder.iterdir() if p.name not in _OWN_ENTRIES)
         if foreign:
-            raise StoreError(f"{folder}: also holds {', '.join(foreign)}, which colembed did not "
-                             "write; the upgrade replaces the whole folder, so move them out "
-                             "first")
+            raise StoreError(
+                f"{folder}: also holds {', '.join(foreign)}, which colembed did not "
+                "write; the upgrade replaces the whole folder, so move them out "
+                "first"
+            )
         if not _renamable(folder):
             copied = _upgrade_in_place(old, progress)
         else:
@@ -858,8 +1039,13 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
                 raise
     finally:
         old.close()
-    return Upgraded(rewritten=copied, old_schema=old.schema, dropped=tuple(
-        n for n in SCHEMA_VECTORS[old.schema] if n not in SCHEMA_VECTORS[SCHEMA_VERSION]))
+    return Upgraded(
+        rewritten=copied,
+        old_schema=old.schema,
+        dropped=tuple(
+            n for n in SCHEMA_VECTORS[old.schema] if n not in SCHEMA_VECTORS[SCHEMA_VERSION]
+        ),
+    )
 
 
 def add_lexical(store: EdgeStore, progress: Callable[[int, int], None] | None = None) -> int:
@@ -867,16 +1053,16 @@ def add_lexical(store: EdgeStore, progress: Callable[[int, int], None] | None = 
     in place) and give each page with stored text its BM25 terms; returns those pages. The meta
     file records it last, so a kill midway leaves a folder that adds it again next time."""
     with _edge_errors("add the lexical vector", store.folder):
-        store.shard.update(qe.UpdateOperation.create_sparse_vector(LEXICAL_VECTOR,
-                                                                   qe.Modifier.Idf))
+        store.shard.update(qe.UpdateOperation.create_sparse_vector(LEXICAL_VECTOR, qe.Modifier.Idf))
     store.has_lexical = True
     ids = [pid for pid, _ in store.payloads()]
     done = 0
     for lo in range(0, len(ids), SCROLL_PAGE):
-        chunk = ids[lo:lo + SCROLL_PAGE]
+        chunk = ids[lo : lo + SCROLL_PAGE]
         with _edge_errors("read pages", store.folder):
-            records = store.shard.retrieve([uuid.UUID(i) for i in chunk], with_payload=True,
-                                           with_vector=False)
+            records = store.shard.retrieve(
+                [uuid.UUID(i) for i in chunk], with_payload=True, with_vector=False
+            )
         updates = []
         for r in records:
             terms = store.lexical_terms(PagePoint(str(r.id), {}, dict(r.payload or {})))
@@ -911,7 +1097,7 @@ def rebuild_tokens(store: EdgeStore, progress: Callable[[int, int], None] | None
 
     def pages():
         for lo in range(0, len(ids), SCROLL_PAGE):
-            for p in store.points(ids[lo:lo + SCROLL_PAGE]).values():
+            for p in store.points(ids[lo : lo + SCROLL_PAGE]).values():
                 yield p.id, image_tokens(p.vectors[PAGE_VECTOR], p.payload)
 
     store._drop_verified()
@@ -940,9 +1126,8 @@ def _swap(old: EdgeStore, staging: Path) -> None:
 def _copy_points(old: EdgeStore, new: EdgeStore, progress) -> int:
     ids = [pid for pid, _ in old.payloads()]
     for lo in range(0, len(ids), SCROLL_PAGE):
-        points = old.points(ids[lo:lo + SCROLL_PAGE]).values()
-        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=new.schema))
-                    for p in points])
+        points = old.points(ids[lo : lo + SCROLL_PAGE]).values()
+        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=new.schema)) for p in points])
         if progress is not None:
             progress(min(lo + SCROLL_PAGE, len(ids)), len(ids))
     new.flush()

@@ -40,14 +40,16 @@ class IndexNotFoundError(StoreError, FileNotFoundError):
 class DiskFullError(StoreError, OSError):
     """The disk holding the index ran out of space; every page stored before it is kept."""
 
-    def __init__(self, folder: Path | str, free: int, needed: int, cause: BaseException | None = None
-                 ) -> None:
+    def __init__(
+        self, folder: Path | str, free: int, needed: int, cause: BaseException | None = None
+    ) -> None:
         self.folder, self.free, self.needed = folder, free, needed
         detail = f" ({cause})" if cause is not None else ""
         super().__init__(
             f"{folder}: the disk is full: {_mb(free)} free, about {_mb(needed)} more are needed to "
             f"go on{detail}; the pages stored so far are kept: free some space (or move the index) "
-            "and run the same command again to resume")
+            "and run the same command again to resume"
+        )
 
 
 class IndexBusyError(StoreError):
@@ -55,12 +57,17 @@ class IndexBusyError(StoreError):
 
     def __init__(self, folder: Path, holder: dict[str, Any]) -> None:
         self.folder, self.holder = folder, holder
-        who = ("this process: close the other Index on it first" if holder.get("pid") == os.getpid()
-               else describe_holder(holder))
-        super().__init__(f"{folder}: the index is already open ({who}); "
-                         "an index folder serves one process at a time (Qdrant Edge locks it): "
-                         "wait for that process to finish, or share the index through a Qdrant "
-                         "server (--qdrant-url)")
+        who = (
+            "this process: close the other Index on it first"
+            if holder.get("pid") == os.getpid()
+            else describe_holder(holder)
+        )
+        super().__init__(
+            f"{folder}: the index is already open ({who}); "
+            "an index folder serves one process at a time (Qdrant Edge locks it): "
+            "wait for that process to finish, or share the index through a Qdrant "
+            "server (--qdrant-url)"
+        )
 
 
 class SourceError(ColembedError, ValueError):
@@ -86,8 +93,10 @@ def describe_holder(holder: dict[str, Any]) -> str:
     if not holder.get("pid"):
         return "holder unknown"
     since = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(holder.get("since", 0)))
-    return (f"pid {holder['pid']} on {holder.get('host', '?')}, "
-            f"`{holder.get('command', '?')}`, since {since}")
+    return (
+        f"pid {holder['pid']} on {holder.get('host', '?')}, "
+        f"`{holder.get('command', '?')}`, since {since}"
+    )
 
 
 def _mb(n: int) -> str:

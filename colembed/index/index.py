@@ -27,8 +27,16 @@ from .backends import open_store, upgrade_index
 from .errors import IndexNotFoundError, ModelMismatchError, SourceError, StoreError
 from .ingest import ingest
 from .maps import SimilarityMap, explain, overlay
-from .records import (AddResult, FileReport, ModelIdentity, default_source, dpi_of,  # noqa: F401
-                      manifest_sha256, options_of, owned)
+from .records import (
+    AddResult,
+    FileReport,
+    ModelIdentity,
+    default_source,
+    dpi_of,  # noqa: F401
+    manifest_sha256,  # noqa: F401
+    options_of,
+    owned,
+)
 from .pooling import CLUSTERS_FIELD, DEFAULT_POOL_FACTOR, check_pool_factor, decode_clusters
 from .metadata import MetadataError, check_metadata, merged, metadata_for
 from .schema import META_FIELD, TEXT_FIELD, TEXT_TRUNCATED_FIELD, decode_text
@@ -85,13 +93,23 @@ class Index:
     `prune` touch only pages this source wrote. `store_opener` replaces `backends.open_store`
     (same arguments): colembed serve opens an Edge folder in a child process that owns it."""
 
-    def __init__(self, location: str | os.PathLike | None = None, *, model: Any = None,
-                 url: str | None = None, api_key: str | None = None,
-                 collection: str | None = None, variant: str | None = None,
-                 max_image_tokens: int | None = None, local: bool = False, create: bool = True,
-                 source: str | None = None, pool_factor: int | None = None,
-                 store_opener: Callable[..., Any] | None = None,
-                 **load_options: Any) -> None:
+    def __init__(
+        self,
+        location: str | os.PathLike | None = None,
+        *,
+        model: Any = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        collection: str | None = None,
+        variant: str | None = None,
+        max_image_tokens: int | None = None,
+        local: bool = False,
+        create: bool = True,
+        source: str | None = None,
+        pool_factor: int | None = None,
+        store_opener: Callable[..., Any] | None = None,
+        **load_options: Any,
+    ) -> None:
         self._model_arg = model
         self._pool_factor = None if pool_factor is None else check_pool_factor(pool_factor)
         self._model = model if hasattr(model, "embed_pages") else None
@@ -110,13 +128,17 @@ class Index:
             self.store = opener(location, dim=self.model.embedding_size, **where)
         try:
             self._stored = options_of(self.store.any_payload())
-            if self._pool_factor is not None and self._stored \
-                    and self._stored["pool_factor"] != self._pool_factor:
+            if (
+                self._pool_factor is not None
+                and self._stored
+                and self._stored["pool_factor"] != self._pool_factor
+            ):
                 raise ModelMismatchError(
                     f"{self.store.location}: this index stores pages pooled with pool factor "
                     f"{self._stored['pool_factor']} (1: not pooled), not {self._pool_factor}; its "
                     "pages would not be comparable: open it without pool_factor (it keeps its "
-                    "own), or use another index")
+                    "own), or use another index"
+                )
             if self._model_arg is not None:  # a model given: refused now, not at the first add
                 self._check(self.model_identity(), self.model)
         except BaseException:
@@ -132,8 +154,10 @@ class Index:
             stored = self._stored
             source = self._model_arg or stored.get("model_source")
             if source is None:
-                raise StoreError(f"{self.store.location}: the index is empty and no model "
-                                 "was given (pass model=... / --model)")
+                raise StoreError(
+                    f"{self.store.location}: the index is empty and no model "
+                    "was given (pass model=... / --model)"
+                )
             options = {k: v for k, v in self._requested.items() if v is not None}
             for k in ("variant", "max_image_tokens"):
                 if options.get(k) is None and stored.get(k) is not None:
@@ -142,9 +166,15 @@ class Index:
 
             model = colembed.load(source, **options)
             if self.store is not None:
-                self._check(ModelIdentity.of_model(model, schema=self.store.schema,
-                                                   dpi=stored.get("dpi"),
-                                                   pool_factor=self.pool_factor), model)
+                self._check(
+                    ModelIdentity.of_model(
+                        model,
+                        schema=self.store.schema,
+                        dpi=stored.get("dpi"),
+                        pool_factor=self.pool_factor,
+                    ),
+                    model,
+                )
             self._model = model
         return self._model
 
@@ -152,8 +182,9 @@ class Index:
         """What this index's pages are stamped with for a run at `dpi` (None: the index's own
         render policy, or the pixel budget)."""
         dpi = self._stored.get("dpi") if dpi is None else dpi
-        return ModelIdentity.of_model(self.model, schema=self.store.schema, dpi=dpi,
-                                      pool_factor=self.pool_factor)
+        return ModelIdentity.of_model(
+            self.model, schema=self.store.schema, dpi=dpi, pool_factor=self.pool_factor
+        )
 
     @property
     def pool_factor(self) -> int:
@@ -179,17 +210,24 @@ class Index:
                 f"{self.store.location}: this index holds {self.store.dim}-dim page vectors{held}; "
                 f"{model.family.display_name} model {model.name!r} makes "
                 f"{model.embedding_size}-dim ones: pages of another model family are not "
-                "comparable. Open it with the model it was built with, or use another index")
+                "comparable. Open it with the model it was built with, or use another index"
+            )
         identity.check(self.store.any_payload(), self.store.location)
 
     # ---------------------------------------------------------------------------------- writes
-    def add(self, paths: Iterable[str | os.PathLike] | str | os.PathLike, *,
-            dpi: float | None = None, prune: bool = False, batch_size: int = 4,
-            progress: bool | None = None,
-            on_progress: Callable[[int, int, AddResult], None] | None = None,
-            stop: threading.Event | None = None,
-            metadata: dict[str, Any] | Callable[[str], dict[str, Any] | None] | None = None,
-            within: Sequence[str | os.PathLike] | None = None) -> AddResult:
+    def add(
+        self,
+        paths: Iterable[str | os.PathLike] | str | os.PathLike,
+        *,
+        dpi: float | None = None,
+        prune: bool = False,
+        batch_size: int = 4,
+        progress: bool | None = None,
+        on_progress: Callable[[int, int, AddResult], None] | None = None,
+        stop: threading.Event | None = None,
+        metadata: dict[str, Any] | Callable[[str], dict[str, Any] | None] | None = None,
+        within: Sequence[str | os.PathLike] | None = None,
+    ) -> AddResult:
         """Index PDFs and images (files or folders, walked). Stored pages are skipped; a changed
         file's old pages are replaced; `prune` drops pages of files that no longer exist under
         the folders and files given here (never under one that is missing), written by this
@@ -227,8 +265,11 @@ class Index:
                 result.failed.append(FileReport(str(doc), reason=str(e)))
                 continue
             except Exception as e:  # noqa: BLE001 (the caller's function failed on this file)
-                result.failed.append(FileReport(str(doc), reason=f"metadata function failed: "
-                                                                 f"{type(e).__name__}: {e}"))
+                result.failed.append(
+                    FileReport(
+                        str(doc), reason=f"metadata function failed: {type(e).__name__}: {e}"
+                    )
+                )
                 continue
             if meta:
                 file_meta[str(doc)] = meta
@@ -251,10 +292,21 @@ class Index:
             _grow(bar, n)
 
         try:
-            ingest(found.documents, self.store, self.model, identity,
-                   dpi=dpi_of(identity.render), batch_size=batch_size, result=result,
-                   on_pages=on_pages, on_total=on_total, source=self.source, stop=stop,
-                   metadata=file_meta, within=within)
+            ingest(
+                found.documents,
+                self.store,
+                self.model,
+                identity,
+                dpi=dpi_of(identity.render),
+                batch_size=batch_size,
+                result=result,
+                on_pages=on_pages,
+                on_total=on_total,
+                source=self.source,
+                stop=stop,
+                metadata=file_meta,
+                within=within,
+            )
             on_pages(0)  # the last files' reports come after their pages
         finally:
             bar.close()
@@ -277,8 +329,9 @@ class Index:
             identity = self.identity
         elif identity is not None:
             identity = {"pool_factor": self.pool_factor, **identity}
-        return add_embedded(self.store, pages, identity, self.source,
-                            lambda: self._token_px(identity))
+        return add_embedded(
+            self.store, pages, identity, self.source, lambda: self._token_px(identity)
+        )
 
     def _token_px(self, identity: dict[str, Any] | None = None) -> int | None:
         """The pixels one image token of this index's model saw along each side (its manifest's
@@ -297,9 +350,14 @@ class Index:
                 return None
         return None
 
-    def set_metadata(self, paths: Iterable[str | os.PathLike] | str | os.PathLike,
-                     metadata: dict[str, Any], *, pages: Iterable[int] | None = None,
-                     replace: bool = False) -> int:
+    def set_metadata(
+        self,
+        paths: Iterable[str | os.PathLike] | str | os.PathLike,
+        metadata: dict[str, Any],
+        *,
+        pages: Iterable[int] | None = None,
+        replace: bool = False,
+    ) -> int:
         """Change the metadata of the stored pages of these files (or of the files under these
         folders), without embedding anything: `metadata` is merged into each page's (a value
         None removes that key), or replaces it with `replace=True`; `pages`: only these page
@@ -324,8 +382,9 @@ class Index:
         self.store.flush()
         return sum(len(ids) for _, ids in groups.values())
 
-    def metadata(self, paths: Iterable[str | os.PathLike] | str | os.PathLike
-                 ) -> dict[str, dict[int, dict[str, Any]]]:
+    def metadata(
+        self, paths: Iterable[str | os.PathLike] | str | os.PathLike
+    ) -> dict[str, dict[int, dict[str, Any]]]:
         """The stored metadata of these files' pages (or of the files under these folders):
         path -> page -> metadata."""
         if isinstance(paths, (str, os.PathLike)):
@@ -342,8 +401,11 @@ class Index:
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         targets = [Path(p).expanduser().resolve() for p in paths]
-        doomed = [pid for pid, p in self.store.payloads()
-                  if any(_under(Path(p["path"]), t) for t in targets)]
+        doomed = [
+            pid
+            for pid, p in self.store.payloads()
+            if any(_under(Path(p["path"]), t) for t in targets)
+        ]
         self.store.delete(doomed)
         self.store.flush()
         return len(doomed)
@@ -354,8 +416,11 @@ class Index:
         gone: dict[str, list[str]] = {}
         for pid, p in self.store.payloads():
             path = Path(p["path"])
-            if (owned(p.get("source", ""), self.source) and any(_under(path, r) for r in roots)
-                    and not path.is_file()):
+            if (
+                owned(p.get("source", ""), self.source)
+                and any(_under(path, r) for r in roots)
+                and not path.is_file()
+            ):
                 gone.setdefault(p["path"], []).append(pid)
         self.store.delete([pid for ids in gone.values() for pid in ids])
         self.store.flush()
@@ -366,8 +431,15 @@ class Index:
         """Pages stored."""
         return self.store.count()
 
-    def search(self, queries: str | Sequence[str], k: int = 5, *, mode: str = DEFAULT_SEARCH_MODE,
-               explain: bool = False, where: Any = None) -> list[Hit] | list[list[Hit]]:
+    def search(
+        self,
+        queries: str | Sequence[str],
+        k: int = 5,
+        *,
+        mode: str = DEFAULT_SEARCH_MODE,
+        explain: bool = False,
+        where: Any = None,
+    ) -> list[Hit] | list[list[Hit]]:
         """The k best pages per query (a list of Hits for one str, one list per query for a
         list). `mode`: "two-stage" (cheap candidates, exact MaxSim rerank), "exact" (full
         scan) or "hybrid" (two-stage fused with BM25 over the pages' text by reciprocal rank
@@ -381,10 +453,20 @@ class Index:
         single = isinstance(queries, str)
         texts = [queries] if single else list(queries)
         vectors = self.model.embed_queries(texts)
-        found = self.store.search(vectors, k, mode, condition,
-                                  texts if mode == "hybrid" else None)
-        hits = [[Hit(h.payload.get("path", ""), int(h.payload.get("page", 0)), h.score, h.payload,
-                     h.id) for h in row] for row in found]
+        found = self.store.search(vectors, k, mode, condition, texts if mode == "hybrid" else None)
+        hits = [
+            [
+                Hit(
+                    h.payload.get("path", ""),
+                    int(h.payload.get("page", 0)),
+                    h.score,
+                    h.payload,
+                    h.id,
+                )
+                for h in row
+            ]
+            for row in found
+        ]
         if explain:
             hits = [self._explain(q, row) for q, row in zip(vectors, hits)]
         return hits[0] if single else hits
@@ -396,15 +478,25 @@ class Index:
         out = []
         for h in hits:
             page = stored[h.id]
-            clusters = (decode_clusters(h.payload[CLUSTERS_FIELD])
-                        if h.payload.get(CLUSTERS_FIELD) else None)
-            layout = PageLayout(grid_rows=h.payload["grid"][0], grid_cols=h.payload["grid"][1],
-                                image_start=h.payload["image_start"],
-                                num_tokens=len(page) if clusters is None else
-                                len(page) - int(clusters.max()) - 1 + len(clusters),
-                                token_px=self.model.config.resize_factor)
-            out.append(Hit(h.file, h.page, h.score, h.payload, h.id,
-                           explain(query, page, layout, clusters)))
+            clusters = (
+                decode_clusters(h.payload[CLUSTERS_FIELD])
+                if h.payload.get(CLUSTERS_FIELD)
+                else None
+            )
+            layout = PageLayout(
+                grid_rows=h.payload["grid"][0],
+                grid_cols=h.payload["grid"][1],
+                image_start=h.payload["image_start"],
+                num_tokens=len(page)
+                if clusters is None
+                else len(page) - int(clusters.max()) - 1 + len(clusters),
+                token_px=self.model.config.resize_factor,
+            )
+            out.append(
+                Hit(
+                    h.file, h.page, h.score, h.payload, h.id, explain(query, page, layout, clusters)
+                )
+            )
         return out
 
     def page(self, page_id: str) -> Hit | None:
@@ -451,8 +543,15 @@ class Index:
         self.close()
 
 
-def render_stored_page(file: str, page: int, payload: dict[str, Any], *, max_pixels: int,
-                       dpi: float | None, within: Sequence[str | os.PathLike] | None = None):
+def render_stored_page(
+    file: str,
+    page: int,
+    payload: dict[str, Any],
+    *,
+    max_pixels: int,
+    dpi: float | None,
+    within: Sequence[str | os.PathLike] | None = None,
+):
     """A stored page rendered again at its indexed size, only while the file's sha256 is the one
     indexed (SourceError otherwise): `Index.page_image`, as a function of plain values. The file
     is opened once, hashed and drawn from that descriptor; a stored path inside one of `within`
@@ -478,6 +577,7 @@ def upgrade_with_progress(location, progress: bool | None = None) -> int:
     """`store.upgrade_index` with the progress bar of `Index.add` (pages copied, rate, ETA): the
     CLI's `colembed upgrade` (tqdm is imported in this module only)."""
     with _progress_bar(progress, f"upgrading {location}") as bar:
+
         def step(done: int, total: int) -> None:
             bar.total = total
             bar.update(done - bar.n)
@@ -490,8 +590,9 @@ def _progress_bar(progress: bool | None, desc: str):
     from tqdm.auto import tqdm
 
     show = sys.stderr.isatty() if progress is None else progress
-    return tqdm(total=0, unit="page", desc=desc, disable=not show, file=sys.stderr,
-                dynamic_ncols=True)
+    return tqdm(
+        total=0, unit="page", desc=desc, disable=not show, file=sys.stderr, dynamic_ncols=True
+    )
 
 
 def _grow(bar, pages: int) -> None:

@@ -35,8 +35,17 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from .metadata import merged
-from .records import (AddResult, Catalog, FileReport, ModelIdentity, embed_keeping_going,  # noqa: F401
-                      file_report, page_failure, page_payload, stale_ids)
+from .records import (
+    AddResult,
+    Catalog,
+    FileReport,
+    ModelIdentity,
+    embed_keeping_going,  # noqa: F401
+    file_report,
+    page_failure,
+    page_payload,
+    stale_ids,
+)
 from .schema import META_FIELD, PagePoint, make_point, point_id
 from .sources import Document, SourceError, open_source, sha256_of
 from .store import UPSERT_BATCH
@@ -82,8 +91,17 @@ class _Renderer(threading.Thread):
     fails is an event; anything that escapes (it should not) is kept in `error` and raised by the
     caller, so the run cannot end early looking complete."""
 
-    def __init__(self, files: list[Path], catalog: Catalog, *, max_pixels: int,
-                 dpi: float | None, ahead: int, source: str, within=None) -> None:
+    def __init__(
+        self,
+        files: list[Path],
+        catalog: Catalog,
+        *,
+        max_pixels: int,
+        dpi: float | None,
+        ahead: int,
+        source: str,
+        within=None,
+    ) -> None:
         super().__init__(name="colembed-render", daemon=True)
         self.files, self.catalog, self.source, self.within = files, catalog, source, within
         self.max_pixels, self.dpi = max_pixels, dpi
@@ -115,8 +133,9 @@ class _Renderer(threading.Thread):
                     self.events.put(("file", plan))
                     posted = True
                 else:
-                    with Document(path, max_pixels=self.max_pixels, dpi=self.dpi,
-                                  handle=handle, sha256=sha) as doc:
+                    with Document(
+                        path, max_pixels=self.max_pixels, dpi=self.dpi, handle=handle, sha256=sha
+                    ) as doc:
                         plan = self._plan(path, sha, doc.pages)
                         self.claimed.setdefault(sha, plan)
                         self.events.put(("file", plan))
@@ -127,8 +146,9 @@ class _Renderer(threading.Thread):
             if not posted:
                 self.events.put(("failed", path, reason))
                 return
-            plan.errors.update({n: reason for n in plan.todo
-                                if n not in plan.size and n not in plan.errors})
+            plan.errors.update(
+                {n: reason for n in plan.todo if n not in plan.size and n not in plan.errors}
+            )
         self.events.put(("done", plan))
 
     def _plan(self, path: Path, sha: str, count: int | None) -> _Plan | None:
@@ -143,9 +163,15 @@ class _Renderer(threading.Thread):
             return None
         elsewhere = self.catalog.by_sha.get(sha, {})
         missing = [n for n in range(1, count + 1) if n not in have]
-        return _Plan(path, sha, count, have, stale,
-                     todo=[n for n in missing if n not in elsewhere],
-                     reuse={n: elsewhere[n] for n in missing if n in elsewhere})
+        return _Plan(
+            path,
+            sha,
+            count,
+            have,
+            stale,
+            todo=[n for n in missing if n not in elsewhere],
+            reuse={n: elsewhere[n] for n in missing if n in elsewhere},
+        )
 
     def _render(self, doc: Document, plan: _Plan) -> None:
         for page in plan.todo:
@@ -180,9 +206,16 @@ class _Writer(threading.Thread):
     """Runs store jobs in order off the embedding thread; the first failure is kept in `error`
     (raised by `put` in the embedding thread) and later jobs are dropped."""
 
-    def __init__(self, store, identity: ModelIdentity, source: str, result: AddResult,
-                 on_pages: Callable[[int], None], metadata: dict[str, dict[str, Any]] | None = None,
-                 catalog: Catalog | None = None) -> None:
+    def __init__(
+        self,
+        store,
+        identity: ModelIdentity,
+        source: str,
+        result: AddResult,
+        on_pages: Callable[[int], None],
+        metadata: dict[str, dict[str, Any]] | None = None,
+        catalog: Catalog | None = None,
+    ) -> None:
         super().__init__(name="colembed-write", daemon=True)
         self.store, self.identity, self.source = store, identity, source
         self.metadata = metadata or {}  # path -> the checked metadata this run gives the file
@@ -238,10 +271,26 @@ class _Writer(threading.Thread):
         points = []
         for plan, page, vectors, layout in embedded:
             try:
-                points.append((plan, make_point(vectors, layout, page_payload(
-                    self.identity, path=str(plan.path), page=page, pages=plan.pages,
-                    sha256=plan.sha256, size=plan.size[page], source=self.source,
-                    meta=self._meta(plan), text=plan.text.get(page)))))
+                points.append(
+                    (
+                        plan,
+                        make_point(
+                            vectors,
+                            layout,
+                            page_payload(
+                                self.identity,
+                                path=str(plan.path),
+                                page=page,
+                                pages=plan.pages,
+                                sha256=plan.sha256,
+                                size=plan.size[page],
+                                source=self.source,
+                                meta=self._meta(plan),
+                                text=plan.text.get(page),
+                            ),
+                        ),
+                    )
+                )
             except Exception as e:  # noqa: BLE001 (that page fails, the run goes on)
                 plan.errors[page] = page_failure(page, e)
         if points:
@@ -256,18 +305,32 @@ class _Writer(threading.Thread):
             sources = plan.reuse
         else:
             first = plan.follows
-            sources = {n: point_id(plan.sha256, n, str(first.path))
-                       for n in range(1, plan.pages + 1) if n not in plan.have}
-            plan.errors.update({n: f"{why} (as in {first.path})" for n, why in first.errors.items()
-                                if n in sources})
+            sources = {
+                n: point_id(plan.sha256, n, str(first.path))
+                for n in range(1, plan.pages + 1)
+                if n not in plan.have
+            }
+            plan.errors.update(
+                {
+                    n: f"{why} (as in {first.path})"
+                    for n, why in first.errors.items()
+                    if n in sources
+                }
+            )
         pages = sorted(n for n in sources if n not in plan.errors)
         for lo in range(0, len(pages), UPSERT_BATCH):
-            chunk = pages[lo:lo + UPSERT_BATCH]
+            chunk = pages[lo : lo + UPSERT_BATCH]
             found = self.store.points([sources[n] for n in chunk])
-            copies = [self._copied(found[sources[n]], plan, n)
-                      for n in chunk if sources[n] in found]
-            plan.errors.update({n: "its stored vectors vanished during the run"
-                                for n in chunk if sources[n] not in found})
+            copies = [
+                self._copied(found[sources[n]], plan, n) for n in chunk if sources[n] in found
+            ]
+            plan.errors.update(
+                {
+                    n: "its stored vectors vanished during the run"
+                    for n in chunk
+                    if sources[n] not in found
+                }
+            )
             self.store.upsert(copies)
             if found and not plan.reused_from:
                 plan.reused_from = next(iter(found.values())).payload.get("path", "")
@@ -279,8 +342,9 @@ class _Writer(threading.Thread):
         """`source` (a stored page of the same content) as page `page` of `plan`'s file: its
         vectors and text, with the metadata of this path (never the other path's: metadata may
         say who may see a file)."""
-        payload = dict(source.payload, **self.identity.payload(), path=str(plan.path),
-                       source=self.source)
+        payload = dict(
+            source.payload, **self.identity.payload(), path=str(plan.path), source=self.source
+        )
         payload.pop(META_FIELD, None)
         meta = self._meta(plan)
         if meta:
@@ -309,9 +373,17 @@ class _Writer(threading.Thread):
             for group in changes.values():
                 self.store.set_payload(group, {META_FIELD: self.catalog.meta[group[0]]})
         self.store.delete(plan.stale)
-        file_report(self.result, str(plan.path), pages=plan.pages, stored=plan.stored,
-                    had=len(plan.have), errors=plan.errors, stale=bool(plan.stale),
-                    reused=plan.reused, reused_from=plan.reused_from)
+        file_report(
+            self.result,
+            str(plan.path),
+            pages=plan.pages,
+            stored=plan.stored,
+            had=len(plan.have),
+            errors=plan.errors,
+            stale=bool(plan.stale),
+            reused=plan.reused,
+            reused_from=plan.reused_from,
+        )
         self.on_pages(0)  # a progress callback sees the file's report now
 
     def _failed(self, path: Path, reason: str) -> None:
@@ -319,20 +391,37 @@ class _Writer(threading.Thread):
         self.on_pages(0)
 
 
-def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: float | None,
-           batch_size: int, result: AddResult, on_pages: Callable[[int], None],
-           on_total: Callable[[int], None], source: str,
-           stop: threading.Event | None = None,
-           metadata: dict[str, dict[str, Any]] | None = None, within=None) -> None:
+def ingest(
+    files: list[Path],
+    store,
+    model,
+    identity: ModelIdentity,
+    *,
+    dpi: float | None,
+    batch_size: int,
+    result: AddResult,
+    on_pages: Callable[[int], None],
+    on_total: Callable[[int], None],
+    source: str,
+    stop: threading.Event | None = None,
+    metadata: dict[str, dict[str, Any]] | None = None,
+    within=None,
+) -> None:
     """Index `files` into `store` with `model`, filling `result` (see the module docstring).
     `stop` set: the pages already embedded are written and the run ends (files not finished
     get no report; their stored pages are whole, and the next run does the rest). `metadata`:
     path -> checked metadata (metadata.py) merged into each page of that file, stored or new.
     `within`: the folders every file must lie in when it is opened (sources.open_source)."""
     catalog = Catalog.of(store.payloads())
-    renderer = _Renderer(files, catalog, max_pixels=model.config.max_pixels,
-                         dpi=dpi, ahead=max(RENDER_AHEAD, 2 * batch_size), source=source,
-                         within=within)
+    renderer = _Renderer(
+        files,
+        catalog,
+        max_pixels=model.config.max_pixels,
+        dpi=dpi,
+        ahead=max(RENDER_AHEAD, 2 * batch_size),
+        source=source,
+        within=within,
+    )
     writer = _Writer(store, identity, source, result, on_pages, metadata, catalog)
     renderer.start()
     writer.start()
@@ -372,8 +461,9 @@ def ingest(files: list[Path], store, model, identity: ModelIdentity, *, dpi: flo
         except Exception as e:  # noqa: BLE001 (never hide the error that ended the run)
             if failure is None and writer.error is None and renderer.error is None:
                 raise
-            (failure or writer.error or renderer.error).add_note(f"flushing the index then "
-                                                                 f"failed too: {e}")
+            (failure or writer.error or renderer.error).add_note(
+                f"flushing the index then failed too: {e}"
+            )
         if interrupted is not None and failure is None:
             raise interrupted
     if writer.error is not None:
@@ -405,8 +495,15 @@ def _embed(pending: list[tuple[_Plan, int, Any]], model, writer: _Writer, batch_
         return
 
     def hand(first: int, results: list) -> None:
-        writer.put(("points", [(plan, page, vectors, layout) for (plan, page, _), (vectors, layout)
-                               in zip(pending[first:], results)]))
+        writer.put(
+            (
+                "points",
+                [
+                    (plan, page, vectors, layout)
+                    for (plan, page, _), (vectors, layout) in zip(pending[first:], results)
+                ],
+            )
+        )
 
     errors = embed_keeping_going(model, [image for _, _, image in pending], batch_size, hand)
     for i, why in errors.items():

@@ -46,9 +46,12 @@ else:
 
 
 def holder_record() -> dict[str, Any]:
-    return {"pid": os.getpid(), "host": socket.gethostname(),
-            "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "",
-            "since": time.time()}
+    return {
+        "pid": os.getpid(),
+        "host": socket.gethostname(),
+        "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv else "",
+        "since": time.time(),
+    }
 
 
 class FolderLock:
@@ -62,9 +65,11 @@ class FolderLock:
         try:
             self._fd: int | None = os.open(self.folder / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
-            raise StoreError(f"{self.folder}: cannot open the index's lock file "
-                             f"({e.strerror or e}); the folder must be writable, readers "
-                             "included (Qdrant Edge writes beside its data)") from e
+            raise StoreError(
+                f"{self.folder}: cannot open the index's lock file "
+                f"({e.strerror or e}); the folder must be writable, readers "
+                "included (Qdrant Edge writes beside its data)"
+            ) from e
         try:
             _try_lock(self._fd)
         except OSError:

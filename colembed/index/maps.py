@@ -36,8 +36,9 @@ class SimilarityMap:
         return int(r), int(c)
 
 
-def explain(query: np.ndarray, page: np.ndarray, layout,
-            clusters: np.ndarray | None = None) -> SimilarityMap:
+def explain(
+    query: np.ndarray, page: np.ndarray, layout, clusters: np.ndarray | None = None
+) -> SimilarityMap:
     """Split the MaxSim score of `query` (Lq, d) against `page` (Lp, d) over the page's rows.
     A page stored pooled (pooling.py) gives `clusters` (per grid cell, its pooled row): a cell
     then shows its pooled row's similarity, and a pooled row's contribution is shared equally by
@@ -63,7 +64,8 @@ def explain(query: np.ndarray, page: np.ndarray, layout,
         contribution=contribution.reshape(grid).astype(np.float32),
         similarity=similarity.reshape(grid).astype(np.float32),
         prompt_contribution=float(per_row.sum() - image_part.sum()),
-        layout=layout)
+        layout=layout,
+    )
 
 
 def token_mask(layout, image_size: tuple[int, int]) -> np.ndarray:
@@ -71,10 +73,12 @@ def token_mask(layout, image_size: tuple[int, int]) -> np.ndarray:
     (pixel centres assigned by `token_box`)."""
     width, height = image_size
     rw, rh = layout.resized_size
-    cols = np.minimum(((np.arange(width) + 0.5) * rw / width) // layout.token_px,
-                      layout.grid_cols - 1).astype(np.int64)
-    rows = np.minimum(((np.arange(height) + 0.5) * rh / height) // layout.token_px,
-                      layout.grid_rows - 1).astype(np.int64)
+    cols = np.minimum(
+        ((np.arange(width) + 0.5) * rw / width) // layout.token_px, layout.grid_cols - 1
+    ).astype(np.int64)
+    rows = np.minimum(
+        ((np.arange(height) + 0.5) * rh / height) // layout.token_px, layout.grid_rows - 1
+    ).astype(np.int64)
     return rows[:, None] * layout.grid_cols + cols[None, :]
 
 

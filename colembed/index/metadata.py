@@ -36,9 +36,21 @@ INT64 = 1 << 63
 # `where=`'s own names (where.py) and every field colembed writes in a payload: a metadata key of
 # one of these names would read as the built-in one in a filter, so it is refused.
 FILTER_NAMES = ("file", "folder", "path", "page", "id", "text")
-RESERVED = frozenset({*FILTER_NAMES, *PAYLOAD_FIELDS, META_FIELD, TEXT_FIELD,
-                      TEXT_TRUNCATED_FIELD, "source", "model_source", "max_image_tokens",
-                      "render", "pool_factor", "token_clusters"})
+RESERVED = frozenset(
+    {
+        *FILTER_NAMES,
+        *PAYLOAD_FIELDS,
+        META_FIELD,
+        TEXT_FIELD,
+        TEXT_TRUNCATED_FIELD,
+        "source",
+        "model_source",
+        "max_image_tokens",
+        "render",
+        "pool_factor",
+        "token_clusters",
+    }
+)
 
 
 class MetadataError(InputError):
@@ -50,47 +62,58 @@ def check_metadata(metadata: Any, where: str = "", *, removals: bool = False) ->
     (an update that removes the key)."""
     at = f"{where}: " if where else ""
     if not isinstance(metadata, Mapping):
-        raise MetadataError(f"{at}metadata must be a dict of key -> value, got "
-                            f"{type(metadata).__name__}")
+        raise MetadataError(
+            f"{at}metadata must be a dict of key -> value, got {type(metadata).__name__}"
+        )
     if len(metadata) > MAX_KEYS:
         raise MetadataError(f"{at}{len(metadata)} metadata keys, over the limit of {MAX_KEYS}")
     out: dict[str, Any] = {}
     for key, value in metadata.items():
         if not isinstance(key, str) or not KEY_PATTERN.fullmatch(key):
-            raise MetadataError(f"{at}metadata key {key!r} is not a name (letters, digits, _ "
-                                "and -, starting with a letter or _, at most 64 characters)")
+            raise MetadataError(
+                f"{at}metadata key {key!r} is not a name (letters, digits, _ "
+                "and -, starting with a letter or _, at most 64 characters)"
+            )
         if key in RESERVED:
-            raise MetadataError(f"{at}metadata key {key!r} is reserved (a filter or payload "
-                                f"field of colembed's: {', '.join(sorted(FILTER_NAMES))} and "
-                                "the payload's own fields): choose another name")
+            raise MetadataError(
+                f"{at}metadata key {key!r} is reserved (a filter or payload "
+                f"field of colembed's: {', '.join(sorted(FILTER_NAMES))} and "
+                "the payload's own fields): choose another name"
+            )
         if value is None and removals:
             out[key] = None
             continue
         out[key] = _value(value, f"{at}metadata {key!r}")
     size = len(json.dumps(out, ensure_ascii=False).encode("utf-8"))
     if size > MAX_JSON_BYTES:
-        raise MetadataError(f"{at}metadata takes {size} bytes of JSON, over the limit of "
-                            f"{MAX_JSON_BYTES}")
+        raise MetadataError(
+            f"{at}metadata takes {size} bytes of JSON, over the limit of {MAX_JSON_BYTES}"
+        )
     return out
 
 
 def _value(value: Any, where: str) -> Any:
     if isinstance(value, (list, tuple)):
         if len(value) > MAX_LIST_ITEMS:
-            raise MetadataError(f"{where}: a list of {len(value)} items, over the limit of "
-                                f"{MAX_LIST_ITEMS}")
+            raise MetadataError(
+                f"{where}: a list of {len(value)} items, over the limit of {MAX_LIST_ITEMS}"
+            )
         items = [_scalar(v, where) for v in value]
         if any(isinstance(v, float) for v in items):
-            raise MetadataError(f"{where}: a list may hold strings and ints, not floats "
-                                "(Qdrant matches list elements exactly)")
+            raise MetadataError(
+                f"{where}: a list may hold strings and ints, not floats "
+                "(Qdrant matches list elements exactly)"
+            )
         return items
     return _scalar(value, where)
 
 
 def _scalar(value: Any, where: str) -> Any:
     if isinstance(value, bool):
-        raise MetadataError(f"{where}: a bool cannot be filtered on in Qdrant Edge (it reads "
-                            "it as 1 / 0): store \"yes\" / \"no\" or 1 / 0 instead")
+        raise MetadataError(
+            f"{where}: a bool cannot be filtered on in Qdrant Edge (it reads "
+            'it as 1 / 0): store "yes" / "no" or 1 / 0 instead'
+        )
     if isinstance(value, int):
         if not -INT64 <= value < INT64:
             raise MetadataError(f"{where}: {value} is outside the 64-bit integers Qdrant stores")
@@ -101,15 +124,20 @@ def _scalar(value: Any, where: str) -> Any:
         return float(value)
     if isinstance(value, str):
         if len(value) > MAX_STRING_CHARS:
-            raise MetadataError(f"{where}: a string of {len(value)} characters, over the limit "
-                                f"of {MAX_STRING_CHARS}")
+            raise MetadataError(
+                f"{where}: a string of {len(value)} characters, over the limit "
+                f"of {MAX_STRING_CHARS}"
+            )
         return value
-    raise MetadataError(f"{where}: a {type(value).__name__} cannot be stored (strings, numbers "
-                        "and lists of them can)")
+    raise MetadataError(
+        f"{where}: a {type(value).__name__} cannot be stored (strings, numbers "
+        "and lists of them can)"
+    )
 
 
-def merged(stored: Mapping[str, Any] | None, update: Mapping[str, Any],
-           replace: bool = False) -> dict[str, Any]:
+def merged(
+    stored: Mapping[str, Any] | None, update: Mapping[str, Any], replace: bool = False
+) -> dict[str, Any]:
     """A page's metadata after `update` (checked, None values remove keys): merged into what is
     stored, or replacing it."""
     out = {} if replace else dict(stored or {})
@@ -121,16 +149,19 @@ def merged(stored: Mapping[str, Any] | None, update: Mapping[str, Any],
     return out
 
 
-def metadata_for(metadata: Mapping[str, Any] | Callable[[str], Any] | None
-                 ) -> Callable[[str], dict[str, Any] | None]:
+def metadata_for(
+    metadata: Mapping[str, Any] | Callable[[str], Any] | None,
+) -> Callable[[str], dict[str, Any] | None]:
     """`Index.add`'s `metadata=` as a function of a file's path: a dict is every file's, a
     callable is asked per file (its answer checked there, naming the file)."""
     if metadata is None:
         return lambda path: None
     if callable(metadata):
+
         def ask(path: str) -> dict[str, Any] | None:
             answer = metadata(path)
             return None if answer is None else check_metadata(answer, path)
+
         return ask
     fixed = check_metadata(metadata)
     return lambda path: dict(fixed)

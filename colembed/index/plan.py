@@ -63,11 +63,15 @@ def two_stage_plan(schema: int, k: int, tokens: bool = False) -> list[Stage]:
     if schema == 1:
         return [Stage(name, max(k, PREFETCH_CANDIDATES)) for name in (ROWS_VECTOR, COLS_VECTOR)]
     if tokens:
-        return [Stage(TOKENS_STAGE, max(k, TOKEN_CANDIDATES)),
-                Stage(MEAN_VECTOR, max(k, TOKEN_MEAN_CANDIDATES))]
+        return [
+            Stage(TOKENS_STAGE, max(k, TOKEN_CANDIDATES)),
+            Stage(MEAN_VECTOR, max(k, TOKEN_MEAN_CANDIDATES)),
+        ]
     pool = Stage(MEAN_VECTOR, max(k, MEAN_POOL))
-    return [Stage(MEAN_VECTOR, max(k, MEAN_CANDIDATES)),
-            *(Stage(name, max(k, POOLED_CANDIDATES), pool) for name in (ROWS_VECTOR, COLS_VECTOR))]
+    return [
+        Stage(MEAN_VECTOR, max(k, MEAN_CANDIDATES)),
+        *(Stage(name, max(k, POOLED_CANDIDATES), pool) for name in (ROWS_VECTOR, COLS_VECTOR)),
+    ]
 
 
 def stage_query(query: np.ndarray, using: str) -> np.ndarray:

@@ -41,10 +41,14 @@ CLUSTERS_FIELD = "token_clusters"  # payload: per image token (grid order), its 
 
 def check_pool_factor(pool_factor) -> int:
     """The pool factor as an int >= 1, or ValueError saying what it is."""
-    if isinstance(pool_factor, bool) or not isinstance(pool_factor, (int, np.integer)) \
-            or pool_factor < 1:
-        raise ValueError(f"pool factor must be an integer >= 1 (1: no pooling), got "
-                         f"{pool_factor!r}")
+    if (
+        isinstance(pool_factor, bool)
+        or not isinstance(pool_factor, (int, np.integer))
+        or pool_factor < 1
+    ):
+        raise ValueError(
+            f"pool factor must be an integer >= 1 (1: no pooling), got {pool_factor!r}"
+        )
     return int(pool_factor)
 
 
@@ -91,8 +95,9 @@ def pool_page(vectors: np.ndarray, layout, pool_factor: int) -> tuple[np.ndarray
     pooled image rows)."""
     image = vectors[layout.image_rows]
     pooled, clusters = pool_tokens(image, pool_factor)
-    rows = np.concatenate([vectors[:layout.image_start], pooled,
-                           vectors[layout.image_rows.stop:]]).astype(np.float32)
+    rows = np.concatenate(
+        [vectors[: layout.image_start], pooled, vectors[layout.image_rows.stop :]]
+    ).astype(np.float32)
     return rows, clusters
 
 

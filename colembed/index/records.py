@@ -70,37 +70,63 @@ class ModelIdentity:
     model_source: str = ""
     pool_factor: int = 1  # hierarchical token pooling of the image tokens (pooling.py); 1: none
 
-    CHECKED = ("model", "variant", "manifest_sha256", "max_image_tokens", "render", "schema",
-               "pool_factor")
+    CHECKED = (
+        "model",
+        "variant",
+        "manifest_sha256",
+        "max_image_tokens",
+        "render",
+        "schema",
+        "pool_factor",
+    )
     # Recorded since colembed 0.2: a page written before lacks them, and is not refused for it.
     LATER = ("max_image_tokens", "render")
     # Recorded since pooling: a page without it was stored unpooled, and is compared as such.
     ABSENT_MEANS = {"pool_factor": 1}
 
     @classmethod
-    def of_model(cls, model: Any, *, schema: int, dpi: float | None,
-                 pool_factor: int = 1) -> ModelIdentity:
+    def of_model(
+        cls, model: Any, *, schema: int, dpi: float | None, pool_factor: int = 1
+    ) -> ModelIdentity:
         """The identity of a loaded `ColQwenModel` (its effective image budget)."""
-        return cls(model=model.name, variant=model.variant,
-                   manifest_sha256=manifest_sha256(model.folder),
-                   max_image_tokens=int(model.max_image_tokens), render=render_policy(dpi),
-                   schema=schema, model_source=str(Path(model.folder).resolve()),
-                   pool_factor=pool_factor)
+        return cls(
+            model=model.name,
+            variant=model.variant,
+            manifest_sha256=manifest_sha256(model.folder),
+            max_image_tokens=int(model.max_image_tokens),
+            render=render_policy(dpi),
+            schema=schema,
+            model_source=str(Path(model.folder).resolve()),
+            pool_factor=pool_factor,
+        )
 
     @classmethod
-    def of_folder(cls, folder: str | os.PathLike, *, variant: str, max_image_tokens: int | None,
-                  dpi: float | None, schema: int, pool_factor: int = 1) -> ModelIdentity:
+    def of_folder(
+        cls,
+        folder: str | os.PathLike,
+        *,
+        variant: str,
+        max_image_tokens: int | None,
+        dpi: float | None,
+        schema: int,
+        pool_factor: int = 1,
+    ) -> ModelIdentity:
         """The identity of a model folder, read without loading it (the Ray driver)."""
         from ..manifest import read_manifest
 
         folder = Path(folder).resolve()
         manifest = read_manifest(folder)
         config = manifest.preprocess.with_max_image_tokens(max_image_tokens)
-        return cls(model=manifest.model.name, variant=variant,
-                   manifest_sha256=manifest_sha256(folder),
-                   max_image_tokens=config.max_pixels // config.pixels_per_image_token,
-                   render=render_policy(dpi), schema=schema, model_source=str(folder),
-                   pool_factor=pool_factor)
+        return cls(
+            model=manifest.model.name,
+            variant=variant,
+            manifest_sha256=manifest_sha256(folder),
+            max_image_tokens=config.max_pixels // config.pixels_per_image_token,
+            render=render_policy(dpi),
+            schema=schema,
+            model_source=str(folder),
+            pool_factor=pool_factor,
+        )
 
     def payload(self) -> dict[str, Any]:
         return asdict(self)
@@ -116,9 +142,11 @@ class ModelIdentity:
         problems = self.mismatches(stored) if stored else []
         if problems:
             raise ModelMismatchError(
-                f"{location}: this index was built another way (" + "; ".join(problems)
+                f"{location}: this index was built another way ("
+                + "; ".join(problems)
                 + "); its pages would not be comparable: use the settings it was built with, or "
-                "another index")
+                "another index"
+            )
 
 
 def identity_field(payload: dict[str, Any], name: str) -> Any:
@@ -151,16 +179,33 @@ def options_of(stored: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def page_payload(identity: ModelIdentity, *, path: str, page: int, pages: int, sha256: str,
-                 size: tuple[int, int], source: str, meta: dict[str, Any] | None = None,
-                 text: str | None = None) -> dict[str, Any]:
+def page_payload(
+    identity: ModelIdentity,
+    *,
+    path: str,
+    page: int,
+    pages: int,
+    sha256: str,
+    size: tuple[int, int],
+    source: str,
+    meta: dict[str, Any] | None = None,
+    text: str | None = None,
+) -> dict[str, Any]:
     """The payload of page `page` of a file (everything but the grid, which `make_point` adds);
     with the file's checked metadata and the page's text layer when it has them (schema.py's
     META_FIELD, TEXT_FIELD)."""
     from .schema import META_FIELD, TEXT_FIELD, TEXT_TRUNCATED_FIELD, encode_text
 
-    out = dict(identity.payload(), path=path, page=page, pages=pages, sha256=sha256,
-               width=int(size[0]), height=int(size[1]), source=source)
+    out = dict(
+        identity.payload(),
+        path=path,
+        page=page,
+        pages=pages,
+        sha256=sha256,
+        width=int(size[0]),
+        height=int(size[1]),
+        source=source,
+    )
     if meta:
         out[META_FIELD] = dict(meta)
     if text is not None:  # "" too: a PDF page without a text layer (a scan) says so
@@ -209,8 +254,13 @@ def owned(payload_source: str, source: str) -> bool:
 def stale_ids(catalog: Catalog, path: str, sha256: str, source: str) -> list[str]:
     """The stored pages a changed file at `path` (now `sha256`) replaces: those of other contents
     at the same path written by the same source."""
-    return [pid for sha, pages in catalog.by_path.get(path, {}).items() if sha != sha256
-            for pid in pages.values() if owned(catalog.source.get(pid, ""), source)]
+    return [
+        pid
+        for sha, pages in catalog.by_path.get(path, {}).items()
+        if sha != sha256
+        for pid in pages.values()
+        if owned(catalog.source.get(pid, ""), source)
+    ]
 
 
 # ------------------------------------------------------------------------------------- bad pages
@@ -220,12 +270,16 @@ def page_failure(page: int, error: BaseException) -> str:
         return error.reason.removeprefix(f"page {page}: ")
     if isinstance(error, InputError):
         return error.reason
-    return f"unexpected {type(error).__name__}: {error}" if str(error) else \
-        f"unexpected {type(error).__name__}"
+    return (
+        f"unexpected {type(error).__name__}: {error}"
+        if str(error)
+        else f"unexpected {type(error).__name__}"
+    )
 
 
-def embed_keeping_going(model: Any, images: list, batch_size: int,
-                        on_embedded: Callable[[int, list], None]) -> dict[int, str]:
+def embed_keeping_going(
+    model: Any, images: list, batch_size: int, on_embedded: Callable[[int, list], None]
+) -> dict[int, str]:
     """Embed `images`; `on_embedded(first, results)` gets each run of consecutive pages embedded
     (results for images[first:first + len(results)]), and the returned dict says why each other
     page (by index) failed: the model refused it (InputError, which says how many came before),
@@ -234,7 +288,7 @@ def embed_keeping_going(model: Any, images: list, batch_size: int,
     errors: dict[int, str] = {}
     start, one_by_one = 0, False
     while start < len(images):
-        window = images[start:start + 1] if one_by_one else images[start:]
+        window = images[start : start + 1] if one_by_one else images[start:]
         try:
             done, bad = model.embed_pages(window, batch_size=batch_size), None
         except Exception as e:  # noqa: BLE001 (any failure is a page's, reported by name)
@@ -287,14 +341,18 @@ class AddResult:
 
     def to_dict(self) -> dict[str, list[dict[str, Any]]]:
         """The JSON shape of `colembed index --json` (with or without --ray)."""
-        return {k: [asdict(r) for r in getattr(self, k)]
-                for k in ("added", "skipped", "failed", "removed")}
+        return {
+            k: [asdict(r) for r in getattr(self, k)]
+            for k in ("added", "skipped", "failed", "removed")
+        }
 
     @classmethod
     def of_discovery(cls, ignored, missing) -> AddResult:
         """The reports of what discovery left out (sources.Found's `ignored`, `missing`)."""
-        return cls(skipped=[FileReport(str(p), reason=r) for p, r in ignored],
-                   failed=[FileReport(str(p), reason=r) for p, r in missing])
+        return cls(
+            skipped=[FileReport(str(p), reason=r) for p, r in ignored],
+            failed=[FileReport(str(p), reason=r) for p, r in missing],
+        )
 
 
 ALREADY_INDEXED = "already indexed"
@@ -306,15 +364,23 @@ def failure_reason(pages: int, errors: dict[int, str], indexed: int) -> str:
     its pages are indexed."""
     bad = sorted(errors)
     first = f"page {bad[0]} of {pages}: {errors[bad[0]]}"
-    more = (f" (and {len(bad) - 1} more page(s): {', '.join(map(str, bad[1:]))})"
-            if bad[1:] else "")
+    more = f" (and {len(bad) - 1} more page(s): {', '.join(map(str, bad[1:]))})" if bad[1:] else ""
     kept = f"; its other {indexed} page(s) are indexed" if indexed else ""
     return first + more + kept
 
 
-def file_report(result: AddResult, path: str, *, pages: int, stored: int, had: int,
-                errors: dict[int, str], stale: bool, reused: int = 0,
-                reused_from: str = "") -> None:
+def file_report(
+    result: AddResult,
+    path: str,
+    *,
+    pages: int,
+    stored: int,
+    had: int,
+    errors: dict[int, str],
+    stale: bool,
+    reused: int = 0,
+    reused_from: str = "",
+) -> None:
     """File the outcome of one file whose every page was tried into `result`: failed (naming its
     bad pages), added (new pages, or an older version replaced), or skipped (already indexed)."""
     report = FileReport(path, stored, reused=reused)
@@ -322,9 +388,13 @@ def file_report(result: AddResult, path: str, *, pages: int, stored: int, had: i
         report.reason = failure_reason(pages, errors, stored + had)
         result.failed.append(report)
     elif stored or stale:
-        report.reason = (REPLACED if stale else
-                         f"same content as {reused_from}: its vectors were reused"
-                         if reused and reused == stored else "")
+        report.reason = (
+            REPLACED
+            if stale
+            else f"same content as {reused_from}: its vectors were reused"
+            if reused and reused == stored
+            else ""
+        )
         result.added.append(report)
     else:
         result.skipped.append(FileReport(path, reason=ALREADY_INDEXED))

@@ -44,14 +44,19 @@ import numpy as np
 from .pooling import CLUSTERS_FIELD
 
 SCHEMA_VERSION = 3  # the newest: a new Qdrant Edge folder (page + mean, a token table beside)
-SERVER_SCHEMA = 2  # a new Qdrant server collection and a Parquet target (their plan reads rows/cols)
+SERVER_SCHEMA = (
+    2  # a new Qdrant server collection and a Parquet target (their plan reads rows/cols)
+)
 PAGE_VECTOR = "page"
 ROWS_VECTOR = "rows"
 COLS_VECTOR = "cols"
 MEAN_VECTOR = "mean"
 MULTI_VECTORS = (PAGE_VECTOR, ROWS_VECTOR, COLS_VECTOR)  # MaxSim; MEAN_VECTOR is a plain vector
-SCHEMA_VECTORS = {1: MULTI_VECTORS, 2: (*MULTI_VECTORS, MEAN_VECTOR),
-                  3: (PAGE_VECTOR, MEAN_VECTOR)}  # version -> vector names
+SCHEMA_VECTORS = {
+    1: MULTI_VECTORS,
+    2: (*MULTI_VECTORS, MEAN_VECTOR),
+    3: (PAGE_VECTOR, MEAN_VECTOR),
+}  # version -> vector names
 ALL_VECTORS = SCHEMA_VECTORS[2]  # what make_point makes (every store keeps a subset)
 DEFAULT_COLLECTION = "colembed"
 STORED_DTYPE = np.float16  # what both stores keep every vector as (edge.py, server.py)
@@ -60,8 +65,20 @@ STORED_DTYPE = np.float16  # what both stores keep every vector as (edge.py, ser
 # makes the same ids (idempotent upserts) and a changed file makes new ones.
 POINT_NAMESPACE = uuid.UUID("5b0c1f3e-8f4a-5d2b-9c61-2f6a7e0d4c11")
 
-PAYLOAD_FIELDS = ("path", "page", "pages", "sha256", "width", "height", "grid", "image_start",
-                  "model", "variant", "manifest_sha256", "schema")
+PAYLOAD_FIELDS = (
+    "path",
+    "page",
+    "pages",
+    "sha256",
+    "width",
+    "height",
+    "grid",
+    "image_start",
+    "model",
+    "variant",
+    "manifest_sha256",
+    "schema",
+)
 
 # Optional payload fields, declared here once (every store writes them as they come):
 # - META_FIELD: the user's metadata of the page's file (a JSON object, checked by metadata.py),
@@ -101,16 +118,16 @@ def decode_text(stored: str) -> str:
     import zlib
 
     try:
-        data = zlib.decompressobj().decompress(base64.b64decode(stored, validate=True),
-                                               MAX_TEXT_BYTES)
+        data = zlib.decompressobj().decompress(
+            base64.b64decode(stored, validate=True), MAX_TEXT_BYTES
+        )
         return data.decode("utf-8", "replace")
     except (binascii.Error, zlib.error, TypeError) as e:
         raise ValueError(f"stored page text is damaged ({e})") from e
 
 
 def _is_int(v: Any, low: int) -> bool:
-    return (isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
-            and v >= low)
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= low
 
 
 _SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -123,18 +140,24 @@ PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "path": ("a non-empty str", lambda v: isinstance(v, str) and v != "" and "\x00" not in v),
     "page": ("an int >= 1", lambda v: _is_int(v, 1)),
     "pages": ("an int >= page", lambda v: _is_int(v, 1)),
-    "sha256": ("64 lower-case hex digits", lambda v: isinstance(v, str)
-               and _SHA256.fullmatch(v) is not None),
+    "sha256": (
+        "64 lower-case hex digits",
+        lambda v: isinstance(v, str) and _SHA256.fullmatch(v) is not None,
+    ),
     "width": ("an int >= 1", lambda v: _is_int(v, 1)),
     "height": ("an int >= 1", lambda v: _is_int(v, 1)),
-    "grid": ("[rows, cols], two ints >= 1", lambda v: isinstance(v, (list, tuple))
-             and len(v) == 2 and all(_is_int(x, 1) for x in v)),
+    "grid": (
+        "[rows, cols], two ints >= 1",
+        lambda v: isinstance(v, (list, tuple)) and len(v) == 2 and all(_is_int(x, 1) for x in v),
+    ),
     "image_start": ("an int >= 0", lambda v: _is_int(v, 0)),
     "model": ("a str", lambda v: isinstance(v, str)),
     "variant": ("a str", lambda v: isinstance(v, str)),
     "manifest_sha256": ("a str", lambda v: isinstance(v, str)),
-    "schema": (f"a schema version ({', '.join(map(str, SCHEMA_VECTORS))})",
-               lambda v: _is_int(v, 1) and int(v) in SCHEMA_VECTORS),
+    "schema": (
+        f"a schema version ({', '.join(map(str, SCHEMA_VECTORS))})",
+        lambda v: _is_int(v, 1) and int(v) in SCHEMA_VECTORS,
+    ),
 }
 # Fields a page may carry beyond PAYLOAD_FIELDS (records.ModelIdentity's, the writer's source,
 # a pooled page's clusters); absent on pages written by older colembeds.
@@ -146,8 +169,10 @@ OPTIONAL_PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "pool_factor": ("an int >= 1", lambda v: _is_int(v, 1)),
     CLUSTERS_FIELD: ("a str", lambda v: isinstance(v, str)),
     # the user's metadata (what a value may be: metadata.py, which checks it where it is set)
-    META_FIELD: ("an object with str keys", lambda v: isinstance(v, dict)
-                 and all(isinstance(k, str) for k in v)),
+    META_FIELD: (
+        "an object with str keys",
+        lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+    ),
     TEXT_FIELD: ("a str (encode_text's form)", lambda v: isinstance(v, str)),
     TEXT_TRUNCATED_FIELD: ("a bool", lambda v: isinstance(v, bool)),
 }
@@ -168,11 +193,13 @@ def payload_problems(payload: Any, *, strict: bool = True) -> list[str]:
         if name in payload and not ok(payload[name]):
             problems.append(f"{name}: must be {words}, got {_shown(payload[name])}")
     if not problems and payload["pages"] < payload["page"]:
-        problems.append(f"pages: must be an int >= page ({payload['page']}), got "
-                        f"{payload['pages']}")
+        problems.append(
+            f"pages: must be an int >= page ({payload['page']}), got {payload['pages']}"
+        )
     if strict:
-        unknown = sorted(str(k) for k in payload if k not in PAYLOAD_RULES
-                         and k not in OPTIONAL_PAYLOAD_RULES)
+        unknown = sorted(
+            str(k) for k in payload if k not in PAYLOAD_RULES and k not in OPTIONAL_PAYLOAD_RULES
+        )
         if unknown:
             problems.append(f"unknown field(s) {unknown}")
     return problems
@@ -212,14 +239,17 @@ def pooled_from_payload(page: np.ndarray, payload: dict[str, Any]) -> tuple[np.n
     from .pooling import CLUSTERS_FIELD
 
     if payload.get(CLUSTERS_FIELD):
-        raise ValueError(f"page {payload.get('page')} of {payload.get('path')} is stored pooled: "
-                         "its row / column vectors cannot be made from its stored vectors")
+        raise ValueError(
+            f"page {payload.get('page')} of {payload.get('path')} is stored pooled: "
+            "its row / column vectors cannot be made from its stored vectors"
+        )
     rows, cols = (int(x) for x in payload["grid"])
     return _grid_pooled(np.asarray(page, dtype=np.float32), int(payload["image_start"]), rows, cols)
 
 
-def _grid_pooled(vectors: np.ndarray, start: int, grid_rows: int,
-                 grid_cols: int) -> tuple[np.ndarray, np.ndarray]:
+def _grid_pooled(
+    vectors: np.ndarray, start: int, grid_rows: int, grid_cols: int
+) -> tuple[np.ndarray, np.ndarray]:
     stop = start + grid_rows * grid_cols
     image = vectors[start:stop].reshape(grid_rows, grid_cols, -1)
     others = np.concatenate([vectors[:start], vectors[stop:]])
@@ -239,7 +269,7 @@ def image_tokens(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
     from .pooling import image_row_count
 
     start = payload["image_start"]
-    return page[start:start + image_row_count(payload)]
+    return page[start : start + image_row_count(payload)]
 
 
 def mean_from_payload(page: np.ndarray, payload: dict[str, Any]) -> np.ndarray:
@@ -260,8 +290,9 @@ def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoin
     rows / cols / mean vectors are always those of the unpooled page."""
     from .pooling import CLUSTERS_FIELD, check_pool_factor, encode_clusters, pool_page
 
-    payload = dict(payload, grid=[layout.grid_rows, layout.grid_cols],
-                   image_start=layout.image_start)
+    payload = dict(
+        payload, grid=[layout.grid_rows, layout.grid_cols], image_start=layout.image_start
+    )
     missing = [f for f in PAYLOAD_FIELDS if f not in payload]
     if missing:
         raise ValueError(f"page payload lacks {missing}")
@@ -272,6 +303,8 @@ def make_point(vectors: np.ndarray, layout, payload: dict[str, Any]) -> PagePoin
     if factor > 1:
         page, clusters = pool_page(page, layout, factor)
         payload[CLUSTERS_FIELD] = encode_clusters(clusters)
-    return PagePoint(point_id(payload["sha256"], payload["page"], payload["path"]),
-                     {PAGE_VECTOR: page, ROWS_VECTOR: rows, COLS_VECTOR: cols,
-                      MEAN_VECTOR: mean}, payload)
+    return PagePoint(
+        point_id(payload["sha256"], payload["page"], payload["path"]),
+        {PAGE_VECTOR: page, ROWS_VECTOR: rows, COLS_VECTOR: cols, MEAN_VECTOR: mean},
+        payload,
+    )

@@ -22,12 +22,20 @@ import numpy as np
 from qdrant_client import QdrantClient, models
 from qdrant_client.http.exceptions import ApiException
 
-from .schema import (BULKY_FIELDS, DEFAULT_COLLECTION, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR,
-                     SCHEMA_VECTORS, SERVER_SCHEMA, PagePoint, schema_of)
+from .schema import (
+    BULKY_FIELDS,
+    DEFAULT_COLLECTION,
+    LEXICAL_VECTOR,
+    MEAN_VECTOR,
+    PAGE_VECTOR,
+    SCHEMA_VECTORS,
+    SERVER_SCHEMA,
+    PagePoint,
+    schema_of,
+)
 from .errors import IndexNotFoundError, StoreError
 from .plan import HYBRID_CANDIDATES, RRF_K, Stage, stage_query
-from .store import (INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point,
-                    check_mode)
+from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
 from .where import Where
 
 
@@ -40,20 +48,31 @@ def _client_errors(action: str, where: str) -> Iterator[None]:
 
 
 def _vector_params(dim: int, name: str) -> models.VectorParams:
-    multi = (None if name == MEAN_VECTOR
-             else models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM))
-    return models.VectorParams(size=dim, distance=models.Distance.DOT, multivector_config=multi,
-                               datatype=models.Datatype.FLOAT16,
-                               hnsw_config=models.HnswConfigDiff(m=0),
-                               on_disk=name == PAGE_VECTOR)  # as on Edge (edge.py says why)
+    multi = (
+        None
+        if name == MEAN_VECTOR
+        else models.MultiVectorConfig(comparator=models.MultiVectorComparator.MAX_SIM)
+    )
+    return models.VectorParams(
+        size=dim,
+        distance=models.Distance.DOT,
+        multivector_config=multi,
+        datatype=models.Datatype.FLOAT16,
+        hnsw_config=models.HnswConfigDiff(m=0),
+        on_disk=name == PAGE_VECTOR,
+    )  # as on Edge (edge.py says why)
 
 
-def _prefetch(query: np.ndarray, stage: Stage,
-              where: models.Filter | None = None) -> models.Prefetch:
-    return models.Prefetch(query=stage_query(query, stage.using).tolist(), using=stage.using,
-                           limit=stage.limit, filter=where,
-                           prefetch=_prefetch(query, stage.within, where) if stage.within
-                           else None)
+def _prefetch(
+    query: np.ndarray, stage: Stage, where: models.Filter | None = None
+) -> models.Prefetch:
+    return models.Prefetch(
+        query=stage_query(query, stage.using).tolist(),
+        using=stage.using,
+        limit=stage.limit,
+        filter=where,
+        prefetch=_prefetch(query, stage.within, where) if stage.within else None,
+    )
 
 
 def client_filter(where: Where | None) -> models.Filter | None:
@@ -79,8 +98,9 @@ def client_filter(where: Where | None) -> models.Filter | None:
 def _any_of(key: str, values) -> Any:
     if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
         return models.FieldCondition(key=key, match=models.MatchAny(any=list(values)))
-    return models.Filter(should=[models.FieldCondition(key=key, match=models.MatchValue(value=v))
-                                 for v in values])
+    return models.Filter(
+        should=[models.FieldCondition(key=key, match=models.MatchValue(value=v)) for v in values]
+    )
 
 
 class ServerStore(Store):
@@ -88,15 +108,24 @@ class ServerStore(Store):
 
     upgrade_hint = "index the files into a new collection for the faster one"
 
-    def __init__(self, *, url: str | None = None, api_key: str | None = None,
-                 path: Path | None = None, dim: int | None = None,
-                 collection: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        path: Path | None = None,
+        dim: int | None = None,
+        collection: str | None = None,
+    ) -> None:
         self.collection = collection or DEFAULT_COLLECTION
         self.local = path is not None
         self.location = f"{url or path} (collection {self.collection})"
         with _client_errors("connect", self.location):
-            self.client = (QdrantClient(url=url, api_key=api_key) if url is not None
-                           else QdrantClient(path=str(path)))
+            self.client = (
+                QdrantClient(url=url, api_key=api_key)
+                if url is not None
+                else QdrantClient(path=str(path))
+            )
             exists = self.client.collection_exists(self.collection)
         if exists:
             with _client_errors("read the collection", self.location):
@@ -105,8 +134,10 @@ class ServerStore(Store):
             self.has_lexical = LEXICAL_VECTOR in (config.sparse_vectors or {})
             schema = schema_of(params) if isinstance(params, dict) else None
             if schema is None:
-                raise StoreError(f"{self.location}: collection is not a colembed index "
-                                 f"(vectors {sorted(params) if isinstance(params, dict) else params})")
+                raise StoreError(
+                    f"{self.location}: collection is not a colembed index "
+                    f"(vectors {sorted(params) if isinstance(params, dict) else params})"
+                )
             self.dim, self.schema = int(params[PAGE_VECTOR].size), schema
             self._index_payload()
             return
@@ -115,10 +146,12 @@ class ServerStore(Store):
             raise IndexNotFoundError(f"{self.location}: no index here")
         with _client_errors("create the collection", self.location):
             self.client.create_collection(
-                self.collection, vectors_config={n: _vector_params(dim, n)
-                                                 for n in SCHEMA_VECTORS[SERVER_SCHEMA]},
-                sparse_vectors_config={LEXICAL_VECTOR: models.SparseVectorParams(
-                    modifier=models.Modifier.IDF)})
+                self.collection,
+                vectors_config={n: _vector_params(dim, n) for n in SCHEMA_VECTORS[SERVER_SCHEMA]},
+                sparse_vectors_config={
+                    LEXICAL_VECTOR: models.SparseVectorParams(modifier=models.Modifier.IDF)
+                },
+            )
         self.has_lexical = True
         self.dim, self.schema = dim, SERVER_SCHEMA
         self._index_payload()
@@ -130,16 +163,20 @@ class ServerStore(Store):
             return
         with _client_errors("read the collection's payload indexes", self.location):
             have = set(self.client.get_collection(self.collection).payload_schema or {})
-            kinds = {"keyword": models.PayloadSchemaType.KEYWORD,
-                     "integer": models.PayloadSchemaType.INTEGER}
+            kinds = {
+                "keyword": models.PayloadSchemaType.KEYWORD,
+                "integer": models.PayloadSchemaType.INTEGER,
+            }
             for name, kind in INDEXED_FIELDS.items():
                 if name not in have:
                     self.client.create_payload_index(self.collection, name, kinds[kind], wait=True)
 
     def upsert(self, points: Sequence[PagePoint]) -> None:
         for lo in range(0, len(points), UPSERT_BATCH):
-            batch = [models.PointStruct(id=p.id, payload=p.payload, vector=self._named(p))
-                     for p in points[lo:lo + UPSERT_BATCH]]
+            batch = [
+                models.PointStruct(id=p.id, payload=p.payload, vector=self._named(p))
+                for p in points[lo : lo + UPSERT_BATCH]
+            ]
             with _client_errors("store pages", self.location):
                 self.client.upsert(self.collection, points=batch, wait=True)
 
@@ -153,14 +190,18 @@ class ServerStore(Store):
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         if ids:
             with _client_errors("update page payloads", self.location):
-                self.client.set_payload(self.collection, payload=payload, points=list(ids),
-                                        wait=True)
+                self.client.set_payload(
+                    self.collection, payload=payload, points=list(ids), wait=True
+                )
 
     def delete(self, ids: Sequence[str]) -> None:
         if ids:
             with _client_errors("delete pages", self.location):
-                self.client.delete(self.collection, points_selector=models.PointIdsList(
-                    points=list(ids)), wait=True)
+                self.client.delete(
+                    self.collection,
+                    points_selector=models.PointIdsList(points=list(ids)),
+                    wait=True,
+                )
 
     def count(self) -> int:
         with _client_errors("count pages", self.location):
@@ -172,26 +213,36 @@ class ServerStore(Store):
         while True:
             with _client_errors("list pages", self.location):
                 records, offset = self.client.scroll(
-                    self.collection, limit=SCROLL_PAGE, offset=offset,
-                    with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)))
-            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {}))
-                                              for r in records))
+                    self.collection,
+                    limit=SCROLL_PAGE,
+                    offset=offset,
+                    with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)),
+                )
+            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records))
             if offset is None:
                 return out
 
     def any_payload(self) -> dict[str, Any] | None:
         offset = None
-        while True:  # the first stored page whose payload fits the schema (the first, nearly always)
+        while (
+            True
+        ):  # the first stored page whose payload fits the schema (the first, nearly always)
             with _client_errors("read a page", self.location):
-                records, offset = self.client.scroll(self.collection, limit=16, offset=offset,
-                                                     with_payload=True)
+                records, offset = self.client.scroll(
+                    self.collection, limit=16, offset=offset, with_payload=True
+                )
             good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
             if good or offset is None:
                 return good[0][1] if good else None
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None,
-               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
+    def search(
+        self,
+        queries: Sequence[np.ndarray],
+        k: int,
+        mode: str,
+        where: Where | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> list[list[StoredHit]]:
         """`Store.search`; `where` filters in every prefetch stage and the exact rerank.
         "hybrid": the two-stage result and the BM25 search fused by RRF (edge.py alike)."""
         check_mode(mode)
@@ -201,44 +252,78 @@ class ServerStore(Store):
             return [[] for _ in queries]
         flt = client_filter(where)
         if mode == "hybrid":
-            requests = [self._hybrid(np.asarray(q, dtype=np.float32), text, k, flt)
-                        for q, text in zip(queries, texts)]
+            requests = [
+                self._hybrid(np.asarray(q, dtype=np.float32), text, k, flt)
+                for q, text in zip(queries, texts)
+            ]
         else:
-            requests = [self._request(np.asarray(q, dtype=np.float32), k, mode, flt)
-                        for q in queries]
+            requests = [
+                self._request(np.asarray(q, dtype=np.float32), k, mode, flt) for q in queries
+            ]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
-        return [[StoredHit(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points
-                 if self.readable(str(p.id), dict(p.payload or {}))] for r in responses]
+        return [
+            [
+                StoredHit(str(p.id), float(p.score), dict(p.payload or {}))
+                for p in r.points
+                if self.readable(str(p.id), dict(p.payload or {}))
+            ]
+            for r in responses
+        ]
 
-    def _hybrid(self, query: np.ndarray, text: str, k: int,
-                where: models.Filter | None) -> models.QueryRequest:
+    def _hybrid(
+        self, query: np.ndarray, text: str, k: int, where: models.Filter | None
+    ) -> models.QueryRequest:
         from .lexical import query_terms
 
         n = max(k, HYBRID_CANDIDATES)
         dense = self._request(query, n, "two-stage", where)
-        stages = [models.Prefetch(query=dense.query, using=PAGE_VECTOR, prefetch=dense.prefetch,
-                                  limit=n, filter=where)]
+        stages = [
+            models.Prefetch(
+                query=dense.query, using=PAGE_VECTOR, prefetch=dense.prefetch, limit=n, filter=where
+            )
+        ]
         indices, values = query_terms(text)
         if indices:
-            stages.append(models.Prefetch(query=models.SparseVector(indices=indices,
-                                                                    values=values),
-                                          using=LEXICAL_VECTOR, limit=n, filter=where))
-        return models.QueryRequest(prefetch=stages, query=models.RrfQuery(rrf=models.Rrf(k=RRF_K)),
-                                   limit=k, with_payload=True, filter=where)
+            stages.append(
+                models.Prefetch(
+                    query=models.SparseVector(indices=indices, values=values),
+                    using=LEXICAL_VECTOR,
+                    limit=n,
+                    filter=where,
+                )
+            )
+        return models.QueryRequest(
+            prefetch=stages,
+            query=models.RrfQuery(rrf=models.Rrf(k=RRF_K)),
+            limit=k,
+            with_payload=True,
+            filter=where,
+        )
 
-    def _request(self, query: np.ndarray, k: int, mode: str,
-                 where: models.Filter | None = None) -> models.QueryRequest:
+    def _request(
+        self, query: np.ndarray, k: int, mode: str, where: models.Filter | None = None
+    ) -> models.QueryRequest:
         stages = None if mode == "exact" else [_prefetch(query, s, where) for s in self.plan(k)]
-        return models.QueryRequest(query=query.tolist(), using=PAGE_VECTOR, prefetch=stages,
-                                   limit=k, with_payload=True, filter=where)
+        return models.QueryRequest(
+            query=query.tolist(),
+            using=PAGE_VECTOR,
+            prefetch=stages,
+            limit=k,
+            with_payload=True,
+            filter=where,
+        )
 
     def points(self, ids: Sequence[str]) -> dict[str, PagePoint]:
         with _client_errors("read pages", self.location):
-            records = self.client.retrieve(self.collection, ids=list(ids), with_payload=True,
-                                           with_vectors=True)
-        return {str(r.id): as_point(r) for r in records
-                if self.readable(str(r.id), dict(r.payload or {}))}
+            records = self.client.retrieve(
+                self.collection, ids=list(ids), with_payload=True, with_vectors=True
+            )
+        return {
+            str(r.id): as_point(r)
+            for r in records
+            if self.readable(str(r.id), dict(r.payload or {}))
+        }
 
     def close(self) -> None:
         if getattr(self, "client", None) is not None:

@@ -41,8 +41,18 @@ POINTS_PER_INCH = 72
 HASH_CHUNK = 1 << 20
 # What PIL and pdfium raise on corrupt input (PIL's TIFF plugin leaks KeyError/TypeError/
 # SyntaxError on some damaged files; pdfium raises PdfiumError, a RuntimeError).
-DECODE_ERRORS = (OSError, ValueError, SyntaxError, EOFError, KeyError, TypeError, IndexError,
-                 RuntimeError, UnidentifiedImageError, Image.DecompressionBombError)
+DECODE_ERRORS = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    KeyError,
+    TypeError,
+    IndexError,
+    RuntimeError,
+    UnidentifiedImageError,
+    Image.DecompressionBombError,
+)
 
 
 @dataclass(frozen=True)
@@ -59,8 +69,11 @@ def kind_of(path: Path) -> str | None:
     return "pdf" if suffix in PDF_SUFFIXES else "image" if suffix in IMAGE_SUFFIXES else None
 
 
-def discover(paths: Iterable[str | os.PathLike], exclude: Iterable[Path] = (),
-             within: Sequence[str | os.PathLike] | None = None) -> Found:
+def discover(
+    paths: Iterable[str | os.PathLike],
+    exclude: Iterable[Path] = (),
+    within: Sequence[str | os.PathLike] | None = None,
+) -> Found:
     """Documents under `paths` (files as given, folders walked in sorted order, symlinked folders
     followed once; hidden entries and `exclude`d folders, such as the index itself, are skipped). A named file that is not a
     document, or a path that does not exist, is `missing`; other non-documents are `ignored`.
@@ -97,8 +110,9 @@ def _inside_any(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == r or r in path.parents for r in roots)
 
 
-def _confined(found: list[Path], roots: Sequence[Path],
-              ignored: list[tuple[Path, str]]) -> list[Path]:
+def _confined(
+    found: list[Path], roots: Sequence[Path], ignored: list[tuple[Path, str]]
+) -> list[Path]:
     """The walked files by their resolved paths, those outside `roots` left out with a reason."""
     kept = []
     for path in found:
@@ -125,8 +139,9 @@ def _walk(root: Path, excluded: set[Path], ignored: list[tuple[Path, str]]) -> l
             real = os.path.realpath(here / d)
             if real in seen or Path(real) in excluded:
                 if (here / d).is_symlink():
-                    ignored.append((here / d, "symlink to a folder already walked: not walked "
-                                              "again"))
+                    ignored.append(
+                        (here / d, "symlink to a folder already walked: not walked again")
+                    )
                 continue
             seen.add(real)
             keep.append(d)
@@ -135,8 +150,7 @@ def _walk(root: Path, excluded: set[Path], ignored: list[tuple[Path, str]]) -> l
             if name.startswith("."):
                 continue
             path = here / name
-            (found.append(path) if kind_of(path) else
-             ignored.append((path, "not a PDF or image")))
+            (found.append(path) if kind_of(path) else ignored.append((path, "not a PDF or image")))
     return found
 
 
@@ -185,9 +199,16 @@ class Document:
     open file the caller hashed already (`sha256`), is passed; pdfium and PIL read that
     descriptor, never the path again."""
 
-    def __init__(self, path: Path, *, max_pixels: int, dpi: float | None = None,
-                 within: Sequence[str | os.PathLike] | None = None,
-                 handle: BinaryIO | None = None, sha256: str | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        max_pixels: int,
+        dpi: float | None = None,
+        within: Sequence[str | os.PathLike] | None = None,
+        handle: BinaryIO | None = None,
+        sha256: str | None = None,
+    ) -> None:
         self.path, self.max_pixels, self.dpi = Path(path), max_pixels, dpi
         self.kind = kind_of(self.path)
         self._pdf = self._image = None
@@ -243,8 +264,11 @@ class Document:
             if self._pdf is not None:
                 pdf_page = self._pdf[page - 1]
                 width, height = pdf_page.get_size()
-                scale = (size[0] / width if size else
-                         render_scale(width, height, max_pixels=self.max_pixels, dpi=self.dpi))
+                scale = (
+                    size[0] / width
+                    if size
+                    else render_scale(width, height, max_pixels=self.max_pixels, dpi=self.dpi)
+                )
                 check_pixels((math.ceil(width * scale), math.ceil(height * scale)))
                 # RGB byte order straight from pdfium: no BGR swap, no second copy (same pixels)
                 image = pdf_page.render(scale=scale, rev_byteorder=True).to_pil()

@@ -27,9 +27,20 @@ import numpy as np
 
 from .errors import BadPointWarning, OldIndexWarning, StoreError
 from .plan import TOKENS_STAGE, Stage, two_stage_plan
-from .schema import (COLS_VECTOR, LEXICAL_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
-                     SCHEMA_VECTORS, TEXT_FIELD, PagePoint, decode_text, mean_from_payload,
-                     payload_problems, pooled_from_payload)
+from .schema import (
+    COLS_VECTOR,
+    LEXICAL_VECTOR,
+    MEAN_VECTOR,
+    PAGE_VECTOR,
+    ROWS_VECTOR,
+    SCHEMA_VECTORS,
+    TEXT_FIELD,
+    PagePoint,
+    decode_text,
+    mean_from_payload,
+    payload_problems,
+    pooled_from_payload,
+)
 from .where import Where, parse as parse_where
 
 SEARCH_MODES = ("two-stage", "exact", "hybrid")
@@ -77,11 +88,16 @@ class Store(ABC):
         if pid not in warned:
             warned.add(pid)
             path = payload.get("path") if isinstance(payload, dict) else None
-            warnings.warn(f"{self.location}: skipping stored point {pid}"
-                          + (f" ({str(path)[:200]!r})" if path is not None else "")
-                          + ": its payload does not fit the index's schema ("
-                          + "; ".join(problems) + "); remove it (Index.remove of its path, or "
-                          "its id) or index its file again", BadPointWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.location}: skipping stored point {pid}"
+                + (f" ({str(path)[:200]!r})" if path is not None else "")
+                + ": its payload does not fit the index's schema ("
+                + "; ".join(problems)
+                + "); remove it (Index.remove of its path, or "
+                "its id) or index its file again",
+                BadPointWarning,
+                stacklevel=3,
+            )
         return False
 
     def readable_payloads(self, records) -> list[tuple[str, dict[str, Any]]]:
@@ -103,16 +119,24 @@ class Store(ABC):
         is refused, naming the vector."""
         if MEAN_VECTOR not in self.vector_names and not getattr(self, "_told", False):
             self._told = True
-            warnings.warn(f"{self.location}: this index has schema {self.schema} (no `mean` "
-                          "vector), so two-stage search uses the older, slower plan; "
-                          f"{self.upgrade_hint}.", OldIndexWarning, stacklevel=3)
+            warnings.warn(
+                f"{self.location}: this index has schema {self.schema} (no `mean` "
+                "vector), so two-stage search uses the older, slower plan; "
+                f"{self.upgrade_hint}.",
+                OldIndexWarning,
+                stacklevel=3,
+            )
         tokens = self.searches_with_tokens() if self.use_tokens is None else self.use_tokens
         stages = two_stage_plan(self.plan_schema or self.schema, k, tokens=tokens)
-        missing = sorted({s.using for stage in stages for s in _nested(stage)}
-                         - {*self.vector_names, TOKENS_STAGE})
+        missing = sorted(
+            {s.using for stage in stages for s in _nested(stage)}
+            - {*self.vector_names, TOKENS_STAGE}
+        )
         if missing:
-            raise StoreError(f"{self.location}: this plan reads the {', '.join(missing)} "
-                             f"vector(s), which this index (schema {self.schema}) does not store")
+            raise StoreError(
+                f"{self.location}: this plan reads the {', '.join(missing)} "
+                f"vector(s), which this index (schema {self.schema}) does not store"
+            )
         return stages
 
     def stored_vectors(self, point: PagePoint) -> dict[str, np.ndarray]:
@@ -122,15 +146,18 @@ class Store(ABC):
         rows / cols are those of the page before pooling, which is not stored)."""
         names, vectors = self.vector_names, point.vectors
         if MEAN_VECTOR in names and MEAN_VECTOR not in vectors:
-            vectors = dict(vectors, **{MEAN_VECTOR: mean_from_payload(vectors[PAGE_VECTOR],
-                                                                      point.payload)})
+            vectors = dict(
+                vectors, **{MEAN_VECTOR: mean_from_payload(vectors[PAGE_VECTOR], point.payload)}
+            )
         if any(n in names and n not in vectors for n in (ROWS_VECTOR, COLS_VECTOR)):
             try:
                 rows, cols = pooled_from_payload(vectors[PAGE_VECTOR], point.payload)
             except ValueError as e:
-                raise StoreError(f"{self.location}: {e} (point {point.id}), and this index "
-                                 f"(schema {self.schema}) stores them: index the file again "
-                                 "here") from e
+                raise StoreError(
+                    f"{self.location}: {e} (point {point.id}), and this index "
+                    f"(schema {self.schema}) stores them: index the file again "
+                    "here"
+                ) from e
             vectors = dict(vectors, **{ROWS_VECTOR: rows, COLS_VECTOR: cols})
         return {n: vectors[n] for n in names}
 
@@ -158,9 +185,14 @@ class Store(ABC):
         """The payload of one stored point (None when empty): the index's model identity."""
 
     @abstractmethod
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where: Where | None = None,
-               texts: Sequence[str] | None = None) -> list[list[StoredHit]]:
+    def search(
+        self,
+        queries: Sequence[np.ndarray],
+        k: int,
+        mode: str,
+        where: Where | None = None,
+        texts: Sequence[str] | None = None,
+    ) -> list[list[StoredHit]]:
         """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim among those
         `where` (where.py) allows, in every stage of the plan; "hybrid" also needs the queries'
         `texts` (their lexical terms)."""
@@ -184,8 +216,10 @@ class Store(ABC):
         if mode != "hybrid":
             return
         if not self.has_lexical:
-            raise StoreError(f"{self.location}: this index holds no lexical (BM25) vector, so "
-                             f"it cannot search in hybrid mode: {self.lexical_hint}")
+            raise StoreError(
+                f"{self.location}: this index holds no lexical (BM25) vector, so "
+                f"it cannot search in hybrid mode: {self.lexical_hint}"
+            )
         if texts is None or len(texts) != n:
             raise ValueError("hybrid search needs each query's text")
 
@@ -237,10 +271,15 @@ def as_point(record: Any) -> PagePoint:
     """A record retrieved with its vectors and payload (either client's: `.id`, `.vector` by
     name, `.payload`) as a PagePoint with float32 vectors. The lexical sparse vector is left
     out: a store makes it again from the payload's text (`lexical_terms`)."""
-    return PagePoint(str(record.id), {name: np.asarray(v, dtype=np.float32)
-                                      for name, v in record.vector.items()
-                                      if name != LEXICAL_VECTOR},
-                     dict(record.payload or {}))
+    return PagePoint(
+        str(record.id),
+        {
+            name: np.asarray(v, dtype=np.float32)
+            for name, v in record.vector.items()
+            if name != LEXICAL_VECTOR
+        },
+        dict(record.payload or {}),
+    )
 
 
 def check_mode(mode: str) -> str:

@@ -73,7 +73,9 @@ def _spherical_kmeans(x: np.ndarray, k: int) -> np.ndarray:
     gap = 1.0 - x @ centres[0]
     for _ in range(1, k):
         p = np.maximum(gap, 0) ** 2
-        centres.append(x[rng.choice(len(x), p=p / p.sum()) if p.sum() > 0 else rng.integers(len(x))])
+        centres.append(
+            x[rng.choice(len(x), p=p / p.sum()) if p.sum() > 0 else rng.integers(len(x))]
+        )
         gap = np.minimum(gap, 1.0 - x @ centres[-1])
     c = np.stack(centres)
     for _ in range(KMEANS_ROUNDS):
@@ -95,16 +97,23 @@ def centroid_scores(table: np.ndarray, query: np.ndarray) -> np.ndarray:
     return centroid_scores_many(table, [query])[0]
 
 
-def centroid_scores_many(table: np.ndarray, queries: Sequence[np.ndarray],
-                         threads: int | None = None, rows: np.ndarray | None = None) -> np.ndarray:
+def centroid_scores_many(
+    table: np.ndarray,
+    queries: Sequence[np.ndarray],
+    threads: int | None = None,
+    rows: np.ndarray | None = None,
+) -> np.ndarray:
     """(queries, pages) float32: `centroid_scores` of each query, in one pass over the table (one
     product per chunk for all the queries' tokens: the table is read once however many queries
     come). `rows`: score only these rows of the table (a filtered search: the pages a filter
     allows), in their order; each chunk is gathered as it is scanned, so the work and the memory
     follow the rows asked for, not the table."""
     qs = [np.asarray(q, dtype=np.float32) for q in queries]
-    flat = np.ascontiguousarray(np.concatenate(qs).T) if qs else np.zeros((table.shape[-1], 0),
-                                                                            np.float32)
+    flat = (
+        np.ascontiguousarray(np.concatenate(qs).T)
+        if qs
+        else np.zeros((table.shape[-1], 0), np.float32)
+    )
     starts = np.cumsum([0] + [len(q) for q in qs])[:-1]
     pages = len(table) if rows is None else len(rows)
     out = np.empty((len(qs), pages), dtype=np.float32)
@@ -112,14 +121,14 @@ def centroid_scores_many(table: np.ndarray, queries: Sequence[np.ndarray],
         return out
     threads = threads or SCAN_THREADS
     threads = max(1, min(threads, pages // SCAN_MIN_PAGES_PER_THREAD))
-    chunks = [(lo, min(lo + SCAN_CHUNK_PAGES, pages))
-              for lo in range(0, pages, SCAN_CHUNK_PAGES)]
+    chunks = [(lo, min(lo + SCAN_CHUNK_PAGES, pages)) for lo in range(0, pages, SCAN_CHUNK_PAGES)]
 
     def scan(part: Sequence[tuple[int, int]]) -> None:
         with one_thread():
             for lo, hi in part:
-                block = np.asarray(table[lo:hi] if rows is None else table[rows[lo:hi]],
-                                   dtype=np.float32)
+                block = np.asarray(
+                    table[lo:hi] if rows is None else table[rows[lo:hi]], dtype=np.float32
+                )
                 sims = block.reshape(-1, block.shape[-1]) @ flat  # (pages * k, all query tokens)
                 best = sims.reshape(hi - lo, block.shape[1], -1).max(axis=1)
                 out[:, lo:hi] = np.add.reduceat(best, starts, axis=1).T
@@ -162,8 +171,10 @@ def _uuid_strings(raw: np.ndarray) -> list[str]:
     """The canonical strings (str(uuid.UUID)) of rows of 16 uuid bytes: one hex conversion and
     slices (5x faster than a UUID object a row: 0.25 -> 0.05 s at 100,000 pages, on every open)."""
     h = np.ascontiguousarray(raw).tobytes().hex()
-    return [f"{h[i:i + 8]}-{h[i + 8:i + 12]}-{h[i + 12:i + 16]}-{h[i + 16:i + 20]}-{h[i + 20:i + 32]}"
-            for i in range(0, len(h), 32)]
+    return [
+        f"{h[i : i + 8]}-{h[i + 8 : i + 12]}-{h[i + 12 : i + 16]}-{h[i + 16 : i + 20]}-{h[i + 20 : i + 32]}"
+        for i in range(0, len(h), 32)
+    ]
 
 
 class TokenTable:
@@ -191,7 +202,9 @@ class TokenTable:
             return
         data = np.ascontiguousarray(np.stack(centroids), dtype=np.float32)
         if data.shape[1:] != (self.k, self.dim):
-            raise ValueError(f"centroids of shape {data.shape[1:]}, table holds {(self.k, self.dim)}")
+            raise ValueError(
+                f"centroids of shape {data.shape[1:]}, table holds {(self.k, self.dim)}"
+            )
         self._write(ids, data, live=True)
 
     def delete(self, ids: Sequence[str]) -> None:
@@ -216,7 +229,7 @@ class TokenTable:
         raw = ids_path.read_bytes() if ids_path.is_file() else b""
         n_table = (table_path.stat().st_size // self._row_bytes) if table_path.is_file() else 0
         n = min(len(raw) // _ID_BYTES, n_table)
-        records = np.frombuffer(raw[:n * _ID_BYTES], dtype=np.uint8).reshape(n, _ID_BYTES)
+        records = np.frombuffer(raw[: n * _ID_BYTES], dtype=np.uint8).reshape(n, _ID_BYTES)
         keys = np.ascontiguousarray(records[:, :16]).view("V16").ravel()
         # the newest row of each id decides: live rows kept only where they are the newest
         order = np.arange(n)[::-1]
@@ -230,9 +243,11 @@ class TokenTable:
         # the last filter's pages (a frozenset: the store hands the same one for a filter used
         # again) and their indexes in _ids, so a repeated filter's positions are worked out once
         self._last_allowed: tuple[frozenset[str], np.ndarray] | None = None
-        self._table = (np.memmap(table_path, dtype=np.float32, mode="r",
-                                 shape=(n_table, self.k, self.dim)) if n_table else
-                       np.zeros((0, self.k, self.dim), np.float32))
+        self._table = (
+            np.memmap(table_path, dtype=np.float32, mode="r", shape=(n_table, self.k, self.dim))
+            if n_table
+            else np.zeros((0, self.k, self.dim), np.float32)
+        )
         if n_table and not self._warmed:  # once an open: later loads follow writes
             self._warmed = True
             _read_ahead(table_path)
@@ -262,8 +277,8 @@ class TokenTable:
         shutil.rmtree(work, ignore_errors=True)
         fresh = TokenTable(work, self.dim, self.k)
         for lo in range(0, len(ids), 4096):
-            rows = self._rows[lo:lo + 4096]
-            fresh.append(ids[lo:lo + 4096], list(np.asarray(self._table[rows])))
+            rows = self._rows[lo : lo + 4096]
+            fresh.append(ids[lo : lo + 4096], list(np.asarray(self._table[rows])))
         self._table = None  # the old mapping closes before its folder moves
         shutil.rmtree(aside, ignore_errors=True)
         os.replace(self.folder, aside)
@@ -297,27 +312,33 @@ class TokenTable:
         """The ids of the `limit` pages whose centroids best match the query."""
         return self.top_many([query], limit)[0]
 
-    def top_many(self, queries: Sequence[np.ndarray], limit: int,
-                 allowed: AbstractSet[str] | None = None) -> list[list[str]]:
+    def top_many(
+        self, queries: Sequence[np.ndarray], limit: int, allowed: AbstractSet[str] | None = None
+    ) -> list[list[str]]:
         """`top` of each query, the table scanned once for all of them. `allowed`: only these
         pages are scanned and ranked (a filtered search), so a filter that keeps few pages still
         gets `limit` candidates among them, and costs less than a full scan."""
         ids = self.ids()
         if allowed is None:
             positions = np.arange(len(ids))
-            every = (centroid_scores_many(self._table, queries)[:, self._rows] if ids else None)
+            every = centroid_scores_many(self._table, queries)[:, self._rows] if ids else None
         else:
             if self._last_allowed is not None and self._last_allowed[0] is allowed:  # a frozenset
                 positions = self._last_allowed[1]
             else:
                 if self._positions is None:
                     self._positions = {pid: n for n, pid in enumerate(ids)}
-                positions = np.array(sorted(self._positions[i] for i in allowed
-                                            if i in self._positions), dtype=np.int64)
+                positions = np.array(
+                    sorted(self._positions[i] for i in allowed if i in self._positions),
+                    dtype=np.int64,
+                )
                 if isinstance(allowed, frozenset):
                     self._last_allowed = (allowed, positions)
-            every = (centroid_scores_many(self._table, queries, rows=self._rows[positions])
-                     if len(positions) else None)
+            every = (
+                centroid_scores_many(self._table, queries, rows=self._rows[positions])
+                if len(positions)
+                else None
+            )
         if every is None:
             return [[] for _ in queries]
         limit = min(limit, len(positions))
@@ -332,8 +353,9 @@ class TokenTable:
             (self.folder / name).unlink(missing_ok=True)
         self._dirty = True
 
-    def rebuild(self, pages: Iterable[tuple[str, np.ndarray]],
-                progress: Callable[[int], None] | None = None) -> int:
+    def rebuild(
+        self, pages: Iterable[tuple[str, np.ndarray]], progress: Callable[[int], None] | None = None
+    ) -> int:
         """Replace the table by the centroids of `pages` ((id, image tokens) pairs)."""
         self.reset()
         done, ids, cents = 0, [], []

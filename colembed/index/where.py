@@ -79,9 +79,14 @@ class Where:
 
     def resolved(self, paths: Sequence[str]) -> Where:
         """This filter with each `path` glob replaced by the stored `paths` it matches."""
-        return Where(tuple(
-            Condition(c.key, "any", tuple(sorted(p for p in paths if glob_matches(c.value, p))))
-            if c.kind == "glob" else c for c in self.conditions))
+        return Where(
+            tuple(
+                Condition(c.key, "any", tuple(sorted(p for p in paths if glob_matches(c.value, p))))
+                if c.kind == "glob"
+                else c
+                for c in self.conditions
+            )
+        )
 
     def has_glob(self) -> bool:
         return any(c.kind == "glob" for c in self.conditions)
@@ -95,8 +100,9 @@ def parse(where: Mapping[str, Any] | Sequence[str] | str | Where | None) -> Wher
         where = [where]
     if not isinstance(where, Mapping):
         if not isinstance(where, (list, tuple)) or not all(isinstance(w, str) for w in where):
-            raise FilterError("a filter is a dict (key -> value or {op: value}) or a list of "
-                              "'key=value' strings")
+            raise FilterError(
+                "a filter is a dict (key -> value or {op: value}) or a list of 'key=value' strings"
+            )
         where = from_strings(where)
     if len(where) > MAX_CONDITIONS:
         raise FilterError(f"{len(where)} filter keys, over the limit of {MAX_CONDITIONS}")
@@ -115,8 +121,9 @@ def _conditions(key: Any, value: Any) -> list[Condition]:
         return [Condition("path", "any", tuple(paths))]
     if key == "folder":
         if isinstance(value, (list, tuple)):
-            raise FilterError("filter 'folder': give one folder (several: one search each, or "
-                              "a `path` glob)")
+            raise FilterError(
+                "filter 'folder': give one folder (several: one search each, or a `path` glob)"
+            )
         return [Condition("path", "prefix", _resolved(value, key).rstrip(os.sep) + os.sep)]
     if key == "path":
         if not isinstance(value, str) or not value:
@@ -127,8 +134,10 @@ def _conditions(key: Any, value: Any) -> list[Condition]:
             return [Condition("page", "range", _range(value, key))]
         return [Condition("page", "eq", _number(value, key, whole=True))]
     if key in FILTER_NAMES:
-        raise FilterError(f"filter key {key!r} is not supported (the built-in keys are "
-                          "file, folder, path and page; anything else is metadata)")
+        raise FilterError(
+            f"filter key {key!r} is not supported (the built-in keys are "
+            "file, folder, path and page; anything else is metadata)"
+        )
     if not KEY_PATTERN.fullmatch(key):
         raise FilterError(f"filter key {key!r} is not a metadata name")
     field = f"{META_FIELD}.{key}"
@@ -142,8 +151,10 @@ def _conditions(key: Any, value: Any) -> list[Condition]:
                 raise FilterError(f"filter {key!r}: {op} takes a non-empty list")
             items = tuple(_match_value(v, key) for v in _bounded(items, key))
             return [Condition(field, "any" if op == "in" else "none", items)]
-        raise FilterError(f"filter {key!r}: operators are {', '.join(MATCH_OPS)} (alone) or "
-                          f"{', '.join(RANGE_OPS)}, got {sorted(map(str, ops))}")
+        raise FilterError(
+            f"filter {key!r}: operators are {', '.join(MATCH_OPS)} (alone) or "
+            f"{', '.join(RANGE_OPS)}, got {sorted(map(str, ops))}"
+        )
     if isinstance(value, float):
         return [Condition(field, "range", {"gte": value, "lte": value})]
     return [Condition(field, "eq", _match_value(value, key))]
@@ -151,8 +162,9 @@ def _conditions(key: Any, value: Any) -> list[Condition]:
 
 def _bounded(items: Sequence[Any], key: str) -> Sequence[Any]:
     if len(items) > MAX_LIST_ITEMS:
-        raise FilterError(f"filter {key!r}: {len(items)} values, over the limit of "
-                          f"{MAX_LIST_ITEMS}")
+        raise FilterError(
+            f"filter {key!r}: {len(items)} values, over the limit of {MAX_LIST_ITEMS}"
+        )
     return items
 
 
@@ -165,16 +177,22 @@ def _resolved(value: Any, key: str) -> str:
 def _match_value(value: Any, key: str) -> str | int:
     """What Qdrant matches exactly: a string or an int (metadata holds no bools:
     metadata.py says why)."""
-    if isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool)
-                                  and abs(value) < 1 << 63):
+    if isinstance(value, str) or (
+        isinstance(value, int) and not isinstance(value, bool) and abs(value) < 1 << 63
+    ):
         return value
-    raise FilterError(f"filter {key!r}: {value!r} cannot be matched (strings and ints can; a "
-                      "float is matched with a range)")
+    raise FilterError(
+        f"filter {key!r}: {value!r} cannot be matched (strings and ints can; a "
+        "float is matched with a range)"
+    )
 
 
 def _number(value: Any, key: str, whole: bool = False) -> float | int:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not math.isfinite(value)):
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not math.isfinite(value))
+    ):
         raise FilterError(f"filter {key!r}: {value!r} is not a number")
     if whole and not float(value).is_integer():
         raise FilterError(f"filter {key!r}: {value!r} is not a whole number")
@@ -184,14 +202,18 @@ def _number(value: Any, key: str, whole: bool = False) -> float | int:
 def _range(value: Mapping[str, Any], key: str) -> dict[str, float]:
     bad = set(value) - set(RANGE_OPS)
     if bad or not value:
-        raise FilterError(f"filter {key!r}: a range takes {', '.join(RANGE_OPS)}, got "
-                          f"{sorted(map(str, value))}")
+        raise FilterError(
+            f"filter {key!r}: a range takes {', '.join(RANGE_OPS)}, got {sorted(map(str, value))}"
+        )
     return {op: _number(v, key) for op, v in value.items()}
 
 
 # ---------------------------------------------------------------------------- command line
-_CLI = re.compile(r"\s*(?P<key>[A-Za-z_][A-Za-z0-9_\-]*)\s*(?:(?P<op>!=|>=|<=|=|>|<)|\s+(?P<in>in)\s+)"
-                  r"(?P<value>.*)$", re.S)
+_CLI = re.compile(
+    r"\s*(?P<key>[A-Za-z_][A-Za-z0-9_\-]*)\s*(?:(?P<op>!=|>=|<=|=|>|<)|\s+(?P<in>in)\s+)"
+    r"(?P<value>.*)$",
+    re.S,
+)
 _OPS = {">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
 
 
@@ -202,8 +224,10 @@ def from_strings(items: Sequence[str]) -> dict[str, Any]:
     for text in items:
         m = _CLI.match(text)
         if m is None:
-            raise FilterError(f"{text!r}: write a condition as key=value, key!=value, key>=n, "
-                              "key<n, key in a,b or page=2..5")
+            raise FilterError(
+                f"{text!r}: write a condition as key=value, key!=value, key>=n, "
+                "key<n, key in a,b or page=2..5"
+            )
         key, op, raw = m["key"], m["op"] or "in", m["value"].strip()
         if op in _OPS:
             bound = out.setdefault(key, {})

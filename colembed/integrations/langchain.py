@@ -42,8 +42,11 @@ class ColembedRetriever(BaseRetriever):
     def model_post_init(self, context: Any) -> None:
         self._source = make_source(self.index, self.url, self.api_key, self.client)
 
-    def _get_relevant_documents(self, query: str, *,
-                                run_manager: CallbackManagerForRetrieverRun) -> list[Document]:
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
         hits = self._source(query, k=self.k, mode=self.mode, where=self.where)
-        return [Document(page_content=h.text or "", metadata=h.document_metadata(), id=h.id)
-                for h in hits]
+        return [
+            Document(page_content=h.text or "", metadata=h.document_metadata(), id=h.id)
+            for h in hits
+        ]

@@ -29,17 +29,34 @@ class ColembedRetriever(BaseRetriever):
     `api_key=`, optionally `client=` an httpx.Client), searched in `mode` with filter `where`
     (docs/search.md#filters)."""
 
-    def __init__(self, index: Any = None, *, url: str | None = None, api_key: str | None = None,
-                 client: Any = None, k: int = 4, mode: str = DEFAULT_SEARCH_MODE,
-                 where: Any = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        index: Any = None,
+        *,
+        url: str | None = None,
+        api_key: str | None = None,
+        client: Any = None,
+        k: int = 4,
+        mode: str = DEFAULT_SEARCH_MODE,
+        where: Any = None,
+        **kwargs: Any,
+    ) -> None:
         self._source = make_source(index, url, api_key, client)
         self.k, self.mode, self.where = k, mode, where
         super().__init__(**kwargs)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         hits = self._source(query_bundle.query_str, k=self.k, mode=self.mode, where=self.where)
-        return [NodeWithScore(node=TextNode(id_=h.id, text=h.text or "",
-                                            metadata=h.document_metadata(),
-                                            excluded_llm_metadata_keys=HIDDEN_FROM_MODELS,
-                                            excluded_embed_metadata_keys=HIDDEN_FROM_MODELS),
-                              score=h.score) for h in hits]
+        return [
+            NodeWithScore(
+                node=TextNode(
+                    id_=h.id,
+                    text=h.text or "",
+                    metadata=h.document_metadata(),
+                    excluded_llm_metadata_keys=HIDDEN_FROM_MODELS,
+                    excluded_embed_metadata_keys=HIDDEN_FROM_MODELS,
+                ),
+                score=h.score,
+            )
+            for h in hits
+        ]

@@ -39,25 +39,42 @@ class PageHit:
     def document_metadata(self) -> dict[str, Any]:
         """The framework document's metadata: where the page is, its score, the user's metadata
         (under "metadata": its keys are the user's, never mixed with these)."""
-        return {"source": self.file, "file": self.file, "page": self.page, "score": self.score,
-                "page_id": self.id, "image_url": self.image_url,
-                "has_text": self.text is not None, "text_truncated": self.text_truncated,
-                "metadata": dict(self.metadata)}
+        return {
+            "source": self.file,
+            "file": self.file,
+            "page": self.page,
+            "score": self.score,
+            "page_id": self.id,
+            "image_url": self.image_url,
+            "has_text": self.text is not None,
+            "text_truncated": self.text_truncated,
+            "metadata": dict(self.metadata),
+        }
 
 
 def index_hits(index: Any, query: str, *, k: int, mode: str, where: Any) -> list[PageHit]:
     """The k best pages of a `colembed.Index` for one query."""
-    return [PageHit(h.id, h.file, h.page, float(h.score), h.text, h.metadata,
-                    text_truncated=h.text_truncated)
-            for h in index.search(query, k=k, mode=mode, where=where)]
+    return [
+        PageHit(
+            h.id,
+            h.file,
+            h.page,
+            float(h.score),
+            h.text,
+            h.metadata,
+            text_truncated=h.text_truncated,
+        )
+        for h in index.search(query, k=k, mode=mode, where=where)
+    ]
 
 
 class HttpSearch:
     """`/v1/search` of a colembed serve at `url` (its root, e.g. "http://127.0.0.1:8000").
     `client`: an httpx.Client to use (its base URL, transport, proxies), else one is made."""
 
-    def __init__(self, url: str, *, api_key: str | None = None, client: Any = None,
-                 timeout: float = 60.0) -> None:
+    def __init__(
+        self, url: str, *, api_key: str | None = None, client: Any = None, timeout: float = 60.0
+    ) -> None:
         import httpx
 
         self.url = url.rstrip("/") + "/"
@@ -99,9 +116,16 @@ class HttpSearch:
             raise RetrieverError(f"{where}: field 'metadata' is not an object")
         if image is not None and not isinstance(image, str):
             raise RetrieverError(f"{where}: field 'image_url' is not a string")
-        return PageHit(h["id"], h["file"], h["page"], float(h["score"]), text, meta,
-                       urljoin(self.url, image.lstrip("/")) if image else None,
-                       bool(h.get("text_truncated", False)))
+        return PageHit(
+            h["id"],
+            h["file"],
+            h["page"],
+            float(h["score"]),
+            text,
+            meta,
+            urljoin(self.url, image.lstrip("/")) if image else None,
+            bool(h.get("text_truncated", False)),
+        )
 
     def close(self) -> None:
         if self._owns_client:

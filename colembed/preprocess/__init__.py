@@ -14,7 +14,14 @@ deliberate deviations. Imports numpy, tokenizers and PIL only; never torch or tr
 from __future__ import annotations
 
 from .config import PreprocessConfig
-from .images import PreparedImage, load_image, num_image_tokens, prepare_image, resized_grid, smart_resize
+from .images import (
+    PreparedImage,
+    load_image,
+    num_image_tokens,
+    prepare_image,
+    resized_grid,
+    smart_resize,
+)
 from .positions import mrope_position_ids, vision_rotary_tables
 from .text import TextEncoder, pad_batch
 

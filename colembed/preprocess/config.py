@@ -98,7 +98,9 @@ class PreprocessConfig:
         if k is None:
             return self
         if isinstance(k, bool) or not isinstance(k, int):
-            raise InputTypeError(f"max image tokens must be an int or None, got {type(k).__name__}", item=k)
+            raise InputTypeError(
+                f"max image tokens must be an int or None, got {type(k).__name__}", item=k
+            )
         if k < self.min_image_tokens:
             raise InputError(
                 f"max image tokens {k} is below this model's minimum of {self.min_image_tokens} "
@@ -129,12 +131,16 @@ class PreprocessConfig:
         unknown = sorted(d.keys() - names)
         if missing or unknown:
             raise ManifestError(f"preprocess: missing keys {missing}, unknown keys {unknown}")
-        values = {f.name: _typed(d[f.name], f.type, f"preprocess.{f.name}") for f in fields(cls)
-                  if f.name in d}
+        values = {
+            f.name: _typed(d[f.name], f.type, f"preprocess.{f.name}")
+            for f in fields(cls)
+            if f.name in d
+        }
         try:
             return cls(**values)
         except ValueError as e:
             raise ManifestError(f"preprocess: {e}") from e
+
 
 # Fields with a default that `to_dict` leaves out when they hold it (older manifests lack them).
 _WRITTEN_WHEN_SET = ("query_strip",)
@@ -149,19 +155,28 @@ def _typed(value: Any, annotation: str, where: str) -> Any:
         return value
     if annotation.startswith("tuple"):
         if not isinstance(value, list) or not all(
-                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        ):
             raise ManifestError(f"{where}: expected a list of numbers, got {value!r:.60}")
         return tuple(float(v) for v in value)
     kind = {"str": str, "int": int, "float": (int, float)}[annotation]
     if isinstance(value, bool) or not isinstance(value, kind):
-        raise ManifestError(f"{where}: expected {annotation}, got {type(value).__name__} {value!r:.60}")
+        raise ManifestError(
+            f"{where}: expected {annotation}, got {type(value).__name__} {value!r:.60}"
+        )
     return float(value) if annotation == "float" else value
 
 
 def _validate(config: PreprocessConfig) -> list[str]:
     """Every problem with a config, not just the first."""
     problems = []
-    for name in ("patch_size", "merge_size", "temporal_patch_size", "vision_head_dim", "min_pixels"):
+    for name in (
+        "patch_size",
+        "merge_size",
+        "temporal_patch_size",
+        "vision_head_dim",
+        "min_pixels",
+    ):
         if getattr(config, name) < 1:
             problems.append(f"{name} must be >= 1, got {getattr(config, name)}")
     for name in ("image_token_id", "vision_start_token_id", "pad_token_id"):
@@ -181,7 +196,9 @@ def _validate(config: PreprocessConfig) -> list[str]:
     if config.page_prompt.count(config.image_token) != 1:
         problems.append(f"page_prompt must contain {config.image_token!r} exactly once")
     if config.vision_head_dim % 4:
-        problems.append(f"vision_head_dim {config.vision_head_dim} must divide by 4 (2-D rotary halves)")
+        problems.append(
+            f"vision_head_dim {config.vision_head_dim} must divide by 4 (2-D rotary halves)"
+        )
     return problems
 
 

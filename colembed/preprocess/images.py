@@ -55,9 +55,20 @@ _RESAMPLE = Image.Resampling.BICUBIC
 # TIFFs give TypeError, KeyError and SyntaxError; other plugins struct.error, EOFError, IndexError,
 # ZeroDivisionError). Any of them while decoding one page is that page's ImageError, so nothing
 # escapes the per-item contract (tests/runtime/test_fuzz.py).
-DECODER_ERRORS = (OSError, SyntaxError, ValueError, TypeError, LookupError, EOFError,
-                  struct.error, ArithmeticError, AttributeError, RuntimeError, AssertionError,
-                  MemoryError)
+DECODER_ERRORS = (
+    OSError,
+    SyntaxError,
+    ValueError,
+    TypeError,
+    LookupError,
+    EOFError,
+    struct.error,
+    ArithmeticError,
+    AttributeError,
+    RuntimeError,
+    AssertionError,
+    MemoryError,
+)
 
 # What `load_image` and `prepare_image` accept.
 ImageInput = Union[str, "os.PathLike[str]", bytes, bytearray, memoryview, BinaryIO, Image.Image]
@@ -90,8 +101,13 @@ class PreparedImage:
 # plugin it has, and its EPS plugin hands such a file to Ghostscript, an interpreter with a record
 # of sandbox escapes, whatever the file is called. A JPEG with several pictures (MPO) is a JPEG.
 IMAGE_FORMATS: dict[str, tuple[str, ...]] = {
-    "PNG": (".png",), "JPEG": (".jpg", ".jpeg"), "TIFF": (".tif", ".tiff"), "WEBP": (".webp",),
-    "BMP": (".bmp",), "GIF": (".gif",)}
+    "PNG": (".png",),
+    "JPEG": (".jpg", ".jpeg"),
+    "TIFF": (".tif", ".tiff"),
+    "WEBP": (".webp",),
+    "BMP": (".bmp",),
+    "GIF": (".gif",),
+}
 _FORMAT_IDS = tuple(IMAGE_FORMATS)
 
 # How a family's pinned reference turns a decoded page into RGB (families.py declares which):
@@ -136,17 +152,22 @@ def open_image(source, *, index: int | None = None, item=None) -> Image.Image:
     try:
         image = Image.open(source, formats=_FORMAT_IDS)
     except UnidentifiedImageError as e:
-        raise ImageError("not an image of a format colembed reads "
-                         f"({', '.join(IMAGE_FORMATS)}; no decoder recognises the data)",
-                         index=index, item=item) from e
+        raise ImageError(
+            "not an image of a format colembed reads "
+            f"({', '.join(IMAGE_FORMATS)}; no decoder recognises the data)",
+            index=index,
+            item=item,
+        ) from e
     except Image.DecompressionBombError as e:
         raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
     except FileNotFoundError as e:
-        raise ImageError(f"no such file: {item if item is not None else source}", index=index,
-                         item=item) from e
+        raise ImageError(
+            f"no such file: {item if item is not None else source}", index=index, item=item
+        ) from e
     except DECODER_ERRORS as e:
-        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
-                         item=item) from e
+        raise ImageError(
+            f"cannot decode image: {type(e).__name__}: {e}", index=index, item=item
+        ) from e
     try:
         check_pixels(image.size, index=index, item=item)
     except ImageError:
@@ -155,8 +176,9 @@ def open_image(source, *, index: int | None = None, item=None) -> Image.Image:
     return image
 
 
-def load_image(obj: ImageInput, *, index: int = 0,
-               transparency: str = TRANSPARENCY_DROPPED) -> Image.Image:
+def load_image(
+    obj: ImageInput, *, index: int = 0, transparency: str = TRANSPARENCY_DROPPED
+) -> Image.Image:
     """Decode `obj` to an RGB PIL image, as the family's reference does (`transparency`: its
     declared rule, see TRANSPARENCY_RULES).
 
@@ -171,7 +193,9 @@ def load_image(obj: ImageInput, *, index: int = 0,
         check_pixels(obj.size, index=index, item=obj)
         return _decoded_rgb(obj, transparency, index=index, item=obj)
     source = _as_source(obj, index)
-    owns_file = source is not obj or isinstance(obj, (str, os.PathLike))  # not a caller's file object
+    owns_file = source is not obj or isinstance(
+        obj, (str, os.PathLike)
+    )  # not a caller's file object
     return _open_rgb(source, owns_file, transparency, index=index, item=obj)
 
 
@@ -233,8 +257,9 @@ def _decoded_rgb(image: Image.Image, transparency: str, *, index: int, item) -> 
     except Image.DecompressionBombError as e:
         raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
     except DECODER_ERRORS as e:
-        raise ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index,
-                         item=item) from e
+        raise ImageError(
+            f"cannot decode image: {type(e).__name__}: {e}", index=index, item=item
+        ) from e
 
 
 # -- sizes ---------------------------------------------------------------------------------------
@@ -289,8 +314,13 @@ def num_image_tokens(height: int, width: int, config: PreprocessConfig) -> int:
 # -- patches -------------------------------------------------------------------------------------
 
 
-def prepare_image(obj: ImageInput, config: PreprocessConfig, *, index: int = 0,
-                  transparency: str = TRANSPARENCY_DROPPED) -> PreparedImage:
+def prepare_image(
+    obj: ImageInput,
+    config: PreprocessConfig,
+    *,
+    index: int = 0,
+    transparency: str = TRANSPARENCY_DROPPED,
+) -> PreparedImage:
     """Decode (by the family's `transparency` rule), resize, normalise and patchify one page (see
     the module docstring)."""
     image = load_image(obj, index=index, transparency=transparency)
@@ -315,8 +345,12 @@ def _patchify(pixels: np.ndarray, config: PreprocessConfig) -> np.ndarray:
     # (bh, mh, ph, bw, mw, pw, c) -> (bh, bw, mh, mw, c, ph, pw): the reference's row/column
     # order without the time axis, on uint8 (4x less memory traffic than on float32).
     blocks = pixels.reshape(grid_h // m, m, p, grid_w // m, m, p, RGB_CHANNELS)
-    blocks = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5)).reshape(rows, RGB_CHANNELS, p * p)
-    table, channel_offset = _normalisation_table(config.rescale_factor, config.image_mean, config.image_std)
+    blocks = np.ascontiguousarray(blocks.transpose(0, 3, 1, 4, 6, 2, 5)).reshape(
+        rows, RGB_CHANNELS, p * p
+    )
+    table, channel_offset = _normalisation_table(
+        config.rescale_factor, config.image_mean, config.image_std
+    )
     values = np.take(table, blocks + channel_offset)  # (rows, 3, p*p) float32
     out = np.empty((rows, RGB_CHANNELS, frames, p * p), dtype=np.float32)
     out[...] = values[:, :, None, :]  # the single frame, repeated along time

@@ -53,7 +53,9 @@ def mrope_position_ids(
             f"input_ids {input_ids.shape} and attention_mask {attention_mask.shape} must both be (B, L)"
         )
     if len(image_grids) != input_ids.shape[0]:
-        raise InputError(f"{len(image_grids)} image grid lists for a batch of {input_ids.shape[0]} rows")
+        raise InputError(
+            f"{len(image_grids)} image grid lists for a batch of {input_ids.shape[0]} rows"
+        )
     positions = np.full((MROPE_AXES,) + input_ids.shape, PADDING_POSITION, dtype=POSITION_DTYPE)
     for row, grids in enumerate(image_grids):
         real = attention_mask[row] == 1
@@ -103,7 +105,9 @@ def _row_positions(
         llm_t, llm_h, llm_w = int(t), int(h) // merge_size, int(w) // merge_size
         count = llm_t * llm_h * llm_w
         first = _next_image_token(tokens, start, image_token_id, row=row)
-        if first + count > tokens.shape[0] or np.any(tokens[first : first + count] != image_token_id):
+        if first + count > tokens.shape[0] or np.any(
+            tokens[first : first + count] != image_token_id
+        ):
             raise InputError(
                 f"row {row}: expected {count} image tokens for grid {(t, h, w)} at position {first}",
                 index=row,
@@ -126,7 +130,9 @@ def _next_image_token(tokens: np.ndarray, start: int, image_token_id: int, *, ro
 
 
 def _text_positions(length: int, offset: int) -> np.ndarray:
-    return np.broadcast_to(np.arange(offset, offset + length, dtype=POSITION_DTYPE), (MROPE_AXES, length))
+    return np.broadcast_to(
+        np.arange(offset, offset + length, dtype=POSITION_DTYPE), (MROPE_AXES, length)
+    )
 
 
 def _image_positions(llm_t: int, llm_h: int, llm_w: int, offset: int) -> np.ndarray:

@@ -52,10 +52,12 @@ class TextEncoder:
         self._check_token_ids()
         self._page_head, self._page_tail = self._split_page_prompt()
         self._suffix_ids = np.asarray(self._tokenizer.encode(self._suffix).ids, dtype=ID_DTYPE)
-        if not np.array_equal(self._suffix_ids, np.full(config.query_augmentation_count,
-                                                        config.pad_token_id)):
-            raise ModelFolderError("the query augmentation token is not a single special token "
-                                   "of this tokenizer")
+        if not np.array_equal(
+            self._suffix_ids, np.full(config.query_augmentation_count, config.pad_token_id)
+        ):
+            raise ModelFolderError(
+                "the query augmentation token is not a single special token of this tokenizer"
+            )
 
     @property
     def max_query_tokens(self) -> int:
@@ -100,10 +102,15 @@ class TextEncoder:
         limit, tail = self.max_query_tokens, len(self._suffix_ids)
         if len(ids) <= limit:
             return ids
-        warnings.warn(QueryTruncatedWarning(
-            f"item {index}: query of {len(ids)} tokens cut to {limit}, the longest sequence this "
-            "model was trained on", index=index), stacklevel=4)
-        return np.concatenate([ids[:limit - tail], self._suffix_ids])
+        warnings.warn(
+            QueryTruncatedWarning(
+                f"item {index}: query of {len(ids)} tokens cut to {limit}, the longest sequence this "
+                "model was trained on",
+                index=index,
+            ),
+            stacklevel=4,
+        )
+        return np.concatenate([ids[: limit - tail], self._suffix_ids])
 
     def count_query_tokens(self, text: str, *, include_extension: bool = True) -> int:
         """Tokens of a query: with the prefix and augmentation tokens (what the model sees), or of
@@ -124,17 +131,24 @@ class TextEncoder:
     def token_texts(self, ids: Sequence[int]) -> list[tuple[str, bool]]:
         """(the text each id stands for, whether it is a special token), id by id: a byte-level
         token that is part of one UTF-8 character decodes to U+FFFD."""
-        special = {i for i, token in self._tokenizer.get_added_tokens_decoder().items()
-                   if token.special}
-        return [(self._tokenizer.decode([int(i)], skip_special_tokens=False), int(i) in special)
-                for i in ids]
+        special = {
+            i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special
+        }
+        return [
+            (self._tokenizer.decode([int(i)], skip_special_tokens=False), int(i) in special)
+            for i in ids
+        ]
 
     # -- pages -----------------------------------------------------------------------------------
 
     def page_prompt_ids(self, num_image_tokens: int) -> np.ndarray:
         """int64 ids of the page prompt with its image token repeated `num_image_tokens` times."""
-        if isinstance(num_image_tokens, bool) or not isinstance(num_image_tokens, (int, np.integer)):
-            raise InputTypeError(f"num_image_tokens must be an int, got {type(num_image_tokens).__name__}")
+        if isinstance(num_image_tokens, bool) or not isinstance(
+            num_image_tokens, (int, np.integer)
+        ):
+            raise InputTypeError(
+                f"num_image_tokens must be an int, got {type(num_image_tokens).__name__}"
+            )
         if num_image_tokens < 1:
             raise InputError(f"num_image_tokens must be >= 1, got {num_image_tokens}")
         image = np.full(int(num_image_tokens), self.config.image_token_id, dtype=ID_DTYPE)
@@ -185,8 +199,11 @@ def _check_texts(texts: Sequence[str], start_index: int) -> list[str]:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as e:
-            raise InputError(f"query is not valid Unicode text ({e.reason} at character "
-                             f"{e.start})", index=start_index + i, item=text) from None
+            raise InputError(
+                f"query is not valid Unicode text ({e.reason} at character {e.start})",
+                index=start_index + i,
+                item=text,
+            ) from None
     return texts
 
 
@@ -200,7 +217,9 @@ def pad_batch(sequences: Sequence[np.ndarray], pad_id: int) -> tuple[np.ndarray,
     rows = [np.asarray(s) for s in sequences]
     for i, row in enumerate(rows):
         if row.ndim != 1 or not np.issubdtype(row.dtype, np.integer):
-            raise InputTypeError(f"expected a 1-D integer id vector, got {row.dtype} {row.shape}", index=i)
+            raise InputTypeError(
+                f"expected a 1-D integer id vector, got {row.dtype} {row.shape}", index=i
+            )
     lengths = np.array([row.shape[0] for row in rows], dtype=ID_DTYPE)
     width = int(lengths.max()) if rows else 0
     ids = np.full((len(rows), width), pad_id, dtype=ID_DTYPE)

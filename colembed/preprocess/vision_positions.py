@@ -53,8 +53,9 @@ def torch_linspace_float32(end: float, steps: int) -> np.ndarray:
     return np.where(i < steps // 2, low, high)
 
 
-def interpolated_positions(grid_thw: tuple[int, int, int], *, merge_size: int,
-                           grid_side: int) -> tuple[np.ndarray, np.ndarray]:
+def interpolated_positions(
+    grid_thw: tuple[int, int, int], *, merge_size: int, grid_side: int
+) -> tuple[np.ndarray, np.ndarray]:
     """(index (4, t*h*w) int64, weight (4, t*h*w) float32) for one image grid, in patch order."""
     t, h, w = (int(v) for v in grid_thw)
     if min(t, h, w) < 1 or h % merge_size or w % merge_size:
@@ -67,14 +68,28 @@ def interpolated_positions(grid_thw: tuple[int, int, int], *, merge_size: int,
     r1, c1 = np.minimum(r0 + 1, grid_side - 1), np.minimum(c0 + 1, grid_side - 1)
     dr, dc = rows - r0.astype(np.float32), cols - c0.astype(np.float32)
     one = np.float32(1)
-    index = np.stack([(r0[:, None] * grid_side + c0[None]), (r0[:, None] * grid_side + c1[None]),
-                      (r1[:, None] * grid_side + c0[None]), (r1[:, None] * grid_side + c1[None])])
-    weight = np.stack([(one - dr)[:, None] * (one - dc)[None], (one - dr)[:, None] * dc[None],
-                       dr[:, None] * (one - dc)[None], dr[:, None] * dc[None]]).astype(np.float32)
+    index = np.stack(
+        [
+            (r0[:, None] * grid_side + c0[None]),
+            (r0[:, None] * grid_side + c1[None]),
+            (r1[:, None] * grid_side + c0[None]),
+            (r1[:, None] * grid_side + c1[None]),
+        ]
+    )
+    weight = np.stack(
+        [
+            (one - dr)[:, None] * (one - dc)[None],
+            (one - dr)[:, None] * dc[None],
+            dr[:, None] * (one - dc)[None],
+            dr[:, None] * dc[None],
+        ]
+    ).astype(np.float32)
     m = merge_size
 
     def patch_order(a: np.ndarray) -> np.ndarray:  # (4, h, w) -> (4, h*w) in 2x2-block order
-        return a.reshape(CORNERS, h // m, m, w // m, m).transpose(0, 1, 3, 2, 4).reshape(CORNERS, -1)
+        return (
+            a.reshape(CORNERS, h // m, m, w // m, m).transpose(0, 1, 3, 2, 4).reshape(CORNERS, -1)
+        )
 
     index, weight = patch_order(index), patch_order(weight)
     return np.tile(index, (1, t)).astype(np.int64), np.tile(weight, (1, t))

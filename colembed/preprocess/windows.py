@@ -53,7 +53,9 @@ WINDOW_INPUTS = (
 )
 
 
-def windowed_vision_contract(patch_dim: int, vision_head_dim: int, out_hidden: int) -> GraphContract:
+def windowed_vision_contract(
+    patch_dim: int, vision_head_dim: int, out_hidden: int
+) -> GraphContract:
     """`vision_contract` plus `WINDOW_INPUTS`: same outputs, in the same (processor) order."""
     base = vision_contract(patch_dim, vision_head_dim, out_hidden)
     return GraphContract(role=base.role, inputs=base.inputs + WINDOW_INPUTS, outputs=base.outputs)
@@ -114,7 +116,9 @@ class WindowLayout:
     def to_processor_order(self, merged: np.ndarray) -> np.ndarray:
         """Merged-token rows (units first) from window order back to processor order."""
         if merged.shape[0] != self.window_index.shape[0]:
-            raise InputError(f"{merged.shape[0]} rows for a grid of {self.window_index.shape[0]} units")
+            raise InputError(
+                f"{merged.shape[0]} rows for a grid of {self.window_index.shape[0]} units"
+            )
         return merged[self.inverse]
 
     @cached_property
@@ -182,7 +186,9 @@ def packed_window_index(
     indices, window_ends, frame_ends = [], [np.zeros(1, INDEX_DTYPE)], [np.zeros(1, INDEX_DTYPE)]
     unit_offset = patch_offset = 0
     for grid in grids:
-        layout = window_layout(grid, merge_size=merge_size, patch_size=patch_size, window_size=window_size)
+        layout = window_layout(
+            grid, merge_size=merge_size, patch_size=patch_size, window_size=window_size
+        )
         indices.append(layout.window_index + unit_offset)
         window_ends.append(layout.cu_window_seqlens[1:].astype(INDEX_DTYPE) + patch_offset)
         frame_ends.append(layout.cu_seqlens[1:].astype(INDEX_DTYPE) + patch_offset)

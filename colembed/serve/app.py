@@ -93,8 +93,10 @@ Encoding = Literal["float", "base64"]
 
 class QueriesRequest(BaseModel):
     texts: list[str] = Field(description="query texts")
-    encoding: Encoding = Field("float", description="float: nested lists; base64: little-endian "
-                                                    "float32 bytes with the shape")
+    encoding: Encoding = Field(
+        "float",
+        description="float: nested lists; base64: little-endian float32 bytes with the shape",
+    )
 
 
 class ImagesRequest(BaseModel):
@@ -109,9 +111,11 @@ class SearchRequest(BaseModel):
     mode: Literal["two-stage", "exact", "hybrid"] = DEFAULT_SEARCH_MODE
     explain: bool = Field(False, description="add each hit's similarity map (as data)")
     where: dict[str, Any] | list[str] | str | None = Field(
-        None, description="only pages this filter allows: a dict ({\"lang\": \"en\", \"page\": "
-                          "{\"gte\": 2}}) or conditions as strings ([\"lang=en\", \"page>=2\"]); "
-                          "docs/search.md#filters")
+        None,
+        description='only pages this filter allows: a dict ({"lang": "en", "page": '
+        '{"gte": 2}}) or conditions as strings (["lang=en", "page>=2"]); '
+        "docs/search.md#filters",
+    )
 
 
 class IndexPath(BaseModel):
@@ -131,15 +135,20 @@ class Service:
         self.index, self.settings = index, settings
         self.model = index.model  # loaded now: the first request does not pay for it
         self.pool = WorkerPool(settings.workers, settings.queue, settings.retry_after)
-        self.renderer = PageRenderer(settings.render_workers, dict(
-            index.render_options(), within=[str(r.folder) for r in settings.roots.roots]))
+        self.renderer = PageRenderer(
+            settings.render_workers,
+            dict(index.render_options(), within=[str(r.folder) for r in settings.roots.roots]),
+        )
         self.jobs = JobRunner(index, settings.roots, max_queued=settings.max_queued_jobs)
         self._queries: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
         self._queries_lock = threading.Lock()
 
     def identity(self) -> dict[str, Any]:
-        return {"model": self.model.name, "variant": self.model.variant,
-                "dim": self.model.embedding_size}
+        return {
+            "model": self.model.name,
+            "variant": self.model.variant,
+            "dim": self.model.embedding_size,
+        }
 
     def query_vectors(self, text: str) -> np.ndarray:
         with self._queries_lock:
@@ -157,19 +166,30 @@ class Service:
         roots = self.settings.roots
         payload = {k: v for k, v in hit.payload.items() if k not in HIDDEN_PAYLOAD}
         payload["path"] = roots.display(hit.file)
-        out = {"id": hit.id, "file": roots.display(hit.file), "page": hit.page,
-               "score": float(hit.score), "payload": payload,
-               "metadata": hit.metadata, "text": hit.text,
-               "text_truncated": hit.text_truncated,
-               "image_url": f"/v1/pages/{hit.id}/image"}
+        out = {
+            "id": hit.id,
+            "file": roots.display(hit.file),
+            "page": hit.page,
+            "score": float(hit.score),
+            "payload": payload,
+            "metadata": hit.metadata,
+            "text": hit.text,
+            "text_truncated": hit.text_truncated,
+            "image_url": f"/v1/pages/{hit.id}/image",
+        }
         if explain and hit.map is not None:
             m = hit.map
             out["map"] = {
-                "score": m.score, "grid": list(m.contribution.shape),
-                "contribution": m.contribution.tolist(), "similarity": m.similarity.tolist(),
-                "prompt_contribution": m.prompt_contribution, "hottest": list(m.hottest_token()),
-                "token_px": m.layout.token_px, "resized_size": list(m.layout.resized_size),
-                "image_size": [hit.payload.get("width"), hit.payload.get("height")]}
+                "score": m.score,
+                "grid": list(m.contribution.shape),
+                "contribution": m.contribution.tolist(),
+                "similarity": m.similarity.tolist(),
+                "prompt_contribution": m.prompt_contribution,
+                "hottest": list(m.hottest_token()),
+                "token_px": m.layout.token_px,
+                "resized_size": list(m.layout.resized_size),
+                "image_size": [hit.payload.get("width"), hit.payload.get("height")],
+            }
         return out
 
     def render(self, hit, width: int | None, query: str | None) -> bytes:
@@ -178,8 +198,10 @@ class Service:
         if query is not None:
             image = overlay(image, self.index.explain_page(self.query_vectors(query), hit).map)
         if width and width < image.width:
-            image = image.resize((width, max(1, round(image.height * width / image.width))),
-                                 Image.Resampling.BILINEAR)
+            image = image.resize(
+                (width, max(1, round(image.height * width / image.width))),
+                Image.Resampling.BILINEAR,
+            )
         buffer = io.BytesIO()
         image.save(buffer, "PNG", compress_level=3)
         return buffer.getvalue()
@@ -198,21 +220,30 @@ def check_images(blobs: list[bytes], limits: Limits) -> None:
         raise LimitExceeded(422, "no images in the request")
     for i, blob in enumerate(blobs):
         if len(blob) > limits.max_image_bytes:
-            raise over(413, f"image {i} bytes", len(blob), limits.max_image_bytes,
-                       "--max-image-bytes")
+            raise over(
+                413, f"image {i} bytes", len(blob), limits.max_image_bytes, "--max-image-bytes"
+            )
         try:
             with Image.open(io.BytesIO(blob), formats=list(IMAGE_FORMATS)) as header:
                 width, height = header.size
         except Image.DecompressionBombError as e:  # PIL's own bound refuses it at open
-            raise LimitExceeded(413, f"image {i} pixels: over the limit of "
-                                     f"{limits.max_image_pixels} (--max-image-pixels; {e})"
-                                ) from None
+            raise LimitExceeded(
+                413,
+                f"image {i} pixels: over the limit of "
+                f"{limits.max_image_pixels} (--max-image-pixels; {e})",
+            ) from None
         except Exception as e:  # noqa: BLE001 (PIL raises many types on bad data)
-            raise InputError(f"not an image PIL can read ({type(e).__name__}: {e})",
-                             index=i) from None
+            raise InputError(
+                f"not an image PIL can read ({type(e).__name__}: {e})", index=i
+            ) from None
         if width * height > limits.max_image_pixels:
-            raise over(413, f"image {i} pixels ({width}x{height})", width * height,
-                       limits.max_image_pixels, "--max-image-pixels")
+            raise over(
+                413,
+                f"image {i} pixels ({width}x{height})",
+                width * height,
+                limits.max_image_pixels,
+                "--max-image-pixels",
+            )
 
 
 def check_texts(texts: list[str], limits: Limits, *, batch: int, option: str) -> None:
@@ -222,8 +253,9 @@ def check_texts(texts: list[str], limits: Limits, *, batch: int, option: str) ->
         raise over(422, "query texts in the request", len(texts), batch, option)
     for i, text in enumerate(texts):
         if len(text) > limits.max_query_chars:
-            raise over(422, f"query {i} characters", len(text), limits.max_query_chars,
-                       "--max-query-chars")
+            raise over(
+                422, f"query {i} characters", len(text), limits.max_query_chars, "--max-query-chars"
+            )
 
 
 def create_app(index, settings: Settings | None = None, *, close_index: bool = False) -> FastAPI:
@@ -242,13 +274,21 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
             index.close()  # flushed; the folder's lock released
             lifecycle.info("colembed serve: jobs stopped, index closed")
 
-    app = FastAPI(title="colembed", version=__version__, lifespan=lifespan,
-                  docs_url=None, redoc_url=None,  # their pages load scripts from a CDN
-                  description="ColQwen2-family embeddings and page search (docs/serve.md).")
+    app = FastAPI(
+        title="colembed",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,  # their pages load scripts from a CDN
+        description="ColQwen2-family embeddings and page search (docs/serve.md).",
+    )
     app.state.service = service
-    guards.install(app, hosts=AllowedHosts(settings.host, settings.allowed_hosts,
-                                           settings.cors_origins),
-                   api_key=settings.api_key, max_body_bytes=limits.max_body_bytes)
+    guards.install(
+        app,
+        hosts=AllowedHosts(settings.host, settings.allowed_hosts, settings.cors_origins),
+        api_key=settings.api_key,
+        max_body_bytes=limits.max_body_bytes,
+    )
 
     # ------------------------------------------------------------------------- error mapping
     @app.exception_handler(Busy)
@@ -257,8 +297,9 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
 
     @app.exception_handler(JobQueueFull)
     async def jobs_full(_, e: JobQueueFull):
-        return JSONResponse({"detail": str(e)}, 503,
-                            headers={"Retry-After": str(settings.retry_after * 5)})
+        return JSONResponse(
+            {"detail": str(e)}, 503, headers={"Retry-After": str(settings.retry_after * 5)}
+        )
 
     @app.exception_handler(ColembedError)
     async def refused(_, e: ColembedError):
@@ -285,13 +326,20 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
     @app.exception_handler(Exception)
     async def internal(request: Request, e: Exception):
         log.exception("request %s %s failed", request.method, request.url.path)
-        return JSONResponse({"detail": f"internal error ({type(e).__name__}); the server "
-                                       "logged it and keeps running"}, 500)
+        return JSONResponse(
+            {
+                "detail": f"internal error ({type(e).__name__}); the server "
+                "logged it and keeps running"
+            },
+            500,
+        )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_, e: RequestValidationError):
-        problems = ["{}: {}".format(".".join(str(p) for p in err.get("loc", ())), err.get("msg"))
-                    for err in e.errors()]
+        problems = [
+            "{}: {}".format(".".join(str(p) for p in err.get("loc", ())), err.get("msg"))
+            for err in e.errors()
+        ]
         return JSONResponse({"detail": "; ".join(problems), "errors": jsonable(e.errors())}, 422)
 
     # ---------------------------------------------------------------------------------- page
@@ -299,12 +347,16 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def search_page():
-        return HTMLResponse(page_html, headers={
-            "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
-                                       "style-src 'self' 'unsafe-inline'; "
-                                       "script-src 'self' 'unsafe-inline'; object-src 'none'; "
-                                       "base-uri 'none'; form-action 'self'; "
-                                       "frame-ancestors 'none'"})
+        return HTMLResponse(
+            page_html,
+            headers={
+                "Content-Security-Policy": "default-src 'self'; img-src 'self' blob: data:; "
+                "style-src 'self' 'unsafe-inline'; "
+                "script-src 'self' 'unsafe-inline'; object-src 'none'; "
+                "base-uri 'none'; form-action 'self'; "
+                "frame-ancestors 'none'"
+            },
+        )
 
     @app.get("/healthz", tags=["status"])
     async def healthz():
@@ -314,27 +366,57 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
     async def info():
         m = service.model
         running = service.jobs.running
-        return {**service.identity(), "family": m.family.name, "version": __version__,
-                "pages": await service.pool.run(len, index), "schema": index.store.schema,
-                "max_image_tokens": m.max_image_tokens, "search_modes": list(SEARCH_MODES),
-                "roots": settings.roots.names(), "indexing": settings.roots.__bool__(),
-                "job_running": running.id if running else None,
-                "limits": asdict(limits), "workers": settings.workers, "queue": settings.queue}
+        return {
+            **service.identity(),
+            "family": m.family.name,
+            "version": __version__,
+            "pages": await service.pool.run(len, index),
+            "schema": index.store.schema,
+            "max_image_tokens": m.max_image_tokens,
+            "search_modes": list(SEARCH_MODES),
+            "roots": settings.roots.names(),
+            "indexing": settings.roots.__bool__(),
+            "job_running": running.id if running else None,
+            "limits": asdict(limits),
+            "workers": settings.workers,
+            "queue": settings.queue,
+        }
 
     # ------------------------------------------------------------------------------ embedding
     @app.post("/v1/embed/queries", tags=["embed"])
     async def embed_queries(body: QueriesRequest):
         check_texts(body.texts, limits, batch=limits.max_batch, option="--max-batch")
         vectors = await service.pool.run(service.model.embed_queries, body.texts)
-        return {**service.identity(), "encoding": body.encoding,
-                "embeddings": [encode(v, body.encoding) for v in vectors]}
+        return {
+            **service.identity(),
+            "encoding": body.encoding,
+            "embeddings": [encode(v, body.encoding) for v in vectors],
+        }
 
-    @app.post("/v1/embed/images", tags=["embed"], openapi_extra={
-        "requestBody": {"required": True, "content": {
-            "multipart/form-data": {"schema": {"type": "object", "properties": {
-                "files": {"type": "array", "items": {"type": "string", "format": "binary"}},
-                "encoding": {"type": "string", "enum": list(ENCODINGS)}}}},
-            "application/json": {"schema": ImagesRequest.model_json_schema()}}}})
+    @app.post(
+        "/v1/embed/images",
+        tags=["embed"],
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {
+                    "multipart/form-data": {
+                        "schema": {
+                            "type": "object",
+                            "properties": {
+                                "files": {
+                                    "type": "array",
+                                    "items": {"type": "string", "format": "binary"},
+                                },
+                                "encoding": {"type": "string", "enum": list(ENCODINGS)},
+                            },
+                        }
+                    },
+                    "application/json": {"schema": ImagesRequest.model_json_schema()},
+                },
+            }
+        },
+    )
     async def embed_images(request: Request):
         """Images as multipart `files` (one part each) or JSON `{"images": [base64, ...]}`."""
         kind = request.headers.get("content-type", "")
@@ -343,14 +425,19 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
                 form = await request.form(max_files=limits.max_images, max_fields=8)
             except StarletteHTTPException as e:  # Starlette's 400 for a malformed form
                 if "files" in str(e.detail).lower():  # more file parts than max_files
-                    raise LimitExceeded(422, (
-                        f"images in the request: more than the limit of {limits.max_images} "
-                        "(--max-images)")) from None
+                    raise LimitExceeded(
+                        422,
+                        (
+                            f"images in the request: more than the limit of {limits.max_images} "
+                            "(--max-images)"
+                        ),
+                    ) from None
                 raise LimitExceeded(422, f"multipart: {e.detail}") from None
             uploads = [v for v in form.getlist("files") if not isinstance(v, str)]
             if len(uploads) > limits.max_images:
-                raise over(422, "images in the request", len(uploads), limits.max_images,
-                           "--max-images")
+                raise over(
+                    422, "images in the request", len(uploads), limits.max_images, "--max-images"
+                )
             blobs = [await u.read() for u in uploads]
             encoding = form.get("encoding") or "float"
             if encoding not in ENCODINGS:
@@ -361,8 +448,13 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
             except ValueError as e:
                 raise LimitExceeded(422, f"body: {e}") from None
             if len(parsed.images) > limits.max_images:
-                raise over(422, "images in the request", len(parsed.images), limits.max_images,
-                           "--max-images")
+                raise over(
+                    422,
+                    "images in the request",
+                    len(parsed.images),
+                    limits.max_images,
+                    "--max-images",
+                )
             blobs = []
             for i, text in enumerate(parsed.images):
                 try:
@@ -371,12 +463,17 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
                     raise InputError("not valid base64", index=i) from None
             encoding = parsed.encoding
         else:
-            raise LimitExceeded(415 if kind else 422, "send multipart/form-data (files) or "
-                                                      "application/json (images: base64)")
+            raise LimitExceeded(
+                415 if kind else 422,
+                "send multipart/form-data (files) or application/json (images: base64)",
+            )
         check_images(blobs, limits)
         vectors = await service.pool.run(service.model.embed_images, blobs)
-        return {**service.identity(), "encoding": encoding,
-                "embeddings": [encode(v, encoding) for v in vectors]}
+        return {
+            **service.identity(),
+            "encoding": encoding,
+            "embeddings": [encode(v, encoding) for v in vectors],
+        }
 
     # --------------------------------------------------------------------------------- search
     @app.post("/v1/search", tags=["search"])
@@ -387,23 +484,30 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         check_texts(texts, limits, batch=limits.max_queries, option="--max-queries")
         if body.k > limits.max_k:
             raise over(422, "k", body.k, limits.max_k, "--max-k")
+
         def work():
             start = time.perf_counter()
-            found = index.search(texts, k=body.k, mode=body.mode, explain=body.explain,
-                                 where=body.where)
+            found = index.search(
+                texts, k=body.k, mode=body.mode, explain=body.explain, where=body.where
+            )
             return found, time.perf_counter() - start
 
         asked = time.perf_counter()
         found, took = await service.pool.run(work)
         waited = time.perf_counter() - asked - took
-        results = [{"query": q, "hits": [service.hit_json(h, body.explain) for h in hits]}
-                   for q, hits in zip(texts, found)]
+        results = [
+            {"query": q, "hits": [service.hit_json(h, body.explain) for h in hits]}
+            for q, hits in zip(texts, found)
+        ]
         # Server-Timing: the Index.search call itself and the wait for a worker, so a client
         # can tell the HTTP layer's cost from the search's (benchmarks/serve.py does)
         return JSONResponse(
             {**service.identity(), "mode": body.mode, "k": body.k, "results": results},
-            headers={"Server-Timing": f"search;dur={took * 1000:.3f}, "
-                                      f"queue;dur={max(waited, 0.0) * 1000:.3f}"})
+            headers={
+                "Server-Timing": f"search;dur={took * 1000:.3f}, "
+                f"queue;dur={max(waited, 0.0) * 1000:.3f}"
+            },
+        )
 
     # ---------------------------------------------------------------------------------- pages
     def stored_hit(page_id: str):
@@ -423,19 +527,33 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
         def work():
             return service.render(stored_hit(page_id), width, query)
 
-        return Response(await service.pool.run(work), media_type="image/png",
-                        headers={"Cache-Control": "private, max-age=60"})
+        return Response(
+            await service.pool.run(work),
+            media_type="image/png",
+            headers={"Cache-Control": "private, max-age=60"},
+        )
 
-    @app.get("/v1/pages/{page_id}/image", tags=["pages"],
-             response_class=Response, responses={200: {"content": {"image/png": {}}}})
+    @app.get(
+        "/v1/pages/{page_id}/image",
+        tags=["pages"],
+        response_class=Response,
+        responses={200: {"content": {"image/png": {}}}},
+    )
     async def page_image(page_id: str, width: int | None = Query(None, ge=16, le=4096)):
         """The page re-rendered at its indexed size (or `width` pixels wide), as PNG."""
         return await page_png(page_id, width, None)
 
-    @app.get("/v1/pages/{page_id}/map", tags=["pages"],
-             response_class=Response, responses={200: {"content": {"image/png": {}}}})
-    async def page_map(page_id: str, q: str = Query(..., min_length=1),
-                       width: int | None = Query(None, ge=16, le=4096)):
+    @app.get(
+        "/v1/pages/{page_id}/map",
+        tags=["pages"],
+        response_class=Response,
+        responses={200: {"content": {"image/png": {}}}},
+    )
+    async def page_map(
+        page_id: str,
+        q: str = Query(..., min_length=1),
+        width: int | None = Query(None, ge=16, le=4096),
+    ):
         """The page with the similarity overlay for query `q`, as PNG."""
         return await page_png(page_id, width, q)
 
@@ -460,13 +578,23 @@ def create_app(index, settings: Settings | None = None, *, close_index: bool = F
 
     @app.get("/v1/jobs", tags=["index"])
     async def job_list():
-        return {"jobs": [{"id": j.id, "state": j.state, "files_done": j.files_done,
-                          "files_total": j.files_total} for j in service.jobs.jobs.values()]}
+        return {
+            "jobs": [
+                {
+                    "id": j.id,
+                    "state": j.state,
+                    "files_done": j.files_done,
+                    "files_total": j.files_total,
+                }
+                for j in service.jobs.jobs.values()
+            ]
+        }
 
     return app
 
 
 def jsonable(errors: list[dict]) -> list[dict]:
     """Pydantic's error dicts without the raw input or exception objects (not JSON-safe)."""
-    return [{"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")}
-            for e in errors]
+    return [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg"), "type": e.get("type")} for e in errors
+    ]

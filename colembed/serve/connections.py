@@ -32,7 +32,6 @@ MAX_OPEN = 1024  # open connections before the slowest waiting ones are closed
 RESERVED_FDS = 128  # file descriptors kept for the model, the index and the render workers
 
 
-
 # per uvicorn server: the connections waiting for a request head, oldest first
 _waiting: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -90,8 +89,11 @@ class GuardedH11Protocol(H11Protocol):
 
 def protocol_class(head_timeout: float = HEAD_TIMEOUT_S, max_open: int = MAX_OPEN) -> type:
     """`GuardedH11Protocol` with these bounds, for `uvicorn.Config(http=...)`."""
-    return type("GuardedH11Protocol", (GuardedH11Protocol,),
-                {"head_timeout": head_timeout, "max_open": max_open})
+    return type(
+        "GuardedH11Protocol",
+        (GuardedH11Protocol,),
+        {"head_timeout": head_timeout, "max_open": max_open},
+    )
 
 
 def open_file_budget(wanted: int = MAX_OPEN + RESERVED_FDS) -> int:

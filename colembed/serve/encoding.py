@@ -16,8 +16,12 @@ ENCODINGS = ("float", "base64")
 def encode(vectors: np.ndarray, encoding: str) -> dict:
     array = np.ascontiguousarray(vectors, dtype="<f4")
     if encoding == "base64":
-        return {"shape": list(array.shape), "dtype": "float32", "byteorder": "little",
-                "data": base64.b64encode(array.tobytes()).decode("ascii")}
+        return {
+            "shape": list(array.shape),
+            "dtype": "float32",
+            "byteorder": "little",
+            "data": base64.b64encode(array.tobytes()).decode("ascii"),
+        }
     return {"shape": list(array.shape), "values": array.tolist()}
 
 

@@ -39,10 +39,18 @@ SECURITY_HEADERS = [
 
 async def refuse(send, status: int, detail: str, headers: list[tuple[bytes, bytes]] = ()):
     data = json.dumps({"detail": detail}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(data)).encode()),
-                            (b"connection", b"close"), *headers]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(data)).encode()),
+                (b"connection", b"close"),
+                *headers,
+            ],
+        }
+    )
     await send({"type": "http.response.body", "body": data})
 
 
@@ -64,8 +72,13 @@ class SecurityHeaders:
         async def with_headers(message):
             if message["type"] == "http.response.start":
                 present = {k.lower() for k, _ in message.get("headers", ())}
-                message = {**message, "headers": [*message.get("headers", ()), *(
-                    (k, v) for k, v in SECURITY_HEADERS if k not in present)]}
+                message = {
+                    **message,
+                    "headers": [
+                        *message.get("headers", ()),
+                        *((k, v) for k, v in SECURITY_HEADERS if k not in present),
+                    ],
+                }
             await send(message)
 
         await self.app(scope, receive, with_headers)
@@ -86,9 +99,14 @@ class TrustedHosts:
         except ValueError:
             return await refuse(send, 400, f"Host {value!r} is not a host name or address")
         if not self.hosts.allows(authority):
-            return await refuse(send, 421, (
-                f"Host {value!r} is not a name this server answers to (a server reached by a "
-                "name of its own is started with --allowed-host NAME)"))
+            return await refuse(
+                send,
+                421,
+                (
+                    f"Host {value!r} is not a name this server answers to (a server reached by a "
+                    "name of its own is started with --allowed-host NAME)"
+                ),
+            )
         scope.setdefault("state", {})["host_authority"] = authority
         await self.app(scope, receive, send)
 
@@ -103,16 +121,27 @@ class SameOrigin:
         origin = header(scope, b"origin")
         site = (header(scope, b"sec-fetch-site") or "").strip().lower()
         if site in ("cross-site", "same-site") and not (
-                origin is not None and self.hosts.is_cors_origin(origin)):
-            return await refuse(send, 403, (
-                f"{scope['method']} {scope['path']} from another site is refused "
-                f"(Sec-Fetch-Site: {site}); allow an origin with --cors-origin"))
+            origin is not None and self.hosts.is_cors_origin(origin)
+        ):
+            return await refuse(
+                send,
+                403,
+                (
+                    f"{scope['method']} {scope['path']} from another site is refused "
+                    f"(Sec-Fetch-Site: {site}); allow an origin with --cors-origin"
+                ),
+            )
         if origin is not None:
             host = scope["state"]["host_authority"]  # set by TrustedHosts, which runs first
             if not self.hosts.allows_origin(origin, host):
-                return await refuse(send, 403, (
-                    f"{scope['method']} {scope['path']} from origin {origin!r} is refused: "
-                    "not this server's own (allow it with --cors-origin)"))
+                return await refuse(
+                    send,
+                    403,
+                    (
+                        f"{scope['method']} {scope['path']} from origin {origin!r} is refused: "
+                        "not this server's own (allow it with --cors-origin)"
+                    ),
+                )
         await self.app(scope, receive, send)
 
     @staticmethod
@@ -133,9 +162,12 @@ class RequireKey:
         if given is None and bearer[:7].lower() == "bearer ":
             given = bearer[7:]
         if given is None or not hmac.compare_digest(given.encode("latin-1"), self.key):
-            return await refuse(send, 401, f"missing or wrong API key ({API_KEY_HEADER} or "
-                                           "Authorization: Bearer)",
-                                [(b"www-authenticate", b"Bearer")])
+            return await refuse(
+                send,
+                401,
+                f"missing or wrong API key ({API_KEY_HEADER} or Authorization: Bearer)",
+                [(b"www-authenticate", b"Bearer")],
+            )
         await self.app(scope, receive, send)
 
 
@@ -156,8 +188,7 @@ class BodyLimit:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        message = (f"request body is over the limit of {self.limit} bytes "
-                   "(--max-body-bytes)")
+        message = f"request body is over the limit of {self.limit} bytes (--max-body-bytes)"
         declared = header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.limit:
             return await refuse(send, 413, message)
@@ -185,9 +216,12 @@ def install(app, *, hosts: AllowedHosts, api_key: str | None, max_body_bytes: in
     if hosts.cors_origins:
         from fastapi.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=sorted(hosts.cors_origins),
-                           allow_methods=["GET", "POST"],
-                           allow_headers=["Authorization", API_KEY_HEADER, "Content-Type"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=sorted(hosts.cors_origins),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", API_KEY_HEADER, "Content-Type"],
+        )
     app.add_middleware(SameOrigin, hosts=hosts)
     app.add_middleware(TrustedHosts, hosts=hosts)
     app.add_middleware(SecurityHeaders)

@@ -59,7 +59,7 @@ def parse_authority(text: str) -> Authority:
         end = text.find("]")
         if end < 0:
             raise ValueError(f"{text!r}: unclosed '['")
-        literal, rest = text[1:end], text[end + 1:]
+        literal, rest = text[1:end], text[end + 1 :]
         if "%" in literal:
             raise ValueError(f"{text!r}: a zone id is not a Host")
         host: str | IP = ipaddress.IPv6Address(literal)
@@ -105,8 +105,9 @@ class AllowedHosts:
         self.names: set[str] = set()
         self.ips: set[IP] = set()
         if not self.any_ip:
-            bound = parse_authority(bind if ":" not in bind or bind.startswith("[")
-                                   else f"[{bind}]")
+            bound = parse_authority(
+                bind if ":" not in bind or bind.startswith("[") else f"[{bind}]"
+            )
             if bound.is_ip:
                 self.ips.add(bound.host)
             else:
@@ -121,8 +122,9 @@ class AllowedHosts:
             try:
                 self.extra.append(parse_authority(value))
             except ValueError as e:
-                raise ColembedError(f"--allowed-host {value}: {e} (give NAME or NAME:PORT)") \
-                    from None
+                raise ColembedError(
+                    f"--allowed-host {value}: {e} (give NAME or NAME:PORT)"
+                ) from None
         self.cors_origins = {o.strip().rstrip("/").lower() for o in cors_origins}
 
     def allows(self, authority: Authority) -> bool:
@@ -146,5 +148,6 @@ class AllowedHosts:
         scheme, authority = parsed
         if authority == Authority(host.host, host.port or DEFAULT_PORTS[scheme]):
             return True
-        return any(a.host == authority.host and a.port in (None, authority.port)
-                   for a in self.extra)
+        return any(
+            a.host == authority.host and a.port in (None, authority.port) for a in self.extra
+        )

@@ -57,14 +57,23 @@ class Job:
         end = self.finished or time.time()
         elapsed = (end - self.started) if self.started else 0.0
         return {
-            "id": self.id, "state": self.state, "created": self.created, "started": self.started,
-            "finished": self.finished, "elapsed_s": round(elapsed, 3),
-            "files_total": self.files_total, "files_done": self.files_done,
-            "pages_stored": self.pages_stored, "pages_planned": self.pages_planned,
-            "pages_added": self.pages_added, "pages_reused": self.pages_reused,
+            "id": self.id,
+            "state": self.state,
+            "created": self.created,
+            "started": self.started,
+            "finished": self.finished,
+            "elapsed_s": round(elapsed, 3),
+            "files_total": self.files_total,
+            "files_done": self.files_done,
+            "pages_stored": self.pages_stored,
+            "pages_planned": self.pages_planned,
+            "pages_added": self.pages_added,
+            "pages_reused": self.pages_reused,
             "pages_per_s": round(self.pages_stored / elapsed, 3) if elapsed > 0 else 0.0,
-            "added": list(self.added), "skipped": list(self.skipped),
-            "failed": list(self.failed), "error": self.error,
+            "added": list(self.added),
+            "skipped": list(self.skipped),
+            "failed": list(self.failed),
+            "error": self.error,
         }
 
 
@@ -94,8 +103,10 @@ class JobRunner:
             if self._stopping:
                 raise JobQueueFull("the server is shutting down")
             if len(self._queue) >= self.max_queued:
-                raise JobQueueFull(f"{len(self._queue)} index jobs are queued (the limit, "
-                                   "--max-queued-jobs); retry when one is done")
+                raise JobQueueFull(
+                    f"{len(self._queue)} index jobs are queued (the limit, "
+                    "--max-queued-jobs); retry when one is done"
+                )
             job = Job(uuid.uuid4().hex, targets)
             self.jobs[job.id] = job
             self._queue.append(job)
@@ -129,27 +140,38 @@ class JobRunner:
             def on_progress(stored: int, planned: int, result) -> None:
                 """Called by Index.add's writer thread per batch of pages and per file."""
                 job.pages_stored, job.pages_planned = stored, planned
-                for report in result.added[seen["added"]:]:
+                for report in result.added[seen["added"] :]:
                     job.pages_added += report.pages
                     job.pages_reused += report.reused
-                    job.added.append({"file": self.roots.display(report.path),
-                                      "pages": report.pages})
-                for report in result.skipped[seen["skipped"]:]:
-                    job.skipped.append({"file": self.roots.display(report.path),
-                                        "reason": report.reason})
-                for report in result.failed[seen["failed"]:]:
-                    job.failed.append({"file": self.roots.display(report.path),
-                                       "reason": public_message(report.reason, self.roots,
-                                                                [report.path])})
-                seen.update(added=len(result.added), skipped=len(result.skipped),
-                            failed=len(result.failed))
-                job.files_done = (len(job.added) + len(job.skipped) - skipped_before
-                                  + len(job.failed))
+                    job.added.append(
+                        {"file": self.roots.display(report.path), "pages": report.pages}
+                    )
+                for report in result.skipped[seen["skipped"] :]:
+                    job.skipped.append(
+                        {"file": self.roots.display(report.path), "reason": report.reason}
+                    )
+                for report in result.failed[seen["failed"] :]:
+                    job.failed.append(
+                        {
+                            "file": self.roots.display(report.path),
+                            "reason": public_message(report.reason, self.roots, [report.path]),
+                        }
+                    )
+                seen.update(
+                    added=len(result.added), skipped=len(result.skipped), failed=len(result.failed)
+                )
+                job.files_done = (
+                    len(job.added) + len(job.skipped) - skipped_before + len(job.failed)
+                )
 
             if files and not self._stop.is_set():
-                result = self.index.add(files, progress=False, on_progress=on_progress,
-                                        stop=self._stop,
-                                        within=[r.folder for r in self.roots.roots])
+                result = self.index.add(
+                    files,
+                    progress=False,
+                    on_progress=on_progress,
+                    stop=self._stop,
+                    within=[r.folder for r in self.roots.roots],
+                )
                 on_progress(job.pages_stored, job.pages_planned, result)
             if self._stop.is_set() and job.files_done < len(files):
                 job.state = "cancelled"

@@ -22,8 +22,11 @@ class Busy(Exception):
 
     def __init__(self, limit: int, retry_after: int, message: str | None = None) -> None:
         self.limit, self.retry_after = limit, retry_after
-        super().__init__(message or f"server busy: {limit} requests running or queued "
-                                    f"(--workers + --queue); retry after {retry_after} s")
+        super().__init__(
+            message
+            or f"server busy: {limit} requests running or queued "
+            f"(--workers + --queue); retry after {retry_after} s"
+        )
 
 
 class WorkerPool:
@@ -32,7 +35,9 @@ class WorkerPool:
             raise ValueError("workers must be >= 1 and queue >= 0")
         self.workers, self.queue, self.retry_after = workers, queue, retry_after
         self.limit = workers + queue
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="colembed-serve")
+        self._executor = ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="colembed-serve"
+        )
         self._lock = threading.Lock()
         self._pending = 0
         self.refused = 0

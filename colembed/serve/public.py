@@ -28,12 +28,20 @@ _BARE = r"""(?<![\w.~/\\:%-])(?P<bare>(?:/|[A-Za-z]:[\\/])[^\s'",;)\]}]*[^\s'",;
 def public_message(text: str, roots: Roots, paths: Iterable[str | os.PathLike] = ()) -> str:
     """`text` with every absolute path in it replaced by how `roots` shows it, in one pass (a
     replacement is never looked at again)."""
-    known = {form for p in paths for form in (str(Path(p)), str(Path(p).resolve()))
-             if os.path.isabs(form)}
+    known = {
+        form
+        for p in paths
+        for form in (str(Path(p)), str(Path(p).resolve()))
+        if os.path.isabs(form)
+    }
     alternatives = [_QUOTED, _BARE]
     if known:
-        alternatives.insert(0, "(?P<known>{})".format(
-            "|".join(re.escape(k) for k in sorted(known, key=len, reverse=True))))
+        alternatives.insert(
+            0,
+            "(?P<known>{})".format(
+                "|".join(re.escape(k) for k in sorted(known, key=len, reverse=True))
+            ),
+        )
 
     def shown(match: re.Match) -> str:
         groups = match.groupdict()

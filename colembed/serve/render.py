@@ -39,6 +39,7 @@ def _exit_with_parent(parent: int) -> None:
     every POSIX system a thread sees the worker re-parented (its parent id changes) within
     `PARENT_POLL_S`. The kernel signal comes when the *thread* that started the worker ends,
     which may be before the process does: the handler exits only once the parent is gone."""
+
     def parent_gone(*_) -> None:
         if os.getppid() != parent:
             os._exit(0)
@@ -79,8 +80,12 @@ class PageRenderer:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor
 
-        executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_exit_with_parent, initargs=(os.getpid(),))
+        executor = ProcessPoolExecutor(
+            self.workers,
+            mp_context=multiprocessing.get_context("spawn"),
+            initializer=_exit_with_parent,
+            initargs=(os.getpid(),),
+        )
         executor.submit(int)  # start a worker now: the first page request does not pay for it
         return executor
 
@@ -90,11 +95,15 @@ class PageRenderer:
         for attempt in (1, 2):
             executor = self._executor
             try:
-                image, refused = executor.submit(_render, hit.file, hit.page, dict(hit.payload),
-                                                 self.options).result()
+                image, refused = executor.submit(
+                    _render, hit.file, hit.page, dict(hit.payload), self.options
+                ).result()
             except BrokenProcessPool:
-                log.error("a page-render process died (rendering %s page %d); starting another",
-                          hit.file, hit.page)
+                log.error(
+                    "a page-render process died (rendering %s page %d); starting another",
+                    hit.file,
+                    hit.page,
+                )
                 with self._lock:
                     if self._executor is executor:
                         self._executor = self._start()

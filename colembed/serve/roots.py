@@ -69,8 +69,9 @@ class Roots:
     def resolve(self, root_name: str | None, path: str) -> tuple[Root, Path]:
         """The root and resolved path a client's (root, relative path) names, or PathRefused."""
         if not self.roots:
-            raise PathRefused("indexing over HTTP is off: the server was started without "
-                              "--allow-root")
+            raise PathRefused(
+                "indexing over HTTP is off: the server was started without --allow-root"
+            )
         if root_name is None:
             if len(self.roots) > 1:
                 raise PathRefused(f"{path!r}: name its root (one of {self.names()})")
@@ -81,10 +82,15 @@ class Roots:
                 raise PathRefused(f"root {root_name!r} is not one of {self.names()}")
         if "\x00" in path:
             raise PathRefused(f"{path!r}: NUL in path")
-        if (PurePosixPath(path).is_absolute() or PureWindowsPath(path).is_absolute()
-                or PureWindowsPath(path).drive or path.startswith("~")):
-            raise PathRefused(f"{path!r}: absolute paths are refused; give a path relative to "
-                              f"root {root.name!r}")
+        if (
+            PurePosixPath(path).is_absolute()
+            or PureWindowsPath(path).is_absolute()
+            or PureWindowsPath(path).drive
+            or path.startswith("~")
+        ):
+            raise PathRefused(
+                f"{path!r}: absolute paths are refused; give a path relative to root {root.name!r}"
+            )
         if ".." in PurePosixPath(path.replace("\\", "/")).parts:
             raise PathRefused(f"{path!r}: '..' is refused in paths")
         target = (root.folder / path).resolve()
@@ -94,8 +100,9 @@ class Roots:
             raise PathMissing(f"{path!r}: no such file or folder in root {root.name!r}")
         return root, target
 
-    def files(self, root: Root, target: Path, exclude: tuple[Path, ...] = ()
-              ) -> tuple[list[Path], list[tuple[Path, str]]]:
+    def files(
+        self, root: Root, target: Path, exclude: tuple[Path, ...] = ()
+    ) -> tuple[list[Path], list[tuple[Path, str]]]:
         """Documents under `target` (resolved, inside `root`) and what was left out, with why;
         folders in `exclude` (the index's own, when it sits inside a root) are not walked."""
         excluded = {Path(p).resolve() for p in exclude}
@@ -110,8 +117,13 @@ class Roots:
             for d in list(dirs):
                 if (here / d).is_symlink():
                     left.append((here / d, "symlinked folder (not followed)"))
-            dirs[:] = sorted(d for d in dirs if not d.startswith(".")
-                             and not (here / d).is_symlink() and here / d not in excluded)
+            dirs[:] = sorted(
+                d
+                for d in dirs
+                if not d.startswith(".")
+                and not (here / d).is_symlink()
+                and here / d not in excluded
+            )
             for name in sorted(names):
                 if name.startswith("."):
                     continue

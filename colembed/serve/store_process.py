@@ -42,17 +42,45 @@ from ..index.store import Store, StoredHit
 from ..index.schema import PagePoint
 
 # The store's methods the child answers; anything else is refused there.
-CALLS = frozenset({"upsert", "delete", "count", "payloads", "any_payload", "search", "points",
-                   "page_vectors", "flush", "has_tokens", "set_payload", "file_paths"})
+CALLS = frozenset(
+    {
+        "upsert",
+        "delete",
+        "count",
+        "payloads",
+        "any_payload",
+        "search",
+        "points",
+        "page_vectors",
+        "flush",
+        "has_tokens",
+        "set_payload",
+        "file_paths",
+    }
+)
 
 
-def open_store_in_child(location=None, *, url: str | None = None, api_key: str | None = None,
-                        dim: int | None = None, collection: str | None = None,
-                        local: bool = False, create: bool = True) -> Store:
+def open_store_in_child(
+    location=None,
+    *,
+    url: str | None = None,
+    api_key: str | None = None,
+    dim: int | None = None,
+    collection: str | None = None,
+    local: bool = False,
+    create: bool = True,
+) -> Store:
     """`backends.open_store`, with an Edge folder opened in a child process (`ChildStore`)."""
     if url is not None or local or location is None:
-        return open_store(location, url=url, api_key=api_key, dim=dim, collection=collection,
-                          local=local, create=create)
+        return open_store(
+            location,
+            url=url,
+            api_key=api_key,
+            dim=dim,
+            collection=collection,
+            local=local,
+            create=create,
+        )
     return ChildStore(Path(location), dim=dim if create else None)
 
 
@@ -68,11 +96,18 @@ class ChildStore(Store):
     def __init__(self, folder: Path, *, dim: int | None = None) -> None:
         self._authkey = os.urandom(32)
         package_parent = str(Path(__file__).resolve().parents[2])
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-            [package_parent] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+        env = dict(
+            os.environ,
+            PYTHONPATH=os.pathsep.join(
+                [package_parent] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+            ),
+        )
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "colembed.serve.store_process"], stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE, env=env)
+            [sys.executable, "-m", "colembed.serve.store_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+        )
         self._send_line({"folder": str(folder), "dim": dim, "authkey": self._authkey.hex()})
         value = self._read_line(f"{folder}: opening the index")
         self._address = value["address"]
@@ -93,8 +128,9 @@ class ChildStore(Store):
         line = self._process.stdout.readline()
         if not line:
             code = self._process.wait(30)
-            raise StoreError(f"{doing}: the store process ended (exit code {code}; its "
-                             "messages are above)")
+            raise StoreError(
+                f"{doing}: the store process ended (exit code {code}; its messages are above)"
+            )
         status, value = pickle.loads(base64.b64decode(line))
         if status == "error":
             raise value
@@ -119,8 +155,9 @@ class ChildStore(Store):
         except (EOFError, OSError) as e:
             with self._lock:
                 self._connections.remove(conn)
-            raise StoreError(f"{self.location}: the store process is gone "
-                             f"({type(e).__name__}: {e})") from None
+            raise StoreError(
+                f"{self.location}: the store process is gone ({type(e).__name__}: {e})"
+            ) from None
         with self._lock:
             self._free.append(conn)
         if status == "error":
@@ -142,10 +179,12 @@ class ChildStore(Store):
     def any_payload(self) -> dict[str, Any] | None:
         return self._call("any_payload")
 
-    def search(self, queries: Sequence[np.ndarray], k: int, mode: str,
-               where=None, texts=None) -> list[list[StoredHit]]:
-        return self._call("search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode,
-                          where, texts)
+    def search(
+        self, queries: Sequence[np.ndarray], k: int, mode: str, where=None, texts=None
+    ) -> list[list[StoredHit]]:
+        return self._call(
+            "search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode, where, texts
+        )
 
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         self._call("set_payload", list(ids), payload)
@@ -178,8 +217,9 @@ class ChildStore(Store):
             self._send_line({"close": True})
             self._read_line(f"{self.location}: closing the index")
         except (BrokenPipeError, OSError) as e:
-            raise StoreError(f"{self.location}: the store process ended before closing the "
-                             f"index ({e})") from None
+            raise StoreError(
+                f"{self.location}: the store process ended before closing the index ({e})"
+            ) from None
         finally:
             try:
                 self._process.wait(60)
@@ -217,11 +257,21 @@ def _child_main() -> None:
         _answer(out, "error", _picklable(e))
         return
     listener = Listener(authkey=bytes.fromhex(request["authkey"]))  # a Unix socket, private folder
-    _answer(out, "ok", {"address": listener.address, "location": store.location,
-                        "schema": store.schema, "dim": store.dim,
-                        "upgrade_hint": store.upgrade_hint, "has_lexical": store.has_lexical})
-    threading.Thread(target=_accept, args=(listener, store), name="colembed-store-accept",
-                     daemon=True).start()
+    _answer(
+        out,
+        "ok",
+        {
+            "address": listener.address,
+            "location": store.location,
+            "schema": store.schema,
+            "dim": store.dim,
+            "upgrade_hint": store.upgrade_hint,
+            "has_lexical": store.has_lexical,
+        },
+    )
+    threading.Thread(
+        target=_accept, args=(listener, store), name="colembed-store-accept", daemon=True
+    ).start()
     told = bool(sys.stdin.readline())  # a "close" line, or "" once the server's process is gone
     code = 0
     try:
@@ -233,8 +283,9 @@ def _child_main() -> None:
         if told:
             _answer(out, "error", _picklable(e))
         else:
-            print(f"colembed store process: closing {request['folder']} failed: {e}",
-                  file=sys.stderr)
+            print(
+                f"colembed store process: closing {request['folder']} failed: {e}", file=sys.stderr
+            )
     finally:
         listener.close()
     os._exit(code)  # the accept and call threads end with the process
@@ -248,8 +299,9 @@ def _accept(listener: Listener, store) -> None:
             return  # closed at exit
         except Exception:  # noqa: BLE001 (a client that failed authentication)
             continue
-        threading.Thread(target=_serve, args=(conn, store), name="colembed-store-call",
-                         daemon=True).start()
+        threading.Thread(
+            target=_serve, args=(conn, store), name="colembed-store-call", daemon=True
+        ).start()
 
 
 def _serve(conn: Connection, store) -> None:

@@ -139,12 +139,18 @@ def _load_colqwen2(folder: Path):
 
 EXPORT_FAMILIES = {
     COLQWEN2.name: ExportFamily(COLQWEN2, _load_colqwen2, _image_graph, _as_is),
-    COLQWEN2_5.name: ExportFamily(COLQWEN2_5, _load_colqwen2_5, _windowed_image_graph,
-                                  _with_dtype_shim),
-    COLQWEN3.name: ExportFamily(COLQWEN3, _load_colqwen3, _deepstack_image_graph, _as_is,
-                                text_graph=_deepstack_text_graph,
-                                reference_outputs=_reference_qwen3,
-                                reference_processor=_reference_processor_qwen3),
+    COLQWEN2_5.name: ExportFamily(
+        COLQWEN2_5, _load_colqwen2_5, _windowed_image_graph, _with_dtype_shim
+    ),
+    COLQWEN3.name: ExportFamily(
+        COLQWEN3,
+        _load_colqwen3,
+        _deepstack_image_graph,
+        _as_is,
+        text_graph=_deepstack_text_graph,
+        reference_outputs=_reference_qwen3,
+        reference_processor=_reference_processor_qwen3,
+    ),
 }
 
 

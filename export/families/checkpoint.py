@@ -38,7 +38,9 @@ def resolve_checkpoint(source: str | Path, revision: str | None = None) -> Check
     """A local folder as is, else a Hugging Face repo id downloaded with huggingface-hub."""
     path = Path(source).expanduser()
     if path.is_dir():
-        return CheckpointSource(folder=path.resolve(), source=str(path.resolve()), revision=revision)
+        return CheckpointSource(
+            folder=path.resolve(), source=str(path.resolve()), revision=revision
+        )
     if path.exists():
         raise ExportError(f"{source}: is a file; expected a checkpoint folder or a repo id")
     if str(source).count("/") != 1 or str(source).startswith((".", "/", "~")):
@@ -50,7 +52,9 @@ def resolve_checkpoint(source: str | Path, revision: str | None = None) -> Check
             repo_id=str(source), revision=revision, allow_patterns=list(CHECKPOINT_PATTERNS)
         )
     except Exception as e:  # the hub raises many types; all mean "could not get it"
-        raise ExportError(f"{source}: could not download the checkpoint ({type(e).__name__}: {e})") from e
+        raise ExportError(
+            f"{source}: could not download the checkpoint ({type(e).__name__}: {e})"
+        ) from e
     return CheckpointSource(folder=Path(folder), source=str(source), revision=revision)
 
 
@@ -76,17 +80,25 @@ def check_architecture(folder: Path) -> Family:
     if family is not None:
         return family
     model_type, nested = checkpoint_model_types(config)
-    accepted = "; ".join(f"{f.name}: " + ", ".join(
-        f"model_type {top!r}" + (f" with vlm_config.model_type {inner!r}" if inner else "")
-        for top, inner in f.checkpoint_layouts) for f in FAMILIES.values())
+    accepted = "; ".join(
+        f"{f.name}: "
+        + ", ".join(
+            f"model_type {top!r}" + (f" with vlm_config.model_type {inner!r}" if inner else "")
+            for top, inner in f.checkpoint_layouts
+        )
+        for f in FAMILIES.values()
+    )
     hint = ""
     if model_type in (None, COLQWEN2.backbone) or "adapter_config" in str(config):
-        hint = (" (colpali-engine ColQwen2 checkpoints such as vidore/colqwen2-v1.0 must first be "
-                "converted; use the transformers-format vidore/colqwen2-v1.0-hf)")
+        hint = (
+            " (colpali-engine ColQwen2 checkpoints such as vidore/colqwen2-v1.0 must first be "
+            "converted; use the transformers-format vidore/colqwen2-v1.0-hf)"
+        )
     raise ExportError(
         f"{folder / 'config.json'}: model_type {model_type!r}"
         + (f" with vlm_config.model_type {nested!r}" if nested else "")
-        + f" is no checkpoint layout colembed exports ({accepted}){hint}")
+        + f" is no checkpoint layout colembed exports ({accepted}){hint}"
+    )
 
 
 def check_required_files(folder: Path) -> None:
@@ -119,7 +131,8 @@ def architecture_facts(config, family: Family) -> dict[str, Any]:
         "text_layers": text.num_hidden_layers,
         "text_heads": text.num_attention_heads,
         # transformers' own rule (Qwen3's attention): the declared `head_dim`, else hidden / heads
-        "text_head_dim": getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+        "text_head_dim": getattr(text, "head_dim", None)
+        or text.hidden_size // text.num_attention_heads,
         "text_kv_heads": text.num_key_value_heads,
         "text_intermediate": text.intermediate_size,
         "mrope_section": list(text.rope_scaling["mrope_section"]),
@@ -156,7 +169,9 @@ def load_strict(folder: Path):
     ):
         found = sorted(str(k) for k in info.get(key, []) or [])
         if found:
-            shown = ", ".join(found[:10]) + (f" (+{len(found) - 10} more)" if len(found) > 10 else "")
+            shown = ", ".join(found[:10]) + (
+                f" (+{len(found) - 10} more)" if len(found) > 10 else ""
+            )
             problems.append(f"{len(found)} {label} tensor(s): {shown}")
     if problems:
         raise ExportError(

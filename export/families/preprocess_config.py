@@ -94,7 +94,9 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     geometry = _patch_geometry(image_config, vision_config, folder)
     layout = layout_of(raw_config)  # a ColQwen3 layout's processor differences, else None
     if layout is not None and layout.max_visual_tokens is not None:
-        max_pixels = layout.max_visual_tokens * (geometry["patch_size"] * geometry["merge_size"]) ** 2
+        max_pixels = (
+            layout.max_visual_tokens * (geometry["patch_size"] * geometry["merge_size"]) ** 2
+        )
     defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
     values = dict(
         query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
@@ -130,8 +132,9 @@ def _page_prompt(processor_config: dict[str, Any], layout) -> str:
     if layout is None or layout.page_prompt_parts is None:
         return _value_or(processor_config.get("visual_prompt_prefix"), UPSTREAM_PAGE_PROMPT)
     prefix, suffix = layout.page_prompt_parts
-    return (_value_or(processor_config.get("visual_prompt_prefix"), prefix)
-            + _value_or(processor_config.get("visual_prompt_suffix"), suffix))
+    return _value_or(processor_config.get("visual_prompt_prefix"), prefix) + _value_or(
+        processor_config.get("visual_prompt_suffix"), suffix
+    )
 
 
 def image_processor_config(folder: Path) -> tuple[dict[str, Any], Path]:
@@ -145,14 +148,19 @@ def image_processor_config(folder: Path) -> tuple[dict[str, Any], Path]:
     nested = _read_json(processor_path, required=False).get("image_processor")
     if isinstance(nested, dict):
         return nested, processor_path
-    raise ModelFolderError("no image processor settings: neither preprocessor_config.json nor an "
-                           "`image_processor` object in processor_config.json", path=folder)
+    raise ModelFolderError(
+        "no image processor settings: neither preprocessor_config.json nor an "
+        "`image_processor` object in processor_config.json",
+        path=folder,
+    )
 
 
 def _read_json(path: Path, *, required: bool = True) -> dict[str, Any]:
     if not path.is_file():
         if required:
-            raise ModelFolderError("missing file (is this a Hugging Face ColQwen2 folder?)", path=path)
+            raise ModelFolderError(
+                "missing file (is this a Hugging Face ColQwen2 folder?)", path=path
+            )
         return {}
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -194,7 +202,9 @@ def _token_text(value: Any) -> str | None:
 
 
 def _pad_token(tokenizer_config: dict, special_tokens: dict, folder: Path) -> str:
-    pad = _token_text(tokenizer_config.get("pad_token")) or _token_text(special_tokens.get("pad_token"))
+    pad = _token_text(tokenizer_config.get("pad_token")) or _token_text(
+        special_tokens.get("pad_token")
+    )
     if pad is None:
         raise ModelFolderError(
             "no pad token in tokenizer_config.json or special_tokens_map.json; ColQwen2 uses it as "
@@ -216,7 +226,9 @@ def _token_id(tokenizer, token: str, model_config: dict, key: str, folder: Path)
     from_tokenizer = tokenizer.token_to_id(token)
     from_config = model_config.get(key)
     if from_tokenizer is None:
-        raise ModelFolderError(f"token {token!r} is not in {TOKENIZER_FILE}", path=folder / TOKENIZER_FILE)
+        raise ModelFolderError(
+            f"token {token!r} is not in {TOKENIZER_FILE}", path=folder / TOKENIZER_FILE
+        )
     if from_config is not None and int(from_config) != from_tokenizer:
         raise ModelFolderError(
             f"config.json says {key}={from_config} but tokenizer.json maps {token!r} to {from_tokenizer}",
@@ -247,7 +259,9 @@ def _patch_geometry(image_config: dict, vision_config: dict, folder: Path) -> di
     }
     out: dict[str, int] = {}
     for key, vision_key in pairs.items():
-        value = image_config.get(key, vision_config.get(vision_key, UPSTREAM_IMAGE_PROCESSOR_DEFAULTS[key]))
+        value = image_config.get(
+            key, vision_config.get(vision_key, UPSTREAM_IMAGE_PROCESSOR_DEFAULTS[key])
+        )
         tower = vision_config.get(vision_key)
         if tower is not None and int(tower) != int(value):
             raise ModelFolderError(
@@ -268,9 +282,14 @@ def _check_supported_pipeline(image_config: dict, path: Path) -> None:
     resample = image_config.get("resample", _REQUIRED_RESAMPLE)
     if resample != _REQUIRED_RESAMPLE:
         raise ModelFolderError(
-            f"resample={resample}; colembed implements PIL BICUBIC ({_REQUIRED_RESAMPLE}) only", path=path
+            f"resample={resample}; colembed implements PIL BICUBIC ({_REQUIRED_RESAMPLE}) only",
+            path=path,
         )
 
 
-__all__ = ["QUERY_AUGMENTATION_COUNT", "VISION_ROPE_THETA", "image_processor_config",
-           "read_preprocess_config"]
+__all__ = [
+    "QUERY_AUGMENTATION_COUNT",
+    "VISION_ROPE_THETA",
+    "image_processor_config",
+    "read_preprocess_config",
+]

@@ -53,12 +53,19 @@ def _elem_types(model: Any) -> dict[str, int]:
     for _ in range(256):
         inferred = onnx.shape_inference.infer_shapes(model)
         g = inferred.graph
-        known = {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]
-                 if v.type.tensor_type.elem_type}
+        known = {
+            v.name: v.type.tensor_type.elem_type
+            for v in [*g.value_info, *g.input, *g.output]
+            if v.type.tensor_type.elem_type
+        }
         known.update({i.name: i.data_type for i in g.initializer})
-        added = [onnx.helper.make_tensor_value_info(out, known[n.input[0]], None)
-                 for n in g.node if n.domain not in DEFAULT_DOMAINS and n.input
-                 and n.input[0] in known for out in n.output[:1] if out and out not in known]
+        added = [
+            onnx.helper.make_tensor_value_info(out, known[n.input[0]], None)
+            for n in g.node
+            if n.domain not in DEFAULT_DOMAINS and n.input and n.input[0] in known
+            for out in n.output[:1]
+            if out and out not in known
+        ]
         if not added:
             return known
         model.graph.value_info.extend(added)
@@ -111,9 +118,19 @@ def graph_uses(model: Any) -> list[NodeUse]:
         skip_out = _fixed_type_slots(schema, len(node.output), True) if schema else set()
         names = [n for i, n in enumerate(node.input) if n and i not in skip_in]
         names += [n for i, n in enumerate(node.output) if n and i not in skip_out]
-        dtypes = {helper.tensor_dtype_to_np_dtype(types[n]).name for n in names if n in types} or {"?"}
-        uses += [NodeUse(domain or "ai.onnx", node.op_type, since, dtype.replace("float32", "float")
-                         .replace("float64", "double"), node.name) for dtype in sorted(dtypes)]
+        dtypes = {helper.tensor_dtype_to_np_dtype(types[n]).name for n in names if n in types} or {
+            "?"
+        }
+        uses += [
+            NodeUse(
+                domain or "ai.onnx",
+                node.op_type,
+                since,
+                dtype.replace("float32", "float").replace("float64", "double"),
+                node.name,
+            )
+            for dtype in sorted(dtypes)
+        ]
     return uses
 
 
@@ -123,17 +140,22 @@ def unsupported(uses: list[NodeUse]) -> list[str]:
     sets, kernels = table["type_sets"], table["kernels"]
     missing: dict[tuple[str, str, int, str], str] = {}
     for use in uses:
-        versions = dict((since, code) for since, code in kernels.get(use.domain, {}).get(use.op, []))
+        versions = dict(
+            (since, code) for since, code in kernels.get(use.domain, {}).get(use.op, [])
+        )
         if use.since not in versions:
             missing.setdefault((use.domain, use.op, use.since, "-"), use.node)
         elif use.dtype != "?" and use.dtype not in sets[versions[use.since]]:
             missing.setdefault((use.domain, use.op, use.since, use.dtype), use.node)
-    return [f"{d}:{op} (since {since}){'' if t == '-' else f' on {t}'}, e.g. node {node!r}"
-            for (d, op, since, t), node in sorted(missing.items())]
+    return [
+        f"{d}:{op} (since {since}){'' if t == '-' else f' on {t}'}, e.g. node {node!r}"
+        for (d, op, since, t), node in sorted(missing.items())
+    ]
 
 
-def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any],
-                       ranks: dict[str, int] | None = None) -> list[str]:
+def node_rule_problems(
+    node: Any, attrs: dict[str, Any], rules: dict[str, Any], ranks: dict[str, int] | None = None
+) -> list[str]:
     """What keeps `node` off DirectML under its op's `node_rules` entry (none: no such rule):
     the kernel's own support query and constructor check attributes, inputs and input ranks
     that the type table cannot show (the data file's rule records which source says so).
@@ -150,27 +172,35 @@ def node_rule_problems(node: Any, attrs: dict[str, Any], rules: dict[str, Any],
     if "inputs" in rule:
         given = list(node.input)
         if len(given) != len(rule["inputs"]) or not all(given):
-            problems.append(f"{name}: inputs {given}; DirectML's kernel takes exactly "
-                            f"{', '.join(rule['inputs'])}")
+            problems.append(
+                f"{name}: inputs {given}; DirectML's kernel takes exactly "
+                f"{', '.join(rule['inputs'])}"
+            )
     if "input_rank" in rule:
         rank = (ranks or {}).get(node.input[0])
         if rank != rule["input_rank"]:
-            problems.append(f"{name}: input of rank {rank if rank is not None else 'unknown'}; "
-                            f"DirectML's kernel reads rank {rule['input_rank']} only")
+            problems.append(
+                f"{name}: input of rank {rank if rank is not None else 'unknown'}; "
+                f"DirectML's kernel reads rank {rule['input_rank']} only"
+            )
     if rule.get("k_multiple_of_block"):
         k, block = attrs["K"].i, attrs["block_size"].i
         if k % block:
-            problems.append(f"{name}: K {k} is not a whole number of blocks of {block} "
-                            "(DirectML's kernel takes whole blocks only)")
+            problems.append(
+                f"{name}: K {k} is not a whole number of blocks of {block} "
+                "(DirectML's kernel takes whole blocks only)"
+            )
     return problems
 
 
 def declared_ranks(graph: Any) -> dict[str, int]:
     """{tensor name: rank} for every tensor whose shape the graph declares (inputs, outputs and
     value_info: the exporter records the shapes it traced)."""
-    return {v.name: len(v.type.tensor_type.shape.dim)
-            for v in [*graph.input, *graph.output, *graph.value_info]
-            if v.type.tensor_type.HasField("shape")}
+    return {
+        v.name: len(v.type.tensor_type.shape.dim)
+        for v in [*graph.input, *graph.output, *graph.value_info]
+        if v.type.tensor_type.HasField("shape")
+    }
 
 
 def directml_problems(path: str | Path) -> list[str]:

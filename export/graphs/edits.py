@@ -80,8 +80,12 @@ def _const_float(value: Any) -> np.ndarray | None:
 def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
     import onnx_ir as ir
 
-    value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(
-        ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array, name=name))
+    value = ir.Value(
+        name=name,
+        shape=ir.Shape(array.shape),
+        type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+        const_value=ir.tensor(array, name=name),
+    )
     graph.register_initializer(value)
     return value
 
@@ -127,8 +131,9 @@ def fp16_candidates(model: Any, keep_scopes: Iterable[str] = ()) -> list[tuple[A
     return found
 
 
-def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
-                         keep_nodes: Iterable[str] = ()) -> int:
+def half_precision_gemms(
+    model: Any, keep_scopes: Iterable[str] = (), keep_nodes: Iterable[str] = ()
+) -> int:
     """The fp16 recipe (module docstring). Returns how many nodes now run on fp16 weights.
     `keep_nodes` (node names) stay fp32 as well, e.g. those `fp16_overflow_risks` found."""
     import onnx_ir as ir
@@ -145,8 +150,9 @@ def half_precision_gemms(model: Any, keep_scopes: Iterable[str] = (),
         weight = node.inputs[weight_slot]
         array = _const_float(weight)
         if id(weight) not in half_weights:
-            half_weights[id(weight)] = _initializer(graph, f"{weight.name}_fp16",
-                                                    array.astype(np.float16))
+            half_weights[id(weight)] = _initializer(
+                graph, f"{weight.name}_fp16", array.astype(np.float16)
+            )
             del array
             if len(weight.uses()) == 1:  # streamed: the fp32 pages leave RSS weight by weight
                 release(weight)
@@ -183,9 +189,12 @@ def round_trip_casts(model: Any) -> list[str]:
         if node.op_type != "Cast" or node.attributes.get_int("to") != ir.DataType.FLOAT:
             continue
         producer = node.inputs[0].producer()
-        if (producer is not None and producer.op_type == "Cast"
-                and producer.attributes.get_int("to") == ir.DataType.FLOAT16
-                and producer.inputs[0].dtype in (ir.DataType.FLOAT, None)):
+        if (
+            producer is not None
+            and producer.op_type == "Cast"
+            and producer.attributes.get_int("to") == ir.DataType.FLOAT16
+            and producer.inputs[0].dtype in (ir.DataType.FLOAT, None)
+        ):
             found.append(node.name)
     return found
 
@@ -224,8 +233,14 @@ def _rms_input(sqrt: Any) -> Any:
     add = sqrt.inputs[0].producer()
     if add is None or add.op_type != "Add":
         return None
-    mean = next((v.producer() for v in add.inputs if v.producer() is not None
-                 and v.producer().op_type == "ReduceMean"), None)
+    mean = next(
+        (
+            v.producer()
+            for v in add.inputs
+            if v.producer() is not None and v.producer().op_type == "ReduceMean"
+        ),
+        None,
+    )
     power = mean.inputs[0].producer() if mean is not None else None
     if power is None or power.op_type != "Pow" or _const_float(power.inputs[1]) is None:
         return None
@@ -245,8 +260,11 @@ def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
         if node.domain not in ONNX_DOMAINS or node.op_type not in ("Mul", "LayerNormalization"):
             continue
         if node.op_type == "Mul":
-            slots = [i for i, v in enumerate(node.inputs) if _const_float(v) is not None
-                     and _const_float(v).ndim == 1]
+            slots = [
+                i
+                for i, v in enumerate(node.inputs)
+                if _const_float(v) is not None and _const_float(v).ndim == 1
+            ]
             if len(slots) != 1:
                 continue
             scale = node.inputs[slots[0]]
@@ -255,9 +273,17 @@ def _smoothable_groups(model: Any) -> list[tuple[Any, Any, list[Any]]]:
             if _const_float(scale) is None:
                 continue
         users = [user for user, _ in node.outputs[0].uses()]
-        if users and all(u.op_type == "MatMul" and u.domain in ONNX_DOMAINS
-                         and u.inputs[0] is node.outputs[0] and _const_float(u.inputs[1]) is not None
-                         for u in users) and len(scale.uses()) == 1:
+        if (
+            users
+            and all(
+                u.op_type == "MatMul"
+                and u.domain in ONNX_DOMAINS
+                and u.inputs[0] is node.outputs[0]
+                and _const_float(u.inputs[1]) is not None
+                for u in users
+            )
+            and len(scale.uses()) == 1
+        ):
             groups.append((node, scale, users))
     return groups
 
@@ -294,15 +320,18 @@ def _probe(src: Path, outputs: Callable[[Any], list[str]]) -> Iterator[tuple[Any
         probe.unlink(missing_ok=True)
 
 
-def channel_maxima(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, np.ndarray]:
+def channel_maxima(
+    src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]
+) -> dict[str, np.ndarray]:
     """Per-channel (last axis) max |value| of the named intermediate tensors of the graph at
     `src`, by onnxruntime over all `feeds`."""
     per_feed = channel_maxima_per_feed(src, names, feeds)
     return {name: np.max(peaks, axis=0) for name, peaks in per_feed.items()}
 
 
-def channel_maxima_per_feed(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]
-                            ) -> dict[str, list[np.ndarray]]:
+def channel_maxima_per_feed(
+    src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]
+) -> dict[str, list[np.ndarray]]:
     """Per-channel (last axis) max |value| of the named intermediate tensors, one vector per feed
     (a page's channel profile differs from a query's: a maximum over both hides the query's).
     Reduced inside the graph (Flatten, Abs, ReduceMax), so a 779-token query at full width
@@ -314,11 +343,18 @@ def channel_maxima_per_feed(src: Path, names: Sequence[str], feeds: Iterable[dic
         graph.initializer.append(axis)
         outs = []
         for i, name in enumerate(names):
-            graph.node.extend([
-                onnx.helper.make_node("Flatten", [name], [f"channel_rows_{i}"], axis=-1),
-                onnx.helper.make_node("Abs", [f"channel_rows_{i}"], [f"channel_abs_{i}"]),
-                onnx.helper.make_node("ReduceMax", [f"channel_abs_{i}", "channel_peak_axis0"],
-                                      [f"channel_peak_{i}"], keepdims=0)])
+            graph.node.extend(
+                [
+                    onnx.helper.make_node("Flatten", [name], [f"channel_rows_{i}"], axis=-1),
+                    onnx.helper.make_node("Abs", [f"channel_rows_{i}"], [f"channel_abs_{i}"]),
+                    onnx.helper.make_node(
+                        "ReduceMax",
+                        [f"channel_abs_{i}", "channel_peak_axis0"],
+                        [f"channel_peak_{i}"],
+                        keepdims=0,
+                    ),
+                ]
+            )
             outs.append(f"channel_peak_{i}")
         return outs
 
@@ -330,7 +366,9 @@ def channel_maxima_per_feed(src: Path, names: Sequence[str], feeds: Iterable[dic
     return maxima
 
 
-def peak_magnitudes(src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]) -> dict[str, float]:
+def peak_magnitudes(
+    src: Path, names: Sequence[str], feeds: Iterable[dict[str, Any]]
+) -> dict[str, float]:
     """max |value| of each named intermediate tensor of the graph at `src` over `feeds`. The probe
     reduces each tensor to a scalar inside the graph, so memory stays that of one plain run."""
     import onnx
@@ -338,9 +376,14 @@ def peak_magnitudes(src: Path, names: Sequence[str], feeds: Iterable[dict[str, A
     def scalar_peaks(graph: Any) -> list[str]:
         outs = []
         for i, name in enumerate(names):
-            graph.node.extend([onnx.helper.make_node("Abs", [name], [f"peak_abs_{i}"]),
-                               onnx.helper.make_node("ReduceMax", [f"peak_abs_{i}"], [f"peak_{i}"],
-                                                     keepdims=0)])
+            graph.node.extend(
+                [
+                    onnx.helper.make_node("Abs", [name], [f"peak_abs_{i}"]),
+                    onnx.helper.make_node(
+                        "ReduceMax", [f"peak_abs_{i}"], [f"peak_{i}"], keepdims=0
+                    ),
+                ]
+            )
             outs.append(f"peak_{i}")
         return outs
 
@@ -353,8 +396,9 @@ def peak_magnitudes(src: Path, names: Sequence[str], feeds: Iterable[dict[str, A
     return peaks
 
 
-def fp16_gemm_peaks(model: Any, src: Path, calibration: Sequence[dict[str, Any]], *,
-                    keep_scopes: Iterable[str]) -> dict[str, float]:
+def fp16_gemm_peaks(
+    model: Any, src: Path, calibration: Sequence[dict[str, Any]], *, keep_scopes: Iterable[str]
+) -> dict[str, float]:
     """{node name: max |input| or |output|} of the GEMMs the fp16 recipe would convert, on the
     `calibration` feeds of the fp32 graph at `src` (the same graph as `model`). Only these values
     pass through fp16: everything between the islands stays fp32."""
@@ -364,9 +408,14 @@ def fp16_gemm_peaks(model: Any, src: Path, calibration: Sequence[dict[str, Any]]
     return {n.name: max(peaks[n.inputs[0].name], peaks[n.outputs[0].name]) for n in gemms}
 
 
-def smoothing_factors(model: Any, src: Path, calibration: Sequence[dict[str, Any]], *,
-                      alpha: float, maxima: dict[str, np.ndarray] | None = None
-                      ) -> dict[str, np.ndarray]:
+def smoothing_factors(
+    model: Any,
+    src: Path,
+    calibration: Sequence[dict[str, Any]],
+    *,
+    alpha: float,
+    maxima: dict[str, np.ndarray] | None = None,
+) -> dict[str, np.ndarray]:
     """SmoothQuant's factors for every `_smoothable_groups` group: {MatMul name: s}, with the
     norm's scale (and LayerNorm bias) divided by s in place; the caller multiplies each named
     MatMul's weight rows by s (the int8 recipe does it while quantising, weight by weight).
@@ -390,20 +439,27 @@ def smoothing_factors(model: Any, src: Path, calibration: Sequence[dict[str, Any
         weight_peak = np.max([np.abs(_const_float(u.inputs[1])).max(axis=1) for u in users], axis=0)
         s = np.clip(act**alpha / np.maximum(weight_peak, 1e-5) ** (1 - alpha), low, high)
         s = s.astype(np.float32)
-        targets = [scale] + ([node.inputs[2]] if node.op_type == "LayerNormalization"
-                             and len(node.inputs) > 2 and _const_float(node.inputs[2]) is not None
-                             else [])
+        targets = [scale] + (
+            [node.inputs[2]]
+            if node.op_type == "LayerNormalization"
+            and len(node.inputs) > 2
+            and _const_float(node.inputs[2]) is not None
+            else []
+        )
         for value in targets:
             value.const_value = ir.tensor(_const_float(value) / s, name=value.name)
         for user in users:
             if len(user.inputs[1].uses()) > 1:
-                raise ExportError(f"{user.inputs[1].name}: a weight shared outside its smoothing group")
+                raise ExportError(
+                    f"{user.inputs[1].name}: a weight shared outside its smoothing group"
+                )
             factors[user.name] = s
     return factors
 
 
-def smooth_activation_outliers(model: Any, src: Path, calibration: Sequence[dict[str, Any]],
-                               *, alpha: float) -> int:
+def smooth_activation_outliers(
+    model: Any, src: Path, calibration: Sequence[dict[str, Any]], *, alpha: float
+) -> int:
     """`smoothing_factors` with the weights multiplied in place too (an fp32 graph computing the
     same function); returns how many MatMuls were smoothed. Holds every smoothed weight in
     memory: the int8 recipe folds the factors while quantising instead."""

@@ -69,8 +69,13 @@ def weight_bytes(module: Any) -> int:
     return sum(p.numel() * p.element_size() for p in module.state_dict().values())
 
 
-def _dynamo_export(module: Any, example_inputs: tuple, contract: GraphContract, opset: int,
-                   translations: dict | None) -> Any:
+def _dynamo_export(
+    module: Any,
+    example_inputs: tuple,
+    contract: GraphContract,
+    opset: int,
+    translations: dict | None,
+) -> Any:
     """torch.onnx.export (dynamo, optimised) with the contract's names and dynamic axes."""
     import torch
 
@@ -82,8 +87,9 @@ def _dynamo_export(module: Any, example_inputs: tuple, contract: GraphContract, 
                 example_inputs,
                 input_names=[s.name for s in contract.inputs],
                 output_names=[s.name for s in contract.outputs],
-                dynamic_shapes={s.name: d for s, d in
-                                zip(contract.inputs, _dynamic_shapes(contract).values())},
+                dynamic_shapes={
+                    s.name: d for s, d in zip(contract.inputs, _dynamic_shapes(contract).values())
+                },
                 opset_version=opset,
                 dynamo=True,
                 optimize=True,
@@ -132,7 +138,16 @@ def export_graph(
         onnx.checker.check_model(os.fspath(path), full_check=False)
     except onnx.checker.ValidationError as e:
         raise ExportError(f"{path.name}: onnx.checker rejected the exported graph: {e}") from e
-    log.info("wrote %s (%s), cleared %d Reshape allowzero, %d RMSNorms in fusable form", path.name,
-             "external data" if data_name else "inline", cleared, norms)
-    return {"file": path.name, "data_file": data_name, "opset": opset,
-            "reshape_allowzero_cleared": cleared}
+    log.info(
+        "wrote %s (%s), cleared %d Reshape allowzero, %d RMSNorms in fusable form",
+        path.name,
+        "external data" if data_name else "inline",
+        cleared,
+        norms,
+    )
+    return {
+        "file": path.name,
+        "data_file": data_name,
+        "opset": opset,
+        "reshape_allowzero_cleared": cleared,
+    }

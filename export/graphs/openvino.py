@@ -48,22 +48,32 @@ def openvino_problems(path: str | Path) -> list[str]:
         key = f"{MS_DOMAIN}:{node.op_type}"
         rule = rules.get(key)
         if rule is None:
-            problems.append(f"{node.op_type} {node.name!r}: no rule for {key} in "
-                            f"{RULES_FILE.name} (not known to convert)")
+            problems.append(
+                f"{node.op_type} {node.name!r}: no rule for {key} in "
+                f"{RULES_FILE.name} (not known to convert)"
+            )
         elif not rule["converts"]:
             problems.append(f"{node.op_type} {node.name!r}: not converted ({rule['why']})")
         else:
             reasons = []
-            if rule.get("position_ids") == "per_token" and len(node.input) > 1 \
-                    and constants.get(node.input[1]) == (1,):
-                reasons.append("position_ids is a (1,) offset, which OpenVINO reads as a row "
-                               "index for every token")
+            if (
+                rule.get("position_ids") == "per_token"
+                and len(node.input) > 1
+                and constants.get(node.input[1]) == (1,)
+            ):
+                reasons.append(
+                    "position_ids is a (1,) offset, which OpenVINO reads as a row "
+                    "index for every token"
+                )
             if rule.get("compiled_cache") is False:
-                reasons.append("its compiled form is wrong when read back from OpenVINO's "
-                               "compiled-model cache")
+                reasons.append(
+                    "its compiled form is wrong when read back from OpenVINO's compiled-model cache"
+                )
             if "inputs" in rule and len([i for i in node.input if i]) != len(rule["inputs"]):
-                reasons.append(f"inputs {list(node.input)}; OpenVINO's conversion is checked for "
-                               f"{rule['inputs']} only")
+                reasons.append(
+                    f"inputs {list(node.input)}; OpenVINO's conversion is checked for "
+                    f"{rule['inputs']} only"
+                )
             if reasons:
                 problems.append(f"{node.op_type} {node.name!r}: " + "; ".join(reasons))
     return problems

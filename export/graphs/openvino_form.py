@@ -49,10 +49,14 @@ class _Builder:
         name = f"openvino_form_{name}"
         if name not in self.graph.initializers:
             array = np.array(value, dtype)
-            self.graph.register_initializer(ir.Value(
-                name=name, shape=ir.Shape(array.shape),
-                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                const_value=ir.tensor(array, name=name)))
+            self.graph.register_initializer(
+                ir.Value(
+                    name=name,
+                    shape=ir.Shape(array.shape),
+                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                    const_value=ir.tensor(array, name=name),
+                )
+            )
         return self.graph.initializers[name]
 
     def add(self, op: str, inputs: list[Any], **attributes: Any) -> Any:
@@ -85,40 +89,61 @@ def _decomposed_rotary(graph: Any, node: Any) -> int:
 
     x, ids, cos, sin = node.inputs[:4]
     interleaved = node.attributes["interleaved"].value if "interleaved" in node.attributes else 0
-    if interleaved or "rotary_embedding_dim" in node.attributes and \
-            node.attributes["rotary_embedding_dim"].value:
-        raise ExportError(f"{node.name}: RotaryEmbedding interleaved or partial; the OpenVINO form "
-                          "decomposes graphs.py's form only")
+    if (
+        interleaved
+        or "rotary_embedding_dim" in node.attributes
+        and node.attributes["rotary_embedding_dim"].value
+    ):
+        raise ExportError(
+            f"{node.name}: RotaryEmbedding interleaved or partial; the OpenVINO form "
+            "decomposes graphs.py's form only"
+        )
     heads = node.attributes["num_heads"].value
     if x.shape is None or len(x.shape) != 3:
-        raise ExportError(f"{node.name}: RotaryEmbedding input of shape {x.shape}; the OpenVINO "
-                          "form decomposes a (batch, tokens, heads * head_dim) input only")
+        raise ExportError(
+            f"{node.name}: RotaryEmbedding input of shape {x.shape}; the OpenVINO "
+            "form decomposes a (batch, tokens, heads * head_dim) input only"
+        )
     b = _Builder(graph, node.name or "rotary", dict(node.metadata_props))
     offset = _constant_array(ids)
     if offset is not None and offset.shape == (1,):  # onnxruntime's meaning: offset + token index
         shape = b.add("Shape", [x], start=0, end=2)  # (batch, tokens)
-        tokens = b.add("Squeeze", [b.add("Slice", [shape, b.const("one", [1]),
-                                                   b.const("two", [2])]),
-                                   b.const("zero_axis", [0])])
+        tokens = b.add(
+            "Squeeze",
+            [
+                b.add("Slice", [shape, b.const("one", [1]), b.const("two", [2])]),
+                b.const("zero_axis", [0]),
+            ],
+        )
         start = b.const(f"offset_{int(offset[0])}", int(offset[0]))
         rows = b.add("Range", [start, b.add("Add", [tokens, start]), b.const("step", 1)])
         ids = b.add("Expand", [b.add("Unsqueeze", [rows, b.const("zero_axis", [0])]), shape])
     elif ids.shape is None or len(ids.shape) != 2:
         raise ExportError(f"{node.name}: position_ids of shape {ids.shape}")
     # (batch, tokens, half) -> (batch, tokens, 1, half): one row per token, for every head
-    cos_rows, sin_rows = (b.add("Unsqueeze", [b.add("Gather", [t, ids], axis=0),
-                                              b.const("axis_2", [2])]) for t in (cos, sin))
+    cos_rows, sin_rows = (
+        b.add("Unsqueeze", [b.add("Gather", [t, ids], axis=0), b.const("axis_2", [2])])
+        for t in (cos, sin)
+    )
     per_head = b.add("Reshape", [x, b.const(f"heads_{heads}", [0, 0, heads, -1])])
-    split = ir.node("Split", [per_head], {"axis": -1, "num_outputs": 2},
-                    name=f"{b.prefix}_Split_{len(b.nodes)}", num_outputs=2)
+    split = ir.node(
+        "Split",
+        [per_head],
+        {"axis": -1, "num_outputs": 2},
+        name=f"{b.prefix}_Split_{len(b.nodes)}",
+        num_outputs=2,
+    )
     for i, out in enumerate(split.outputs):
         out.name = f"{split.name}_out{i}"
     split.metadata_props.update(b.metadata)
     b.nodes.append(split)
     first, second = split.outputs
-    rotated_first = b.add("Sub", [b.add("Mul", [first, cos_rows]), b.add("Mul", [second, sin_rows])])
-    rotated_second = b.add("Add", [b.add("Mul", [second, cos_rows]),
-                                   b.add("Mul", [first, sin_rows])])
+    rotated_first = b.add(
+        "Sub", [b.add("Mul", [first, cos_rows]), b.add("Mul", [second, sin_rows])]
+    )
+    rotated_second = b.add(
+        "Add", [b.add("Mul", [second, cos_rows]), b.add("Mul", [first, sin_rows])]
+    )
     joined = b.add("Concat", [rotated_first, rotated_second], axis=-1)
     out = b.add("Reshape", [joined, b.add("Shape", [x])])
     graph.insert_after(node, b.nodes)
@@ -142,8 +167,10 @@ def _replace_output(graph: Any, node: Any, out: Any) -> None:
 def _static_width(value: Any, what: str, node: Any) -> int:
     shape = value.shape
     if shape is None or len(shape) != 3 or not isinstance(shape[2], int):
-        raise ExportError(f"{node.name}: {what} of shape {shape}; the OpenVINO form needs "
-                          "(batch, tokens, width) with a known width")
+        raise ExportError(
+            f"{node.name}: {what} of shape {shape}; the OpenVINO form needs "
+            "(batch, tokens, width) with a known width"
+        )
     return int(shape[2])
 
 
@@ -154,8 +181,10 @@ def _decomposed_attention(graph: Any, node: Any) -> int:
     inputs = list(node.inputs) + [None] * (9 - len(node.inputs))
     query, key, value = inputs[:3]
     if any(v is not None for v in inputs[3:5]) or any(v is not None for v in inputs[7:9]):
-        raise ExportError(f"{node.name}: GroupQueryAttention with a past cache or rotary inputs; "
-                          "the OpenVINO form decomposes only graphs.py's causal prompt form")
+        raise ExportError(
+            f"{node.name}: GroupQueryAttention with a past cache or rotary inputs; "
+            "the OpenVINO form decomposes only graphs.py's causal prompt form"
+        )
     if any(output.uses() for output in node.outputs[1:]):
         raise ExportError(f"{node.name}: GroupQueryAttention's present key/value are used")
     heads = node.attributes["num_heads"].value
@@ -164,31 +193,44 @@ def _decomposed_attention(graph: Any, node: Any) -> int:
     if width % heads or heads % kv_heads:
         raise ExportError(f"{node.name}: width {width}, {heads} heads, {kv_heads} key/value heads")
     head_dim = width // heads
-    scale = node.attributes["scale"].value if "scale" in node.attributes else head_dim ** -0.5
+    scale = node.attributes["scale"].value if "scale" in node.attributes else head_dim**-0.5
     if not scale:
-        scale = head_dim ** -0.5
+        scale = head_dim**-0.5
     b = _Builder(graph, node.name or "attention", dict(node.metadata_props))
     to_heads = [0, 2, 1, 3]
 
     def split_heads(x: Any, count: int) -> Any:  # (b, t, count*d) -> (b, count, t, d)
-        return b.add("Transpose", [b.add("Reshape", [x, b.const(f"heads_{count}_{head_dim}",
-                                                              [0, 0, count, head_dim])])],
-                     perm=to_heads)
+        return b.add(
+            "Transpose",
+            [b.add("Reshape", [x, b.const(f"heads_{count}_{head_dim}", [0, 0, count, head_dim])])],
+            perm=to_heads,
+        )
 
     def repeat_heads(x: Any) -> Any:  # (b, kv, t, d) -> (b, heads, t, d), each kv head repeated
         if kv_heads == heads:
             return x
         group = heads // kv_heads
-        grown = b.add("Expand", [b.add("Unsqueeze", [x, b.const("axis_2", [2])]),
-                                 b.const(f"group_{group}", [1, 1, group, 1, 1])])
-        return b.add("Reshape", [grown, b.const(f"merged_{heads}_{head_dim}",
-                                                [0, heads, -1, head_dim])])
+        grown = b.add(
+            "Expand",
+            [
+                b.add("Unsqueeze", [x, b.const("axis_2", [2])]),
+                b.const(f"group_{group}", [1, 1, group, 1, 1]),
+            ],
+        )
+        return b.add(
+            "Reshape", [grown, b.const(f"merged_{heads}_{head_dim}", [0, heads, -1, head_dim])]
+        )
 
     q = split_heads(query, heads)
     k = repeat_heads(split_heads(key, kv_heads))
     v = repeat_heads(split_heads(value, kv_heads))
-    scores = b.add("Mul", [b.add("MatMul", [q, b.add("Transpose", [k], perm=[0, 1, 3, 2])]),
-                           b.const(f"scale_{scale!r}", scale, np.float32)])
+    scores = b.add(
+        "Mul",
+        [
+            b.add("MatMul", [q, b.add("Transpose", [k], perm=[0, 1, 3, 2])]),
+            b.const(f"scale_{scale!r}", scale, np.float32),
+        ],
+    )
     tokens = b.add("Squeeze", [b.add("Shape", [query], start=1, end=2), b.const("zero_axis", [0])])
     rows = b.add("Range", [b.const("zero", 0), tokens, b.const("step", 1)])
     future = b.add("Greater", [rows, b.add("Unsqueeze", [rows, b.const("one_axis", [1])])])
@@ -240,8 +282,10 @@ def openvino_int8_graph(src: Any, work: Any = None) -> tuple[Any, dict[str, Any]
     proto = ir.serde.serialize_model(model)
     del model
     if proto.ByteSize() >= (2 << 30) - (1 << 20):
-        raise ExportError("the OpenVINO int8 recipe (NNCF's ONNX weight compression) takes graphs "
-                          "below 2 GiB; this one is larger")
+        raise ExportError(
+            "the OpenVINO int8 recipe (NNCF's ONNX weight compression) takes graphs "
+            "below 2 GiB; this one is larger"
+        )
     logging.getLogger("nncf").setLevel(logging.ERROR)
     compressed = nncf.compress_weights(proto, mode=nncf.CompressWeightsMode.INT8_ASYM)
     dequantized = sum(n.op_type == "DequantizeLinear" for n in compressed.graph.node)

@@ -21,8 +21,11 @@ from colembed.layout import BASE_VARIANT
 from colembed.safe_fs import is_work_folder, make_work_folder, remove_tree
 
 DOCUMENTS = {
-    "annual-report.pdf": ["Annual report 2023", "Revenue grew 12% to 4.2 billion in 2023",
-                          "Outlook for 2024"],
+    "annual-report.pdf": [
+        "Annual report 2023",
+        "Revenue grew 12% to 4.2 billion in 2023",
+        "Outlook for 2024",
+    ],
     "contract.pdf": ["Service contract", "Signed by Jane Doe, CEO, on 3 March 2024"],
     "invoice.pdf": ["Invoice 1042", "Total due: 1,250.00 EUR", "Payment terms: 30 days"],
     "whiteboard.png": ["Team meeting notes: ship the index in Q1"],
@@ -50,8 +53,12 @@ def write_documents(folder: Path) -> list[Path]:
     for name, titles in DOCUMENTS.items():
         pages = [_page(t, i + 1) for i, t in enumerate(titles)]
         path = folder / name
-        pages[0].save(path, save_all=len(pages) > 1, append_images=pages[1:],
-                      **({"resolution": 100} if name.endswith(".pdf") else {}))
+        pages[0].save(
+            path,
+            save_all=len(pages) > 1,
+            append_images=pages[1:],
+            **({"resolution": 100} if name.endswith(".pdf") else {}),
+        )
         paths.append(path)
     return paths
 
@@ -68,30 +75,56 @@ def run_demo(workdir: Path, *, progress: Callable[[str], None] = print, k: int =
     workdir = make_work_folder(workdir, "colembed demo")
     progress("building a tiny RANDOM-WEIGHT ColQwen2 checkpoint (real architecture and tokenizer)")
     checkpoint = build_checkpoint(workdir / "checkpoint", "tiny", seed=0)
-    report = export_model(checkpoint, workdir / "model", name="colqwen2-tiny-random",
-                          random_weights=True, progress=progress)
+    report = export_model(
+        checkpoint,
+        workdir / "model",
+        name="colqwen2-tiny-random",
+        random_weights=True,
+        progress=progress,
+    )
     model = colembed.load(report.folder)
     documents = write_documents(workdir / "documents")
-    progress(f"indexing {len(documents)} documents into {workdir / 'index'} (Qdrant Edge, embedded)")
+    progress(
+        f"indexing {len(documents)} documents into {workdir / 'index'} (Qdrant Edge, embedded)"
+    )
     with colembed.Index(workdir / "index", model=model) as index:
         added = index.add([workdir / "documents"])
         results = index.search(QUERIES, k=k, explain=True)
-        maps = [[str(index.save_map(hit, workdir / "maps" / f"q{qi}-rank{rank}-"
-                                    f"{Path(hit.file).stem}-p{hit.page}.png"))
-                 for rank, hit in enumerate(hits, 1)] for qi, hits in enumerate(results, 1)]
+        maps = [
+            [
+                str(
+                    index.save_map(
+                        hit,
+                        workdir / "maps" / f"q{qi}-rank{rank}-"
+                        f"{Path(hit.file).stem}-p{hit.page}.png",
+                    )
+                )
+                for rank, hit in enumerate(hits, 1)
+            ]
+            for qi, hits in enumerate(results, 1)
+        ]
         pages = len(index)
     _print_results(model, report, added, pages, results, maps)
-    return {"folder": str(report.folder), "index": str(workdir / "index"), "pages": pages,
-            "hits": [[(h.file, h.page, h.score) for h in hits] for hits in results], "maps": maps}
+    return {
+        "folder": str(report.folder),
+        "index": str(workdir / "index"),
+        "pages": pages,
+        "hits": [[(h.file, h.page, h.score) for h in hits] for hits in results],
+        "maps": maps,
+    }
 
 
 def _print_results(model, report, added, pages, results, maps) -> None:
     print("=" * 72)
-    print("colembed demo -- RANDOM WEIGHTS: the rankings below are meaningless, the pipeline is real")
+    print(
+        "colembed demo -- RANDOM WEIGHTS: the rankings below are meaningless, the pipeline is real"
+    )
     print(model)
     print(f"export check: max abs diff vs torch = {report.check[BASE_VARIANT]['max_abs_diff']:.2e}")
-    print(f"indexed {added.pages_added} pages from {len(added.added)} files "
-          f"({len(added.failed)} failed); the index holds {pages} pages")
+    print(
+        f"indexed {added.pages_added} pages from {len(added.added)} files "
+        f"({len(added.failed)} failed); the index holds {pages} pages"
+    )
     for query, hits, paths in zip(QUERIES, results, maps):
         print(f"\nquery: {query}")
         print(f"{'rank':>4}  {'score':>8}  {'page':>4}  file")

@@ -43,8 +43,12 @@ def foreign_entries(path: str | os.PathLike) -> list[str]:
 def is_export_folder(path: str | os.PathLike) -> bool:
     """A real folder whose manifest reads and describes every file it holds (no foreign files)."""
     folder = Path(path)
-    return (folder.is_dir() and not folder.is_symlink() and _described(folder) is not None
-            and not foreign_entries(folder))
+    return (
+        folder.is_dir()
+        and not folder.is_symlink()
+        and _described(folder) is not None
+        and not foreign_entries(folder)
+    )
 
 
 def _protected_reason(out: Path, source: Path) -> str | None:
@@ -56,8 +60,12 @@ def _protected_reason(out: Path, source: Path) -> str | None:
         return "lies inside the source checkpoint"
     if real in src.parents:
         return "contains the source checkpoint"
-    if real == Path(real.anchor) or real in (home, cwd) or real in home.parents \
-            or real in cwd.parents:
+    if (
+        real == Path(real.anchor)
+        or real in (home, cwd)
+        or real in home.parents
+        or real in cwd.parents
+    ):
         return "is the root, home or working folder (or one of their parents)"
     return None
 
@@ -70,8 +78,9 @@ def _fingerprint_of(folder: Path) -> str | None:
         return None
 
 
-def check_destination(out_dir: str | os.PathLike, source: Path, fingerprint: str,
-                      overwrite: bool) -> Path:
+def check_destination(
+    out_dir: str | os.PathLike, source: Path, fingerprint: str, overwrite: bool
+) -> Path:
     """The absolute destination, or ExportError saying why it may not be written.
 
     The last path component is not resolved: a link at `out_dir` is refused, never followed.
@@ -87,14 +96,18 @@ def check_destination(out_dir: str | os.PathLike, source: Path, fingerprint: str
         return out
     foreign = foreign_entries(out)
     if foreign:
-        shown = ", ".join(foreign[:5]) + (f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else "")
+        shown = ", ".join(foreign[:5]) + (
+            f" (+{len(foreign) - 5} more)" if len(foreign) > 5 else ""
+        )
         raise ExportError(
             f"{out}: is not a colembed model folder (it holds {shown}); colembed replaces only its "
-            "own exports, even with --overwrite; choose another --out")
+            "own exports, even with --overwrite; choose another --out"
+        )
     existing = _fingerprint_of(out)
     if existing != fingerprint and not overwrite:
         raise ExportError(
             f"{out}: already holds a different model (checkpoint fingerprint "
             f"{str(existing)[:12]} != {fingerprint[:12]}); pass overwrite=True (--overwrite) "
-            "to replace it")
+            "to replace it"
+        )
     return out

@@ -91,8 +91,9 @@ class ModelFacts:
     vision_extras: Any = None  # colembed.families.VisionExtras (ColQwen3) or None
 
 
-def resolve(source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None,
-            overwrite: bool) -> Resolved:
+def resolve(
+    source: str | os.PathLike, out_dir: str | os.PathLike, *, revision: str | None, overwrite: bool
+) -> Resolved:
     """Find the checkpoint, refuse what cannot be exported or written, before any heavy work."""
     checkpoint = resolve_checkpoint(source, revision)
     family = export_family(check_architecture(checkpoint.folder).name)
@@ -111,23 +112,41 @@ def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     vision_config = config.vlm_config.vision_config.to_dict()
     merged = family.family.merger_width(vision_config, folder / "config.json")
     if merged != text_hidden:
-        raise ExportError(f"{folder / 'config.json'}: the vision merger gives {merged}-wide "
-                          f"features ({family.family.vision_names.merger_out}), the language "
-                          f"model is {text_hidden} wide")
+        raise ExportError(
+            f"{folder / 'config.json'}: the vision merger gives {merged}-wide "
+            f"features ({family.family.vision_names.merger_out}), the language "
+            f"model is {text_hidden} wide"
+        )
     extras = family.family.extras(vision_config, folder / "config.json")
     contracts = family.family.contracts(
-        patch_dim=preprocess.patch_dim, vision_head_dim=preprocess.vision_head_dim,
-        text_hidden=text_hidden, embedding_dim=config.embedding_dim, extras=extras)
+        patch_dim=preprocess.patch_dim,
+        vision_head_dim=preprocess.vision_head_dim,
+        text_hidden=text_hidden,
+        embedding_dim=config.embedding_dim,
+        extras=extras,
+    )
     attention = family.family.vision_attention(vision_config, folder / "config.json")
-    return model, ModelFacts(preprocess=preprocess, contracts=contracts,
-                             architecture=architecture_facts(config, family.family),
-                             embedding_dim=config.embedding_dim, family=family.family.name,
-                             vision_attention=attention, vision_extras=extras)
+    return model, ModelFacts(
+        preprocess=preprocess,
+        contracts=contracts,
+        architecture=architecture_facts(config, family.family),
+        embedding_dim=config.embedding_dim,
+        family=family.family.name,
+        vision_attention=attention,
+        vision_extras=extras,
+    )
 
 
-def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging: Path, *,
-                  opset: int, external_data: bool | None,
-                  meter: StepMeter) -> dict[str, GraphEntry]:
+def export_graphs(
+    folder: Path,
+    family: ExportFamily,
+    facts: ModelFacts,
+    staging: Path,
+    *,
+    opset: int,
+    external_data: bool | None,
+    meter: StepMeter,
+) -> dict[str, GraphEntry]:
     """The image and text graphs, one at a time, each from a fresh load, written straight to disk.
 
     The weights are memory-mapped from the safetensors file: pages once read stay resident until
@@ -142,14 +161,25 @@ def export_graphs(folder: Path, family: ExportFamily, facts: ModelFacts, staging
     for role, wrapper in (("vision", family.image_graph), ("text", family.text_graph_of)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
             model = family.load(folder)
-            args = example_inputs(model, facts.preprocess, facts.vision_attention,
-                                  facts.vision_extras)[role]
-            info = export_graph(wrapper(model).eval(), args, facts.contracts[role],
-                                staging / GRAPH_FILES[role], opset=opset,
-                                external_data=external_data, translations=ONNX_TRANSLATIONS)
+            args = example_inputs(
+                model, facts.preprocess, facts.vision_attention, facts.vision_extras
+            )[role]
+            info = export_graph(
+                wrapper(model).eval(),
+                args,
+                facts.contracts[role],
+                staging / GRAPH_FILES[role],
+                opset=opset,
+                external_data=external_data,
+                translations=ONNX_TRANSLATIONS,
+            )
             del model
-        graphs[role] = GraphEntry(file=info["file"], data_file=info["data_file"], opset=opset,
-                                  contract=facts.contracts[role])
+        graphs[role] = GraphEntry(
+            file=info["file"],
+            data_file=info["data_file"],
+            opset=opset,
+            contract=facts.contracts[role],
+        )
     return graphs
 
 
@@ -175,8 +205,17 @@ def _versions() -> dict[str, str]:
     import importlib.metadata as md
 
     found = {}
-    for dist in ("colembed", "torch", "transformers", "onnx", "onnxscript", "onnxruntime",
-                 "numpy", "tokenizers", "pillow"):
+    for dist in (
+        "colembed",
+        "torch",
+        "transformers",
+        "onnx",
+        "onnxscript",
+        "onnxruntime",
+        "numpy",
+        "tokenizers",
+        "pillow",
+    ):
         try:
             found[dist] = md.version(dist)
         except md.PackageNotFoundError:
@@ -184,12 +223,23 @@ def _versions() -> dict[str, str]:
     return found
 
 
-def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name: str | None,
-                  random_weights: bool, variants: dict[str, dict[str, GraphEntry]],
-                  scorer: GraphEntry, checks: dict[str, Any]) -> dict[str, Any]:
+def manifest_dict(
+    resolved: Resolved,
+    facts: ModelFacts,
+    staging: Path,
+    *,
+    name: str | None,
+    random_weights: bool,
+    variants: dict[str, dict[str, GraphEntry]],
+    scorer: GraphEntry,
+    checks: dict[str, Any],
+) -> dict[str, Any]:
     """The manifest as plain JSON data; every file in `staging` is described."""
-    files = sorted(p.name for p in staging.iterdir() if p.is_file()
-                   and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER))
+    files = sorted(
+        p.name
+        for p in staging.iterdir()
+        if p.is_file() and p.name not in (MANIFEST_NAME, safe_fs.STAGING_MARKER)
+    )
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -207,8 +257,9 @@ def manifest_dict(resolved: Resolved, facts: ModelFacts, staging: Path, *, name:
         "embedding_dim": facts.embedding_dim,
         "preprocess": facts.preprocess.to_dict(),
         "architecture": facts.architecture,
-        "variants": {v: {role: g.to_dict() for role, g in graphs.items()}
-                     for v, graphs in variants.items()},
+        "variants": {
+            v: {role: g.to_dict() for role, g in graphs.items()} for v, graphs in variants.items()
+        },
         "scorer": scorer.to_dict(),
         "files": {f: describe_file(staging / f) for f in files},
         "checks": checks,
@@ -221,22 +272,34 @@ def verify(staging: Path, reference, *, tolerance: float, feature_tolerance: flo
     """The staged folder through colembed's runtime against the torch model's kept outputs."""
     from .verify import compare_with_reference
 
-    return compare_with_reference(staging, reference, tolerance=tolerance,
-                                  feature_tolerance=feature_tolerance)
+    return compare_with_reference(
+        staging, reference, tolerance=tolerance, feature_tolerance=feature_tolerance
+    )
 
 
-def variants_step(staging: Path, graphs: dict[str, GraphEntry], names: Sequence[str],
-                  write: Callable[[dict[str, dict[str, GraphEntry]]], None],
-                  progress: Callable[[str], None], meter: StepMeter | None = None,
-                  int8_weight_passes: int | None = None) -> dict[str, Any]:
+def variants_step(
+    staging: Path,
+    graphs: dict[str, GraphEntry],
+    names: Sequence[str],
+    write: Callable[[dict[str, dict[str, GraphEntry]]], None],
+    progress: Callable[[str], None],
+    meter: StepMeter | None = None,
+    int8_weight_passes: int | None = None,
+) -> dict[str, Any]:
     """Derive and gate the requested variants (export/variants/write.py owns how, including which
     recipe each gets); each part of the step is a sub-step of `meter` (where the step's peak RSS
     arises)."""
     from ..variants.write import no_step, write_variants
 
-    return write_variants(staging, graphs, names, write_manifest=write, progress=progress,
-                          step=meter.step if meter is not None else no_step,
-                          int8_weight_passes=int8_weight_passes)
+    return write_variants(
+        staging,
+        graphs,
+        names,
+        write_manifest=write,
+        progress=progress,
+        step=meter.step if meter is not None else no_step,
+        int8_weight_passes=int8_weight_passes,
+    )
 
 
 def commit(staging: Path, out: Path) -> Path:
@@ -310,22 +373,40 @@ def export_model(
             reference = None
             if check:
                 reference = resolved.family.run_reference(
-                    resolved.family.prepare_reference(model), folder)
+                    resolved.family.prepare_reference(model), folder
+                )
             del model  # each step below loads what it needs: no two steps share resident weights
-        graphs = export_graphs(folder, resolved.family, facts, staging, opset=opset,
-                               external_data=external_data, meter=meter)
+        graphs = export_graphs(
+            folder,
+            resolved.family,
+            facts,
+            staging,
+            opset=opset,
+            external_data=external_data,
+            meter=meter,
+        )
         with meter.step("write the scorer and copy the processor files"):
             scorer = write_scorer(staging)
             copy_processor_files(folder, staging)
         checks: dict[str, Any] = {}
         extra: dict[str, dict[str, GraphEntry]] = {}
 
-        def write_manifest(with_variants: dict[str, dict[str, GraphEntry]] | None = None) -> Manifest:
+        def write_manifest(
+            with_variants: dict[str, dict[str, GraphEntry]] | None = None,
+        ) -> Manifest:
             if with_variants is not None:  # the variants listed now (a refused one drops out)
                 extra.clear()
                 extra.update(with_variants)
-            d = manifest_dict(resolved, facts, staging, name=name, random_weights=random_weights,
-                              variants={BASE_VARIANT: graphs, **extra}, scorer=scorer, checks=checks)
+            d = manifest_dict(
+                resolved,
+                facts,
+                staging,
+                name=name,
+                random_weights=random_weights,
+                variants={BASE_VARIANT: graphs, **extra},
+                scorer=scorer,
+                checks=checks,
+            )
             manifest = Manifest.from_dict(d)
             manifest.write(staging)
             return manifest
@@ -333,16 +414,26 @@ def export_model(
         write_manifest()
         if reference is not None:
             with meter.step("check the graphs against the torch model"):
-                checks[BASE_VARIANT] = verify(staging, reference, tolerance=tolerance,
-                                        feature_tolerance=feature_tolerance)
+                checks[BASE_VARIANT] = verify(
+                    staging, reference, tolerance=tolerance, feature_tolerance=feature_tolerance
+                )
         refusal = None
         if variants:
             from ..variants.write import VariantsRefused
 
             with meter.step("write and check the variants"):
                 try:
-                    checks.update(variants_step(staging, graphs, variants, write_manifest, say,
-                                                 meter, int8_weight_passes))
+                    checks.update(
+                        variants_step(
+                            staging,
+                            graphs,
+                            variants,
+                            write_manifest,
+                            say,
+                            meter,
+                            int8_weight_passes,
+                        )
+                    )
                 except VariantsRefused as refused:  # the checked fp32 graphs are still written
                     refusal = refused
                     checks.update({n: refused.checks[n] for n in refused.kept})
@@ -357,7 +448,9 @@ def export_model(
     say(f"wrote {written} (peak RSS {meter.peak_rss_gb:.2f} GB)")
     if refusal is not None:
         refusal.written, refusal.steps = written, meter.as_dicts()
-        refusal.args = (f"{refusal}\nwritten without them: {written} "
-                        f"({', '.join([BASE_VARIANT, *refusal.kept])})",)
+        refusal.args = (
+            f"{refusal}\nwritten without them: {written} "
+            f"({', '.join([BASE_VARIANT, *refusal.kept])})",
+        )
         raise refusal
     return ExportReport(folder=written, manifest=manifest, check=checks, steps=meter.as_dicts())

@@ -120,12 +120,19 @@ def reference_processor_qwen3(checkpoint_folder: Path):
 
     config = read_preprocess_config(checkpoint_folder)
     image_processor = Qwen2VLImageProcessor(
-        patch_size=config.patch_size, merge_size=config.merge_size,
-        temporal_patch_size=config.temporal_patch_size, image_mean=list(config.image_mean),
-        image_std=list(config.image_std), min_pixels=config.min_pixels,
-        max_pixels=config.max_pixels)
-    processor = ColQwen2Processor(image_processor=image_processor, query_prefix="",
-                                  tokenizer=reference_tokenizer(checkpoint_folder))
+        patch_size=config.patch_size,
+        merge_size=config.merge_size,
+        temporal_patch_size=config.temporal_patch_size,
+        image_mean=list(config.image_mean),
+        image_std=list(config.image_std),
+        min_pixels=config.min_pixels,
+        max_pixels=config.max_pixels,
+    )
+    processor = ColQwen2Processor(
+        image_processor=image_processor,
+        query_prefix="",
+        tokenizer=reference_tokenizer(checkpoint_folder),
+    )
     return processor, config
 
 
@@ -146,8 +153,9 @@ def reference_tokenizer(checkpoint_folder: Path):
         except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as e:
             raise ExportError(f"{path}: unreadable tokenizer configuration ({e})") from e
     if isinstance(extra, list):
-        return Qwen2TokenizerFast.from_pretrained(checkpoint_folder, extra_special_tokens={},
-                                                  additional_special_tokens=extra)
+        return Qwen2TokenizerFast.from_pretrained(
+            checkpoint_folder, extra_special_tokens={}, additional_special_tokens=extra
+        )
     return Qwen2TokenizerFast.from_pretrained(checkpoint_folder)
 
 
@@ -177,27 +185,41 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     return Reference(image_features=features, pages=pages, queries=queries)
 
 
-def _comparisons(runtime, reference: Reference, tolerance: float,
-                 feature_tolerance: float) -> list[Comparison]:
+def _comparisons(
+    runtime, reference: Reference, tolerance: float, feature_tolerance: float
+) -> list[Comparison]:
     pages = sample_pages()
     found = []
     got_features = runtime.image_features(pages)
     got_pages = runtime.embed_images(pages, batch_size=len(pages))
     for i in range(len(pages)):
-        found.append(Comparison(f"page {i} image features",
-                                relative_diff(got_features[i], reference.image_features[i]),
-                                feature_tolerance, "relative"))
-        found.append(Comparison(f"page {i} embeddings",
-                                max_abs_diff(got_pages[i], reference.pages[i]), tolerance, "absolute"))
+        found.append(
+            Comparison(
+                f"page {i} image features",
+                relative_diff(got_features[i], reference.image_features[i]),
+                feature_tolerance,
+                "relative",
+            )
+        )
+        found.append(
+            Comparison(
+                f"page {i} embeddings",
+                max_abs_diff(got_pages[i], reference.pages[i]),
+                tolerance,
+                "absolute",
+            )
+        )
     got_queries = runtime.embed_queries(list(SAMPLE_QUERIES))
     for i, (got, want) in enumerate(zip(got_queries, reference.queries)):
-        found.append(Comparison(f"query {i} embeddings", max_abs_diff(got, want), tolerance,
-                                "absolute"))
+        found.append(
+            Comparison(f"query {i} embeddings", max_abs_diff(got, want), tolerance, "absolute")
+        )
     return found
 
 
-def compare_with_reference(staged_folder: Path, reference: Reference, *, tolerance: float,
-                           feature_tolerance: float) -> dict[str, Any]:
+def compare_with_reference(
+    staged_folder: Path, reference: Reference, *, tolerance: float, feature_tolerance: float
+) -> dict[str, Any]:
     """Run the staged folder with colembed; return the figures, or raise listing every comparison.
 
     `tolerance` bounds the final embeddings per token (absolute); `feature_tolerance` bounds the
@@ -209,8 +231,10 @@ def compare_with_reference(staged_folder: Path, reference: Reference, *, toleran
     found = _comparisons(runtime, reference, tolerance, feature_tolerance)
     del runtime
     if not all(c.ok for c in found):
-        raise ExportError("the exported graphs diverge from the torch model; nothing was written:\n  "
-                          + "\n  ".join(c.describe() for c in found))
+        raise ExportError(
+            "the exported graphs diverge from the torch model; nothing was written:\n  "
+            + "\n  ".join(c.describe() for c in found)
+        )
     final = [c.figure for c in found if c.kind == "absolute"]
     relative = [c.figure for c in found if c.kind == "relative"]
     return {
@@ -224,9 +248,11 @@ def compare_with_reference(staged_folder: Path, reference: Reference, *, toleran
     }
 
 
-def verify_export(model, checkpoint_folder, staged_folder, *, tolerance: float,
-                  feature_tolerance: float) -> dict[str, Any]:
+def verify_export(
+    model, checkpoint_folder, staged_folder, *, tolerance: float, feature_tolerance: float
+) -> dict[str, Any]:
     """Both halves in one call (the reference, then the runtime), for callers that keep the model."""
     reference = reference_outputs(model, Path(checkpoint_folder))
-    return compare_with_reference(Path(staged_folder), reference, tolerance=tolerance,
-                                  feature_tolerance=feature_tolerance)
+    return compare_with_reference(
+        Path(staged_folder), reference, tolerance=tolerance, feature_tolerance=feature_tolerance
+    )

@@ -19,8 +19,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout this package is installed from
 REFERENCE_VENV = REPO / ".venv-qwen3-reference"
-REFERENCE_PACKAGES = ("torch==2.13.0", "transformers==5.24.0", "tokenizers", "safetensors",
-                      "pillow", "numpy")
+REFERENCE_PACKAGES = (
+    "torch==2.13.0",
+    "transformers==5.24.0",
+    "tokenizers",
+    "safetensors",
+    "pillow",
+    "numpy",
+)
 REFERENCE_NO_DEPS = ("colpali-engine==0.3.18",)
 
 
@@ -40,8 +46,12 @@ def _share_site_packages(python: Path) -> None:
     """
     import sysconfig
 
-    own = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True).stdout.strip()
+    own = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     Path(own, "zz_colembed_test_env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
 
 
@@ -56,8 +66,9 @@ def reference_python() -> Path:
     ready = REFERENCE_VENV / "colembed-reference-ready"
     with FileLock(str(REFERENCE_VENV) + ".lock"):
         if not ready.exists():
-            subprocess.run([sys.executable, "-m", "venv", "--clear", str(REFERENCE_VENV)],
-                           check=True)
+            subprocess.run(
+                [sys.executable, "-m", "venv", "--clear", str(REFERENCE_VENV)], check=True
+            )
             _share_site_packages(python)
             _pip(python, *REFERENCE_PACKAGES)
             _pip(python, "--no-deps", *REFERENCE_NO_DEPS)

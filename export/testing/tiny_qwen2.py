@@ -199,13 +199,24 @@ def build_checkpoint(
     return out
 
 
-def write_tiny_info(out: Path, *, seed: int, spec: Any, edited: dict[str, Any] | None,
-                    **fields: Any) -> None:
+def write_tiny_info(
+    out: Path, *, seed: int, spec: Any, edited: dict[str, Any] | None, **fields: Any
+) -> None:
     """Record what the builder made in the folder's TINY_INFO: random weights, the seed, `fields`
     (e.g. the layout), the spec, and what a stress `edit` returned."""
-    (out / TINY_INFO).write_text(json.dumps(
-        {"random_weights": True, "seed": seed, **fields, "spec": asdict(spec),
-         **({"stress": edited} if edited is not None else {})}, indent=2) + "\n")
+    (out / TINY_INFO).write_text(
+        json.dumps(
+            {
+                "random_weights": True,
+                "seed": seed,
+                **fields,
+                "spec": asdict(spec),
+                **({"stress": edited} if edited is not None else {}),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def perturb_vectors(model: Any, seed: int) -> None:
@@ -287,9 +298,16 @@ class StressTraits:
 # massive ratio and norm outliers, a smaller typical scale, larger image features). The exporter's
 # gates and recipes were tuned on `StressTraits()`; a recipe that only holds there is fitted to
 # one checkpoint. tests/export/variants/test_stress.py judges the variants on this one.
-HELD_OUT_STRESS = StressTraits(massive_ratio=2500.0, text_typical=3.0, norm_outlier=45.0,
-                               vision_typical=400.0, vision_peak=150_000.0, feature_peak=800.0,
-                               small_norm_weight=0.01, channel_fractions=((3, 11), (9, 13)))
+HELD_OUT_STRESS = StressTraits(
+    massive_ratio=2500.0,
+    text_typical=3.0,
+    norm_outlier=45.0,
+    vision_typical=400.0,
+    vision_peak=150_000.0,
+    feature_peak=800.0,
+    small_norm_weight=0.01,
+    channel_fractions=((3, 11), (9, 13)),
+)
 
 
 def inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
@@ -315,15 +333,21 @@ def inject_text_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
     plain = traits.text_typical / 0.67
     full = math.sqrt(plain**2 + 2 * massive**2 / hidden)
     later = [lm.layers[0].post_attention_layernorm]
-    later += [n for layer in lm.layers[1:] for n in (layer.input_layernorm,
-                                                     layer.post_attention_layernorm)]
+    later += [
+        n
+        for layer in lm.layers[1:]
+        for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
     for norm, outlier in [(n, traits.norm_outlier) for n in later] + [(lm.norm, 1.0)]:
         weight = norm.weight
         on_massive = outlier * 0.8 * full / massive  # x 0.8: a typical |normed value|
         weight.mul_(full / plain)  # the other channels keep their usual size after the norm
         weight[channels] = on_massive * weight[channels].sign()
-    return {"text_massive_channels": channels, "text_massive_value": massive,
-            "text_norm_rescale": full / plain}
+    return {
+        "text_massive_channels": channels,
+        "text_massive_value": massive,
+        "text_norm_rescale": full / plain,
+    }
 
 
 def norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> list[float]:
@@ -340,15 +364,20 @@ def norm_input_std(visual: Any, patches: Any, grid: Any, norms: list[Any]) -> li
     return [seen[id(n)] for n in norms]
 
 
-def vision_probe(visual: Any, dim: int, traits: StressTraits, side: int) -> tuple[list[int], list[int], Any, Any]:
+def vision_probe(
+    visual: Any, dim: int, traits: StressTraits, side: int
+) -> tuple[list[int], list[int], Any, Any]:
     """(offset channels, the other channels, probe grid, probe patches) for a vision tower of
     width `dim`: the random `side` x `side`-patch page the stress edits measure on."""
     import torch
 
     channels = list(traits.massive_channels(dim))
     grid = torch.tensor([[1, side, side]])
-    patches = torch.randn(side * side, visual.patch_embed.proj.weight[0].numel(),
-                          generator=torch.Generator().manual_seed(5))
+    patches = torch.randn(
+        side * side,
+        visual.patch_embed.proj.weight[0].numel(),
+        generator=torch.Generator().manual_seed(5),
+    )
     return channels, [c for c in range(dim) if c not in channels], grid, patches
 
 
@@ -361,8 +390,14 @@ def scale_features(visual: Any, patches: Any, grid: Any, peak: float) -> float:
     return factor
 
 
-def offset_residual(visual: Any, patches: Any, grid: Any, channels: list[int], peak: float,
-                    writers: Callable[[Any], Sequence[Any]]) -> tuple[float, list[tuple[Any, float, float]]]:
+def offset_residual(
+    visual: Any,
+    patches: Any,
+    grid: Any,
+    channels: list[int],
+    peak: float,
+    writers: Callable[[Any], Sequence[Any]],
+) -> tuple[float, list[tuple[Any, float, float]]]:
     """Offset `channels` of the vision residual stream through the biases of each block's
     `writers(block)`, reaching `peak` after the last block. Returns (offset per sublayer,
     [(norm, its input std before the offsets, the offset it sees)]) for each norm after the first,
@@ -389,8 +424,14 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
         for linear in (block.attn.proj, block.mlp.fc2):
             linear.weight.mul_(scale)
             linear.bias.mul_(scale)
-    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak,
-                                      lambda block: (block.attn.proj, block.mlp.fc2))
+    offset, seen_by = offset_residual(
+        visual,
+        patches,
+        grid,
+        channels,
+        traits.vision_peak,
+        lambda block: (block.attn.proj, block.mlp.fc2),
+    )
     # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by 2*O/dim and
     # its std grows; weight and bias of the other channels undo both, the offset channels get a
     # small weight, as a trained model's norms do for their massive channels.
@@ -401,23 +442,36 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
         norm.weight[others] = weight * full / sigma
         norm.weight[channels] = traits.small_norm_weight
     factor = scale_features(visual, patches, grid, traits.feature_peak)
-    return {"vision_offset_channels": channels, "vision_scale": scale,
-            "vision_offset_per_sublayer": offset, "feature_scale": factor}
+    return {
+        "vision_offset_channels": channels,
+        "vision_scale": scale,
+        "vision_offset_per_sublayer": offset,
+        "feature_scale": factor,
+    }
 
 
-def build_stress_checkpoint(out_dir: str | Path, spec: ArchitectureSpec | str = "tiny", *,
-                            seed: int = 0, traits: StressTraits = StressTraits()) -> Path:
+def build_stress_checkpoint(
+    out_dir: str | Path,
+    spec: ArchitectureSpec | str = "tiny",
+    *,
+    seed: int = 0,
+    traits: StressTraits = StressTraits(),
+) -> Path:
     """`build_checkpoint` plus trained-model activation traits (see `StressTraits`)."""
 
     def edit(model: Any) -> dict[str, Any]:
-        return {**asdict(traits), **inject_text_traits(model, traits),
-                **_inject_vision_traits(model, traits)}
+        return {
+            **asdict(traits),
+            **inject_text_traits(model, traits),
+            **_inject_vision_traits(model, traits),
+        }
 
     return build_checkpoint(out_dir, spec, seed=seed, edit=edit)
 
 
-def activation_report(checkpoint: str | Path, pages: Sequence[Any], queries: Sequence[str]
-                      ) -> dict[str, list[dict[str, float]]]:
+def activation_report(
+    checkpoint: str | Path, pages: Sequence[Any], queries: Sequence[str]
+) -> dict[str, list[dict[str, float]]]:
     """Per-layer activation magnitudes of a checkpoint on real inputs (torch, fp32).
 
     Text: for each hidden state (embeddings, then each layer's output), the largest |value| on
@@ -431,22 +485,30 @@ def activation_report(checkpoint: str | Path, pages: Sequence[Any], queries: Seq
     model = ColQwen2ForRetrieval.from_pretrained(checkpoint, dtype=torch.float32).eval()
     processor = ColQwen2Processor.from_pretrained(checkpoint, use_fast=False)
     vision: list[float] = []
-    hooks = [block.register_forward_hook(lambda m, i, o: vision.append(float(o.abs().max())))
-             for block in model.vlm.model.visual.blocks]
+    hooks = [
+        block.register_forward_hook(lambda m, i, o: vision.append(float(o.abs().max())))
+        for block in model.vlm.model.visual.blocks
+    ]
     text: list[list[Any]] = []  # per source, per hidden state: (tokens, hidden)
     with torch.no_grad():
-        for batch in [processor.process_images(list(pages)), processor.process_queries(list(queries))]:
+        for batch in [
+            processor.process_images(list(pages)),
+            processor.process_queries(list(queries)),
+        ]:
             out = model(**batch, output_hidden_states=True, return_dict=True)
             mask = batch["attention_mask"].bool()
             text.append([h[mask] for h in out.hidden_states])
         first = processor.process_images(list(pages[:1]))
         grid = first["image_grid_thw"]
-        features = model.vlm.model.visual(first["pixel_values"][0, :int(grid[0, 1] * grid[0, 2])],
-                                          grid_thw=grid)
+        features = model.vlm.model.visual(
+            first["pixel_values"][0, : int(grid[0, 1] * grid[0, 2])], grid_thw=grid
+        )
     for hook in hooks:
         hook.remove()
-    rows = {source: [_magnitudes(layer, h, len(states)) for layer, h in enumerate(states)]
-            for source, states in zip(("pages", "queries"), text)}
+    rows = {
+        source: [_magnitudes(layer, h, len(states)) for layer, h in enumerate(states)]
+        for source, states in zip(("pages", "queries"), text)
+    }
     depth = len(model.vlm.model.visual.blocks)
     blocks = [{"block": b, "peak": max(vision[b::depth])} for b in range(depth)]
     return {"text": rows, "vision": blocks, "features_peak": float(features.abs().max())}
@@ -458,13 +520,18 @@ def _magnitudes(layer: int, hidden: Any, count: int) -> dict[str, Any]:
 
     h = hidden.abs()
     peak_channel = int(h.max(dim=0).values.argmax())
-    others = torch.cat([h[:, :peak_channel], h[:, peak_channel + 1:]], dim=1).median()
-    name = ("embeddings" if layer == 0 else "final norm" if layer == count - 1
-            else f"layer {layer - 1}")
-    return {"state": name, "peak": float(h.max()), "peak_channel": peak_channel,
-            "median_other": float(others),
-            "ratio": float(h[:, peak_channel].median() / others),
-            "tokens_over_100x": float((h[:, peak_channel] > 100 * others).float().mean())}
+    others = torch.cat([h[:, :peak_channel], h[:, peak_channel + 1 :]], dim=1).median()
+    name = (
+        "embeddings" if layer == 0 else "final norm" if layer == count - 1 else f"layer {layer - 1}"
+    )
+    return {
+        "state": name,
+        "peak": float(h.max()),
+        "peak_channel": peak_channel,
+        "median_other": float(others),
+        "ratio": float(h[:, peak_channel].median() / others),
+        "tokens_over_100x": float((h[:, peak_channel] > 100 * others).float().mean()),
+    }
 
 
 __all__ = [

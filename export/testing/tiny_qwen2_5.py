@@ -49,6 +49,7 @@ from .tiny_qwen2 import (
 PATCH_SIZE = 14
 MERGE_SIZE = 2
 
+
 @dataclass(frozen=True)
 class Qwen2_5Spec(ArchitectureSpec):
     """`ArchitectureSpec` plus what Qwen2.5-VL's vision tower adds.
@@ -68,10 +69,14 @@ class Qwen2_5Spec(ArchitectureSpec):
         super().check()
         factor = PATCH_SIZE * MERGE_SIZE
         if self.window_size % factor or self.window_size < factor:
-            raise ValueError(f"{self.name}: window_size {self.window_size} must be a multiple of {factor}")
+            raise ValueError(
+                f"{self.name}: window_size {self.window_size} must be a multiple of {factor}"
+            )
         bad = [i for i in self.fullatt_block_indexes if not 0 <= i < self.vision_depth]
         if bad:
-            raise ValueError(f"{self.name}: fullatt_block_indexes {bad} outside depth {self.vision_depth}")
+            raise ValueError(
+                f"{self.name}: fullatt_block_indexes {bad} outside depth {self.vision_depth}"
+            )
 
 
 PRESETS_2_5: dict[str, Qwen2_5Spec] = {
@@ -122,9 +127,16 @@ PRESETS_2_5: dict[str, Qwen2_5Spec] = {
 # GQA 7:1, untied word embeddings and Qwen2.5-VL-7B's padded vocabulary (152064 rows; the
 # tokenizer's ids all index it). docs/models-colqwen2_5.md.
 PRESETS_2_5["qwen2.5-vl-7b"] = replace(
-    PRESETS_2_5["qwen2.5-vl-3b"], name="qwen2.5-vl-7b", text_layers=28, text_hidden=3584,
-    text_heads=28, text_kv_heads=4, text_intermediate=18944, vocab_size=152064,
-    tie_word_embeddings=False)
+    PRESETS_2_5["qwen2.5-vl-3b"],
+    name="qwen2.5-vl-7b",
+    text_layers=28,
+    text_hidden=3584,
+    text_heads=28,
+    text_kv_heads=4,
+    text_intermediate=18944,
+    vocab_size=152064,
+    tie_word_embeddings=False,
+)
 
 
 def build_vlm_config(spec: Qwen2_5Spec):
@@ -239,27 +251,44 @@ def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[s
             linear.bias[c] = root
         column = block.mlp.down_proj.weight[:, c]
         column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
-    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak,
-                                      lambda block: (block.attn.proj, block.mlp.down_proj))
+    offset, seen_by = offset_residual(
+        visual,
+        patches,
+        grid,
+        channels,
+        traits.vision_peak,
+        lambda block: (block.attn.proj, block.mlp.down_proj),
+    )
     # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo it,
     # the offset channels get a small weight (as trained norms do for their massive channels).
     for norm, sigma, seen in seen_by:
         norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
         norm.weight[channels] = traits.small_norm_weight
     factor = scale_features(visual, patches, grid, traits.feature_peak)
-    return {"vision_offset_channels": channels, "vision_scale": scale,
-            "vision_offset_per_sublayer": offset, "feature_scale": factor,
-            "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features)}
+    return {
+        "vision_offset_channels": channels,
+        "vision_scale": scale,
+        "vision_offset_per_sublayer": offset,
+        "feature_scale": factor,
+        "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features),
+    }
 
 
-def build_stress_checkpoint_2_5(out_dir: str | Path, spec: Qwen2_5Spec | str = "tiny-2.5", *,
-                                seed: int = 0,
-                                traits: Qwen2_5StressTraits = Qwen2_5StressTraits()) -> Path:
+def build_stress_checkpoint_2_5(
+    out_dir: str | Path,
+    spec: Qwen2_5Spec | str = "tiny-2.5",
+    *,
+    seed: int = 0,
+    traits: Qwen2_5StressTraits = Qwen2_5StressTraits(),
+) -> Path:
     """`build_checkpoint_2_5` plus trained-model activation traits (`Qwen2_5StressTraits`)."""
 
     def edit(model: Any) -> dict[str, Any]:
-        return {**asdict(traits), **inject_text_traits(model, traits),
-                **_inject_vision_traits_2_5(model, traits)}
+        return {
+            **asdict(traits),
+            **inject_text_traits(model, traits),
+            **_inject_vision_traits_2_5(model, traits),
+        }
 
     return build_checkpoint_2_5(out_dir, spec, seed=seed, edit=edit)
 
@@ -277,15 +306,39 @@ def colpali_state_dict(state_dict: dict, *, with_head: bool = False) -> dict:
 
 
 # Text-model keys the pre-4.52 flat Qwen2.5-VL config.json keeps at its top level.
-_FLAT_TEXT_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                   "num_attention_heads", "num_key_value_heads", "hidden_act",
-                   "max_position_embeddings", "max_window_layers", "rms_norm_eps", "rope_theta",
-                   "sliding_window", "use_sliding_window", "attention_dropout",
-                   "initializer_range", "tie_word_embeddings")
-_FLAT_VISION_KEYS = ("depth", "hidden_size", "hidden_act", "intermediate_size", "num_heads",
-                     "in_channels", "out_hidden_size", "patch_size", "spatial_merge_size",
-                     "temporal_patch_size", "window_size", "fullatt_block_indexes",
-                     "tokens_per_second")
+_FLAT_TEXT_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_act",
+    "max_position_embeddings",
+    "max_window_layers",
+    "rms_norm_eps",
+    "rope_theta",
+    "sliding_window",
+    "use_sliding_window",
+    "attention_dropout",
+    "initializer_range",
+    "tie_word_embeddings",
+)
+_FLAT_VISION_KEYS = (
+    "depth",
+    "hidden_size",
+    "hidden_act",
+    "intermediate_size",
+    "num_heads",
+    "in_channels",
+    "out_hidden_size",
+    "patch_size",
+    "spatial_merge_size",
+    "temporal_patch_size",
+    "window_size",
+    "fullatt_block_indexes",
+    "tokens_per_second",
+)
 
 
 def flat_config(vlm_config: dict) -> dict:
@@ -294,18 +347,20 @@ def flat_config(vlm_config: dict) -> dict:
     {"type": "mrope", "mrope_section": ...}, `vision_config` nested; no `text_config`."""
     text, vision = vlm_config["text_config"], vlm_config["vision_config"]
     config = {k: text[k] for k in _FLAT_TEXT_KEYS if k in text}
-    config["rope_scaling"] = {"type": "mrope",
-                              "mrope_section": list(text["rope_scaling"]["mrope_section"])}
+    config["rope_scaling"] = {
+        "type": "mrope",
+        "mrope_section": list(text["rope_scaling"]["mrope_section"]),
+    }
     config["vision_config"] = {k: vision[k] for k in _FLAT_VISION_KEYS if k in vision}
-    for key in ("image_token_id", "video_token_id", "vision_start_token_id",
-                "vision_end_token_id"):
+    for key in ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id"):
         config[key] = vlm_config[key]
     config.update(model_type="qwen2_5_vl", tie_word_embeddings=text["tie_word_embeddings"])
     return config
 
 
-def to_colpali_layout(src: str | Path, dst: str | Path, *, pre_4_52: bool = False,
-                      shards: int = 1) -> Path:
+def to_colpali_layout(
+    src: str | Path, dst: str | Path, *, pre_4_52: bool = False, shards: int = 1
+) -> Path:
     """Rewrite a transformers-layout folder (from `build_checkpoint_2_5`) in the colpali layout:
     same tensors, published names and config; processor and tokenizer files copied as they are.
 
@@ -320,16 +375,21 @@ def to_colpali_layout(src: str | Path, dst: str | Path, *, pre_4_52: bool = Fals
     dst.mkdir(parents=True, exist_ok=True)
     vlm_config = json.loads((src / "config.json").read_text())["vlm_config"]
     untied = not vlm_config["text_config"]["tie_word_embeddings"]
-    state = colpali_state_dict(load_file(str(src / "model.safetensors")),
-                               with_head=pre_4_52 and untied)
+    state = colpali_state_dict(
+        load_file(str(src / "model.safetensors")), with_head=pre_4_52 and untied
+    )
     config = flat_config(vlm_config) if pre_4_52 else dict(vlm_config)
     _save_colpali_layout(state, config, dst, shards=shards)
     for path in src.iterdir():
         if path.name not in ("config.json", "model.safetensors", TINY_INFO):
             shutil.copyfile(path, dst / path.name)
     if (src / TINY_INFO).is_file():
-        info = {**json.loads((src / TINY_INFO).read_text()), "layout": "colpali",
-                "pre_4_52": pre_4_52, "shards": shards}
+        info = {
+            **json.loads((src / TINY_INFO).read_text()),
+            "layout": "colpali",
+            "pre_4_52": pre_4_52,
+            "shards": shards,
+        }
         (dst / TINY_INFO).write_text(json.dumps(info, indent=2) + "\n")
     return dst
 

@@ -27,8 +27,16 @@ from pathlib import Path
 
 from typing import Any, Callable
 
-from .tiny_qwen2 import (TINY_INFO, TOKENIZER_FILES, StressTraits, norm_input_std, perturb_vectors,
-                   qwen_tokenizer_dir, vision_probe, write_tiny_info)
+from .tiny_qwen2 import (
+    TINY_INFO,
+    TOKENIZER_FILES,
+    StressTraits,
+    norm_input_std,
+    perturb_vectors,
+    qwen_tokenizer_dir,
+    vision_probe,
+    write_tiny_info,
+)
 
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -74,14 +82,18 @@ class Qwen3Spec:
 
     def check(self) -> None:
         if sum(self.mrope_section) * 2 != self.text_head_dim:
-            raise ValueError(f"{self.name}: mrope_section {self.mrope_section} must sum to "
-                             f"text_head_dim/2 = {self.text_head_dim // 2}")
+            raise ValueError(
+                f"{self.name}: mrope_section {self.mrope_section} must sum to "
+                f"text_head_dim/2 = {self.text_head_dim // 2}"
+            )
         if self.vision_hidden % self.vision_heads or self.text_heads % self.text_kv_heads:
             raise ValueError(f"{self.name}: heads do not divide")
         bad = [i for i in self.deepstack_layers if not 0 <= i < self.vision_depth]
         if bad or len(self.deepstack_layers) > self.text_layers:
-            raise ValueError(f"{self.name}: deepstack_layers {self.deepstack_layers} must be vision "
-                             f"blocks (< {self.vision_depth}), at most {self.text_layers} of them")
+            raise ValueError(
+                f"{self.name}: deepstack_layers {self.deepstack_layers} must be vision "
+                f"blocks (< {self.vision_depth}), at most {self.text_layers} of them"
+            )
 
 
 PRESETS_3: dict[str, Qwen3Spec] = {
@@ -89,17 +101,42 @@ PRESETS_3: dict[str, Qwen3Spec] = {
     # Other widths, heads, GQA 3:1, three DeepStack layers (the real model's count) at other
     # blocks, another position grid, tied word embeddings as in the 4B, another vision rope base.
     "tiny-3-alt": Qwen3Spec(
-        name="tiny-3-alt", vision_depth=4, vision_hidden=48, vision_heads=3,
-        vision_intermediate=80, position_grid_side=6, deepstack_layers=(1, 2, 3), text_layers=4,
-        text_hidden=96, text_heads=3, text_kv_heads=1, text_head_dim=32, text_intermediate=160,
-        mrope_section=(4, 6, 6), tie_word_embeddings=True, vision_rope_theta=5_000.0),
+        name="tiny-3-alt",
+        vision_depth=4,
+        vision_hidden=48,
+        vision_heads=3,
+        vision_intermediate=80,
+        position_grid_side=6,
+        deepstack_layers=(1, 2, 3),
+        text_layers=4,
+        text_hidden=96,
+        text_heads=3,
+        text_kv_heads=1,
+        text_head_dim=32,
+        text_intermediate=160,
+        mrope_section=(4, 6, 6),
+        tie_word_embeddings=True,
+        vision_rope_theta=5_000.0,
+    ),
     # Qwen3-VL-4B widths (Qwen/Qwen3-VL-4B-Instruct's config); reduce depth for benchmarks with
     # `replace(spec, vision_depth=..., text_layers=..., deepstack_layers=...)`.
     "qwen3-vl-4b": Qwen3Spec(
-        name="qwen3-vl-4b", vision_depth=24, vision_hidden=1024, vision_heads=16,
-        vision_intermediate=4096, position_grid_side=48, deepstack_layers=(5, 11, 17),
-        text_layers=36, text_hidden=2560, text_heads=32, text_kv_heads=8, text_head_dim=128,
-        text_intermediate=9728, mrope_section=(24, 20, 20), tie_word_embeddings=True),
+        name="qwen3-vl-4b",
+        vision_depth=24,
+        vision_hidden=1024,
+        vision_heads=16,
+        vision_intermediate=4096,
+        position_grid_side=48,
+        deepstack_layers=(5, 11, 17),
+        text_layers=36,
+        text_hidden=2560,
+        text_heads=32,
+        text_kv_heads=8,
+        text_head_dim=128,
+        text_intermediate=9728,
+        mrope_section=(24, 20, 20),
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -110,26 +147,42 @@ def build_vlm_config(spec: Qwen3Spec):
     spec.check()
     return Qwen3VLConfig(
         text_config={
-            "vocab_size": spec.vocab_size, "hidden_size": spec.text_hidden,
-            "intermediate_size": spec.text_intermediate, "num_hidden_layers": spec.text_layers,
-            "num_attention_heads": spec.text_heads, "num_key_value_heads": spec.text_kv_heads,
-            "head_dim": spec.text_head_dim, "rms_norm_eps": 1e-6, "rope_theta": spec.rope_theta,
+            "vocab_size": spec.vocab_size,
+            "hidden_size": spec.text_hidden,
+            "intermediate_size": spec.text_intermediate,
+            "num_hidden_layers": spec.text_layers,
+            "num_attention_heads": spec.text_heads,
+            "num_key_value_heads": spec.text_kv_heads,
+            "head_dim": spec.text_head_dim,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": spec.rope_theta,
             "max_position_embeddings": 262144,
-            "rope_scaling": {"rope_type": "default", "mrope_section": list(spec.mrope_section),
-                             "mrope_interleaved": True},
+            "rope_scaling": {
+                "rope_type": "default",
+                "mrope_section": list(spec.mrope_section),
+                "mrope_interleaved": True,
+            },
             "tie_word_embeddings": spec.tie_word_embeddings,
         },
         vision_config={
-            "depth": spec.vision_depth, "hidden_size": spec.vision_hidden,
-            "intermediate_size": spec.vision_intermediate, "num_heads": spec.vision_heads,
-            "out_hidden_size": spec.text_hidden, "patch_size": PATCH_SIZE,
-            "spatial_merge_size": MERGE_SIZE, "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-            "num_position_embeddings": spec.position_grid_side ** 2,
+            "depth": spec.vision_depth,
+            "hidden_size": spec.vision_hidden,
+            "intermediate_size": spec.vision_intermediate,
+            "num_heads": spec.vision_heads,
+            "out_hidden_size": spec.text_hidden,
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE,
+            "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+            "num_position_embeddings": spec.position_grid_side**2,
             "deepstack_visual_indexes": list(spec.deepstack_layers),
-            "hidden_act": "gelu_pytorch_tanh", "in_channels": 3,
+            "hidden_act": "gelu_pytorch_tanh",
+            "in_channels": 3,
         },
-        image_token_id=151655, video_token_id=151656, vision_start_token_id=151652,
-        vision_end_token_id=151653, tie_word_embeddings=spec.tie_word_embeddings,
+        image_token_id=151655,
+        video_token_id=151656,
+        vision_start_token_id=151652,
+        vision_end_token_id=151653,
+        tie_word_embeddings=spec.tie_word_embeddings,
     )
 
 
@@ -139,11 +192,16 @@ def colpali_config_json(spec: Qwen3Spec) -> dict:
     config = build_vlm_config(spec).to_dict()
     text = config["text_config"]
     scaling = text.pop("rope_scaling")
-    text["rope_parameters"] = {"rope_type": "default", "rope_theta": text.pop("rope_theta"),
-                               "mrope_section": list(scaling["mrope_section"]),
-                               "mrope_interleaved": True}
-    config["vision_config"]["rope_parameters"] = {"rope_type": "axial",
-                                                  "rope_theta": spec.vision_rope_theta}
+    text["rope_parameters"] = {
+        "rope_type": "default",
+        "rope_theta": text.pop("rope_theta"),
+        "mrope_section": list(scaling["mrope_section"]),
+        "mrope_interleaved": True,
+    }
+    config["vision_config"]["rope_parameters"] = {
+        "rope_type": "axial",
+        "rope_theta": spec.vision_rope_theta,
+    }
     for part in (config, text, config["vision_config"]):
         for key in ("torch_dtype", "transformers_version", "_name_or_path"):
             part.pop(key, None)
@@ -157,23 +215,41 @@ def save_processor_files(out: Path, *, min_pixels: int, max_pixels: int) -> None
     tokenizer_dir = qwen_tokenizer_dir()
     for name in TOKENIZER_FILES:
         shutil.copyfile(tokenizer_dir / name, out / name)
-    (out / "preprocessor_config.json").write_text(json.dumps({
-        "image_processor_type": "Qwen2VLImageProcessor",
-        "processor_class": "ColQwen3Processor",
-        "do_resize": True, "do_rescale": True, "do_normalize": True, "do_convert_rgb": True,
-        "resample": 3, "rescale_factor": 1 / 255,
-        "image_mean": list(IMAGE_MEAN), "image_std": list(IMAGE_STD),
-        "patch_size": PATCH_SIZE, "merge_size": MERGE_SIZE,
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "min_pixels": min_pixels, "max_pixels": max_pixels,
-        "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
-    }, indent=2) + "\n")
+    (out / "preprocessor_config.json").write_text(
+        json.dumps(
+            {
+                "image_processor_type": "Qwen2VLImageProcessor",
+                "processor_class": "ColQwen3Processor",
+                "do_resize": True,
+                "do_rescale": True,
+                "do_normalize": True,
+                "do_convert_rgb": True,
+                "resample": 3,
+                "rescale_factor": 1 / 255,
+                "image_mean": list(IMAGE_MEAN),
+                "image_std": list(IMAGE_STD),
+                "patch_size": PATCH_SIZE,
+                "merge_size": MERGE_SIZE,
+                "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+                "min_pixels": min_pixels,
+                "max_pixels": max_pixels,
+                "size": {"shortest_edge": min_pixels, "longest_edge": max_pixels},
+            },
+            indent=2,
+        )
+        + "\n"
+    )
 
 
-def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *, seed: int = 0,
-                       min_pixels: int = DEFAULT_MIN_PIXELS,
-                       max_pixels: int = DEFAULT_MAX_PIXELS,
-                       edit: Callable[[Any], dict[str, Any]] | None = None) -> Path:
+def build_checkpoint_3(
+    out_dir: str | Path,
+    spec: Qwen3Spec | str = "tiny-3",
+    *,
+    seed: int = 0,
+    min_pixels: int = DEFAULT_MIN_PIXELS,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    edit: Callable[[Any], dict[str, Any]] | None = None,
+) -> Path:
     """Write a random-weight ColQwen3 checkpoint in colpali-engine's layout; return the folder.
 
     Deterministic for a spec and seed. Every 1-D parameter (norms, biases) is perturbed away from
@@ -198,8 +274,9 @@ def build_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
         with torch.no_grad():
             edited = edit(backbone)
     tensors = {f"model.{k}": v.contiguous() for k, v in backbone.state_dict().items()}
-    tensors.update({f"model.custom_text_proj.{k}": v.contiguous()
-                    for k, v in projection.state_dict().items()})
+    tensors.update(
+        {f"model.custom_text_proj.{k}": v.contiguous() for k, v in projection.state_dict().items()}
+    )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(colpali_config_json(spec), indent=2) + "\n")
     save_processor_files(out, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -227,13 +304,18 @@ def _inject_text_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]
     embed[:, channels[0]], embed[:, channels[1]] = massive, -massive
     plain = traits.text_typical / 0.67  # |N(0, s)| has median 0.67 s
     full = math.sqrt(plain**2 + 2 * massive**2 / hidden)
-    norms = [n for layer in lm.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+    norms = [
+        n for layer in lm.layers for n in (layer.input_layernorm, layer.post_attention_layernorm)
+    ]
     for norm, outlier in [(n, traits.norm_outlier) for n in norms] + [(lm.norm, 1.0)]:
         weight = norm.weight
         weight.mul_(full / plain)  # the other channels keep their usual size after the norm
         weight[channels] = outlier * 0.8 * full / massive * weight[channels].sign()
-    return {"text_massive_channels": channels, "text_massive_value": massive,
-            "text_norm_rescale": full / plain}
+    return {
+        "text_massive_channels": channels,
+        "text_massive_value": massive,
+        "text_norm_rescale": full / plain,
+    }
 
 
 def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
@@ -265,8 +347,10 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
     # sublayers written before each norm: block i's norm1 sees 2i, norm2 2i + 1, the merger all;
     # the DeepStack merger after block `index` sees 2 (index + 1)
     seen = [(norm, sigma, i * offset) for i, (norm, sigma) in enumerate(zip(norms, sigmas))]
-    seen += [(merger.norm, sigma, 2 * (index + 1) * offset)
-             for (index, merger), sigma in zip(deepstack, sigmas[len(norms):])]
+    seen += [
+        (merger.norm, sigma, 2 * (index + 1) * offset)
+        for (index, merger), sigma in zip(deepstack, sigmas[len(norms) :])
+    ]
     for norm, sigma, offset_seen in seen:
         if not offset_seen:
             continue
@@ -278,19 +362,30 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
     factors = []
     for merger in [visual.merger, *visual.deepstack_merger_list]:
         found = {}
-        hook = merger.register_forward_hook(lambda m, a, out: found.setdefault("peak", float(out.abs().max())))
+        hook = merger.register_forward_hook(
+            lambda m, a, out: found.setdefault("peak", float(out.abs().max()))
+        )
         visual(patches, grid_thw=grid)
         hook.remove()
         factor = traits.feature_peak / found["peak"]
         merger.linear_fc2.weight.mul_(factor)
         merger.linear_fc2.bias.mul_(factor)
         factors.append(factor)
-    return {"vision_offset_channels": channels, "vision_scale": scale,
-            "vision_offset_per_sublayer": offset, "feature_scales": factors}
+    return {
+        "vision_offset_channels": channels,
+        "vision_scale": scale,
+        "vision_offset_per_sublayer": offset,
+        "feature_scales": factors,
+    }
 
 
-def build_stress_checkpoint_3(out_dir: str | Path, spec: Qwen3Spec | str = "tiny-3", *,
-                              seed: int = 0, traits: StressTraits = StressTraits()) -> Path:
+def build_stress_checkpoint_3(
+    out_dir: str | Path,
+    spec: Qwen3Spec | str = "tiny-3",
+    *,
+    seed: int = 0,
+    traits: StressTraits = StressTraits(),
+) -> Path:
     """`build_checkpoint_3` plus trained-model activation traits (`StressTraits`, export/testing/tiny_qwen2.py:
     what they imitate and their limits), placed where Qwen3-VL's modules allow
     (`_inject_text_traits_3`, `_inject_vision_traits_3`). The image tokens carry the massive text
@@ -335,8 +430,13 @@ def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3)
     src, out = Path(src), Path(dst)
     out.mkdir(parents=True, exist_ok=True)
     info = json.loads((src / TINY_INFO).read_text())
-    spec = Qwen3Spec(**{**info["spec"], "deepstack_layers": tuple(info["spec"]["deepstack_layers"]),
-                        "mrope_section": tuple(info["spec"]["mrope_section"])})
+    spec = Qwen3Spec(
+        **{
+            **info["spec"],
+            "deepstack_layers": tuple(info["spec"]["deepstack_layers"]),
+            "mrope_section": tuple(info["spec"]["mrope_section"]),
+        }
+    )
     theirs = {ours: prefix for prefix, ours in TOMORO.backbone_prefixes}
     tensors = {}
     for key, value in load_file(str(src / "model.safetensors")).items():
@@ -346,20 +446,28 @@ def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3)
         else:
             name = COLPALI.backbone_key(key)
             prefix = next(p for p in theirs if name.startswith(p))
-            tensors[theirs[prefix] + name[len(prefix):]] = value
+            tensors[theirs[prefix] + name[len(prefix) :]] = value
     if not spec.tie_word_embeddings:
         generator = torch.Generator().manual_seed(lm_head_seed)
-        tensors["vlm.lm_head.weight"] = torch.randn(spec.vocab_size, spec.text_hidden,
-                                                    generator=generator) * 0.02
+        tensors["vlm.lm_head.weight"] = (
+            torch.randn(spec.vocab_size, spec.text_hidden, generator=generator) * 0.02
+        )
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     config = build_vlm_config(spec).to_dict()
     for key in ("torch_dtype", "transformers_version", "_name_or_path"):
         config.pop(key, None)
-    config.update(architectures=["ColQwen3"], model_type=TOMORO.config_model_type,
-                  auto_map={"AutoConfig": "configuration_colqwen3.ColQwen3Config",
-                            "AutoModel": "modeling_colqwen3.ColQwen3"},
-                  embed_dim=EMBEDDING_DIM, padding_side="left", initializer_range=0.02,
-                  dtype="bfloat16")
+    config.update(
+        architectures=["ColQwen3"],
+        model_type=TOMORO.config_model_type,
+        auto_map={
+            "AutoConfig": "configuration_colqwen3.ColQwen3Config",
+            "AutoModel": "modeling_colqwen3.ColQwen3",
+        },
+        embed_dim=EMBEDDING_DIM,
+        padding_side="left",
+        initializer_range=0.02,
+        dtype="bfloat16",
+    )
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_processor_files(out, min_pixels=QWEN3_VL_SHORTEST_EDGE, max_pixels=QWEN3_VL_LONGEST_EDGE)
     image_config = json.loads((out / "preprocessor_config.json").read_text())
@@ -370,5 +478,11 @@ def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3)
     return out
 
 
-__all__ = ["PRESETS_3", "Qwen3Spec", "build_checkpoint_3", "build_stress_checkpoint_3",
-           "build_vlm_config", "to_tomoro_layout"]
+__all__ = [
+    "PRESETS_3",
+    "Qwen3Spec",
+    "build_checkpoint_3",
+    "build_stress_checkpoint_3",
+    "build_vlm_config",
+    "to_tomoro_layout",
+]

@@ -48,19 +48,37 @@ GATE_QUERY_LENGTHS = (64, 221, 450)  # plus 1 word, the sample queries and the b
 # spaces and punctuation excite other channels than words), so the gate holds every kind
 # (`colembed.fidelity.token_class`), each a query of its own, and a numbers sentence at length.
 TOKEN_CLASS_QUERIES = (
-    ("digits and numbers", "0 1 2 3 4 5 6 7 8 9 10 42 100 1999 2023 2024 3.14 0.5% -7 +12 1/2 "
-     "3:45 07:30 1,000 12,345.67 €9.99 $1.2M ¥500 £3 2e-5 XII ½ ¾ ٣ ३ 四"),
-    ("amounts and references", "Invoice INV-2024-00317 of 14 March 2024 totals $48,250.00 (VAT "
-     "20%: $9,650.00); see Table 7, row 12, column B3 and Figure 2.1 on p. 45."),
-    ("punctuation and symbols", "( ) [ ] { } < > . , ; : ! ? ' \" ` ~ @ # $ % ^ & * _ - + = | \\ / "
-     "— – … « » ‘ ’ “ ” • · § ¶ © ® ™ ° ± × ÷ → ≤ ≥ ≠ ∑ √ ∞ µ €"),
+    (
+        "digits and numbers",
+        "0 1 2 3 4 5 6 7 8 9 10 42 100 1999 2023 2024 3.14 0.5% -7 +12 1/2 "
+        "3:45 07:30 1,000 12,345.67 €9.99 $1.2M ¥500 £3 2e-5 XII ½ ¾ ٣ ३ 四",
+    ),
+    (
+        "amounts and references",
+        "Invoice INV-2024-00317 of 14 March 2024 totals $48,250.00 (VAT "
+        "20%: $9,650.00); see Table 7, row 12, column B3 and Figure 2.1 on p. 45.",
+    ),
+    (
+        "punctuation and symbols",
+        "( ) [ ] { } < > . , ; : ! ? ' \" ` ~ @ # $ % ^ & * _ - + = | \\ / "
+        "— – … « » ‘ ’ “ ” • · § ¶ © ® ™ ° ± × ÷ → ≤ ≥ ≠ ∑ √ ∞ µ €",
+    ),
     ("whitespace forms", "a  b   c\tdone\n\nnext\u00a0line\u2003em\u3000wide \r\n end    "),
-    ("several scripts", "Résumé naïve façade; Привет, как дела? Καλημέρα κόσμε; مرحبا بالعالم; "
-     "שלום עולם; नमस्ते दुनिया; 你好，世界；こんにちは世界；안녕하세요 세계; สวัสดีชาวโลก"),
-    ("code", "def total(rows): return sum(r['amount'] for r in rows if r.get('paid'))  # SELECT "
-     "id, SUM(x) FROM t WHERE y >= 10 GROUP BY id;"),
-    ("table", "| Quarter | Revenue | Margin |\n|---|---:|---:|\n| Q1 2023 | 1,204.5 | 12.3% |\n"
-     "| Q2 2023 | 1,387.0 | 13.1% |\n| Total | 2,591.5 | 12.7% |"),
+    (
+        "several scripts",
+        "Résumé naïve façade; Привет, как дела? Καλημέρα κόσμε; مرحبا بالعالم; "
+        "שלום עולם; नमस्ते दुनिया; 你好，世界；こんにちは世界；안녕하세요 세계; สวัสดีชาวโลก",
+    ),
+    (
+        "code",
+        "def total(rows): return sum(r['amount'] for r in rows if r.get('paid'))  # SELECT "
+        "id, SUM(x) FROM t WHERE y >= 10 GROUP BY id;",
+    ),
+    (
+        "table",
+        "| Quarter | Revenue | Margin |\n|---|---:|---:|\n| Q1 2023 | 1,204.5 | 12.3% |\n"
+        "| Q2 2023 | 1,387.0 | 13.1% |\n| Total | 2,591.5 | 12.7% |",
+    ),
 )
 # Numbers at length: activation ranges grow with length, and digits are where they break first.
 NUMBERS_SENTENCE = "Table 4 lists 2,517 units sold in Q3 2022 at $18.40 each (up 7.5% on 2021). "
@@ -68,7 +86,11 @@ NUMBERS_QUERY_LENGTH = 221
 # Token sequences drawn from the whole vocabulary (specials excluded), at these lengths.
 VOCABULARY_QUERY_LENGTHS = (16, 64, 221)
 VOCABULARY_SEED = 11
-QUERY_BUCKETS = (16, 64, 256)  # upper bounds of the query-length buckets; the last runs to the bound
+QUERY_BUCKETS = (
+    16,
+    64,
+    256,
+)  # upper bounds of the query-length buckets; the last runs to the bound
 PAGE_BUCKETS = (64, 256)  # upper bounds of the page image-token buckets; the last to the budget
 # How the gate loads each model: sizes checked (the files were just written), and no CPU memory
 # arena, which would keep each session's high-water mark after the run that set it, so both
@@ -81,7 +103,9 @@ GATE_LOAD = {"verify": False, "cpu_mem_arena": False}
 # exact, so the verdicts are the same (tests/export/variants/test_gate_memory.py;
 # benchmarks/results/export/export-variants-2b.md).
 GATE_SESSION_CONFIG: dict[str, dict[str, str]] = {
-    "fp16": {"optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"},
+    "fp16": {
+        "optimization.disable_specified_optimizers": "FuseFp16InitializerToFp32NodeTransformer"
+    },
 }
 # onnxruntime's node order in each variant's gate sessions (colembed.sessions.Session). fp16: the
 # priority-based order runs each weight's fp32 cast just before the MatMul that reads it, where
@@ -138,11 +162,17 @@ def gate_queries(model: Any) -> list[tuple[str, str]]:
     found += list(TOKEN_CLASS_QUERIES)
     found += vocabulary_queries(encoder)
     if NUMBERS_QUERY_LENGTH < bound:
-        found.append((f"numbers sentence repeated to {NUMBERS_QUERY_LENGTH} tokens",
-                      repeated(NUMBERS_SENTENCE, NUMBERS_QUERY_LENGTH, count)))
+        found.append(
+            (
+                f"numbers sentence repeated to {NUMBERS_QUERY_LENGTH} tokens",
+                repeated(NUMBERS_SENTENCE, NUMBERS_QUERY_LENGTH, count),
+            )
+        )
     # the last three: the longest, run together in one mixed batch (_embed_gate_set)
     for tokens in (*[t for t in GATE_QUERY_LENGTHS if t < bound], bound):
-        found.append((f"sentence repeated to {tokens} tokens", repeated(GATE_SENTENCE, tokens, count)))
+        found.append(
+            (f"sentence repeated to {tokens} tokens", repeated(GATE_SENTENCE, tokens, count))
+        )
     return found
 
 
@@ -156,8 +186,9 @@ def vocabulary_queries(encoder: Any) -> list[tuple[str, str]]:
         ids: list[int] = []
         while len(ids) < tokens:
             drawn = rng.integers(0, size, tokens)
-            ids += [int(i) for i, (_, special) in zip(drawn, encoder.token_texts(drawn))
-                    if not special]
+            ids += [
+                int(i) for i, (_, special) in zip(drawn, encoder.token_texts(drawn)) if not special
+            ]
         found.append((f"{tokens} tokens drawn from the vocabulary", encoder.decode(ids[:tokens])))
     return found
 
@@ -187,7 +218,9 @@ def gate_pages(model: Any) -> list[tuple[str, Any]]:
 
     rng = np.random.default_rng(7)
     found = [(f"sample page {i} {p.size[0]}x{p.size[1]}", p) for i, p in enumerate(sample_pages())]
-    found.append(("smallest page 20x20", Image.fromarray(rng.integers(0, 256, (20, 20, 3), np.uint8))))
+    found.append(
+        ("smallest page 20x20", Image.fromarray(rng.integers(0, 256, (20, 20, 3), np.uint8)))
+    )
     letter = Image.new("RGB", (1700, 2200), "white")
     draw = ImageDraw.Draw(letter)
     for row in range(40):
@@ -195,13 +228,20 @@ def gate_pages(model: Any) -> list[tuple[str, Any]]:
         draw.rectangle([100, y, 100 + int(rng.integers(300, 1500)), y + 18], fill=(25, 25, 25))
     letter.paste(Image.fromarray(rng.integers(0, 256, (500, 700, 3), np.uint8)), (900, 1200))
     found.append(("full-budget letter page 1700x2200", letter))
-    found.append(("wide strip 2000x40", Image.fromarray(rng.integers(0, 256, (40, 2000, 3), np.uint8))))
-    found.append(("tall strip 40x2000", Image.fromarray(rng.integers(0, 256, (2000, 40, 3), np.uint8))))
+    found.append(
+        ("wide strip 2000x40", Image.fromarray(rng.integers(0, 256, (40, 2000, 3), np.uint8)))
+    )
+    found.append(
+        ("tall strip 40x2000", Image.fromarray(rng.integers(0, 256, (2000, 40, 3), np.uint8)))
+    )
     found.append(("blank page 280x364", Image.new("RGB", (280, 364), "white")))
-    smooth = Image.fromarray(rng.integers(0, 256, (9, 7, 3), np.uint8)).resize((280, 364),
-                                                                                Image.BICUBIC)
+    smooth = Image.fromarray(rng.integers(0, 256, (9, 7, 3), np.uint8)).resize(
+        (280, 364), Image.BICUBIC
+    )
     grain = np.asarray(smooth, np.float32) + rng.normal(0, 12, (364, 280, 3))
-    found.append(("photo-like page 280x364", Image.fromarray(np.clip(grain, 0, 255).astype(np.uint8))))
+    found.append(
+        ("photo-like page 280x364", Image.fromarray(np.clip(grain, 0, 255).astype(np.uint8)))
+    )
     return found
 
 
@@ -222,15 +262,26 @@ def item_figures(items: Sequence[tuple[str, str, int, np.ndarray, np.ndarray]]) 
     buckets: dict[str, list[np.ndarray]] = {}
     for name, kind, tokens, got, want in items:
         cos = token_cosines([got], [want])
-        per_item[name] = {"kind": kind, "tokens": int(got.shape[0]), "bucket_tokens": int(tokens),
-                          "mean": float(cos.mean()), "min": float(cos.min())}
+        per_item[name] = {
+            "kind": kind,
+            "tokens": int(got.shape[0]),
+            "bucket_tokens": int(tokens),
+            "mean": float(cos.mean()),
+            "min": float(cos.min()),
+        }
         buckets.setdefault(bucket_name(kind, tokens), []).append(cos)
     worst = min(per_item, key=lambda n: per_item[n]["min"]) if per_item else None
     return {
         "items": per_item,
-        "buckets": {b: {"mean": float(np.concatenate(c).mean()), "min": float(np.concatenate(c).min()),
-                        "items": len(c), "tokens": int(sum(x.size for x in c))}
-                    for b, c in sorted(buckets.items())},
+        "buckets": {
+            b: {
+                "mean": float(np.concatenate(c).mean()),
+                "min": float(np.concatenate(c).min()),
+                "items": len(c),
+                "tokens": int(sum(x.size for x in c)),
+            }
+            for b, c in sorted(buckets.items())
+        },
         "worst_item": worst,
     }
 
@@ -266,8 +317,12 @@ def ranking_set(pages: int = RANKING_PAGES, seed: int = 0) -> tuple[list[Any], l
         draw = ImageDraw.Draw(page)
         for _ in range(3):
             x, y = int(rng.integers(0, width - 30)), int(rng.integers(0, height - 30))
-            draw.rectangle([x, y, x + 28, y + 28], fill=tuple(int(c) for c in rng.integers(0, 256, 3)))
-        noisy = np.asarray(page, np.float32) * rng.uniform(0.9, 1.1) + rng.normal(0, 6, (height, width, 3))
+            draw.rectangle(
+                [x, y, x + 28, y + 28], fill=tuple(int(c) for c in rng.integers(0, 256, 3))
+            )
+        noisy = np.asarray(page, np.float32) * rng.uniform(0.9, 1.1) + rng.normal(
+            0, 6, (height, width, 3)
+        )
         out_pages.append(page)
         out_queries.append(Image.fromarray(np.clip(noisy, 0, 255).astype(np.uint8)))
     return out_pages, out_queries
@@ -292,8 +347,11 @@ def ranking_leads(scores: np.ndarray) -> np.ndarray:
     lead = own - np.nanmax(others, axis=1)
     spread = np.nanstd(others, axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(spread > 0, lead / np.where(spread > 0, spread, 1.0),
-                        np.where(lead > 0, np.inf, -np.inf))
+        return np.where(
+            spread > 0,
+            lead / np.where(spread > 0, spread, 1.0),
+            np.where(lead > 0, np.inf, -np.inf),
+        )
 
 
 def clear_winners(scores: np.ndarray, spreads: float = CLEAR_SPREADS) -> np.ndarray:
@@ -305,26 +363,37 @@ def unjudgeable_ranking(scores: np.ndarray) -> str:
     """Why fp32's `scores` on the ranking set leave no variant's ranking to judge (the refusal)."""
     leads = ranking_leads(scores)
     first, clear = int((leads > 0).sum()), clear_winners(scores).size
-    why = ("the fp32 graphs do not tell these pages apart (most queries' own page does not even "
-           "win)" if first < leads.size / 2 else
-           "the own pages win, but not clear of the other pages' spread")
-    return (f"the ranking set has {clear} clear-winner queries under fp32 (< {MIN_CLEAR_QUERIES}): "
-            f"{first} of {leads.size} perturbed page copies rank their own page first, {clear} by "
-            f">= {CLEAR_SPREADS:g} standard deviations of the other pages' scores (median lead "
-            f"{float(np.median(leads)):.2f}); {why}, so no variant's ranking can be judged on "
-            "this checkpoint")
+    why = (
+        "the fp32 graphs do not tell these pages apart (most queries' own page does not even win)"
+        if first < leads.size / 2
+        else "the own pages win, but not clear of the other pages' spread"
+    )
+    return (
+        f"the ranking set has {clear} clear-winner queries under fp32 (< {MIN_CLEAR_QUERIES}): "
+        f"{first} of {leads.size} perturbed page copies rank their own page first, {clear} by "
+        f">= {CLEAR_SPREADS:g} standard deviations of the other pages' scores (median lead "
+        f"{float(np.median(leads)):.2f}); {why}, so no variant's ranking can be judged on "
+        "this checkpoint"
+    )
 
 
-def top1_agreement(scores: np.ndarray, fp32_scores: np.ndarray, queries: np.ndarray) -> dict[str, Any]:
+def top1_agreement(
+    scores: np.ndarray, fp32_scores: np.ndarray, queries: np.ndarray
+) -> dict[str, Any]:
     agree = scores[queries].argmax(axis=1) == fp32_scores[queries].argmax(axis=1)
-    return {"top1_agreement": float(agree.mean()) if agree.size else 0.0,
-            "queries": int(agree.size), "clear_spreads": CLEAR_SPREADS}
+    return {
+        "top1_agreement": float(agree.mean()) if agree.size else 0.0,
+        "queries": int(agree.size),
+        "clear_spreads": CLEAR_SPREADS,
+    }
 
 
 def embed_ranking_set(model: Any, pages: Sequence[Any], queries: Sequence[Any]) -> np.ndarray:
     """MaxSim scores of the perturbed copies (as queries) against the pages, by `model`."""
     batch = len(pages)
-    return maxsim(model.embed_images(queries, batch_size=batch), model.embed_images(pages, batch_size=batch))
+    return maxsim(
+        model.embed_images(queries, batch_size=batch), model.embed_images(pages, batch_size=batch)
+    )
 
 
 def mixed_page_batches(tokens: Sequence[int]) -> list[list[int]]:
@@ -345,8 +414,9 @@ def mixed_page_batches(tokens: Sequence[int]) -> list[list[int]]:
     return batches
 
 
-def _embed_gate_set(model: Any, queries: Sequence[tuple[str, str]],
-                    pages: Sequence[tuple[str, Any]]) -> dict[str, list[np.ndarray]]:
+def _embed_gate_set(
+    model: Any, queries: Sequence[tuple[str, str]], pages: Sequence[tuple[str, Any]]
+) -> dict[str, list[np.ndarray]]:
     """The gate set's vectors by `model`: every item alone, then the mixed batches (the pages in
     pairs of unlike lengths, `mixed_page_batches`; the three longest queries, of similar lengths,
     in one call)."""
@@ -363,11 +433,16 @@ def _embed_gate_set(model: Any, queries: Sequence[tuple[str, str]],
     alone_pages = [model.embed_images([p], batch_size=1)[0] for p in images]
     mixed_pages: list[Any] = [None] * len(images)
     for batch in mixed_page_batches([len(v) for v in alone_pages]):
-        for i, vectors in zip(batch, model.embed_images([images[i] for i in batch],
-                                                        batch_size=len(batch))):
+        for i, vectors in zip(
+            batch, model.embed_images([images[i] for i in batch], batch_size=len(batch))
+        ):
             mixed_pages[i] = vectors
-    return {"queries": alone_queries, "pages": alone_pages, "mixed_queries": mixed_queries,
-            "mixed_pages": mixed_pages}
+    return {
+        "queries": alone_queries,
+        "pages": alone_pages,
+        "mixed_queries": mixed_queries,
+        "mixed_pages": mixed_pages,
+    }
 
 
 def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarray, np.ndarray]]:
@@ -386,18 +461,23 @@ def _gate_items(queries, pages, got, want) -> list[tuple[str, str, int, np.ndarr
     return items
 
 
-def query_class_figures(reference: Fp32Reference, got: dict[str, list[np.ndarray]]
-                        ) -> dict[str, Any]:
+def query_class_figures(
+    reference: Fp32Reference, got: dict[str, list[np.ndarray]]
+) -> dict[str, Any]:
     """Per token class over the gate's queries, alone and in the mixed batch
     (`colembed.fidelity.class_figures`): each class's mean and min, and the worst token by text."""
     from colembed.fidelity import class_figures, token_cosines as row_cosines
 
     names = [name for name, _ in reference.queries]
     want, tokens = reference.want["queries"], reference.query_tokens
-    items = [(f"query: {n}", row_cosines(g, w), *t)
-             for n, g, w, t in zip(names, got["queries"], want, tokens)]
-    items += [(f"query in a mixed batch: {n}", row_cosines(g, w), *t)
-              for n, g, w, t in zip(names[-3:], got["mixed_queries"], want[-3:], tokens[-3:])]
+    items = [
+        (f"query: {n}", row_cosines(g, w), *t)
+        for n, g, w, t in zip(names, got["queries"], want, tokens)
+    ]
+    items += [
+        (f"query in a mixed batch: {n}", row_cosines(g, w), *t)
+        for n, g, w, t in zip(names[-3:], got["mixed_queries"], want[-3:], tokens[-3:])
+    ]
     return class_figures(items)
 
 
@@ -419,9 +499,13 @@ def gate_model(folder: Any, variant: str) -> Any:
 
     if variant in OPENVINO_VARIANTS:
         return colembed.load(folder, variant=variant, providers="openvino", verify=False)
-    return colembed.load(folder, variant=variant, **GATE_LOAD,
-                         session_config=GATE_SESSION_CONFIG.get(variant),
-                         execution_order=GATE_EXECUTION_ORDER.get(variant, "default"))
+    return colembed.load(
+        folder,
+        variant=variant,
+        **GATE_LOAD,
+        session_config=GATE_SESSION_CONFIG.get(variant),
+        execution_order=GATE_EXECUTION_ORDER.get(variant, "default"),
+    )
 
 
 def ran_on(model: Any) -> dict[str, Any]:
@@ -471,8 +555,9 @@ def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
             reference = gate_model(folder, BASE_VARIANT)
         with step("variants: gate set through fp32: run"):
             queries, pages = gate_queries(reference), gate_pages(reference)
-            query_tokens = [query_token_classes(reference.text_encoder, text)
-                            for _, text in queries]
+            query_tokens = [
+                query_token_classes(reference.text_encoder, text) for _, text in queries
+            ]
             want = _embed_gate_set(reference, queries, pages)
             fp32_scores = embed_ranking_set(reference, rank_pages, rank_queries)
         del reference
@@ -480,8 +565,15 @@ def fp32_reference(folder: Any, *, step: Any = None) -> Fp32Reference:
     clear = clear_winners(fp32_scores)
     if clear.size < MIN_CLEAR_QUERIES:
         raise ExportError(unjudgeable_ranking(fp32_scores))
-    return Fp32Reference(queries=queries, pages=pages, want=want, ranking=(rank_pages, rank_queries),
-                         scores=fp32_scores, clear=clear, query_tokens=query_tokens)
+    return Fp32Reference(
+        queries=queries,
+        pages=pages,
+        want=want,
+        ranking=(rank_pages, rank_queries),
+        scores=fp32_scores,
+        clear=clear,
+        query_tokens=query_tokens,
+    )
 
 
 def refusal_lines(name: str, figures: dict[str, Any], recipe: str | None = None) -> list[str]:
@@ -489,15 +581,23 @@ def refusal_lines(name: str, figures: dict[str, Any], recipe: str | None = None)
     variant's overall figures, its worst item by name and, when given, the recipe judged."""
     worst = figures["worst_item"]
     made = f"; {recipe}" if recipe else ""
-    return [f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min {figures['min_cosine']:.5f} "
-            f"over {figures['tokens']} tokens; worst item {worst!r}: min "
-            f"{figures['items'][worst]['min']:.5f}{made})" for miss in figures.get("misses", [])]
+    return [
+        f"{name}: {miss} (mean {figures['mean_cosine']:.5f}, min {figures['min_cosine']:.5f} "
+        f"over {figures['tokens']} tokens; worst item {worst!r}: min "
+        f"{figures['items'][worst]['min']:.5f}{made})"
+        for miss in figures.get("misses", [])
+    ]
 
 
-def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
-                      measured: dict[str, dict[str, Any]] | None = None, *,
-                      step: Any = None, reference: Fp32Reference | None = None
-                      ) -> tuple[dict[str, Any], list[str]]:
+def evaluate_variants(
+    folder: Any,
+    names: Sequence[str],
+    gates: dict[str, Any],
+    measured: dict[str, dict[str, Any]] | None = None,
+    *,
+    step: Any = None,
+    reference: Fp32Reference | None = None,
+) -> tuple[dict[str, Any], list[str]]:
     """Load each variant from `folder` and judge it against fp32 (`reference`, else run here:
     `fp32_reference`); returns ({variant: figures}, gate misses). A refused variant's figures
     hold its misses (`misses`). `measured` adds what each variant's recipes measured while
@@ -525,14 +625,24 @@ def evaluate_variants(folder: Any, names: Sequence[str], gates: dict[str, Any],
                 scores = embed_ranking_set(model, rank_pages, rank_queries)
             del model
             release_memory()
-            figures = cosine_figures(got["pages"] + got["mixed_pages"], want["pages"] * 2,
-                                     got["queries"] + got["mixed_queries"],
-                                     want["queries"] + want["queries"][-3:])
+            figures = cosine_figures(
+                got["pages"] + got["mixed_pages"],
+                want["pages"] * 2,
+                got["queries"] + got["mixed_queries"],
+                want["queries"] + want["queries"][-3:],
+            )
             figures.update(item_figures(_gate_items(queries, pages, got, want)))
             figures.update(query_class_figures(reference, got))
             figures["ranking"] = top1_agreement(scores, reference.scores, reference.clear)
-        figures.update({**(measured or {}).get(name, {}), "gate": gates[name].to_dict(),
-                        "pages": len(pages), "queries": len(queries), "ran_on": where})
+        figures.update(
+            {
+                **(measured or {}).get(name, {}),
+                "gate": gates[name].to_dict(),
+                "pages": len(pages),
+                "queries": len(queries),
+                "ran_on": where,
+            }
+        )
         misses = gates[name].misses(figures)
         if misses:
             figures["misses"] = misses
@@ -577,8 +687,9 @@ def calibration_feeds(folder: Any) -> dict[str, list[dict[str, np.ndarray]]]:
     # A long query of another sentence than the gate's: activation profiles of text tokens at
     # length, which pages (image tokens) do not show.
     encoder = runtime.text_encoder
-    long_query = repeated(CALIBRATION_SENTENCE, encoder.max_query_tokens // 2,
-                          encoder.count_query_tokens)
+    long_query = repeated(
+        CALIBRATION_SENTENCE, encoder.max_query_tokens // 2, encoder.count_query_tokens
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", QueryTruncatedWarning)
         runtime.embed_queries([long_query])

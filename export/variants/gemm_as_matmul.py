@@ -40,17 +40,24 @@ def gemms_as_matmuls(model: Any) -> int:
         a, w = node.inputs[0], node.inputs[1]
         c = node.inputs[2] if len(node.inputs) > 2 else None
         weight = _const_float(w)
-        if (weight is None or weight.ndim != 2 or _attribute(node, "transA", 0)
-                or _attribute(node, "alpha", 1.0) != 1.0
-                or (c is not None and _attribute(node, "beta", 1.0) != 1.0)):
+        if (
+            weight is None
+            or weight.ndim != 2
+            or _attribute(node, "transA", 0)
+            or _attribute(node, "alpha", 1.0) != 1.0
+            or (c is not None and _attribute(node, "beta", 1.0) != 1.0)
+        ):
             continue
         if _attribute(node, "transB", 0):
             name = f"{w.name}_t"
             matrix = np.array(weight.T, order="C")  # a copy: the mapping is released below
             del weight  # no view of the memory-mapped weight may outlive it
-            weight_value = ir.Value(name=name, shape=ir.Shape(matrix.shape),
-                                    type=ir.TensorType(ir.DataType.FLOAT),
-                                    const_value=ir.tensor(matrix, name=name))
+            weight_value = ir.Value(
+                name=name,
+                shape=ir.Shape(matrix.shape),
+                type=ir.TensorType(ir.DataType.FLOAT),
+                const_value=ir.tensor(matrix, name=name),
+            )
             graph.register_initializer(weight_value)
             if len(w.uses()) == 1:
                 release(w)

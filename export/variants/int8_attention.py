@@ -80,9 +80,12 @@ class _Consts:
         name = f"int8_attention_{name}"
         if name not in self.values:
             array = np.array(value, dtype)
-            v = ir.Value(name=name, shape=ir.Shape(array.shape),
-                         type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                         const_value=ir.tensor(array, name=name))
+            v = ir.Value(
+                name=name,
+                shape=ir.Shape(array.shape),
+                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+                const_value=ir.tensor(array, name=name),
+            )
             self.graph.register_initializer(v)
             self.values[name] = v
         return self.values[name]
@@ -103,14 +106,18 @@ def _head_body(c: _Consts, tokens: Any, head_dim: int, prefix: str) -> Any:
     nodes = []
 
     def add(op, inputs, domain="", **attributes):
-        node = ir.node(op, inputs, attributes or None, domain=domain,
-                       name=f"{prefix}_{op}_{len(nodes)}")
+        node = ir.node(
+            op, inputs, attributes or None, domain=domain, name=f"{prefix}_{op}_{len(nodes)}"
+        )
         node.outputs[0].name = f"{prefix}_{op}_{len(nodes)}_out"
         nodes.append(node)
         return node.outputs[0]
 
-    scores = add("MatMulIntegerToFloat", [q, k_t, q_scale, k_scale, c("u8_128", 128, np.uint8),
-                                          c("i8_0", 0, np.int8)], domain=MS_DOMAIN)
+    scores = add(
+        "MatMulIntegerToFloat",
+        [q, k_t, q_scale, k_scale, c("u8_128", 128, np.uint8), c("i8_0", 0, np.int8)],
+        domain=MS_DOMAIN,
+    )
     probs = add("Softmax", [scores], axis=-1)
     row_peak = add("ReduceMax", [probs, c("axis_last", [-1])], keepdims=0)
     row_scale = add("Mul", [row_peak, c("inv_prob_levels", 1 / PROB_LEVELS, np.float32)])
@@ -123,8 +130,9 @@ def _head_body(c: _Consts, tokens: Any, head_dim: int, prefix: str) -> Any:
     return ir.Graph([q, k_t, v, q_scale, k_scale], [out], nodes=nodes, name=f"{prefix}_head")
 
 
-def _rewrite(graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width: int,
-             softmax_scale: float) -> list[Any]:
+def _rewrite(
+    graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width: int, softmax_scale: float
+) -> list[Any]:
     import onnx_ir as ir
 
     prefix = node.name or f"mha_{id(node)}"
@@ -132,8 +140,9 @@ def _rewrite(graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width
     nodes: list[Any] = []
 
     def add(op, inputs, domain="", **attributes):
-        n = ir.node(op, inputs, attributes or None, domain=domain,
-                    name=f"{prefix}_int8_{op}_{len(nodes)}")
+        n = ir.node(
+            op, inputs, attributes or None, domain=domain, name=f"{prefix}_int8_{op}_{len(nodes)}"
+        )
         n.outputs[0].name = f"{prefix}_int8_{op}_{len(nodes)}_out"
         n.metadata_props.update(node.metadata_props)
         nodes.append(n)
@@ -149,8 +158,11 @@ def _rewrite(graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width
         return add("Reshape", [moved, per_head_shape])
 
     def peak_scale(x, axes, keepdims, code_peak):  # max |x| over axes / code_peak, floored
-        peak = add("ReduceMax", [add("Abs", [x]), c(f"axes_{'_'.join(map(str, axes))}", axes)],
-                   keepdims=keepdims)
+        peak = add(
+            "ReduceMax",
+            [add("Abs", [x]), c(f"axes_{'_'.join(map(str, axes))}", axes)],
+            keepdims=keepdims,
+        )
         peak = add("Max", [peak, c("floor", SCALE_FLOOR, np.float32)])
         return add("Mul", [peak, c(f"inv_code_peak_{code_peak}", 1 / code_peak, np.float32)])
 
@@ -158,25 +170,34 @@ def _rewrite(graph: Any, node: Any, c: _Consts, heads: int, head_dim: int, width
     q_scale = peak_scale(q, [1, 2], 0, CODE_PEAK)  # (B * heads,)
     k_scale = peak_scale(k, [1, 2], 0, SIGNED_CODE_PEAK)
     count = add("Shape", [q_scale])
-    q_codes = add("QuantizeLinear", [q, q_scale, add("Expand", [c("u8_128", 128, np.uint8), count])],
-                  axis=0)
-    k_codes = add("QuantizeLinear", [k, k_scale, add("Expand", [c("i8_0", 0, np.int8), count])],
-                  axis=0)
+    q_codes = add(
+        "QuantizeLinear", [q, q_scale, add("Expand", [c("u8_128", 128, np.uint8), count])], axis=0
+    )
+    k_codes = add(
+        "QuantizeLinear", [k, k_scale, add("Expand", [c("i8_0", 0, np.int8), count])], axis=0
+    )
     k_t = add("Transpose", [k_codes], perm=[0, 2, 1])
     v_scale = peak_scale(v, [1], 1, SIGNED_CODE_PEAK)  # (B * heads, 1, d): per channel
-    v_codes = add("QuantizeLinear", [add("Div", [v, v_scale]), c("one", 1.0, np.float32),
-                                     c("i8_0", 0, np.int8)])
+    v_codes = add(
+        "QuantizeLinear",
+        [add("Div", [v, v_scale]), c("one", 1.0, np.float32), c("i8_0", 0, np.int8)],
+    )
     qk_scale = add("Mul", [q_scale, c(f"softmax_scale_{head_dim}", softmax_scale, np.float32)])
     body = _head_body(c, None, head_dim, f"{prefix}_int8_body")
-    scan = ir.node("Scan", [q_codes, k_t, v_codes, qk_scale, k_scale],
-                   {"body": body, "num_scan_inputs": 5}, name=f"{prefix}_int8_Scan")
+    scan = ir.node(
+        "Scan",
+        [q_codes, k_t, v_codes, qk_scale, k_scale],
+        {"body": body, "num_scan_inputs": 5},
+        name=f"{prefix}_int8_Scan",
+    )
     scan.outputs[0].name = f"{prefix}_int8_Scan_out"
     scan.metadata_props.update(node.metadata_props)
     nodes.append(scan)
     out = add("Mul", [scan.outputs[0], v_scale])
     # (B * heads, T, d) -> (B, T, width)
-    grouped_shape = add("Concat", [c("minus1_heads", [-1, heads]), tokens, c("head_dim", [head_dim])],
-                        axis=0)
+    grouped_shape = add(
+        "Concat", [c("minus1_heads", [-1, heads]), tokens, c("head_dim", [head_dim])], axis=0
+    )
     out = add("Transpose", [add("Reshape", [out, grouped_shape])], perm=[0, 2, 1, 3])
     add("Reshape", [out, c("merge_heads", [0, 0, width])])
     return nodes
@@ -193,7 +214,7 @@ def int8_attentions(model: Any) -> int:
         if shape is None:
             continue
         heads, head_dim, width = shape
-        scale = _attr(node, "scale", 0.0) or head_dim ** -0.5
+        scale = _attr(node, "scale", 0.0) or head_dim**-0.5
         _swap_in(graph, node, _rewrite(graph, node, consts, heads, head_dim, width, scale))
         count += 1
     if count:

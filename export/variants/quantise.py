@@ -62,7 +62,9 @@ ROW_SCALE_FLOOR = 1e-30  # an all-zero row quantises to zeros instead of dividin
 WEIGHT_PASS_COUNTS = (1, 2)
 
 
-def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.ndarray, np.ndarray]:
+def quantised_weight(
+    weight: np.ndarray, levels: int = WEIGHT_PEAK
+) -> tuple[np.ndarray, np.ndarray]:
     """(int8 (K, M), fp32 scale (M,)): symmetric per output column in -levels..levels, zero
     point 0."""
     peak = np.abs(weight).max(axis=0)
@@ -71,8 +73,9 @@ def quantised_weight(weight: np.ndarray, levels: int = WEIGHT_PEAK) -> tuple[np.
     return quantised, scale
 
 
-def quantised_weight_passes(weight: np.ndarray, levels: int = WEIGHT_PEAK, passes: int = 1
-                            ) -> list[tuple[np.ndarray, np.ndarray]]:
+def quantised_weight_passes(
+    weight: np.ndarray, levels: int = WEIGHT_PEAK, passes: int = 1
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """`passes` (int8 codes, column scales) pairs whose scaled sum approximates `weight`: each
     pass quantises (per column, `quantised_weight`) what the passes before it left. Every pass's
     codes stay in -levels..levels, so each product is as exact on AVX2 as one pass's."""
@@ -95,18 +98,24 @@ class _Builder:
     def init(self, name: str, array: np.ndarray) -> Any:
         import onnx_ir as ir
 
-        value = ir.Value(name=name, shape=ir.Shape(array.shape), type=ir.TensorType(
-            ir.DataType.from_numpy(array.dtype)), const_value=ir.tensor(array, name=name))
+        value = ir.Value(
+            name=name,
+            shape=ir.Shape(array.shape),
+            type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
+            const_value=ir.tensor(array, name=name),
+        )
         self.graph.register_initializer(value)
         return value
 
     @staticmethod
-    def node(op: str, inputs: list[Any], name: str, outputs: int = 1, domain: str = "",
-             **attributes: Any) -> Any:
+    def node(
+        op: str, inputs: list[Any], name: str, outputs: int = 1, domain: str = "", **attributes: Any
+    ) -> Any:
         import onnx_ir as ir
 
-        node = ir.node(op, inputs, attributes=attributes, name=name, num_outputs=outputs,
-                       domain=domain)
+        node = ir.node(
+            op, inputs, attributes=attributes, name=name, num_outputs=outputs, domain=domain
+        )
         for i, out in enumerate(node.outputs):
             out.name = f"{name}_out{i}" if outputs > 1 else f"{name}_out"
         return node
@@ -118,19 +127,34 @@ def _tensor_activation(b: _Builder, x: Any, base: str) -> tuple[list[Any], dict[
     return [quant], {"q": xq, "scale": xs, "zero_point": xzp}
 
 
-def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.ndarray | None,
-                    peak: int = ACTIVATION_PEAK) -> tuple[list[Any], dict[str, Any]]:
+def _row_activation(
+    b: _Builder,
+    x: Any,
+    depth: int,
+    base: str,
+    outliers: np.ndarray | None,
+    peak: int = ACTIVATION_PEAK,
+) -> tuple[list[Any], dict[str, Any]]:
     nodes = [
-        b.node("Reshape", [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
-               f"{base}_rows"),
+        b.node(
+            "Reshape",
+            [x, b.init(f"{base}_rows_shape", np.array([-1, depth], np.int64))],
+            f"{base}_rows",
+        ),
     ]
     rows = nodes[-1].outputs[0]
     found: dict[str, Any] = {}
     if outliers is not None and outliers.size:
         mask = np.ones(depth, np.float32)
         mask[outliers] = 0.0
-        nodes.append(b.node("Gather", [rows, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
-                            f"{base}_outlier_cols", axis=1))
+        nodes.append(
+            b.node(
+                "Gather",
+                [rows, b.init(f"{base}_outlier_idx", outliers.astype(np.int64))],
+                f"{base}_outlier_cols",
+                axis=1,
+            )
+        )
         found["outlier_cols"] = nodes[-1].outputs[0]
         nodes.append(b.node("Mul", [rows, b.init(f"{base}_inlier_mask", mask)], f"{base}_inliers"))
         rows = nodes[-1].outputs[0]
@@ -142,33 +166,65 @@ def _row_activation(b: _Builder, x: Any, depth: int, base: str, outliers: np.nda
     high = nodes[-1].outputs[0]
     nodes.append(b.node("ReduceMin", [rows, axis1], f"{base}_low", keepdims=0))
     nodes.append(b.node("Neg", [nodes[-1].outputs[0]], f"{base}_low_neg"))
-    nodes.append(b.node("Max", [high, nodes[-1].outputs[0],
-                                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak,
-                                                                 np.float32))], f"{base}_floored"))
-    nodes.append(b.node("Mul", [nodes[-1].outputs[0],
-                                b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
-                        f"{base}_scale"))
+    nodes.append(
+        b.node(
+            "Max",
+            [
+                high,
+                nodes[-1].outputs[0],
+                b.init(f"{base}_floor", np.array(ROW_SCALE_FLOOR * peak, np.float32)),
+            ],
+            f"{base}_floored",
+        )
+    )
+    nodes.append(
+        b.node(
+            "Mul",
+            [nodes[-1].outputs[0], b.init(f"{base}_inv_peak", np.array(1.0 / peak, np.float32))],
+            f"{base}_scale",
+        )
+    )
     scale = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [scale], f"{base}_count"))
-    nodes.append(b.node("Expand", [b.init(f"{base}_zp_scalar", np.array(peak + 1, np.uint8)),
-                                   nodes[-1].outputs[0]], f"{base}_zps"))
-    nodes.append(b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant",
-                        axis=0))
+    nodes.append(
+        b.node(
+            "Expand",
+            [b.init(f"{base}_zp_scalar", np.array(peak + 1, np.uint8)), nodes[-1].outputs[0]],
+            f"{base}_zps",
+        )
+    )
+    nodes.append(
+        b.node("QuantizeLinear", [rows, scale, nodes[-1].outputs[0]], f"{base}_quant", axis=0)
+    )
     xq = nodes[-1].outputs[0]
-    nodes.append(b.node("Unsqueeze", [scale, b.init(f"{base}_axis1u", np.array([1], np.int64))],
-                        f"{base}_scale_col"))
+    nodes.append(
+        b.node(
+            "Unsqueeze",
+            [scale, b.init(f"{base}_axis1u", np.array([1], np.int64))],
+            f"{base}_scale_col",
+        )
+    )
     scale_col = nodes[-1].outputs[0]
     nodes.append(b.node("Shape", [x], f"{base}_shape", end=-1))
-    return nodes, {"q": xq, "scale": scale_col, "lead_shape": nodes[-1].outputs[0],
-                   "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)), **found}
+    return nodes, {
+        "q": xq,
+        "scale": scale_col,
+        "lead_shape": nodes[-1].outputs[0],
+        "zero_point": b.init(f"{base}_zp", np.array(peak + 1, np.uint8)),
+        **found,
+    }
 
 
-def quantise_matmuls(model: Any, schemes: Mapping[str, str],
-                     smoothing: Mapping[str, np.ndarray] | None = None, *,
-                     outliers: Mapping[str, np.ndarray] | None = None,
-                     weight_levels: int = WEIGHT_PEAK,
-                     activation_levels: int = ACTIVATION_PEAK,
-                     weight_passes: int = 1) -> dict[str, int]:
+def quantise_matmuls(
+    model: Any,
+    schemes: Mapping[str, str],
+    smoothing: Mapping[str, np.ndarray] | None = None,
+    *,
+    outliers: Mapping[str, np.ndarray] | None = None,
+    weight_levels: int = WEIGHT_PEAK,
+    activation_levels: int = ACTIVATION_PEAK,
+    weight_passes: int = 1,
+) -> dict[str, int]:
     """Rewrite every MatMul named in `schemes` ({node name: scheme}) in place; returns how many
     MatMuls got each scheme. `smoothing` maps a MatMul's name to the factors its weight's rows
     are multiplied by before quantising (the norm before it was divided by them already).
@@ -179,8 +235,10 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
     codes' pair sums must fit int16 on AVX2, so 8-bit weights need activations of 7 bits).
     `weight_passes` (one of WEIGHT_PASS_COUNTS): int8 codes per "row" weight."""
     if weight_levels * 2 * (2 * activation_levels + 1) > 32767:
-        raise ExportError(f"int8 weights of peak {weight_levels} with activations of peak "
-                          f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums")
+        raise ExportError(
+            f"int8 weights of peak {weight_levels} with activations of peak "
+            f"{activation_levels} overflow the AVX2 kernels' 16-bit pair sums"
+        )
     import onnx_ir as ir
     from onnx_ir.passes.common import RemoveUnusedNodesPass
 
@@ -228,8 +286,11 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
         key = (id(x), scheme)
         new: list[Any] = []
         if key not in activations:  # one activation quantisation per tensor, shared by its MatMuls
-            built = (_tensor_activation(b, x, base) if scheme == "tensor"
-                     else _row_activation(b, x, depth, base, split, activation_levels))
+            built = (
+                _tensor_activation(b, x, base)
+                if scheme == "tensor"
+                else _row_activation(b, x, depth, base, split, activation_levels)
+            )
             activations[key] = built
             new += built[0]
         act = activations[key][1]
@@ -244,36 +305,49 @@ def quantise_matmuls(model: Any, schemes: Mapping[str, str],
             scaled = b.node("Mul", [as_float.outputs[0], columns.outputs[0]], f"{base}_scaled")
             new += [product, as_float, columns, scaled]
             for i, (codes, fine) in enumerate(layers[1:], start=2):  # the residual passes
-                extra = b.node("MatMulInteger", [act["q"], b.init(f"{base}_w{i}_int8", codes),
-                                                 act["zero_point"], wzp], f"{base}_int{i}")
+                extra = b.node(
+                    "MatMulInteger",
+                    [act["q"], b.init(f"{base}_w{i}_int8", codes), act["zero_point"], wzp],
+                    f"{base}_int{i}",
+                )
                 cast = b.node("Cast", [extra.outputs[0]], f"{base}_float{i}", to=ir.DataType.FLOAT)
-                cols = b.node("Mul", [act["scale"], b.init(f"{base}_w{i}_scale", fine)],
-                              f"{base}_columns{i}")
+                cols = b.node(
+                    "Mul", [act["scale"], b.init(f"{base}_w{i}_scale", fine)], f"{base}_columns{i}"
+                )
                 part = b.node("Mul", [cast.outputs[0], cols.outputs[0]], f"{base}_scaled{i}")
                 scaled = b.node("Add", [scaled.outputs[0], part.outputs[0]], f"{base}_sum{i}")
                 new += [extra, cast, cols, part, scaled]
             if outlier_rows is not None:
                 if "outlier_cols" not in act:
-                    raise ExportError(f"{node.name}: MatMuls reading one activation name other "
-                                      "outlier channels")
-                exact = b.node("MatMul", [act["outlier_cols"],
-                                          b.init(f"{base}_w_outliers", outlier_rows)],
-                               f"{base}_outlier_product")
+                    raise ExportError(
+                        f"{node.name}: MatMuls reading one activation name other outlier channels"
+                    )
+                exact = b.node(
+                    "MatMul",
+                    [act["outlier_cols"], b.init(f"{base}_w_outliers", outlier_rows)],
+                    f"{base}_outlier_product",
+                )
                 scaled = b.node("Add", [scaled.outputs[0], exact.outputs[0]], f"{base}_joined")
                 new += [exact, scaled]
         if scheme == "row":
-            shape = b.node("Concat", [act["lead_shape"], b.init(f"{base}_width",
-                                                                np.array([width], np.int64))],
-                           f"{base}_out_shape", axis=0)
-            new += [shape, b.node("Reshape", [scaled.outputs[0], shape.outputs[0]],
-                                  f"{base}_unrows")]
+            shape = b.node(
+                "Concat",
+                [act["lead_shape"], b.init(f"{base}_width", np.array([width], np.int64))],
+                f"{base}_out_shape",
+                axis=0,
+            )
+            new += [
+                shape,
+                b.node("Reshape", [scaled.outputs[0], shape.outputs[0]], f"{base}_unrows"),
+            ]
         _swap_in(graph, node, new)
     RemoveUnusedNodesPass()(model)
     return counts
 
 
-def quantised_weight_4bit(weight: np.ndarray, block_size: int, symmetric: bool = False
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantised_weight_4bit(
+    weight: np.ndarray, block_size: int, symmetric: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed (N, blocks, block/2) uint8, scales (N, blocks) fp32, zero points (N, ceil(blocks/2))
     uint8) of a (K, N) fp32 weight: 4-bit blocks of `block_size` along K, asymmetric (or
     `symmetric`: codes around 8, the zero points unused), by onnxruntime's own kernel
@@ -294,8 +368,9 @@ def quantised_weight_4bit(weight: np.ndarray, block_size: int, symmetric: bool =
     return packed, scales, zero_points
 
 
-def quantised_weight_8bit(weight: np.ndarray, block_size: int, symmetric: bool = False
-                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def quantised_weight_8bit(
+    weight: np.ndarray, block_size: int, symmetric: bool = False
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(packed (N, blocks, block) uint8, scales (N, blocks) fp32, zero points (N, blocks) uint8)
     of a (K, N) fp32 weight: 8-bit blocks along K (asymmetric, or `symmetric` around 128), by
     onnxruntime's own kernel."""
@@ -312,8 +387,15 @@ def quantised_weight_8bit(weight: np.ndarray, block_size: int, symmetric: bool =
     return packed, scales, zero_points
 
 
-def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
-                          accuracy_level: int, bits: int = 4, symmetric: bool = False) -> int:
+def quantise_int4_matmuls(
+    model: Any,
+    nodes: list[Any],
+    *,
+    block_size: int,
+    accuracy_level: int,
+    bits: int = 4,
+    symmetric: bool = False,
+) -> int:
     """Replace each MatMul in `nodes` (constant 2-D fp32 weight) by com.microsoft MatMulNBits
     (4 inputs: A, packed weight, scales, zero points, asymmetric; or, `symmetric`, 3 inputs: the
     kernel's default zero point 2^(bits-1)), weight by weight, releasing each fp32 mapping after
@@ -331,8 +413,9 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         if array is None or array.ndim != 2:
             raise ExportError(f"{node.name}: int4 needs a constant 2-D fp32 weight")
         depth, width = array.shape
-        packed, scales, zero_points = (quantised_weight_8bit if bits == 8
-                                       else quantised_weight_4bit)(array, block_size, symmetric)
+        packed, scales, zero_points = (
+            quantised_weight_8bit if bits == 8 else quantised_weight_4bit
+        )(array, block_size, symmetric)
         del array
         if len(w.uses()) == 1:
             release(w)
@@ -340,9 +423,17 @@ def quantise_int4_matmuls(model: Any, nodes: list[Any], *, block_size: int,
         inputs = [x, b.init(f"{base}_w_q4", packed), b.init(f"{base}_w_scales", scales)]
         if not symmetric:
             inputs.append(b.init(f"{base}_w_zero_points", zero_points))
-        nbits = b.node("MatMulNBits", inputs,
-                       f"{base}_q{bits}", domain="com.microsoft", K=depth, N=width, bits=bits,
-                       block_size=block_size, accuracy_level=accuracy_level)
+        nbits = b.node(
+            "MatMulNBits",
+            inputs,
+            f"{base}_q{bits}",
+            domain="com.microsoft",
+            K=depth,
+            N=width,
+            bits=bits,
+            block_size=block_size,
+            accuracy_level=accuracy_level,
+        )
         _swap_in(model.graph, node, [nbits])
     if nodes:
         model.opset_imports.setdefault("com.microsoft", 1)

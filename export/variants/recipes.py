@@ -122,17 +122,22 @@ class Gate:
     def misses(self, figures: dict[str, Any]) -> list[str]:
         misses = []
         if figures.get("non_finite_tokens"):
-            misses.append(f"{figures['non_finite_tokens']} of {figures['tokens']} token embeddings "
-                          "hold inf or NaN: the variant graph overflowed")
+            misses.append(
+                f"{figures['non_finite_tokens']} of {figures['tokens']} token embeddings "
+                "hold inf or NaN: the variant graph overflowed"
+            )
         by_role = figures.get("fp16_gemm_peak") or {}  # {role: peak}, from convert_fp16
         peak = None if not by_role or None in by_role.values() else max(by_role.values())
         if self.fp16_peak is not None and (peak is None or not peak < self.fp16_peak):
-            where = next((figures["fp16_gemm_peak_at"][r] for r, v in by_role.items() if v == peak), None)
+            where = next(
+                (figures["fp16_gemm_peak_at"][r] for r, v in by_role.items() if v == peak), None
+            )
             misses.append(
                 f"a value entering or leaving an fp16 GEMM reaches {peak} ({where}) on the sample inputs "
                 f"(limit {self.fp16_peak:.0f} = fp16's {FP16_MAX:.0f} / {FP16_HEADROOM:.0f}): it "
                 "overflows where the GEMMs run in fp16 (DirectML); onnxruntime's CPU provider runs "
-                "them in fp32 and cannot show it")
+                "them in fp32 and cannot show it"
+            )
         if not figures["mean_cosine"] >= self.mean_cosine:
             misses.append(f"mean cosine {figures['mean_cosine']:.5f} < {self.mean_cosine}")
         for bucket, row in (figures.get("buckets") or {}).items():
@@ -142,30 +147,53 @@ class Gate:
             low_mean = not row["mean"] >= self.mean_cosine
             low_min = self.min_cosine is not None and not row["min"] >= self.min_cosine
             if low_mean or low_min:
-                what = (f"mean cosine {row['mean']:.5f} < {self.mean_cosine}" if low_mean else
-                        f"min cosine {row['min']:.5f} < {self.min_cosine}")
-                misses.append(f"query tokens of class {kind!r} ({row['tokens']} tokens): {what}; "
-                              f"worst {describe_token(row['worst'])}")
+                what = (
+                    f"mean cosine {row['mean']:.5f} < {self.mean_cosine}"
+                    if low_mean
+                    else f"min cosine {row['min']:.5f} < {self.min_cosine}"
+                )
+                misses.append(
+                    f"query tokens of class {kind!r} ({row['tokens']} tokens): {what}; "
+                    f"worst {describe_token(row['worst'])}"
+                )
         if self.min_cosine is not None and not figures["min_cosine"] >= self.min_cosine:
             items = figures.get("items") or {}
-            failing = sorted((n for n, row in items.items() if not row["min"] >= self.min_cosine),
-                             key=lambda n: items[n]["min"])
-            named = ("; below it: " + ", ".join(f"{n} ({items[n]['tokens']} tokens, min "
-                                                f"{items[n]['min']:.4f})" for n in failing[:8])
-                     if failing else "")
-            token = (f"; worst query {describe_token(figures['worst_token'])}"
-                     if figures.get("worst_token") else "")
-            misses.append(f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}{named}"
-                          f"{token}")
+            failing = sorted(
+                (n for n, row in items.items() if not row["min"] >= self.min_cosine),
+                key=lambda n: items[n]["min"],
+            )
+            named = (
+                "; below it: "
+                + ", ".join(
+                    f"{n} ({items[n]['tokens']} tokens, min {items[n]['min']:.4f})"
+                    for n in failing[:8]
+                )
+                if failing
+                else ""
+            )
+            token = (
+                f"; worst query {describe_token(figures['worst_token'])}"
+                if figures.get("worst_token")
+                else ""
+            )
+            misses.append(
+                f"min cosine {figures['min_cosine']:.5f} < {self.min_cosine}{named}{token}"
+            )
         ranking = figures.get("ranking")
         if ranking is not None and not ranking["top1_agreement"] >= self.top1_agreement:
-            misses.append(f"top-1 agreement {ranking['top1_agreement']:.3f} < "
-                          f"{self.top1_agreement} on {ranking['queries']} clear-winner queries")
+            misses.append(
+                f"top-1 agreement {ranking['top1_agreement']:.3f} < "
+                f"{self.top1_agreement} on {ranking['queries']} clear-winner queries"
+            )
         return misses
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mean_cosine": self.mean_cosine, "min_cosine": self.min_cosine,
-                "top1_agreement": self.top1_agreement, "fp16_peak": self.fp16_peak}
+        return {
+            "mean_cosine": self.mean_cosine,
+            "min_cosine": self.min_cosine,
+            "top1_agreement": self.top1_agreement,
+            "fp16_peak": self.fp16_peak,
+        }
 
 
 @dataclass(frozen=True)
@@ -206,19 +234,27 @@ GATES = {
 INT8_RECIPES = {"int8": 1, "int8x2": 2}
 
 VARIANTS: dict[str, VariantSpec] = {
-    "int8": VariantSpec("int8", {"vision": "int8", "text": "int8"}, GATES["int8"],
-                        fallback={"vision": "int8x2", "text": "int8x2"}),
+    "int8": VariantSpec(
+        "int8",
+        {"vision": "int8", "text": "int8"},
+        GATES["int8"],
+        fallback={"vision": "int8x2", "text": "int8x2"},
+    ),
     "int4": VariantSpec("int4", {"vision": "int8", "text": "int4"}, GATES["int4"]),
     "fp16": VariantSpec("fp16", {"vision": "fp16", "text": "fp16"}, GATES["fp16"]),
     # OpenVINO's (colembed.sessions.OPENVINO_VARIANTS: the precision each is compiled with).
     # openvino-bf16 runs the openvino graph files (written once) at bf16 inference precision.
-    "openvino": VariantSpec("openvino", {"vision": "openvino", "text": "openvino"},
-                            GATES["openvino"]),
-    "openvino-bf16": VariantSpec("openvino-bf16", {"vision": "openvino", "text": "openvino"},
-                                 GATES["openvino-bf16"]),
-    "openvino-int8": VariantSpec("openvino-int8",
-                                 {"vision": "openvino-int8", "text": "openvino-int8"},
-                                 GATES["openvino-int8"]),
+    "openvino": VariantSpec(
+        "openvino", {"vision": "openvino", "text": "openvino"}, GATES["openvino"]
+    ),
+    "openvino-bf16": VariantSpec(
+        "openvino-bf16", {"vision": "openvino", "text": "openvino"}, GATES["openvino-bf16"]
+    ),
+    "openvino-int8": VariantSpec(
+        "openvino-int8",
+        {"vision": "openvino-int8", "text": "openvino-int8"},
+        GATES["openvino-int8"],
+    ),
 }
 
 
@@ -232,8 +268,9 @@ def parse_variants(variants: Sequence[str] | str) -> list[str]:
         if not name or name == BASE_VARIANT:
             continue
         if name not in VARIANTS:
-            raise ExportError(f"unknown variant {raw!r}; known: {sorted(VARIANTS)} (fp32 is always "
-                              "written)")
+            raise ExportError(
+                f"unknown variant {raw!r}; known: {sorted(VARIANTS)} (fp32 is always written)"
+            )
         if name not in names:
             names.append(name)
     return names
@@ -244,8 +281,9 @@ def int8_recipe(weight_passes: int) -> str:
     for recipe, passes in INT8_RECIPES.items():
         if passes == weight_passes:
             return recipe
-    raise ExportError(f"int8 weight passes must be one of {sorted(INT8_RECIPES.values())}, not "
-                      f"{weight_passes!r}")
+    raise ExportError(
+        f"int8 weight passes must be one of {sorted(INT8_RECIPES.values())}, not {weight_passes!r}"
+    )
 
 
 def recipe_attempts(name: str, int8_weight_passes: int | None = None) -> list[dict[str, str]]:
@@ -257,8 +295,12 @@ def recipe_attempts(name: str, int8_weight_passes: int | None = None) -> list[di
     spec = VARIANTS[name]
     if int8_weight_passes is not None:
         forced = int8_recipe(int8_weight_passes)
-        return [{role: forced if recipe in INT8_RECIPES else recipe
-                 for role, recipe in spec.recipes.items()}]
+        return [
+            {
+                role: forced if recipe in INT8_RECIPES else recipe
+                for role, recipe in spec.recipes.items()
+            }
+        ]
     return [dict(spec.recipes)] + ([dict(spec.fallback)] if spec.fallback else [])
 
 
@@ -277,7 +319,11 @@ def recipe_label(recipes: dict[str, str]) -> str:
     passes = weight_passes_of(recipes)
     if passes is None:
         return "recipes " + ", ".join(f"{role} {r}" for role, r in recipes.items())
-    return "one int8 code per weight" if passes == 1 else f"{NUMBERS.get(passes, passes)} int8 codes per weight"
+    return (
+        "one int8 code per weight"
+        if passes == 1
+        else f"{NUMBERS.get(passes, passes)} int8 codes per weight"
+    )
 
 
 def quiet_quantisers() -> None:
@@ -291,12 +337,19 @@ def weight_matmuls(model: Any) -> list[Any]:
     """The MatMuls with a constant 2-D fp32 weight (what int8 quantises)."""
     from ..graphs.edits import ONNX_DOMAINS, _const_float
 
-    return [n for n in model.graph if n.op_type == "MatMul" and n.domain in ONNX_DOMAINS
-            and _const_float(n.inputs[1]) is not None and _const_float(n.inputs[1]).ndim == 2]
+    return [
+        n
+        for n in model.graph
+        if n.op_type == "MatMul"
+        and n.domain in ONNX_DOMAINS
+        and _const_float(n.inputs[1]) is not None
+        and _const_float(n.inputs[1]).ndim == 2
+    ]
 
 
-def outlier_channels(profiles: Sequence[Any], ratio: float | None = None,
-                     most: int | None = None) -> Any:
+def outlier_channels(
+    profiles: Sequence[Any], ratio: float | None = None, most: int | None = None
+) -> Any:
     """Input channels whose max |value| exceeds `ratio` x the median channel's, on any one
     calibration item (each item's own profile: a page's image tokens set other channel maxima
     than a query's text tokens), at most `most` (the largest first), sorted."""
@@ -314,13 +367,18 @@ def outlier_channels(profiles: Sequence[Any], ratio: float | None = None,
     return np.sort(found)
 
 
-def quantize_int8(src: Path, work: Path | None = None, *,
-                  calibration: Sequence[dict[str, Any]] | None = None,
-                  scheme: str = INT8_ACTIVATIONS, alpha: float | None = SMOOTHING_ALPHA,
-                  weight_levels: int | None = None,
-                  activation_levels: int | None = None,
-                  weight_passes: int = 1,
-                  attention: bool | None = None) -> tuple[Any, dict[str, Any]]:
+def quantize_int8(
+    src: Path,
+    work: Path | None = None,
+    *,
+    calibration: Sequence[dict[str, Any]] | None = None,
+    scheme: str = INT8_ACTIVATIONS,
+    alpha: float | None = SMOOTHING_ALPHA,
+    weight_levels: int | None = None,
+    activation_levels: int | None = None,
+    weight_passes: int = 1,
+    attention: bool | None = None,
+) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
     fp32 graph): SmoothQuant smoothing and, for the "row" scheme, outlier channels kept fp32.
@@ -349,8 +407,13 @@ def quantize_int8(src: Path, work: Path | None = None, *,
         inputs = sorted({n.inputs[0].name for n in matmuls})
         per_feed = channel_maxima_per_feed(src, inputs, calibration)
         if alpha is not None:
-            factors = smoothing_factors(model, src, calibration, alpha=alpha,
-                                        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()})
+            factors = smoothing_factors(
+                model,
+                src,
+                calibration,
+                alpha=alpha,
+                maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
+            )
         if scheme == "row":
             for node in matmuls:
                 s = factors.get(node.name)
@@ -358,17 +421,28 @@ def quantize_int8(src: Path, work: Path | None = None, *,
                 found = outlier_channels(profiles)
                 if found.size:
                     outliers[node.name] = found
-    levels = {"weights": weight_levels or quantise.WEIGHT_PEAK,
-              "activations": activation_levels or quantise.ACTIVATION_PEAK}
-    counts = quantise.quantise_matmuls(model, {n.name: scheme for n in matmuls}, factors,
-                                       outliers=outliers, weight_levels=levels["weights"],
-                                       activation_levels=levels["activations"],
-                                       weight_passes=weight_passes)
+    levels = {
+        "weights": weight_levels or quantise.WEIGHT_PEAK,
+        "activations": activation_levels or quantise.ACTIVATION_PEAK,
+    }
+    counts = quantise.quantise_matmuls(
+        model,
+        {n.name: scheme for n in matmuls},
+        factors,
+        outliers=outliers,
+        weight_levels=levels["weights"],
+        activation_levels=levels["activations"],
+        weight_passes=weight_passes,
+    )
     paths = {n.name: module_path(n) for n in matmuls}
-    return model, {"int8_activations": scheme, "int8_code_peaks": levels,
-                   "int8_matmuls": counts, "int8_attentions": attentions,
-                   "smoothed": len(factors),
-                   "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()}}
+    return model, {
+        "int8_activations": scheme,
+        "int8_code_peaks": levels,
+        "int8_matmuls": counts,
+        "int8_attentions": attentions,
+        "smoothed": len(factors),
+        "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()},
+    }
 
 
 def int4_bits(path: str, role_bits: Sequence[tuple[str, int]] = ()) -> int:
@@ -377,10 +451,15 @@ def int4_bits(path: str, role_bits: Sequence[tuple[str, int]] = ()) -> int:
     return next((bits for fragment, bits in role_bits if fragment in path), INT4_DEFAULT_BITS)
 
 
-def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
-                  accuracy_level: int = INT4_ACCURACY_LEVEL, symmetric: bool = INT4_SYMMETRIC,
-                  role_bits: Sequence[tuple[str, int]] = INT4_ROLE_BITS,
-                  block_size_8bit: int = INT4_BLOCK_SIZE_8BIT) -> Any:
+def quantize_int4(
+    src: Path,
+    *,
+    block_size: int = INT4_BLOCK_SIZE,
+    accuracy_level: int = INT4_ACCURACY_LEVEL,
+    symmetric: bool = INT4_SYMMETRIC,
+    role_bits: Sequence[tuple[str, int]] = INT4_ROLE_BITS,
+    block_size_8bit: int = INT4_BLOCK_SIZE_8BIT,
+) -> Any:
     """MatMulNBits weight-only blocks (4 or 8 bits per MatMul by `role_bits`, or left fp32), every
     MatMul with a constant 2-D weight; written weight by weight from the memory-mapped fp32 graph
     (quantise.quantise_int4_matmuls) by onnxruntime's own block quantiser. The defaults are the
@@ -397,16 +476,24 @@ def quantize_int4(src: Path, *, block_size: int = INT4_BLOCK_SIZE,
         groups.setdefault(int4_bits(module_path(node), role_bits), []).append(node)
     unknown = sorted(set(groups) - {4, 8, 32})
     if unknown:
-        raise ExportError(f"int4 recipe: bits {unknown} in role_bits {list(role_bits)}; "
-                          "known: 4, 8 (MatMulNBits) and 32 (fp32)")
+        raise ExportError(
+            f"int4 recipe: bits {unknown} in role_bits {list(role_bits)}; "
+            "known: 4, 8 (MatMulNBits) and 32 (fp32)"
+        )
     for bits, block in ((4, block_size), (8, block_size_8bit)):
         by_block: dict[int, list[Any]] = {}
         for node in groups.get(bits, []):
             depth = node.inputs[1].shape[0]
             by_block.setdefault(fitting_block(int(depth), block), []).append(node)
         for fitted, nodes in sorted(by_block.items()):
-            quantise_int4_matmuls(model, nodes, block_size=fitted,
-                                  accuracy_level=accuracy_level, bits=bits, symmetric=symmetric)
+            quantise_int4_matmuls(
+                model,
+                nodes,
+                block_size=fitted,
+                accuracy_level=accuracy_level,
+                bits=bits,
+                symmetric=symmetric,
+            )
     return model
 
 
@@ -420,8 +507,12 @@ def fitting_block(depth: int, block: int, smallest: int = 16) -> int:
     return block
 
 
-def convert_fp16(src: Path, calibration: Sequence[dict[str, Any]] | None, *,
-                 safe_peak: float | None = FP16_SAFE_PEAK) -> tuple[Any, dict[str, Any]]:
+def convert_fp16(
+    src: Path,
+    calibration: Sequence[dict[str, Any]] | None,
+    *,
+    safe_peak: float | None = FP16_SAFE_PEAK,
+) -> tuple[Any, dict[str, Any]]:
     """fp16 weights and weight-GEMMs, everything else fp32 (see the module docstring); a GEMM
     whose input or output reaches `safe_peak` on the `calibration` feeds stays fp32 (None: none
     is kept, for tests that show what the gate refuses). Returns (ir.Model, figures): the
@@ -436,18 +527,20 @@ def convert_fp16(src: Path, calibration: Sequence[dict[str, Any]] | None, *,
     paths = {node.name: module_path(node) for node in model.graph if node.name in peaks}
     half_precision_gemms(model, keep_scopes=FP16_KEEP_SCOPES, keep_nodes=kept)
     island = max((n for n in peaks if n not in kept), key=peaks.__getitem__, default=None)
-    return model, {"fp16_gemm_peak": peaks[island] if calibration and island else None,
-                   "fp16_gemm_peak_at": paths.get(island),
-                   "fp16_kept_fp32": sorted(paths[n] for n in kept)}
+    return model, {
+        "fp16_gemm_peak": peaks[island] if calibration and island else None,
+        "fp16_gemm_peak_at": paths.get(island),
+        "fp16_kept_fp32": sorted(paths[n] for n in kept),
+    }
 
 
-def make_graph(recipe: str, src: Path, work: Path,
-               calibration: Sequence[dict[str, Any]] | None) -> tuple[Any, dict[str, Any]]:
+def make_graph(
+    recipe: str, src: Path, work: Path, calibration: Sequence[dict[str, Any]] | None
+) -> tuple[Any, dict[str, Any]]:
     """The variant graph of one role as an onnx_ir Model (not yet sorted nor saved), and what the
     recipe measured on the way (recorded with the variant's check, read by its gate)."""
     if recipe in INT8_RECIPES:
-        return quantize_int8(src, work, calibration=calibration,
-                             weight_passes=INT8_RECIPES[recipe])
+        return quantize_int8(src, work, calibration=calibration, weight_passes=INT8_RECIPES[recipe])
     if recipe == "int4":
         return quantize_int4(src), {}
     if recipe == "fp16":

@@ -48,8 +48,9 @@ log = logging.getLogger("colembed_export")
 
 
 def _weight_bytes(model: Any) -> int:
-    return sum(v.const_value.nbytes for v in model.graph.initializers.values()
-               if v.const_value is not None)
+    return sum(
+        v.const_value.nbytes for v in model.graph.initializers.values() if v.const_value is not None
+    )
 
 
 def save_graph(model: Any, folder: Path, file: str, external: bool) -> tuple[str, str | None]:
@@ -65,8 +66,12 @@ def save_graph(model: Any, folder: Path, file: str, external: bool) -> tuple[str
     external = external or _weight_bytes(model) > EXTERNAL_DATA_THRESHOLD
     if not external:  # tensors a quantiser left in its own external file come inline
         ir.external_data.load_to_model(model)
-    ir.save(model, path, external_data=data_name if external else None,
-            size_threshold_bytes=1024 if external else 0)
+    ir.save(
+        model,
+        path,
+        external_data=data_name if external else None,
+        size_threshold_bytes=1024 if external else 0,
+    )
     try:
         onnx.checker.check_model(os.fspath(path), full_check=False)
     except onnx.checker.ValidationError as e:
@@ -85,14 +90,20 @@ class _GraphWriter:
     recorded once, when the first calibrated recipe needs them, and kept for a later attempt.
     `step(name)` wraps each part (the exporter's StepMeter: time and peak RSS of each)."""
 
-    def __init__(self, staging: Path, graphs: dict[str, GraphEntry], say: Callable[[str], None],
-                 step: Callable[[str], Any] = no_step) -> None:
+    def __init__(
+        self,
+        staging: Path,
+        graphs: dict[str, GraphEntry],
+        say: Callable[[str], None],
+        step: Callable[[str], Any] = no_step,
+    ) -> None:
         self.staging, self.graphs, self.say, self.step = staging, graphs, say, step
         self.written: dict[tuple[str, str], tuple[GraphEntry, dict[str, Any]]] = {}
         self.calibration: dict[str, Any] | None = None
 
-    def write(self, plan: dict[str, dict[str, str]]
-              ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
+    def write(
+        self, plan: dict[str, dict[str, str]]
+    ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
         """Each variant's graph entries for its recipes in `plan` ({variant: {role: recipe}}),
         and per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
         from .gates import calibration_feeds
@@ -112,13 +123,19 @@ class _GraphWriter:
                         self.say(f"writing the {role} graph of the {name} variant ({recipe})")
                         with self.step(f"variants: make the {role} graph ({recipe})"):
                             model, figures = make_graph(
-                                recipe, self.staging / fp32.file, Path(tmp),
-                                self.calibration[role] if recipe in CALIBRATED_RECIPES else None)
+                                recipe,
+                                self.staging / fp32.file,
+                                Path(tmp),
+                                self.calibration[role] if recipe in CALIBRATED_RECIPES else None,
+                            )
                             cleared = finish(model)
                         with self.step(f"variants: save the {role} graph ({recipe})"):
-                            file, data_file = save_graph(model, self.staging,
-                                                         f"{role}.{recipe}.onnx",
-                                                         external=fp32.data_file is not None)
+                            file, data_file = save_graph(
+                                model,
+                                self.staging,
+                                f"{role}.{recipe}.onnx",
+                                external=fp32.data_file is not None,
+                            )
                             del model
                         log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
                         if recipe in OPENVINO_RECIPES:  # the form must be OpenVINO's exactly
@@ -126,11 +143,18 @@ class _GraphWriter:
 
                             problems = openvino_problems(self.staging / file)
                             if problems:
-                                raise ExportError(f"{file}: not in OpenVINO's form: "
-                                                  + "; ".join(problems))
+                                raise ExportError(
+                                    f"{file}: not in OpenVINO's form: " + "; ".join(problems)
+                                )
                         self.written[(role, recipe)] = (
-                            GraphEntry(file=file, data_file=data_file, opset=fp32.opset,
-                                       contract=fp32.contract), figures)
+                            GraphEntry(
+                                file=file,
+                                data_file=data_file,
+                                opset=fp32.opset,
+                                contract=fp32.contract,
+                            ),
+                            figures,
+                        )
                     entries[name][role], figures = self.written[(role, recipe)]
                     for key, value in figures.items():
                         measured[name].setdefault(key, {})[role] = value
@@ -151,9 +175,13 @@ class _GraphWriter:
         return removed
 
 
-def _write_graphs(staging: Path, graphs: dict[str, GraphEntry], plan: dict[str, dict[str, str]],
-                  say: Callable[[str], None], step: Callable[[str], Any] = no_step
-                  ) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
+def _write_graphs(
+    staging: Path,
+    graphs: dict[str, GraphEntry],
+    plan: dict[str, dict[str, str]],
+    say: Callable[[str], None],
+    step: Callable[[str], Any] = no_step,
+) -> tuple[dict[str, dict[str, GraphEntry]], dict[str, dict[str, Any]]]:
     """Each variant's graph files for its recipes in `plan` ({variant: {role: recipe}}, e.g.
     `recipe_attempts(name)[0]`) and what its recipes measured, without the gate (the fidelity
     benchmarks judge one recipe)."""
@@ -164,18 +192,25 @@ def verdict(figures: dict[str, Any]) -> dict[str, Any]:
     """What the manifest keeps of a refused attempt: its recipes, its overall and per-bucket
     figures, its worst item by name and the gate's misses."""
     worst = figures["worst_item"]
-    return {"recipes": figures["recipes"], "int8_weight_passes": figures.get("int8_weight_passes"),
-            "mean_cosine": figures["mean_cosine"], "min_cosine": figures["min_cosine"],
-            "buckets": figures["buckets"], "worst_item": worst,
-            "worst_item_min": figures["items"][worst]["min"] if worst else None,
-            "misses": figures.get("misses", [])}
+    return {
+        "recipes": figures["recipes"],
+        "int8_weight_passes": figures.get("int8_weight_passes"),
+        "mean_cosine": figures["mean_cosine"],
+        "min_cosine": figures["min_cosine"],
+        "buckets": figures["buckets"],
+        "worst_item": worst,
+        "worst_item_min": figures["items"][worst]["min"] if worst else None,
+        "misses": figures.get("misses", []),
+    }
 
 
 def summary(name: str, figures: dict[str, Any]) -> str:
     """One line on a variant's check: its figures, which recipe was written and, when an attempt
     before it was refused, that attempt's figures and worst item (the CLI prints it)."""
-    line = (f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
-            f"{figures['min_cosine']:.5f}")
+    line = (
+        f"{name}: per-token cosine to fp32 mean {figures['mean_cosine']:.5f}, min "
+        f"{figures['min_cosine']:.5f}"
+    )
     if "ranking" in figures:
         line += f"; top-1 agreement {figures['ranking']['top1_agreement']:.3f}"
     if figures.get("worst_token"):
@@ -183,9 +218,11 @@ def summary(name: str, figures: dict[str, Any]) -> str:
     if weight_passes_of(figures.get("recipes") or {}) is not None:
         line += f"; {recipe_label(figures['recipes'])}"
     for refused in figures.get("refused_attempts", []):
-        line += (f" ({recipe_label(refused['recipes'])} refused by the gate: mean "
-                 f"{refused['mean_cosine']:.5f}, min {refused['min_cosine']:.5f}, worst item "
-                 f"{refused['worst_item']!r} min {refused['worst_item_min']:.5f})")
+        line += (
+            f" ({recipe_label(refused['recipes'])} refused by the gate: mean "
+            f"{refused['mean_cosine']:.5f}, min {refused['min_cosine']:.5f}, worst item "
+            f"{refused['worst_item']!r} min {refused['worst_item_min']:.5f})"
+        )
     return line
 
 
@@ -195,8 +232,14 @@ class VariantsRefused(ExportError):
     every variant's figures (a benchmark reports a refusal from them). The exporter writes the
     folder without the refused ones, then raises this with `written` set to it."""
 
-    def __init__(self, message: str, *, refused: Sequence[str], kept: Sequence[str],
-                 checks: dict[str, dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        refused: Sequence[str],
+        kept: Sequence[str],
+        checks: dict[str, dict[str, Any]],
+    ) -> None:
         super().__init__(message)
         self.refused, self.kept, self.checks = list(refused), list(kept), checks
         self.written: Path | None = None
@@ -243,8 +286,9 @@ def write_variants(
     try:
         reference = fp32_reference(staging, step=step)
     except ExportError as error:
-        raise VariantsRefused(f"no variant was made ({', '.join(names)}): {error}", refused=names,
-                              kept=[], checks={}) from error
+        raise VariantsRefused(
+            f"no variant was made ({', '.join(names)}): {error}", refused=names, kept=[], checks={}
+        ) from error
     writer = _GraphWriter(staging, graphs, say, step)
     entries, measured = writer.write({n: attempts[n][0] for n in names})
     write_manifest(entries)
@@ -269,22 +313,27 @@ def write_variants(
             lines[name] += refusal_lines(name, figures, label)
             if tried < len(attempts[name]):
                 refused[name].append(verdict(figures))
-                say(f"{name}: {label} refused by the gate (mean {figures['mean_cosine']:.5f}, "
+                say(
+                    f"{name}: {label} refused by the gate (mean {figures['mean_cosine']:.5f}, "
                     f"min {figures['min_cosine']:.5f}; worst item {figures['worst_item']!r}); "
-                    f"trying {recipe_label(attempts[name][tried])}")
+                    f"trying {recipe_label(attempts[name][tried])}"
+                )
                 retry.append(name)
         if not retry:
             break
-        with step("variants: the next recipe for " + ", ".join(
-                f"{n} ({recipe_label(attempts[n][tried])})" for n in retry)):
+        with step(
+            "variants: the next recipe for "
+            + ", ".join(f"{n} ({recipe_label(attempts[n][tried])})" for n in retry)
+        ):
             # the refused attempt's files go first (unless another variant uses them): the disk
             # holds one attempt's graphs at a time
             writer.remove_unused({n: e for n, e in entries.items() if n not in retry})
             again, measured = writer.write({n: attempts[n][tried] for n in retry})
             entries.update(again)
             write_manifest(entries)
-            found, _ = evaluate_variants(staging, retry, gates, measured, step=step,
-                                         reference=reference)
+            found, _ = evaluate_variants(
+                staging, retry, gates, measured, step=step, reference=reference
+            )
         tried += 1
     for name, figures in results.items():
         if refused[name]:
@@ -297,9 +346,21 @@ def write_variants(
         raise VariantsRefused(
             f"variant check failed against fp32; not written: {', '.join(failed)}:\n  "
             + "\n  ".join(line for name in failed for line in lines[name]),
-            refused=failed, kept=list(kept), checks=results)
+            refused=failed,
+            kept=list(kept),
+            checks=results,
+        )
     return results
 
 
-__all__ = ["GATES", "VARIANTS", "Gate", "VariantSpec", "VariantsRefused", "parse_variants",
-           "save_graph", "summary", "write_variants"]
+__all__ = [
+    "GATES",
+    "VARIANTS",
+    "Gate",
+    "VariantSpec",
+    "VariantsRefused",
+    "parse_variants",
+    "save_graph",
+    "summary",
+    "write_variants",
+]

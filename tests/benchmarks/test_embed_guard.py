@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def guard():
     from benchmarks.embed import against
@@ -35,7 +36,9 @@ def test_one_query_sample_runs_every_query_once_per_pass(guard, exported_tiny):
     embedder.load("colembed", variant="fp32", folder=str(exported_tiny.folder), threads=1)
     asked = []
     real = embedder.model.embed_queries
-    embedder.model.embed_queries = lambda texts, **kw: asked.append(list(texts)) or real(texts, **kw)
+    embedder.model.embed_queries = lambda texts, **kw: asked.append(list(texts)) or real(
+        texts, **kw
+    )
     got = embedder.time("q1", repeats=2)
     assert got["calls"] == 2 * guard.SINGLE_QUERIES == len(asked)
     assert all(len(texts) == 1 for texts in asked)
@@ -65,8 +68,9 @@ def test_the_other_versions_export_is_reused(guard, tmp_path, monkeypatch):
         guard.ref_export(tmp_path, tmp_path / "ckpt", tmp_path / "model-new", progress=print)
 
 
-def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tmp_path,
-                                                                         monkeypatch):
+def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(
+    guard, tmp_path, monkeypatch
+):
     """This checkout's export in --workdir (embed_models.EXPORTER_STAMP) is reused only when the
     exporter source that wrote it is the one running now: an A/B of an exporter change must time
     the new graphs, not whatever a previous checkout left there. The export itself is replaced by
@@ -79,15 +83,17 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(guard, tm
     def record(ckpt, folder, *, overwrite, variants, progress):
         # the real exporter refuses to replace a folder holding anything it did not write
         assert not folder.exists() or [p.name for p in folder.iterdir()] == [
-            embed_models.MANIFEST_NAME], "the bench left a foreign file in the export folder"
+            embed_models.MANIFEST_NAME
+        ], "the bench left a foreign file in the export folder"
         exports.append(list(variants))
         folder.mkdir(exist_ok=True)
         manifest = {"variants": {v: {} for v in ["fp32", *variants]}}
         (folder / embed_models.MANIFEST_NAME).write_text(json.dumps(manifest))
 
     monkeypatch.setattr(exporter, "export_model", record)
-    args = SimpleNamespace(family="colqwen2", vision_depth=1, text_layers=1,
-                           variants=["fp32", "int8"])
+    args = SimpleNamespace(
+        family="colqwen2", vision_depth=1, text_layers=1, variants=["fp32", "int8"]
+    )
     tag = "2b-v1-t1"
     ckpt = tmp_path / f"ckpt-{tag}"
     ckpt.mkdir()

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = sorted(p for p in (ROOT / "benchmarks" / "experiments").glob("*.py")
-                     if p.name != "__init__.py")
+EXPERIMENTS = sorted(
+    p for p in (ROOT / "benchmarks" / "experiments").glob("*.py") if p.name != "__init__.py"
+)
 
 
 def test_there_are_experiments_to_check():
@@ -23,7 +24,8 @@ def test_experiment_opens_with_question_answer_and_note(path):
     lines = doc.splitlines()
     assert len(lines) >= 3, f"{path.name}: the docstring is shorter than the three-line header"
     for line, label in zip(lines, ("Question: ", "Answer: ", "Note: ")):
-        assert line.startswith(label) and line[len(label):].strip(), \
+        assert line.startswith(label) and line[len(label) :].strip(), (
             f"{path.name}: expected a {label.strip()} line, got {line!r}"
-    note = lines[2][len("Note: "):].strip()
+        )
+    note = lines[2][len("Note: ") :].strip()
     assert (ROOT / note).is_file(), f"{path.name}: its note {note} does not exist"

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def flops():
     from benchmarks.shared import flops
@@ -25,8 +26,11 @@ def manifest_parts(folder: Path):
     from colembed_export.families import export_family
 
     model, facts = load(folder, export_family(check_architecture(folder).name))
-    parts = {"architecture": facts.architecture, "preprocess": facts.preprocess.to_dict(),
-             "vision_attention": facts.vision_attention.to_dict()}
+    parts = {
+        "architecture": facts.architecture,
+        "preprocess": facts.preprocess.to_dict(),
+        "vision_attention": facts.vision_attention.to_dict(),
+    }
     if facts.vision_extras is not None:
         parts["vision_extras"] = facts.vision_extras.to_dict()
     return model, parts
@@ -42,8 +46,12 @@ def linear_flops(modules, run) -> float:
         rows = args[0].numel() // module.in_features
         counted.append(2 * rows * module.in_features * module.out_features)
 
-    hooks = [m.register_forward_hook(hook) for top in modules for m in top.modules()
-             if isinstance(m, torch.nn.Linear)]
+    hooks = [
+        m.register_forward_hook(hook)
+        for top in modules
+        for m in top.modules()
+        if isinstance(m, torch.nn.Linear)
+    ]
     try:
         with torch.no_grad():
             run()
@@ -76,8 +84,11 @@ def test_deepstack_mergers_are_counted_as_the_work_they_do(flops, tmp_path_facto
     assert deepstack == shapes.deepstack_layers * flops.merger_flops(shapes, patches)
     assert linear_flops([visual.merger], run) == flops.merger_flops(shapes, patches)
     page = flops.page_flops(shapes, patches // shapes.merge, patches // shapes.merge + 11)
-    assert page["total"] - flops.page_flops(without, patches // shapes.merge,
-                                            patches // shapes.merge + 11)["total"] == deepstack
+    assert (
+        page["total"]
+        - flops.page_flops(without, patches // shapes.merge, patches // shapes.merge + 11)["total"]
+        == deepstack
+    )
 
 
 def test_families_without_deepstack_count_none(flops, tiny_checkpoint):
@@ -98,8 +109,9 @@ def test_language_model_counts_use_the_declared_head_dim(flops, tmp_path):
     import torch
     from colembed_export.testing.tiny_qwen3 import PRESETS_3, build_checkpoint_3
 
-    spec = dataclasses.replace(PRESETS_3["tiny-3"], name="tiny-3-wide-heads", text_head_dim=32,
-                               mrope_section=(4, 6, 6))
+    spec = dataclasses.replace(
+        PRESETS_3["tiny-3"], name="tiny-3-wide-heads", text_head_dim=32, mrope_section=(4, 6, 6)
+    )
     assert spec.text_head_dim != spec.text_hidden // spec.text_heads
     model, parts = manifest_parts(build_checkpoint_3(tmp_path / "ckpt", spec, seed=0))
     shapes = flops.Shapes.from_manifest(parts)
@@ -107,8 +119,10 @@ def test_language_model_counts_use_the_declared_head_dim(flops, tmp_path):
     tokens = 13
     ids = torch.arange(1000, 1000 + tokens).unsqueeze(0)
     mask = torch.ones_like(ids)
-    linear = linear_flops([model.vlm.model.language_model, model.embedding_proj_layer],
-                          lambda: model(input_ids=ids, attention_mask=mask))
+    linear = linear_flops(
+        [model.vlm.model.language_model, model.embedding_proj_layer],
+        lambda: model(input_ids=ids, attention_mask=mask),
+    )
     assert flops.text_flops(shapes, tokens) - flops.text_attention_flops(shapes, tokens) == linear
     q_width = model.vlm.model.language_model.layers[0].self_attn.q_proj.out_features
     assert q_width == spec.text_heads * spec.text_head_dim
@@ -120,10 +134,21 @@ def test_a_manifest_without_the_head_dim_reads_it_from_the_rotary_sections():
     which is hidden / heads for every ColQwen2 and ColQwen2.5 (Qwen2-VL-2B: 2 x 64 = 1536 / 12)."""
     from colembed.manifest import Architecture
 
-    old = {"text_hidden": 1536, "text_layers": 28, "text_heads": 12, "text_kv_heads": 2,
-           "text_intermediate": 8960, "mrope_section": [16, 24, 24], "rope_theta": 1e6,
-           "vocab_size": 151936, "vision_depth": 32, "vision_embed_dim": 1280, "vision_heads": 16,
-           "vision_mlp_ratio": 4.0, "embedding_dim": 128}
+    old = {
+        "text_hidden": 1536,
+        "text_layers": 28,
+        "text_heads": 12,
+        "text_kv_heads": 2,
+        "text_intermediate": 8960,
+        "mrope_section": [16, 24, 24],
+        "rope_theta": 1e6,
+        "vocab_size": 151936,
+        "vision_depth": 32,
+        "vision_embed_dim": 1280,
+        "vision_heads": 16,
+        "vision_mlp_ratio": 4.0,
+        "embedding_dim": 128,
+    }
     assert Architecture.from_dict(old).text_head_dim == 128
     assert Architecture.from_dict({**old, "text_head_dim": 96}).text_head_dim == 96
     assert Architecture.from_dict(Architecture.from_dict(old).to_dict()).text_head_dim == 128

@@ -76,11 +76,22 @@ def edits_sys_path(path: Path) -> bool:
     touches `sys.path`."""
     text = path.read_text(encoding="utf-8")
     tree = ast.parse(text, str(path))
-    code_strings = [n.value for n in ast.walk(tree)
-                    if isinstance(n, ast.Constant) and isinstance(n.value, str) and "\n" in n.value
-                    and "import" in n.value]
-    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr == "path"
-            and isinstance(n.value, ast.Name) and n.value.id == "sys"]
+    code_strings = [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant)
+        and isinstance(n.value, str)
+        and "\n" in n.value
+        and "import" in n.value
+    ]
+    uses = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Attribute)
+        and n.attr == "path"
+        and isinstance(n.value, ast.Name)
+        and n.value.id == "sys"
+    ]
     return bool(uses) or any("sys.path" in code for code in code_strings)
 
 
@@ -101,8 +112,9 @@ def violations(folder: Path) -> list[str]:
                 out.append(f"{where}:{line} imports {target}")
             missing = set(names) - top_level_names(known[target]) - {"*"}
             if missing:
-                out.append(f"{where}:{line} imports {sorted(missing)} that {target} does not "
-                           "define")
+                out.append(
+                    f"{where}:{line} imports {sorted(missing)} that {target} does not define"
+                )
     return out
 
 
@@ -123,7 +135,7 @@ def test_the_check_sees_a_suite_import_a_lazy_one_a_missing_name_and_a_path_edit
         "shared/gen.py": "def page():\n    from benchmarks.b import main\n",
         "a/__init__.py": "",
         "a/__main__.py": "from benchmarks.shared.common import X\nfrom .part import job\n"
-                         "def helper(): pass\n",
+        "def helper(): pass\n",
         "a/part.py": "from benchmarks.shared import common\ndef job(): pass\n",
         "b.py": "def main():\n    from benchmarks.a.part import job\n",
         "c.py": "from benchmarks.shared.common import Y\nimport sys\nsys.path.insert(0, '.')\n",

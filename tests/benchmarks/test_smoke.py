@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+
 @pytest.fixture(scope="module")
 def bench():
     """The index suite's store jobs, ingest job and report (benchmarks.index)."""
@@ -28,16 +29,24 @@ def test_the_store_jobs_feed_the_report(bench, tmp_path, monkeypatch):
     pages, folder = 8, tmp_path / "edge"
     build = stores.worker_build("edge", pages, folder, data)
     assert build["insert_s"] > 0 and build["disk_mib"] > 0
-    by_backend = {b: {**build, **stores.worker_query(b, pages, folder, data)}
-                  for b in stores.EDGE_BACKENDS}
+    by_backend = {
+        b: {**build, **stores.worker_query(b, pages, folder, data)} for b in stores.EDGE_BACKENDS
+    }
     quality = by_backend["edge-two-stage"]
     # a new folder (schema 3) has no rows / cols: the plans reading them are skipped
     ran = {b for b in stores.EDGE_BACKENDS if b not in ("edge-mean-gated", "edge-previous")}
     assert quality["needle_at_10"] == {b: 1.0 for b in ran}
     assert quality["score_max_abs_diff_vs_numpy"] < 1e-2  # float16 storage
     by_backend["numpy"] = stores.worker_numpy(pages)
-    table = report.markdown({"machine": machine_info(), "load_before": [0.0], "load_after": [0.0],
-                             "stores": {f"{data}:{pages}": by_backend}, "ingest": {}})
+    table = report.markdown(
+        {
+            "machine": machine_info(),
+            "load_before": [0.0],
+            "load_after": [0.0],
+            "stores": {f"{data}:{pages}": by_backend},
+            "ingest": {},
+        }
+    )
     for backend in by_backend:
         assert f"| {backend} |" in table
     assert f"## {pages:,} pages, {data} set" in table

@@ -76,5 +76,7 @@ def test_a_step_keeps_its_peak_across_its_sub_steps():
     assert outer.peak_rss_gb - write.peak_rss_gb > 0.25  # the 300 MB before the sub-steps
     assert gate.peak_rss_gb - write.peak_rss_gb > 0.15
     assert outer.peak_rss_gb >= gate.peak_rss_gb
-    assert outer.peak_anon_gb - write.peak_anon_gb > 0.25 and outer.peak_anon_gb >= gate.peak_anon_gb
+    assert (
+        outer.peak_anon_gb - write.peak_anon_gb > 0.25 and outer.peak_anon_gb >= gate.peak_anon_gb
+    )
     assert gate.peak_anon_gb - write.peak_anon_gb > 0.15

@@ -18,13 +18,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCUMENTS = sorted({ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "CHANGELOG.md",
-                    ROOT / "SECURITY.md", *(ROOT / "docs").glob("*.md"),
-                    *(ROOT / "benchmarks").rglob("*.md")})
+DOCUMENTS = sorted(
+    {
+        ROOT / "README.md",
+        ROOT / "ARCHITECTURE.md",
+        ROOT / "CHANGELOG.md",
+        ROOT / "SECURITY.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "benchmarks").rglob("*.md"),
+    }
+)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 CODE = re.compile(r"`([^`\n]+)`")
-PATH = re.compile(r"(?<![\w./-])((?:benchmarks|docs|colembed|export|tests|results)/[\w./+*{},-]*"
-                  r"[\w*}])")
+PATH = re.compile(
+    r"(?<![\w./-])((?:benchmarks|docs|colembed|export|tests|results)/[\w./+*{},-]*"
+    r"[\w*}])"
+)
 ROOTS = ("benchmarks/", "docs/", "colembed/", "export/", "tests/")
 # paths the docs name that are not this repository's files, each with what it is
 NOT_OURS = {
@@ -39,8 +48,11 @@ def expand(path: str) -> list[str]:
     m = re.search(r"\{([^}]*)\}", path)
     if not m:
         return [path]
-    return [x for alt in m.group(1).split(",")
-            for x in expand(path[: m.start()] + alt + path[m.end():])]
+    return [
+        x
+        for alt in m.group(1).split(",")
+        for x in expand(path[: m.start()] + alt + path[m.end() :])
+    ]
 
 
 def cited_paths(text: str) -> list[str]:
@@ -70,8 +82,11 @@ def missing(document: Path) -> list[str]:
             if "*" in path:
                 if not list(base.glob(path)):
                     out.append(f"pattern {cited}")
-            elif path.startswith(ROOTS + ("results/",)) and "." in Path(path).name \
-                    and not (base / path).exists():
+            elif (
+                path.startswith(ROOTS + ("results/",))
+                and "." in Path(path).name
+                and not (base / path).exists()
+            ):
                 out.append(f"path {cited}")
     return out
 
@@ -83,9 +98,15 @@ def test_every_cited_file_exists(document):
 
 def test_the_check_finds_a_missing_link_path_and_pattern(tmp_path):
     doc = tmp_path / "doc.md"
-    doc.write_text("[here](gone.md) and [web](https://example.org) and [ok](doc.md)\n"
-                   "`benchmarks/results/never/there.md` and `results/nothing-{a,b}.json`\n"
-                   "`results/no-such-*` but not `--out benchmarks/results/new.md`\n")
-    assert missing(doc) == ["link gone.md", "path benchmarks/results/never/there.md",
-                            "path results/nothing-{a,b}.json", "path results/nothing-{a,b}.json",
-                            "pattern results/no-such-*"]
+    doc.write_text(
+        "[here](gone.md) and [web](https://example.org) and [ok](doc.md)\n"
+        "`benchmarks/results/never/there.md` and `results/nothing-{a,b}.json`\n"
+        "`results/no-such-*` but not `--out benchmarks/results/new.md`\n"
+    )
+    assert missing(doc) == [
+        "link gone.md",
+        "path benchmarks/results/never/there.md",
+        "path results/nothing-{a,b}.json",
+        "path results/nothing-{a,b}.json",
+        "pattern results/no-such-*",
+    ]

@@ -76,8 +76,9 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def _allowed(group: list[str]) -> bool:
-    return any(all(m.startswith(prefixes) for m in group)
-               for prefixes in CIRCLES_ALLOWED_FOR_NOW.values())
+    return any(
+        all(m.startswith(prefixes) for m in group) for prefixes in CIRCLES_ALLOWED_FOR_NOW.values()
+    )
 
 
 def test_no_import_circles_but_the_named_ones():
@@ -96,9 +97,12 @@ def test_the_finder_sees_lazy_and_type_checking_circles(tmp_path):
     (package / "a.py").write_text("from .b import helper\n")
     (package / "b.py").write_text("def helper():\n    from . import c\n    return c\n")
     (package / "c.py").write_text("import pkg.a\n")
-    (package / "d.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
-                                  "    from .e import E\n")
+    (package / "d.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .e import E\n"
+    )
     (package / "e.py").write_text("from .d import x\n")
     (package / "f.py").write_text("from .a import helper\n")
-    assert circles(import_graph({"pkg": package})) == [["pkg.a", "pkg.b", "pkg.c"],
-                                                       ["pkg.d", "pkg.e"]]
+    assert circles(import_graph({"pkg": package})) == [
+        ["pkg.a", "pkg.b", "pkg.c"],
+        ["pkg.d", "pkg.e"],
+    ]

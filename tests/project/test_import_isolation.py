@@ -19,8 +19,17 @@ from pathlib import Path
 import colembed
 
 PACKAGE = Path(colembed.__file__).parent
-HEAVY = ("torch", "transformers", "onnxruntime", "fastembed", "onnx", "peft", "scipy", "openvino",
-         "nncf")
+HEAVY = (
+    "torch",
+    "transformers",
+    "onnxruntime",
+    "fastembed",
+    "onnx",
+    "peft",
+    "scipy",
+    "openvino",
+    "nncf",
+)
 
 # argv[1]: the code to run first; prints one JSON line: the heavy modules loaded.
 PROBE = """
@@ -81,8 +90,10 @@ def test_the_core_the_index_and_the_cli_load_no_web_framework():
     `colembed --help`, nor by colembed.serve's stdlib modules (the CLI's options, limits)."""
     assert loaded_after("import colembed, colembed.index", WEB) == []
     assert loaded_after(HELP, WEB) == []
-    assert loaded_after("import colembed.serve, colembed.serve.options, colembed.serve.limits",
-                        WEB) == []
+    assert (
+        loaded_after("import colembed.serve, colembed.serve.options, colembed.serve.limits", WEB)
+        == []
+    )
     assert "fastapi" in loaded_after("import colembed.serve.app", WEB)  # the probe sees it
 
 
@@ -125,14 +136,20 @@ OWNERS = {
     "colembed_export": {"cli"},
     "peft": set(),  # merging a LoRA adapter at export: colembed_export only (export/families/qwen2_5/adapter.py)
     "huggingface_hub": {"registry"},
-    "qdrant_edge": {"index.edge", "index.lexical"},  # the index's two stores, each behind the store interface
+    "qdrant_edge": {
+        "index.edge",
+        "index.lexical",
+    },  # the index's two stores, each behind the store interface
     "qdrant_client": {"index.server"},
     "pypdfium2": {"index.sources"},
     "tqdm": {"index.index"},
     "scipy": {"index.pooling"},  # Ward linkage for index-time token pooling, on first use
     "ray": {"distributed.__init__", "distributed.pipeline"},  # the ray extra
-    "pyarrow": {"distributed.targets", "distributed.pipeline",
-                "evaluation.labelled"},  # `colembed eval` reading ViDoRe / MTEB Parquet
+    "pyarrow": {
+        "distributed.targets",
+        "distributed.pipeline",
+        "evaluation.labelled",
+    },  # `colembed eval` reading ViDoRe / MTEB Parquet
     # the serve extra: the web framework lives in colembed.serve.app and the middleware before
     # it (serve.guards), the server in serve.run and its protocol (serve.connections)
     "fastapi": {"serve.app", "serve.guards"},

@@ -28,27 +28,61 @@ def test_models_json_has_one_source_at_the_top_level():
     # a source checkout reads that very file
     assert registry.models_json_path().resolve() == TOP_LEVEL.resolve()
     assert [e.model for e in registry.known_models()] == [
-        m["model"] for m in json.loads(TOP_LEVEL.read_text(encoding="utf-8"))["models"]]
+        m["model"] for m in json.loads(TOP_LEVEL.read_text(encoding="utf-8"))["models"]
+    ]
 
 
 @pytest.mark.slow
 def test_sdist_and_wheel_ship_models_json_and_one_version(tmp_path):
     # built from a copy: setuptools writes build/ and *.egg-info next to the sources
-    source = shutil.copytree(ROOT, tmp_path / "src", ignore=shutil.ignore_patterns(
-        ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
-        ".hypothesis"))
+    source = shutil.copytree(
+        ROOT,
+        tmp_path / "src",
+        ignore=shutil.ignore_patterns(
+            ".venv",
+            ".git",
+            "build",
+            "dist",
+            "*.egg-info",
+            "__pycache__",
+            ".pytest_cache",
+            ".hypothesis",
+        ),
+    )
     # the sdist, as `python -m build` makes it first, then the wheel built from the unpacked sdist
-    subprocess.run([sys.executable, "-c", "import sys; from setuptools import build_meta; "
-                    "build_meta.build_sdist(sys.argv[1])", str(tmp_path / "sdist")],
-                   cwd=source, check=True, timeout=300, capture_output=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from setuptools import build_meta; build_meta.build_sdist(sys.argv[1])",
+            str(tmp_path / "sdist"),
+        ],
+        cwd=source,
+        check=True,
+        timeout=300,
+        capture_output=True,
+    )
     (sdist,) = (tmp_path / "sdist").glob("colembed-*.tar.gz")
     with tarfile.open(sdist) as archive:
         archive.extractall(tmp_path / "unpacked", filter="data")
     (unpacked,) = (tmp_path / "unpacked").iterdir()
     assert (unpacked / "models.json").read_bytes() == TOP_LEVEL.read_bytes()
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(unpacked), "--no-deps",
-                    "--no-build-isolation", "-q", "-w", str(tmp_path / "dist")], check=True,
-                   timeout=300)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(unpacked),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path / "dist"),
+        ],
+        check=True,
+        timeout=300,
+    )
     (wheel,) = (tmp_path / "dist").glob("colembed-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()

@@ -45,10 +45,14 @@ def readme_folder(exported_tiny_default, tmp_path, monkeypatch):
     noise_page(150, 210, seed=1).save(tmp_path / "page1.png")
     noise_page(210, 150, seed=2).save(tmp_path / "page2.jpg", quality=95)
     (tmp_path / "reports").mkdir()  # the Index example's folder of PDFs and its multi-page scan
-    noise_page(170, 220, seed=3).save(tmp_path / "reports" / "old.pdf",
-                                      save_all=True, append_images=[noise_page(220, 170, seed=4)])
-    noise_page(160, 200, seed=5).save(tmp_path / "scan.tiff", save_all=True,
-                                      append_images=[noise_page(200, 160, seed=6)])
+    noise_page(170, 220, seed=3).save(
+        tmp_path / "reports" / "old.pdf",
+        save_all=True,
+        append_images=[noise_page(220, 170, seed=4)],
+    )
+    noise_page(160, 200, seed=5).save(
+        tmp_path / "scan.tiff", save_all=True, append_images=[noise_page(200, 160, seed=6)]
+    )
     (tmp_path / "maps").mkdir()
     monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(cache))
     monkeypatch.chdir(tmp_path)
@@ -94,8 +98,7 @@ def test_fastembed_page_examples_run_as_written(readme_folder):
     hits = namespace["hits"]
     assert [hit.id for hit in hits] == indices[0].tolist()
     assert np.allclose([hit.score for hit in hits], exact[0], atol=1e-4, rtol=0)
-    assert [hit.payload["file"] for hit in hits] == [namespace["page_files"][i]
-                                                     for i in indices[0]]
+    assert [hit.payload["file"] for hit in hits] == [namespace["page_files"][i] for i in indices[0]]
     # MUVERA: the sizes the comment states
     assert namespace["page_fde"].shape == (20 * 2**5 * 16,) == (10240,)
     assert namespace["query_fde"].shape == (10240,)

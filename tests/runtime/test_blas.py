@@ -78,6 +78,7 @@ def test_the_openblas_of_numpys_wheel_is_found_and_limits_only_this_thread():
 
     def other():  # another thread's count is untouched by this thread's block
         seen["other"] = limit(limit(3))  # set 3, read back by setting it again
+
     with blas.one_thread():
         assert limit(1) == 1  # inside the block this thread's count is 1
         t = threading.Thread(target=other)

@@ -14,8 +14,9 @@ from colembed.layout import MANIFEST_NAME
 
 
 def test_feeds_follow_the_contracts_names_and_order():
-    text = colqwen2_contracts(patch_dim=1176, vision_head_dim=80, text_hidden=1536,
-                              embedding_dim=128)["text"]
+    text = colqwen2_contracts(
+        patch_dim=1176, vision_head_dim=80, text_hidden=1536, embedding_dim=128
+    )["text"]
     arrays = [np.zeros(1) for _ in text.inputs]
     feeds = text.feeds(*arrays)
     assert list(feeds) == [spec.name for spec in text.inputs]
@@ -24,11 +25,14 @@ def test_feeds_follow_the_contracts_names_and_order():
         text.feeds(*arrays[:4])
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda c: c["inputs"][4]["dims"].__setitem__(1, 7), "input image_features"),
-    (lambda c: c["inputs"].reverse(), "inputs \\['image_features'"),
-    (lambda c: c["outputs"][0].__setitem__("dtype", "float16"), "output embeddings"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda c: c["inputs"][4]["dims"].__setitem__(1, 7), "input image_features"),
+        (lambda c: c["inputs"].reverse(), "inputs \\['image_features'"),
+        (lambda c: c["outputs"][0].__setitem__("dtype", "float16"), "output embeddings"),
+    ],
+)
 def test_a_manifest_contract_unlike_colqwen2s_is_refused(copy_model_folder, edit, message):
     folder = copy_model_folder()
     manifest = json.loads((folder / MANIFEST_NAME).read_text())

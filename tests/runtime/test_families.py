@@ -47,8 +47,10 @@ def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, pre
     config = json.loads((folder / "config.json").read_text())
     vision = config.get("vlm_config", config)["vision_config"]
     assert family_of_backbone(config) is COLQWEN2_5 and family_of_checkpoint(config) is COLQWEN2_5
-    assert read_preprocess_config(folder).vision_head_dim == \
-        vision["hidden_size"] // vision["num_heads"]
+    assert (
+        read_preprocess_config(folder).vision_head_dim
+        == vision["hidden_size"] // vision["num_heads"]
+    )
     text = config.get("vlm_config", config)["text_config"]
     assert COLQWEN2_5.merger_width(vision) == vision["out_hidden_size"] == text["hidden_size"]
 
@@ -56,10 +58,13 @@ def test_colqwen2_5_head_dim_is_its_hidden_size_over_heads(tmp_path_factory, pre
 def test_a_name_of_the_other_family_is_never_read(tiny_checkpoint, tmp_path):
     """Qwen2-VL's `hidden_size` is its merger's output: without `embed_dim` the folder is refused,
     never read through the other family's name."""
+
     def drop_embed_dim(config):
         del config["vlm_config"]["vision_config"]["embed_dim"]
 
-    vision = json.loads((tiny_checkpoint / "config.json").read_text())["vlm_config"]["vision_config"]
+    vision = json.loads((tiny_checkpoint / "config.json").read_text())["vlm_config"][
+        "vision_config"
+    ]
     assert COLQWEN2.merger_width(vision) == vision["hidden_size"] != vision["embed_dim"]
     folder = _edit_config(tiny_checkpoint, tmp_path, drop_embed_dim)
     with pytest.raises(ModelFolderError, match=r"vision_config\.embed_dim .*colqwen2 checkpoint"):
@@ -77,28 +82,41 @@ def test_an_unknown_backbone_is_refused_naming_it(tiny_checkpoint, tmp_path):
 def test_a_vision_rope_base_the_reference_ignores_is_refused(tiny_checkpoint, tmp_path):
     """4.57.1's Qwen2-VL tower fixes its rotary base at 10000: a checkpoint asking for another
     is refused naming the field, never exported as if it were 10000."""
+
     def theta(value):
         def edit(config):
             config["vlm_config"]["vision_config"]["rope_parameters"] = {
-                "rope_type": "axial", "rope_theta": value}
+                "rope_type": "axial",
+                "rope_theta": value,
+            }
+
         return edit
 
-    assert read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path / "a", theta(10000.0))) \
-        .vision_rope_theta == 10000.0
-    with pytest.raises(ModelFolderError, match=r"vision_config\.rope_parameters\.rope_theta is 5000"):
+    assert (
+        read_preprocess_config(
+            _edit_config(tiny_checkpoint, tmp_path / "a", theta(10000.0))
+        ).vision_rope_theta
+        == 10000.0
+    )
+    with pytest.raises(
+        ModelFolderError, match=r"vision_config\.rope_parameters\.rope_theta is 5000"
+    ):
         read_preprocess_config(_edit_config(tiny_checkpoint, tmp_path / "b", theta(5000.0)))
 
 
-@pytest.mark.parametrize("params, message", [
-    ({"rope_type": "axial", "rope_theta": 5000}, None),
-    ({"rope_theta": 20000.0}, None),
-    ({}, None),
-    ({"rope_type": "yarn", "rope_theta": 5000}, "rope_type 'yarn'"),
-    ({"rope_type": "axial", "rope_theta": "5000"}, "must be a number"),
-    ({"rope_type": "axial", "rope_theta": float("nan")}, "must be a number"),
-    ({"rope_type": "axial", "rope_theta": True}, "must be a number"),
-    ([5000], "must be an object"),
-])
+@pytest.mark.parametrize(
+    "params, message",
+    [
+        ({"rope_type": "axial", "rope_theta": 5000}, None),
+        ({"rope_theta": 20000.0}, None),
+        ({}, None),
+        ({"rope_type": "yarn", "rope_theta": 5000}, "rope_type 'yarn'"),
+        ({"rope_type": "axial", "rope_theta": "5000"}, "must be a number"),
+        ({"rope_type": "axial", "rope_theta": float("nan")}, "must be a number"),
+        ({"rope_type": "axial", "rope_theta": True}, "must be a number"),
+        ([5000], "must be an object"),
+    ],
+)
 def test_colqwen3_takes_its_vision_rope_base_from_the_config(params, message):
     """The pinned ColQwen3 reference (transformers 5.x) reads vision_config.rope_parameters."""
     if message is None:
@@ -121,7 +139,9 @@ def test_image_processor_settings_saved_the_transformers_5_way_are_read(tiny_che
     processor = {}
     if (moved / "processor_config.json").exists():
         processor = json.loads((moved / "processor_config.json").read_text())
-    (moved / "processor_config.json").write_text(json.dumps({**processor, "image_processor": image}))
+    (moved / "processor_config.json").write_text(
+        json.dumps({**processor, "image_processor": image})
+    )
     assert read_preprocess_config(moved) == want
     (moved / "processor_config.json").write_text(json.dumps(processor))
     with pytest.raises(ModelFolderError, match="neither preprocessor_config.json nor"):
@@ -129,15 +149,19 @@ def test_image_processor_settings_saved_the_transformers_5_way_are_read(tiny_che
 
 
 def test_checkpoint_layouts_are_declared_per_family():
-    assert family_of_checkpoint({"model_type": "colqwen2",
-                                 "vlm_config": {"model_type": "qwen2_vl"}}) is COLQWEN2
+    assert (
+        family_of_checkpoint({"model_type": "colqwen2", "vlm_config": {"model_type": "qwen2_vl"}})
+        is COLQWEN2
+    )
     assert family_of_checkpoint({"model_type": "qwen2_5_vl"}) is COLQWEN2_5
     # a bare Qwen2-VL config is colpali-engine's unconverted ColQwen2: not an export layout
     assert family_of_checkpoint({"model_type": "qwen2_vl"}) is None
     assert family_of_backbone({"model_type": "qwen2_vl"}) is COLQWEN2
     assert family_of_checkpoint({"model_type": "qwen3_vl"}) is COLQWEN3  # colpali-engine 0.3.18
-    assert family_of_checkpoint({"model_type": "colqwen2",
-                                 "vlm_config": {"model_type": "qwen3_vl"}}) is None
+    assert (
+        family_of_checkpoint({"model_type": "colqwen2", "vlm_config": {"model_type": "qwen3_vl"}})
+        is None
+    )
     with pytest.raises(UnknownFamilyError, match="colqwen4"):
         get_family("colqwen4")
 
@@ -154,8 +178,9 @@ def test_contracts_differ_only_in_the_image_graphs_window_inputs():
 def test_window_inputs_per_grid_are_the_window_layouts():
     attention = VisionAttention("windowed", 112)
     made = attention.grid_inputs((1, 22, 30), merge_size=2, patch_size=14)
-    expected = window_layout((1, 22, 30), merge_size=2, patch_size=14,
-                             window_size=112).graph_inputs()
+    expected = window_layout(
+        (1, 22, 30), merge_size=2, patch_size=14, window_size=112
+    ).graph_inputs()
     assert [spec.name for spec in attention.extra_inputs] == list(expected)
     for got, want in zip(made, expected.values()):
         np.testing.assert_array_equal(got, want)

@@ -43,8 +43,10 @@ pytestmark = pytest.mark.heavy("tiny")
 
 MODEL = "colqwen2"
 QUERIES = ["What was the revenue in 2023?", "hello world", "", "表格中的数字是多少？"]
-PAGES = [noise_page(w, h, seed=seed)
-         for seed, (w, h) in enumerate([(150, 210), (200, 120), (150, 210)], start=1)]
+PAGES = [
+    noise_page(w, h, seed=seed)
+    for seed, (w, h) in enumerate([(150, 210), (200, 120), (150, 210)], start=1)
+]
 
 
 def _png(image: Image.Image) -> bytes:
@@ -65,8 +67,9 @@ def page_files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fe_model(exported_tiny_default):
-    return LateInteractionMultimodalEmbedding(MODEL,
-                                              specific_model_path=str(exported_tiny_default.folder))
+    return LateInteractionMultimodalEmbedding(
+        MODEL, specific_model_path=str(exported_tiny_default.folder)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +105,9 @@ def test_registered_once_after_fastembeds_own_models():
 def test_description_comes_from_models_json():
     raw = json.loads(registry.models_json_path().read_text())
     (listed,) = [m for m in raw["models"] if m["model"] == MODEL]
-    (described,) = [d for d in LateInteractionMultimodalEmbedding.list_supported_models()
-                    if d["model"] == MODEL]
+    (described,) = [
+        d for d in LateInteractionMultimodalEmbedding.list_supported_models() if d["model"] == MODEL
+    ]
     for key in ("model", "dim", "description", "license", "size_in_GB"):
         assert described[key] == listed[key], key
     assert described["sources"]["hf"] == (listed["export_repo"] or listed["checkpoint"])
@@ -112,7 +116,8 @@ def test_description_comes_from_models_json():
 
 def test_name_is_case_insensitive(exported_tiny_default):
     model = LateInteractionMultimodalEmbedding(
-        "ColQwen2", specific_model_path=exported_tiny_default.folder, lazy_load=True)
+        "ColQwen2", specific_model_path=exported_tiny_default.folder, lazy_load=True
+    )
     assert isinstance(model.model, ColQwen2) and model.embedding_size == 128
 
 
@@ -161,8 +166,13 @@ print("ok")
 
 
 def _run(code: str, *args: str) -> None:
-    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *args],
-                            capture_output=True, text=True, timeout=180, check=False)
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr
 
 
@@ -178,7 +188,8 @@ def test_colembed_works_without_fastembed(exported_tiny):
 def test_specific_model_path_comes_first(exported_tiny, tmp_path, entry):
     (tmp_path / entry.cache_folder_name).mkdir()  # a broken folder in the cache is not looked at
     model = LateInteractionMultimodalEmbedding(
-        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder))
+        MODEL, cache_dir=str(tmp_path), specific_model_path=str(exported_tiny.folder)
+    )
     assert model.model.model.folder == exported_tiny.folder  # the colembed model it loaded
 
 
@@ -253,8 +264,9 @@ class FakeHub:
         return str(out)
 
 
-def test_published_export_is_downloaded_into_the_cache(exported_tiny_default, published, tmp_path,
-                                                        monkeypatch):
+def test_published_export_is_downloaded_into_the_cache(
+    exported_tiny_default, published, tmp_path, monkeypatch
+):
     import huggingface_hub
 
     hub = FakeHub(exported_tiny_default.folder)
@@ -265,8 +277,13 @@ def test_published_export_is_downloaded_into_the_cache(exported_tiny_default, pu
     # the manifest first, then what it lists for the variant (no .onnx_data: none was exported)
     (repo, first), (_, second) = hub.calls
     assert repo == "someone/colqwen2-colembed" and first["allow_patterns"] == [MANIFEST_NAME]
-    assert set(second["allow_patterns"]) == {MANIFEST_NAME, "vision.onnx", "text.onnx",
-                                             "tokenizer.json", "maxsim.onnx"}
+    assert set(second["allow_patterns"]) == {
+        MANIFEST_NAME,
+        "vision.onnx",
+        "text.onnx",
+        "tokenizer.json",
+        "maxsim.onnx",
+    }
     colembed.load(folder)  # a complete, verified model folder
     # now cached: found without the hub
     assert registry.resolve_model_folder(published, cache_dir=tmp_path / "cache") == folder
@@ -297,8 +314,9 @@ def test_offline_never_calls_the_hub(published, tmp_path, monkeypatch, exported_
     for name in (MANIFEST_NAME, "tokenizer.json"):
         shutil.copyfile(exported_tiny.folder / name, partial / name)
     with pytest.raises(ModelFolderError) as info:
-        registry.resolve_model_folder(published, cache_dir=tmp_path,
-                                      local_files_only=how == "argument")
+        registry.resolve_model_folder(
+            published, cache_dir=tmp_path, local_files_only=how == "argument"
+        )
     assert hub.calls == []
     message = str(info.value)
     assert "offline" in message and "someone/colqwen2-colembed" in message
@@ -315,8 +333,9 @@ def export_kind(request, exported_tiny_default, exported_tiny):
     return folder
 
 
-def test_export_by_path_and_by_name_equals_colembed_load(export_kind, tmp_path, monkeypatch,
-                                                         entry, page_files):
+def test_export_by_path_and_by_name_equals_colembed_load(
+    export_kind, tmp_path, monkeypatch, entry, page_files
+):
     """The held-out small-model case: a folder as `colembed export` writes it, loaded through
     FastEmbed by `specific_model_path` and by name from the cache, gives colembed.load's vectors."""
     want_pages = colembed.load(export_kind).embed_images(page_files, batch_size=2)
@@ -324,8 +343,10 @@ def test_export_by_path_and_by_name_equals_colembed_load(export_kind, tmp_path, 
     cache = tmp_path / "cache"
     shutil.copytree(export_kind, cache / entry.cache_folder_name)
     monkeypatch.setenv("FASTEMBED_CACHE_PATH", str(cache))
-    for model in (LateInteractionMultimodalEmbedding(MODEL, specific_model_path=str(export_kind)),
-                  LateInteractionMultimodalEmbedding(MODEL)):
+    for model in (
+        LateInteractionMultimodalEmbedding(MODEL, specific_model_path=str(export_kind)),
+        LateInteractionMultimodalEmbedding(MODEL),
+    ):
         got = list(model.embed_image(page_files, batch_size=2))
         assert len(got) == len(want_pages)
         for g, w in zip(got, want_pages):
@@ -355,8 +376,9 @@ def _with_int8_copy_only(folder: Path) -> None:
 def test_folder_with_only_some_variants(exported_tiny_default, tmp_path, page_files, entry):
     folder = shutil.copytree(exported_tiny_default.folder, tmp_path / "int8-only")
     _with_int8_copy_only(folder)
-    model = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=str(folder),
-                                               variant="int8")
+    model = LateInteractionMultimodalEmbedding(
+        MODEL, specific_model_path=str(folder), variant="int8"
+    )
     want = colembed.load(exported_tiny_default.folder).embed_images(page_files[:1])
     assert np.array_equal(next(iter(model.embed_image(page_files[:1]))), want[0])
     with pytest.raises(ModelFolderError, match=r"missing \['vision.onnx', 'text.onnx'\]"):
@@ -367,7 +389,8 @@ def test_folder_with_only_some_variants(exported_tiny_default, tmp_path, page_fi
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX ownership")
 def test_cached_folder_of_another_user_or_writable_by_others_is_refused(
-        exported_tiny_default, tmp_path, monkeypatch, entry):
+    exported_tiny_default, tmp_path, monkeypatch, entry
+):
     cache = tmp_path / "cache"
     folder = shutil.copytree(exported_tiny_default.folder, cache / entry.cache_folder_name)
     assert registry.resolve_model_folder(entry, cache_dir=cache) == folder
@@ -436,15 +459,20 @@ def test_token_count_matches_the_reference(fe_model, reference_processor):
 
 def test_colembed_options_pass_through(exported_tiny, page_files):
     capped = LateInteractionMultimodalEmbedding(
-        MODEL, specific_model_path=exported_tiny.folder, max_image_tokens=16, threads=1,
-        verify=False)
+        MODEL,
+        specific_model_path=exported_tiny.folder,
+        max_image_tokens=16,
+        threads=1,
+        verify=False,
+    )
     (page,) = capped.embed_image(page_files[0])
     direct = colembed.load(exported_tiny.folder, max_image_tokens=16, threads=1)
     assert np.array_equal(page, direct.embed_images([page_files[0]])[0])
     assert capped.model.model.max_image_tokens == 16
     with pytest.raises(TypeError, match="max_image_token"):
-        LateInteractionMultimodalEmbedding(MODEL, specific_model_path=exported_tiny.folder,
-                                           max_image_token=16)
+        LateInteractionMultimodalEmbedding(
+            MODEL, specific_model_path=exported_tiny.folder, max_image_token=16
+        )
 
 
 def test_providers_cuda_and_device_ids(exported_tiny):
@@ -453,23 +481,27 @@ def test_providers_cuda_and_device_ids(exported_tiny):
     from fastembed.common.types import Device
 
     folder = str(exported_tiny.folder)
-    explicit = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder,
-                                                  providers=["CPUExecutionProvider"])
+    explicit = LateInteractionMultimodalEmbedding(
+        MODEL, specific_model_path=folder, providers=["CPUExecutionProvider"]
+    )
     assert explicit.model.model.providers[0] == "CPUExecutionProvider"
     default = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder)
     has_cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
     assert default.model.model.providers[0] == (
-        "CUDAExecutionProvider" if has_cuda else "CPUExecutionProvider")
+        "CUDAExecutionProvider" if has_cuda else "CPUExecutionProvider"
+    )
 
     # FastEmbed's mapping: cuda=Device.CPU is the CPU; cuda=True demands CUDA on the first of
     # device_ids, with no silent CPU fallback (here, without CUDA: an error naming what was asked)
     on_cpu = LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=Device.CPU)
     assert on_cpu.model.model.providers == ["CPUExecutionProvider"]
     if not has_cuda:
-        with pytest.raises(colembed.ProviderError,
-                           match=r"CUDAExecutionProvider \(options \{'device_id': 1\}\)"):
-            LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True,
-                                               device_ids=[1, 2])
+        with pytest.raises(
+            colembed.ProviderError, match=r"CUDAExecutionProvider \(options \{'device_id': 1\}\)"
+        ):
+            LateInteractionMultimodalEmbedding(
+                MODEL, specific_model_path=folder, cuda=True, device_ids=[1, 2]
+            )
         with pytest.raises(colembed.ProviderError, match=r"CUDAExecutionProvider is not"):
             LateInteractionMultimodalEmbedding(MODEL, specific_model_path=folder, cuda=True)
 
@@ -484,8 +516,16 @@ def test_muvera_first_pass_keeps_the_exact_best_page(fe_model):
     """MUVERA's fixed-size vectors over colembed's: for a query made of 12 of page k's own vectors
     (page k is then the exact MaxSim winner), FDE inner products rank page k in their top 2 of 8.
     With the page FDEs shuffled the same check fails, so it can fail."""
-    sizes = [(150, 210), (210, 150), (120, 120), (168, 224), (90, 300), (200, 200), (140, 180),
-             (224, 168)]
+    sizes = [
+        (150, 210),
+        (210, 150),
+        (120, 120),
+        (168, 224),
+        (90, 300),
+        (200, 200),
+        (140, 180),
+        (224, 168),
+    ]
     pages = list(fe_model.embed_image([noise_page(w, h, seed=i) for i, (w, h) in enumerate(sizes)]))
     muvera = Muvera.from_multivector_model(fe_model, k_sim=5, dim_proj=16, r_reps=20)
     fdes = np.stack([muvera.process_document(p) for p in pages])
@@ -510,8 +550,11 @@ MODEL_2_5 = "colqwen2.5"
 
 def test_both_families_are_registered_once_with_their_descriptions():
     raw = {m["model"]: m for m in json.loads(registry.models_json_path().read_text())["models"]}
-    described = [d for d in LateInteractionMultimodalEmbedding.list_supported_models()
-                 if d["model"] in (MODEL, MODEL_2_5)]
+    described = [
+        d
+        for d in LateInteractionMultimodalEmbedding.list_supported_models()
+        if d["model"] in (MODEL, MODEL_2_5)
+    ]
     assert sorted(d["model"] for d in described) == [MODEL, MODEL_2_5]
     for description in described:
         listed = raw[description["model"]]
@@ -522,8 +565,9 @@ def test_both_families_are_registered_once_with_their_descriptions():
     assert registry.get_model(MODEL_2_5).base_checkpoint == "vidore/colqwen2.5-base"
 
 
-def test_colqwen2_5_by_name_equals_colembed_load_and_the_reference(exported_tiny_2_5, tmp_path,
-                                                                    monkeypatch, tmp_path_factory):
+def test_colqwen2_5_by_name_equals_colembed_load_and_the_reference(
+    exported_tiny_2_5, tmp_path, monkeypatch, tmp_path_factory
+):
     """Found in the cache by name like "colqwen2"; FastEmbed's vectors are colembed's bit for bit
     and the reference's (transformers over Qwen2.5-VL, get_dtype shim) within the tolerance."""
     import torch
@@ -540,7 +584,8 @@ def test_colqwen2_5_by_name_equals_colembed_load_and_the_reference(exported_tiny
     own = colembed.load(exported_tiny_2_5.folder)
     source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
     reference = export_family("colqwen2.5").prepare_reference(
-        ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval())
+        ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval()
+    )
     processor = reference_processor(source)
     pages = list(model.embed_image(PAGES, batch_size=2))
     queries = list(model.embed_text(QUERIES))
@@ -558,8 +603,9 @@ def test_colqwen2_5_by_name_equals_colembed_load_and_the_reference(exported_tiny
 
 def test_a_folder_of_the_other_family_is_refused_by_name(exported_tiny_default, exported_tiny_2_5):
     with pytest.raises(ModelFolderError, match=r"holds a colqwen2 .*not colqwen2\.5"):
-        LateInteractionMultimodalEmbedding(MODEL_2_5,
-                                           specific_model_path=exported_tiny_default.folder)
+        LateInteractionMultimodalEmbedding(
+            MODEL_2_5, specific_model_path=exported_tiny_default.folder
+        )
     with pytest.raises(ModelFolderError, match=r"holds a colqwen2\.5 .*not colqwen2 "):
         LateInteractionMultimodalEmbedding(MODEL, specific_model_path=exported_tiny_2_5.folder)
 

@@ -55,8 +55,9 @@ def fastembed_cache(exported_tiny, exported_tiny_2_5, tmp_path_factory):
     "colqwen2.5"."""
     cache = tmp_path_factory.mktemp("fastembed-cache")
     for name, export in ((MODEL, exported_tiny), (MODEL_2_5, exported_tiny_2_5)):
-        (cache / get_model(name).cache_folder_name).symlink_to(export.folder,
-                                                               target_is_directory=True)
+        (cache / get_model(name).cache_folder_name).symlink_to(
+            export.folder, target_is_directory=True
+        )
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("FASTEMBED_CACHE_PATH", str(cache))
         mp.setenv("HF_HUB_OFFLINE", "1")
@@ -77,9 +78,12 @@ def canonical(reference_model, reference_processor, image_path, tmp_path_factory
     source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
     references = {
         MODEL: (reference_model, reference_processor),
-        MODEL_2_5: (export_family("colqwen2.5").prepare_reference(
-            ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval()),
-            processor_2_5(source)),
+        MODEL_2_5: (
+            export_family("colqwen2.5").prepare_reference(
+                ColQwen2ForRetrieval.from_pretrained(source, dtype=torch.float32).eval()
+            ),
+            processor_2_5(source),
+        ),
     }
     out: dict[str, dict[str, np.ndarray]] = {"image": {}, "query": {}}
     for name, (model, processor) in references.items():
@@ -202,9 +206,11 @@ def test_parallel_processing(model_cache, images):
 
 def test_session_options(onnxruntime_calls):
     """FastEmbed's `enable_cpu_mem_arena` reaches the options onnxruntime opens each graph with."""
+
     def arena_by_graph():
-        made = {name: options.enable_cpu_mem_arena
-                for name, options, _ in onnxruntime_calls["sessions"]}
+        made = {
+            name: options.enable_cpu_mem_arena for name, options, _ in onnxruntime_calls["sessions"]
+        }
         onnxruntime_calls["sessions"].clear()
         return {name: made[name] for name in ("vision.onnx", "text.onnx")}
 

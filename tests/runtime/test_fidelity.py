@@ -24,13 +24,29 @@ from colembed.fidelity import (
 )
 
 
-@pytest.mark.parametrize("text, kind", [
-    ("3", DIGITS), (" 2023", DIGITS), ("١٢", DIGITS), ("Q3", DIGITS), (" ", WHITESPACE),
-    ("\t", WHITESPACE), ("\u3000", WHITESPACE), (" (", PUNCTUATION), ("$", PUNCTUATION),
-    ("%)", PUNCTUATION), ("—", PUNCTUATION), ("😀", PUNCTUATION), ("\ufffd", PARTIAL),
-    ("", PARTIAL), (" revenue", "letters: LATIN"), ("数字", "letters: CJK"),
-    ("Привет", "letters: CYRILLIC"), ("µ", "letters: other scripts"),
-])
+@pytest.mark.parametrize(
+    "text, kind",
+    [
+        ("3", DIGITS),
+        (" 2023", DIGITS),
+        ("١٢", DIGITS),
+        ("Q3", DIGITS),
+        (" ", WHITESPACE),
+        ("\t", WHITESPACE),
+        ("\u3000", WHITESPACE),
+        (" (", PUNCTUATION),
+        ("$", PUNCTUATION),
+        ("%)", PUNCTUATION),
+        ("—", PUNCTUATION),
+        ("😀", PUNCTUATION),
+        ("\ufffd", PARTIAL),
+        ("", PARTIAL),
+        (" revenue", "letters: LATIN"),
+        ("数字", "letters: CJK"),
+        ("Привет", "letters: CYRILLIC"),
+        ("µ", "letters: other scripts"),
+    ],
+)
 def test_token_classes(text, kind):
     assert token_class(text) == kind
     assert token_class(text, special=True) == SPECIAL
@@ -44,14 +60,24 @@ def test_every_text_has_one_class(text):
 
 
 def test_class_figures_by_hand():
-    items = [("q0", np.array([0.99, 0.5, 0.98]), ["a", "3", " "], ["letters: LATIN", DIGITS,
-                                                                  WHITESPACE]),
-             ("q1", np.array([0.97, 0.9]), ["7", "b"], [DIGITS, "letters: LATIN"])]
+    items = [
+        (
+            "q0",
+            np.array([0.99, 0.5, 0.98]),
+            ["a", "3", " "],
+            ["letters: LATIN", DIGITS, WHITESPACE],
+        ),
+        ("q1", np.array([0.97, 0.9]), ["7", "b"], [DIGITS, "letters: LATIN"]),
+    ]
     figures = class_figures(items)
     digits = figures["token_classes"][DIGITS]
     assert digits["tokens"] == 2 and digits["mean"] == pytest.approx((0.5 + 0.97) / 2)
-    assert digits["min"] == 0.5 and digits["worst"] == {"item": "q0", "index": 1, "text": "3",
-                                                        "cosine": 0.5}
+    assert digits["min"] == 0.5 and digits["worst"] == {
+        "item": "q0",
+        "index": 1,
+        "text": "3",
+        "cosine": 0.5,
+    }
     assert figures["token_classes"]["letters: LATIN"]["min"] == 0.9
     assert figures["worst_token"]["class"] == DIGITS and figures["worst_token"]["text"] == "3"
     assert "token 1 '3' (digits) of 'q0': cosine 0.5000" == describe_token(figures["worst_token"])
@@ -62,8 +88,9 @@ def test_a_broken_token_is_the_worst_never_a_passing_one():
     want = np.array([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]], np.float32)
     cos = token_cosines(got, want)
     assert cos[0] == 1.0 and math.isnan(cos[1])
-    figures = class_figures([("q", cos, ["a", "1", "b"], ["letters: LATIN", DIGITS,
-                                                        "letters: LATIN"])])
+    figures = class_figures(
+        [("q", cos, ["a", "1", "b"], ["letters: LATIN", DIGITS, "letters: LATIN"])]
+    )
     assert figures["worst_token"]["text"] == "1"
     with pytest.raises(ValueError, match="shapes differ"):
         token_cosines(got, want[:2])

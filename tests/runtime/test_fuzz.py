@@ -37,9 +37,16 @@ from colembed.errors import (
 from colembed.manifest import MANIFEST_NAME, Manifest
 from colembed.preprocess.images import PreparedImage, prepare_image
 
-FUZZ = settings(max_examples=25, deadline=2000, derandomize=True,
-                suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                       HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ = settings(
+    max_examples=25,
+    deadline=2000,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 FUZZ_MODEL = settings(FUZZ, max_examples=8, deadline=10000)
 MAX_FUZZ_PIXELS = 4_000_000  # mutated headers may claim huge sizes: refuse them early, and fast
 
@@ -60,7 +67,7 @@ def _encode(frames: list[Image.Image], fmt: str) -> bytes:
 def _damage(draw, data: bytearray) -> bytes:
     """Maybe truncate `data`, then overwrite up to 6 random bytes."""
     if draw(st.booleans()):
-        data = data[:draw(st.integers(0, len(data)))]
+        data = data[: draw(st.integers(0, len(data)))]
     for _ in range(draw(st.integers(0, 6))):
         if data:
             data[draw(st.integers(0, len(data) - 1))] = draw(st.integers(0, 255))
@@ -76,14 +83,19 @@ def page_bytes(draw) -> bytes:
     w, h = draw(st.integers(1, 48)), draw(st.integers(1, 48))
     seed = draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
-    images = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode)
-              for _ in range(frames)]
+    images = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode)
+        for _ in range(frames)
+    ]
     data = bytearray(_encode(images, fmt))
     return _damage(draw, data)
 
 
-PAGE_SOURCES = st.one_of(page_bytes(), st.binary(max_size=256),
-                         st.sampled_from([None, 3, 1.5, [], "no/such/file.png", object()]))
+PAGE_SOURCES = st.one_of(
+    page_bytes(),
+    st.binary(max_size=256),
+    st.sampled_from([None, 3, 1.5, [], "no/such/file.png", object()]),
+)
 
 
 def _check_page(obj, config, index: int) -> bool:
@@ -106,8 +118,9 @@ def test_any_page_prepares_or_raises_its_image_error(config, page, index):
 
 @FUZZ_MODEL
 @given(pages=st.lists(PAGE_SOURCES, min_size=1, max_size=5), batch=st.integers(1, 3))
-def test_a_batch_of_pages_keeps_the_pages_before_the_first_bad_one(tiny_model, config, pages,
-                                                                  batch):
+def test_a_batch_of_pages_keeps_the_pages_before_the_first_bad_one(
+    tiny_model, config, pages, batch
+):
     good = [_check_page(p, config, i) for i, p in enumerate(pages)]
     _embeds_or_names_first_bad(lambda: tiny_model.embed_images(pages, batch_size=batch), good)
 
@@ -130,9 +143,14 @@ def _embeds_or_names_first_bad(embed, good: list[bool]) -> list[np.ndarray] | No
 def pdf_bytes(draw) -> bytes:
     """A small real PDF of 1-3 pages (Pillow's writer), then maybe truncated and/or mutated."""
     rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-    pages = [Image.fromarray(rng.integers(0, 256, (draw(st.integers(8, 40)),
-                                                   draw(st.integers(8, 40)), 3), dtype=np.uint8))
-             for _ in range(draw(st.integers(1, 3)))]
+    pages = [
+        Image.fromarray(
+            rng.integers(
+                0, 256, (draw(st.integers(8, 40)), draw(st.integers(8, 40)), 3), dtype=np.uint8
+            )
+        )
+        for _ in range(draw(st.integers(1, 3)))
+    ]
     data = bytearray(_encode(pages, "PDF"))
     return _damage(draw, data)
 
@@ -157,10 +175,12 @@ def test_any_document_renders_or_raises_its_source_error(tmp_path, data, name):
 
 # ----------------------------------------------------------------------------------- queries
 QUERY_TEXT = st.text(st.characters(exclude_categories=()), max_size=60)  # surrogates, controls
-LONG_QUERY = st.builds(lambda word, n: word * n, st.text(min_size=1, max_size=8),
-                       st.integers(100, 800))
-QUERIES = st.lists(st.one_of(QUERY_TEXT, LONG_QUERY, st.sampled_from([None, 7, b"bytes"])),
-                   min_size=1, max_size=6)
+LONG_QUERY = st.builds(
+    lambda word, n: word * n, st.text(min_size=1, max_size=8), st.integers(100, 800)
+)
+QUERIES = st.lists(
+    st.one_of(QUERY_TEXT, LONG_QUERY, st.sampled_from([None, 7, b"bytes"])), min_size=1, max_size=6
+)
 
 
 def _valid_query(q) -> bool:
@@ -180,27 +200,36 @@ def test_queries_embed_or_name_the_first_bad_one(tiny_model, queries, batch):
         warnings.simplefilter("ignore", QueryTruncatedWarning)  # long queries are cut, by design
         vectors = _embeds_or_names_first_bad(
             lambda: tiny_model.embed_queries(queries, batch_size=batch),
-            [_valid_query(q) for q in queries])
+            [_valid_query(q) for q in queries],
+        )
     limit = tiny_model.text_encoder.max_query_tokens
     assert all(v.shape[0] <= limit and np.isfinite(v).all() for v in vectors or [])
 
 
 # ------------------------------------------------------------------------------------ scorer
 ARRAYS = st.one_of(
-    st.builds(lambda n, d, fill, dt: np.full((n, d), fill, dtype=dt),
-              st.integers(0, 4), st.sampled_from([0, 1, 8, 128]),
-              st.sampled_from([0.0, 1.0, -2.5, np.nan, np.inf, 1e30]),
-              st.sampled_from([np.float32, np.float16, np.float64, np.int64])),
-    st.builds(lambda shape: np.ones(shape, np.float32),
-              st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple)),
+    st.builds(
+        lambda n, d, fill, dt: np.full((n, d), fill, dtype=dt),
+        st.integers(0, 4),
+        st.sampled_from([0, 1, 8, 128]),
+        st.sampled_from([0.0, 1.0, -2.5, np.nan, np.inf, 1e30]),
+        st.sampled_from([np.float32, np.float16, np.float64, np.int64]),
+    ),
+    st.builds(
+        lambda shape: np.ones(shape, np.float32),
+        st.lists(st.integers(0, 3), min_size=0, max_size=3).map(tuple),
+    ),
     st.sampled_from([None, "text", 3, [[1.0, 2.0]], [], [[]]]),
 )
 
 
 @pytest.mark.filterwarnings("ignore:.*encountered in cast:RuntimeWarning")  # building NaN ints
 @FUZZ
-@given(queries=st.lists(ARRAYS, max_size=3), pages=st.lists(ARRAYS, max_size=3),
-       backend=st.sampled_from(["numpy", "auto"]))
+@given(
+    queries=st.lists(ARRAYS, max_size=3),
+    pages=st.lists(ARRAYS, max_size=3),
+    backend=st.sampled_from(["numpy", "auto"]),
+)
 def test_scorer_scores_or_raises_scoring_error(queries, pages, backend):
     try:
         scores = colembed.score(queries, pages, backend=backend)
@@ -210,15 +239,27 @@ def test_scorer_scores_or_raises_scoring_error(queries, pages, backend):
 
 
 # --------------------------------------------------------------------------------- manifests
-JSON_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-2, 2**40), st.floats(),
-                        st.sampled_from(["", "../x", "/etc/passwd", "a\\b", "C:x", "fp32"]),
-                        st.just([]), st.just({}), st.lists(st.integers(-1, 3), max_size=4))
+JSON_VALUES = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-2, 2**40),
+    st.floats(),
+    st.sampled_from(["", "../x", "/etc/passwd", "a\\b", "C:x", "fp32"]),
+    st.just([]),
+    st.just({}),
+    st.lists(st.integers(-1, 3), max_size=4),
+)
 
 
 def _paths(node, prefix=()):
     yield prefix
-    children = node.items() if isinstance(node, dict) else enumerate(node) \
-        if isinstance(node, list) else ()
+    children = (
+        node.items()
+        if isinstance(node, dict)
+        else enumerate(node)
+        if isinstance(node, list)
+        else ()
+    )
     for key, child in children:
         yield from _paths(child, prefix + (key,))
 
@@ -250,9 +291,16 @@ def test_mutated_manifest_loads_or_raises_manifest_error(manifest_json, data):
 
 
 # ---------------------------------------------------- declared sizes and the index's decoder
-FUZZ_HOSTILE = settings(max_examples=30, deadline=None, derandomize=True,
-                        suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                               HealthCheck.too_slow, HealthCheck.data_too_large])
+FUZZ_HOSTILE = settings(
+    max_examples=30,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 def _declare_size(data: bytes, fmt: str, width: int, height: int) -> bytes:
@@ -268,45 +316,57 @@ def _declare_size(data: bytes, fmt: str, width: int, height: int) -> bytes:
         out[6:10] = struct.pack("<HH", min(width, 65535), min(height, 65535))
         at = out.find(b"\x2c", 13)
         if at > 0:
-            out[at + 5:at + 9] = struct.pack("<HH", min(width, 65535), min(height, 65535))
+            out[at + 5 : at + 9] = struct.pack("<HH", min(width, 65535), min(height, 65535))
     elif fmt == "BMP":
         out[18:26] = struct.pack("<ii", min(width, 2**31 - 1), min(height, 2**31 - 1))
     elif fmt == "JPEG":  # the first start-of-frame marker
         at = out.find(b"\xff\xc0")
         if at > 0:
-            out[at + 5:at + 9] = struct.pack(">HH", min(height, 65535), min(width, 65535))
+            out[at + 5 : at + 9] = struct.pack(">HH", min(height, 65535), min(width, 65535))
     elif fmt == "TIFF":  # ImageWidth / ImageLength entries of the first directory (little-endian)
         ifd = struct.unpack("<I", out[4:8])[0]
-        for i in range(struct.unpack("<H", out[ifd:ifd + 2])[0]):
+        for i in range(struct.unpack("<H", out[ifd : ifd + 2])[0]):
             at = ifd + 2 + 12 * i
-            tag = struct.unpack("<H", out[at:at + 2])[0]
+            tag = struct.unpack("<H", out[at : at + 2])[0]
             if tag in (256, 257):
-                out[at + 2:at + 12] = struct.pack("<HII", 4, 1, width if tag == 256 else height)
+                out[at + 2 : at + 12] = struct.pack("<HII", 4, 1, width if tag == 256 else height)
     return bytes(out)
 
 
 @st.composite
 def declared_huge(draw) -> bytes:
     fmt = draw(st.sampled_from(["PNG", "GIF", "BMP", "JPEG", "TIFF"]))
-    image = Image.fromarray(np.random.default_rng(draw(st.integers(0, 99))).integers(
-        0, 256, (8, 8, 3), dtype=np.uint8))
+    image = Image.fromarray(
+        np.random.default_rng(draw(st.integers(0, 99))).integers(0, 256, (8, 8, 3), dtype=np.uint8)
+    )
     side = st.integers(1, 2**31 - 1) if fmt in ("PNG", "TIFF") else st.integers(1, 65535)
-    return _damage(draw, bytearray(_declare_size(_encode([image], fmt), fmt, draw(side),
-                                                 draw(side))))
+    return _damage(
+        draw, bytearray(_declare_size(_encode([image], fmt), fmt, draw(side), draw(side)))
+    )
 
 
-EPS_LIKE = st.sampled_from([b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 100 100\n",
-                            b"\xc5\xd0\xd3\xc6" + b"\0" * 28, b"%PDF-1.4\n", b"P6\n8 8\n255\n"
-                            + b"\0" * 192, b"II*\0" + b"\xff" * 60])
+EPS_LIKE = st.sampled_from(
+    [
+        b"%!PS-Adobe-3.0 EPSF-3.0\n%%BoundingBox: 0 0 100 100\n",
+        b"\xc5\xd0\xd3\xc6" + b"\0" * 28,
+        b"%PDF-1.4\n",
+        b"P6\n8 8\n255\n" + b"\0" * 192,
+        b"II*\0" + b"\xff" * 60,
+    ]
+)
 HOSTILE_PAGES = st.one_of(page_bytes(), declared_huge(), st.binary(max_size=512), EPS_LIKE)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
 @FUZZ_HOSTILE
-@given(data=HOSTILE_PAGES, suffix=st.sampled_from([".png", ".jpg", ".tiff", ".gif"]),
-       index=st.integers(0, 99))
-def test_every_decode_path_decodes_within_the_limit_or_names_the_item(tmp_path, data, suffix,
-                                                                      index):
+@given(
+    data=HOSTILE_PAGES,
+    suffix=st.sampled_from([".png", ".jpg", ".tiff", ".gif"]),
+    index=st.integers(0, 99),
+)
+def test_every_decode_path_decodes_within_the_limit_or_names_the_item(
+    tmp_path, data, suffix, index
+):
     """embed's decoder and the index's reader, on the same bytes: a success within the pixel
     limit, or the typed error naming the item; never another exception, never Ghostscript."""
     from colembed.index.sources import Document, SourceError
@@ -330,20 +390,38 @@ def test_every_decode_path_decodes_within_the_limit_or_names_the_item(tmp_path, 
 
 # ---------------------------------------------- ready points, Parquet rows and add_embedded
 P_DIM, P_ROWS, P_COLS, P_START = 8, 2, 2, 1
-JSON_VALUES = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40),
-                                     st.floats(allow_nan=True), st.text(max_size=8)),
-                           lambda inner: st.lists(inner, max_size=3)
-                           | st.dictionaries(st.text(max_size=4), inner, max_size=2),
-                           max_leaves=6)
+JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(-(2**40), 2**40),
+        st.floats(allow_nan=True),
+        st.text(max_size=8),
+    ),
+    lambda inner: st.lists(inner, max_size=3)
+    | st.dictionaries(st.text(max_size=4), inner, max_size=2),
+    max_leaves=6,
+)
 
 
 def _valid_payload() -> dict:
     from colembed.index.schema import SCHEMA_VERSION
 
-    return {"path": "/docs/a.pdf", "page": 1, "pages": 1, "sha256": "a" * 64, "width": 56,
-            "height": 56, "grid": [P_ROWS, P_COLS], "image_start": P_START, "model": "m",
-            "variant": "fp32", "manifest_sha256": "h", "schema": SCHEMA_VERSION,
-            "model_source": "/m"}
+    return {
+        "path": "/docs/a.pdf",
+        "page": 1,
+        "pages": 1,
+        "sha256": "a" * 64,
+        "width": 56,
+        "height": 56,
+        "grid": [P_ROWS, P_COLS],
+        "image_start": P_START,
+        "model": "m",
+        "variant": "fp32",
+        "manifest_sha256": "h",
+        "schema": SCHEMA_VERSION,
+        "model_source": "/m",
+    }
 
 
 @st.composite
@@ -368,8 +446,12 @@ def ready_points(draw):
     v = v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-9)
     v = v * draw(st.sampled_from([1.0, 1.0, 1.0, 1.004, 0.0, 3.0, 1e6, float("nan")]))
     vectors = draw(st.sampled_from(["ok", "wide", "flat", "list"]))
-    page = {"ok": v, "wide": np.hstack([v, v]), "flat": v.reshape(-1),
-            "list": [list(r) for r in v] + [[1.0]]}[vectors]
+    page = {
+        "ok": v,
+        "wide": np.hstack([v, v]),
+        "flat": v.reshape(-1),
+        "list": [list(r) for r in v] + [[1.0]],
+    }[vectors]
     try:
         pid = point_id(payload.get("sha256"), payload.get("page"), payload.get("path"))
     except Exception:  # noqa: BLE001 (a payload that cannot even make an id: any id then)
@@ -382,8 +464,9 @@ def ready_points(draw):
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
 @FUZZ_HOSTILE
 @given(points=st.lists(ready_points(), min_size=1, max_size=3))
-def test_ready_points_are_stored_whole_or_refused_by_name_before_any_is_written(tmp_path_factory,
-                                                                               points):
+def test_ready_points_are_stored_whole_or_refused_by_name_before_any_is_written(
+    tmp_path_factory, points
+):
     from colembed.errors import ColembedError
     from colembed.index import Index, open_store
 
@@ -417,13 +500,24 @@ def test_any_parquet_part_is_read_or_refused_naming_the_file(tmp_path_factory, d
     floats = st.lists(st.lists(st.floats(width=32), max_size=3), max_size=3)
     column = st.one_of(
         st.lists(floats, min_size=rows, max_size=rows).map(
-            lambda v: pa.array(v, type=pa.list_(pa.list_(pa.float32())))),
+            lambda v: pa.array(v, type=pa.list_(pa.list_(pa.float32())))
+        ),
         st.lists(st.text(max_size=5), min_size=rows, max_size=rows).map(pa.array),
-        st.lists(st.integers(), min_size=rows, max_size=rows).map(pa.array))
-    names = data.draw(st.lists(st.sampled_from(["id", "payload", "page_vectors", "rows_vectors",
-                                                "cols_vectors", "path"]), unique=True))
-    table = pa.table({name: data.draw(column) for name in names}) if names else \
-        pa.table({"x": pa.array([0] * rows)})
+        st.lists(st.integers(), min_size=rows, max_size=rows).map(pa.array),
+    )
+    names = data.draw(
+        st.lists(
+            st.sampled_from(
+                ["id", "payload", "page_vectors", "rows_vectors", "cols_vectors", "path"]
+            ),
+            unique=True,
+        )
+    )
+    table = (
+        pa.table({name: data.draw(column) for name in names})
+        if names
+        else pa.table({"x": pa.array([0] * rows)})
+    )
     pq.write_table(table, folder / "part-0.parquet")
     try:
         points = read_points(str(folder))

@@ -43,11 +43,13 @@ def test_max_image_tokens_budget_matches_reference(exported_tiny, tiny_checkpoin
     assert model.max_image_tokens == budget
     page = _page()
     (got,) = model.embed_images([page])
-    reference = ColQwen2Processor.from_pretrained(tiny_checkpoint, use_fast=False,
-                                                  max_pixels=budget * 28 * 28)
+    reference = ColQwen2Processor.from_pretrained(
+        tiny_checkpoint, use_fast=False, max_pixels=budget * 28 * 28
+    )
     batch = reference.process_images([page])
-    image_tokens = int((batch["input_ids"][0] == reference.tokenizer.convert_tokens_to_ids(
-        "<|image_pad|>")).sum())
+    image_tokens = int(
+        (batch["input_ids"][0] == reference.tokenizer.convert_tokens_to_ids("<|image_pad|>")).sum()
+    )
     assert image_tokens <= budget
     with torch.no_grad():
         want = reference_model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy()
@@ -109,13 +111,20 @@ def test_cli_export_and_info(cli_export, tmp_path):
     out, code, stdout, stderr = cli_export
     assert code == 0, stderr
     assert "model folder" in stdout and (out / "colembed_manifest.json").is_file()
-    info = subprocess.run([sys.executable, "-m", "colembed.cli", "info", str(out)],
-                          capture_output=True, text=True, timeout=120)
+    info = subprocess.run(
+        [sys.executable, "-m", "colembed.cli", "info", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert info.returncode == 0 and '"embedding_dim": 128' in info.stdout
     assert '"family": "colqwen2"' in info.stdout and '"kind": "full"' in info.stdout
     again = subprocess.run(
-        [sys.executable, "-m", "colembed.cli", "info", str(tmp_path)], capture_output=True,
-        text=True, timeout=120)
+        [sys.executable, "-m", "colembed.cli", "info", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert again.returncode == 1 and "colembed export" in again.stderr
 
 
@@ -125,8 +134,12 @@ def test_cli_export_without_torch_says_how_to_install(tmp_path):
         from colembed.cli import main
         sys.exit(main(["export", "some/checkpoint", "--out", sys.argv[1]]))
     """)
-    run = subprocess.run([sys.executable, "-c", script, str(tmp_path / "o")],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode != 0
     assert "colembed[export]" in run.stderr
 
@@ -141,8 +154,12 @@ def test_runtime_works_with_torch_blocked(exported_tiny):
         queries = model.embed_queries(["hello"])
         print(pages[0].shape, queries[0].shape, colembed.score(queries, pages).shape)
     """)
-    run = subprocess.run([sys.executable, "-c", script, str(exported_tiny.folder)],
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "-c", script, str(exported_tiny.folder)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert "(1, 1)" in run.stdout
 
@@ -195,8 +212,9 @@ def test_control_characters_are_text_as_in_the_reference(tiny_model, encoder, re
     for i, ids in enumerate(encoder.encode_queries(texts)):
         row = want["input_ids"][i][want["attention_mask"][i] == 1].numpy()
         np.testing.assert_array_equal(ids, row)
-    assert [v.shape[0] for v in tiny_model.embed_queries(texts)] == [len(i) for i in
-                                                                     encoder.encode_queries(texts)]
+    assert [v.shape[0] for v in tiny_model.embed_queries(texts)] == [
+        len(i) for i in encoder.encode_queries(texts)
+    ]
 
 
 @pytest.mark.parametrize("single", ["page.png", b"\x89PNG", "PATH", "IMAGE", "FILE"])
@@ -205,8 +223,9 @@ def test_one_image_instead_of_a_list_is_refused(tiny_model, tmp_path, single):
 
     page = _page(40, 40)
     page.save(tmp_path / "page.png")
-    single = {"PATH": Path(tmp_path / "page.png"), "IMAGE": page,
-              "FILE": io.BytesIO(b"data")}.get(single, single)
+    single = {"PATH": Path(tmp_path / "page.png"), "IMAGE": page, "FILE": io.BytesIO(b"data")}.get(
+        single, single
+    )
     with pytest.raises(InputError, match="single .*wrap it in a list"):
         tiny_model.embed_images(single)
     with pytest.raises(InputError, match="single"):
@@ -215,11 +234,22 @@ def test_one_image_instead_of_a_list_is_refused(tiny_model, tmp_path, single):
         tiny_model.embed_queries(42)
 
 
-@pytest.mark.parametrize("error", [TypeError, KeyError, SyntaxError, IndexError,
-                                   ZeroDivisionError, EOFError, __import__("struct").error])
+@pytest.mark.parametrize(
+    "error",
+    [
+        TypeError,
+        KeyError,
+        SyntaxError,
+        IndexError,
+        ZeroDivisionError,
+        EOFError,
+        __import__("struct").error,
+    ],
+)
 def test_any_decoder_failure_is_the_items_image_error(tiny_model, error):
     """A decoder raising something other than OSError (corrupt multi-frame TIFFs raise TypeError,
     KeyError, SyntaxError) is that page's ImageError; the pages before it are kept."""
+
     class Failing(io.BytesIO):
         def read(self, *args):
             raise error("decoder failure")
@@ -236,8 +266,9 @@ def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder, tiny
     from colembed.errors import QueryTruncatedWarning
 
     limit = encoder.max_query_tokens
-    assert limit == len(encoder.page_prompt_ids(
-        encoder.config.max_pixels // encoder.config.pixels_per_image_token))
+    assert limit == len(
+        encoder.page_prompt_ids(encoder.config.max_pixels // encoder.config.pixels_per_image_token)
+    )
     long = "word " * (3 * limit)
     with pytest.warns(QueryTruncatedWarning, match=rf"item 1: query of \d+ tokens cut to {limit}"):
         ids = encoder.encode_queries(["short", long])
@@ -248,7 +279,7 @@ def test_long_query_is_cut_to_the_bound_with_a_warning(tiny_model, encoder, tiny
     full = np.asarray(untouched.encode(encoder.config.query_prefix + long).ids)
     pad = encoder.config.pad_token_id
     count = encoder.config.query_augmentation_count
-    np.testing.assert_array_equal(ids[1][:-count], full[:limit - count])
+    np.testing.assert_array_equal(ids[1][:-count], full[: limit - count])
     assert (ids[1][-count:] == pad).all()
     with pytest.warns(QueryTruncatedWarning):
         (vector,) = tiny_model.embed_queries([long])

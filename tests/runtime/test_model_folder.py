@@ -56,12 +56,14 @@ def test_graph_whose_inputs_differ_from_manifest(copy_model_folder):
 
     def edit(manifest):
         manifest["files"]["text.onnx"] = describe_file(folder / "text.onnx")
+
     _rewrite_manifest(folder, edit)
     with pytest.raises(ModelFolderError, match=r"text\.onnx.*external data.*vision\.onnx_data"):
         colembed.load(folder)  # it reads the vision weights, which its entry does not list
 
     def edit_data(manifest):
         manifest["variants"]["fp32"]["text"]["data_file"] = "vision.onnx_data"
+
     _rewrite_manifest(folder, edit_data)
     with pytest.raises(ModelFolderError, match=r"text\.onnx.*contract"):
         colembed.load(folder)
@@ -167,7 +169,9 @@ def _set(path):
                 del node[key]
             else:
                 node[key] = value
+
         return apply
+
     return edit
 
 
@@ -189,35 +193,46 @@ MALFORMED = [  # (edit, value, the field the error must name)
     ("preprocess/image_std", [1, 0, 1], r"image_std must not contain 0"),
     ("model/name", DELETE, r"model\.name: missing"),
     ("model/random_weights", "yes", r"model\.random_weights: expected bool"),
-    ("variants/fp32/text/contract/inputs/0/dtype", "float64",
-     r"variants\.fp32\.text\.contract\.inputs\[0\]\.dtype"),
+    (
+        "variants/fp32/text/contract/inputs/0/dtype",
+        "float64",
+        r"variants\.fp32\.text\.contract\.inputs\[0\]\.dtype",
+    ),
     ("variants/fp32/text/contract/outputs/0/dims/2", 64, r"variants\.fp32\.text.*width 64 != 128"),
     ("variants/fp32/vision", DELETE, r"variants\.fp32: has graphs \['text'\]"),
     ("variants/fp32/text/file", "/etc/passwd", r"variants\.fp32\.text\.file.*not a plain"),
     ("variants/fp32/text/file", "../text.onnx", r"variants\.fp32\.text\.file.*not a plain"),
     ("variants/fp32/text/data_file", "nowhere.bin", r"nowhere\.bin is not described"),
     ("checks/fp32/max_abs_diff", "small", r"checks\.fp32\.max_abs_diff: expected float"),
-    ("checks/int8", {"mean_cosine": 1.0, "min_cosine": 1.0}, r"checks: \['int8'\] are not variants"),
+    (
+        "checks/int8",
+        {"mean_cosine": 1.0, "min_cosine": 1.0},
+        r"checks: \['int8'\] are not variants",
+    ),
     ("files/tokenizer.json", DELETE, r"tokenizer\.json is not described"),
 ]
 
 
 @pytest.mark.parametrize("path, value, message", MALFORMED, ids=[m[0] for m in MALFORMED])
-def test_malformed_manifest_fails_at_load_naming_the_field(copy_model_folder, capsys, path, value,
-                                                           message):
+def test_malformed_manifest_fails_at_load_naming_the_field(
+    copy_model_folder, capsys, path, value, message
+):
     from colembed.cli import main
 
     folder = copy_model_folder()
     _rewrite_manifest(folder, _set(path)(value))
     with pytest.raises(ManifestError, match=message):
         colembed.load(folder)
-    assert main(["info", str(folder)]) == 1  # a clean runtime error (2 is for usage errors), no traceback
+    assert (
+        main(["info", str(folder)]) == 1
+    )  # a clean runtime error (2 is for usage errors), no traceback
     err = capsys.readouterr().err
     assert err.startswith("colembed: error:") and "Traceback" not in err
 
 
-def test_a_link_out_of_the_folder_is_refused_without_revealing_the_target(copy_model_folder,
-                                                                          tmp_path):
+def test_a_link_out_of_the_folder_is_refused_without_revealing_the_target(
+    copy_model_folder, tmp_path
+):
     folder = copy_model_folder()
     outside = tmp_path / "secret.bin"
     outside.write_bytes(b"x" * 12345)
@@ -237,6 +252,7 @@ def test_unlisted_external_data_is_refused(copy_model_folder):
     def unlist(manifest):
         manifest["variants"]["fp32"]["text"]["data_file"] = None
         del manifest["files"]["text.onnx_data"]
+
     _rewrite_manifest(folder, unlist)
     data = folder / "text.onnx_data"
     raw = bytearray(data.read_bytes())
@@ -259,8 +275,11 @@ def test_same_size_edit_with_mtime_restored_is_caught_by_default(copy_model_fold
         f.write(bytes([byte[0] ^ 0xFF]))
     os.utime(data, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = data.stat()
-    assert (after.st_size, after.st_mtime_ns, after.st_ino) == \
-        (before.st_size, before.st_mtime_ns, before.st_ino)
+    assert (after.st_size, after.st_mtime_ns, after.st_ino) == (
+        before.st_size,
+        before.st_mtime_ns,
+        before.st_ino,
+    )
     with pytest.raises(ModelFolderError, match=r"text\.onnx_data.*sha256"):
         colembed.load(folder)
 
@@ -278,15 +297,28 @@ def test_external_data_references_are_read_without_onnx(exported_tiny, tmp_path)
     assert external_data_files(exported_tiny.folder / "maxsim.onnx") == set()
     big = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
     const = numpy_helper.from_array(np.ones((64, 64), np.float32), "c")
-    then = helper.make_graph([helper.make_node("Constant", [], ["y"], value=const)], "then", [],
-                             [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    then = helper.make_graph(
+        [helper.make_node("Constant", [], ["y"], value=const)],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+    )
     graph = helper.make_graph(
-        [helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=then)], "g",
+        [helper.make_node("If", ["flag"], ["y"], then_branch=then, else_branch=then)],
+        "g",
         [helper.make_tensor_value_info("flag", onnx.TensorProto.BOOL, [])],
-        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)], initializer=[big])
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        initializer=[big],
+    )
     model = helper.make_model(graph)
-    onnx.save(model, tmp_path / "m.onnx", save_as_external_data=True,
-              all_tensors_to_one_file=False, size_threshold=0, convert_attribute=True)
+    onnx.save(
+        model,
+        tmp_path / "m.onnx",
+        save_as_external_data=True,
+        all_tensors_to_one_file=False,
+        size_threshold=0,
+        convert_attribute=True,
+    )
     assert external_data_files(tmp_path / "m.onnx") == {"w", "c"}  # "c": in the If's branches
     for bad in (b"", b"\xff\xff\xff", b"\x3a\x7f"):
         (tmp_path / "bad.onnx").write_bytes(bad)
@@ -302,13 +334,15 @@ def test_embedding_dim_is_checked_against_the_text_graph(copy_model_folder):
         manifest["embedding_dim"] = manifest["architecture"]["embedding_dim"] = 64
         for graphs in manifest["variants"].values():
             graphs["text"]["contract"]["outputs"][0]["dims"][-1] = 64
+
     _rewrite_manifest(folder, claim_64)
     with pytest.raises(ModelFolderError, match=r"text\.onnx.*contract.*embeddings"):
         colembed.load(folder)
 
 
-def test_image_graph_whose_rows_disagree_with_the_prompt_is_a_named_error(copy_model_folder,
-                                                                          tmp_path):
+def test_image_graph_whose_rows_disagree_with_the_prompt_is_a_named_error(
+    copy_model_folder, tmp_path
+):
     """A vision graph that drops its last feature row, hashed into the manifest (so it loads):
     the first page fails with GraphOutputError naming the folder, not a bare RuntimeError; queries,
     which never run the image graph, still work."""
@@ -323,13 +357,17 @@ def test_image_graph_whose_rows_disagree_with_the_prompt_is_a_named_error(copy_m
     for node in model.graph.node:
         node.output[:] = [inner if name == output.name else name for name in node.output]
     for name, values in (("drop_start", [0]), ("drop_end", [-1]), ("drop_axis", [1])):
-        model.graph.initializer.append(helper.make_tensor(name, onnx.TensorProto.INT64, [1], values))
-    model.graph.node.append(helper.make_node("Slice", [inner, "drop_start", "drop_end", "drop_axis"],
-                                             [output.name]))
+        model.graph.initializer.append(
+            helper.make_tensor(name, onnx.TensorProto.INT64, [1], values)
+        )
+    model.graph.node.append(
+        helper.make_node("Slice", [inner, "drop_start", "drop_end", "drop_axis"], [output.name])
+    )
     onnx.save(model, graph_path)  # its weights stay in vision.onnx_data, referenced as before
 
     def rehash(manifest):
         manifest["files"]["vision.onnx"] = describe_file(graph_path)
+
     _rewrite_manifest(folder, rehash)
     model = colembed.load(folder)
     assert model.embed_queries(["still fine"])[0].shape[1] == model.embedding_size

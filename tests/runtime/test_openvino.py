@@ -26,8 +26,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.fixtures.samples import PAGES, QUERIES
 
-ov = pytest.importorskip("openvino", reason="the OpenVINO runtime is not installed (the "
-                                            "openvino extra: pip install 'colembed[openvino]')")
+ov = pytest.importorskip(
+    "openvino",
+    reason="the OpenVINO runtime is not installed (the "
+    "openvino extra: pip install 'colembed[openvino]')",
+)
 
 import colembed  # noqa: E402
 from colembed import provider_choice  # noqa: E402
@@ -54,29 +57,39 @@ def _with_openvino_variants(tmp_path_factory, key: str, source: Path, variants: 
 
 @pytest.fixture(scope="module")
 def colqwen2_openvino(exported_tiny, tmp_path_factory):
-    return _with_openvino_variants(tmp_path_factory, "openvino-tiny", exported_tiny.folder,
-                                   OPENVINO_ALL)
+    return _with_openvino_variants(
+        tmp_path_factory, "openvino-tiny", exported_tiny.folder, OPENVINO_ALL
+    )
 
 
 @pytest.fixture(scope="module")
 def colqwen2_5_openvino(exported_tiny_2_5_alt, tmp_path_factory):
-    return _with_openvino_variants(tmp_path_factory, "openvino-tiny-2.5-alt",
-                                   exported_tiny_2_5_alt.folder, ["openvino"])
+    return _with_openvino_variants(
+        tmp_path_factory, "openvino-tiny-2.5-alt", exported_tiny_2_5_alt.folder, ["openvino"]
+    )
 
 
 @pytest.fixture(scope="module")
 def colqwen3_openvino(tmp_path_factory):
     from tests.fixtures.qwen3 import exported
 
-    return _with_openvino_variants(tmp_path_factory, "openvino-tiny-3-alt",
-                                   exported(tmp_path_factory, "tiny-3-alt"), ["openvino"])
+    return _with_openvino_variants(
+        tmp_path_factory,
+        "openvino-tiny-3-alt",
+        exported(tmp_path_factory, "tiny-3-alt"),
+        ["openvino"],
+    )
 
 
 @pytest.fixture(scope="module", params=["colqwen2", "colqwen2.5", "colqwen3"])
 def family_openvino(request):
     return request.param, request.getfixturevalue(
-        {"colqwen2": "colqwen2_openvino", "colqwen2.5": "colqwen2_5_openvino",
-         "colqwen3": "colqwen3_openvino"}[request.param])
+        {
+            "colqwen2": "colqwen2_openvino",
+            "colqwen2.5": "colqwen2_5_openvino",
+            "colqwen3": "colqwen3_openvino",
+        }[request.param]
+    )
 
 
 # ------------------------------------------------------------------------ why a form of its own
@@ -86,8 +99,9 @@ def _with_output(src: Path, dst: Path, node_op: str) -> str:
 
     model = onnx.load(str(src))
     node = next(n for n in model.graph.node if n.op_type == node_op)
-    model.graph.output.append(onnx.helper.make_tensor_value_info(node.output[0],
-                                                                 onnx.TensorProto.FLOAT, None))
+    model.graph.output.append(
+        onnx.helper.make_tensor_value_info(node.output[0], onnx.TensorProto.FLOAT, None)
+    )
     onnx.save(model, str(dst))
     return node.output[0]
 
@@ -120,8 +134,12 @@ def test_fp32_vision_rotary_means_another_thing_on_openvino(colqwen2_openvino, t
     probe = tmp_path / "vision-rotary.onnx"
     name = _with_output(folder / "vision.onnx", probe, "RotaryEmbedding")
     assert _openvino_gap(probe, probe, name, feeds) > 1e-2
-    assert _openvino_gap(folder / "vision.openvino.onnx", folder / "vision.onnx", "image_features",
-                         feeds) < 1e-5
+    assert (
+        _openvino_gap(
+            folder / "vision.openvino.onnx", folder / "vision.onnx", "image_features", feeds
+        )
+        < 1e-5
+    )
 
 
 def test_openvino_cache_corrupts_its_fused_text_rotary(tmp_path):
@@ -133,23 +151,35 @@ def test_openvino_cache_corrupts_its_fused_text_rotary(tmp_path):
     from onnx import TensorProto, helper
 
     heads, head_dim, batch, tokens = 4, 16, 2, 12
-    spec = [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", heads * head_dim]),
-            helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"]),
-            helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["r", head_dim // 2]),
-            helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["r", head_dim // 2])]
-    node = helper.make_node("RotaryEmbedding", ["x", "ids", "cos", "sin"], ["y"],
-                            domain="com.microsoft", num_heads=heads, interleaved=0)
+    spec = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "t", heads * head_dim]),
+        helper.make_tensor_value_info("ids", TensorProto.INT64, ["b", "t"]),
+        helper.make_tensor_value_info("cos", TensorProto.FLOAT, ["r", head_dim // 2]),
+        helper.make_tensor_value_info("sin", TensorProto.FLOAT, ["r", head_dim // 2]),
+    ]
+    node = helper.make_node(
+        "RotaryEmbedding",
+        ["x", "ids", "cos", "sin"],
+        ["y"],
+        domain="com.microsoft",
+        num_heads=heads,
+        interleaved=0,
+    )
     model = helper.make_model(
-        helper.make_graph([node], "rotary", spec, [helper.make_tensor_value_info(
-            "y", TensorProto.FLOAT, None)]),
-        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)])
+        helper.make_graph(
+            [node], "rotary", spec, [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)]
+        ),
+        opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)],
+    )
     path = tmp_path / "rotary.onnx"
     onnx.save(model, str(path))
     rng = np.random.default_rng(0)
-    feeds = {"x": rng.standard_normal((batch, tokens, heads * head_dim), dtype=np.float32),
-             "ids": np.arange(batch * tokens).reshape(batch, tokens),
-             "cos": rng.standard_normal((batch * tokens, head_dim // 2), dtype=np.float32),
-             "sin": rng.standard_normal((batch * tokens, head_dim // 2), dtype=np.float32)}
+    feeds = {
+        "x": rng.standard_normal((batch, tokens, heads * head_dim), dtype=np.float32),
+        "ids": np.arange(batch * tokens).reshape(batch, tokens),
+        "cos": rng.standard_normal((batch * tokens, head_dim // 2), dtype=np.float32),
+        "sin": rng.standard_normal((batch * tokens, head_dim // 2), dtype=np.float32),
+    }
     import onnxruntime as ort
 
     want = ort.InferenceSession(str(path), providers=[CPU]).run(None, feeds)[0]
@@ -172,12 +202,19 @@ def test_the_rule_data_names_what_the_fp32_graphs_need(colqwen2_openvino):
     from colembed_export.graphs.openvino import openvino_problems
 
     folder, _ = colqwen2_openvino
-    vision, text = openvino_problems(folder / "vision.onnx"), openvino_problems(folder / "text.onnx")
+    vision, text = (
+        openvino_problems(folder / "vision.onnx"),
+        openvino_problems(folder / "text.onnx"),
+    )
     assert vision and all("RotaryEmbedding" in p and "offset" in p for p in vision)
     assert any("GroupQueryAttention" in p and "not converted" in p for p in text)
     assert any("RotaryEmbedding" in p and "cache" in p and "offset" not in p for p in text)
-    for graph in ("vision.openvino.onnx", "text.openvino.onnx", "vision.openvino-int8.onnx",
-                  "text.openvino-int8.onnx"):
+    for graph in (
+        "vision.openvino.onnx",
+        "text.openvino.onnx",
+        "vision.openvino-int8.onnx",
+        "text.openvino-int8.onnx",
+    ):
         assert openvino_problems(folder / graph) == []
 
 
@@ -209,14 +246,20 @@ def test_openvino_f32_matches_onnxruntime_fp32_per_token(family_openvino):
     assert {s.precision for s in model._sessions.values()} == {"f32"}
     pages = list(PAGES.values())[:4]
     diffs = {
-        "pages": _max_diff(model.embed_images(pages, batch_size=1),
-                           reference.embed_images(pages, batch_size=1)),
-        "pages batched": _max_diff(model.embed_images(pages, batch_size=4),
-                                   reference.embed_images(pages, batch_size=1)),
-        "queries": _max_diff(model.embed_queries(QUERIES, batch_size=1),
-                             reference.embed_queries(QUERIES, batch_size=1)),
-        "queries batched": _max_diff(model.embed_queries(QUERIES, batch_size=6),
-                                     reference.embed_queries(QUERIES, batch_size=1)),
+        "pages": _max_diff(
+            model.embed_images(pages, batch_size=1), reference.embed_images(pages, batch_size=1)
+        ),
+        "pages batched": _max_diff(
+            model.embed_images(pages, batch_size=4), reference.embed_images(pages, batch_size=1)
+        ),
+        "queries": _max_diff(
+            model.embed_queries(QUERIES, batch_size=1),
+            reference.embed_queries(QUERIES, batch_size=1),
+        ),
+        "queries batched": _max_diff(
+            model.embed_queries(QUERIES, batch_size=6),
+            reference.embed_queries(QUERIES, batch_size=1),
+        ),
     }
     print(f"{family}: OpenVINO f32 vs onnxruntime fp32, max abs per token {diffs}")
     assert max(diffs.values()) <= PARITY_TOLERANCE
@@ -261,7 +304,9 @@ def test_reduced_precision_variants_gated_on_openvino(colqwen2_openvino):
 # ----------------------------------------------------------------------- provider selection
 def test_provider_names_and_options():
     assert resolve_providers("openvino") == [OPENVINO]
-    assert resolve_providers([("OpenVINO", {"precision": "bf16"})]) == [(OPENVINO, {"precision": "bf16"})]
+    assert resolve_providers([("OpenVINO", {"precision": "bf16"})]) == [
+        (OPENVINO, {"precision": "bf16"})
+    ]
     with pytest.raises(ProviderError, match="alone"):
         resolve_providers(["openvino", "cpu"])
     with pytest.raises(ProviderError, match="not a dict"):
@@ -283,19 +328,25 @@ def test_openvino_runs_its_variants_only(colqwen2_openvino):
 def test_threads_and_the_compiled_model_cache(colqwen2_openvino, tmp_path):
     folder, _ = colqwen2_openvino
     cache = tmp_path / "cache"
-    model = colembed.load(folder, providers=[("openvino", {"cache_dir": str(cache)})],
-                          threads=1, verify=False)
+    model = colembed.load(
+        folder, providers=[("openvino", {"cache_dir": str(cache)})], threads=1, verify=False
+    )
     for session in model._sessions.values():
         assert int(session.compiled.get_property("INFERENCE_NUM_THREADS")) == 1
     assert any(cache.iterdir())  # the compiled graphs, read back by the next load
-    again = colembed.load(folder, providers=[("openvino", {"cache_dir": str(cache)})],
-                          threads=1, verify=False)
+    again = colembed.load(
+        folder, providers=[("openvino", {"cache_dir": str(cache)})], threads=1, verify=False
+    )
     reference = colembed.load(folder, verify=False)
     page = [PAGES[next(iter(PAGES))]]
     for loaded in (model, again):
-        assert _max_diff(loaded.embed_queries(QUERIES[:3]),
-                         reference.embed_queries(QUERIES[:3])) <= PARITY_TOLERANCE
-        assert _max_diff(loaded.embed_images(page), reference.embed_images(page)) <= PARITY_TOLERANCE
+        assert (
+            _max_diff(loaded.embed_queries(QUERIES[:3]), reference.embed_queries(QUERIES[:3]))
+            <= PARITY_TOLERANCE
+        )
+        assert (
+            _max_diff(loaded.embed_images(page), reference.embed_images(page)) <= PARITY_TOLERANCE
+        )
 
 
 def test_openvino_missing_is_a_clear_error(monkeypatch):
@@ -308,7 +359,7 @@ def test_openvino_missing_is_a_clear_error(monkeypatch):
 
 
 def test_auto_takes_openvino_only_where_measured_faster(colqwen2_openvino, tmp_path, monkeypatch):
-    """"auto" is onnxruntime's CPU provider until `colembed doctor --measure` recorded OpenVINO's
+    """ "auto" is onnxruntime's CPU provider until `colembed doctor --measure` recorded OpenVINO's
     exact variant as the faster one for this folder on this machine; then OpenVINO runs
     "openvino". A record for another folder or an unreadable one changes nothing."""
     monkeypatch.setenv("COLEMBED_CACHE_DIR", str(tmp_path))
@@ -321,12 +372,20 @@ def test_auto_takes_openvino_only_where_measured_faster(colqwen2_openvino, tmp_p
     assert colembed.load(folder, providers="auto", verify=False).providers == [CPU]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(content=st.one_of(st.binary(max_size=200), st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
-                                                                max_size=3), max_leaves=8)
-    .map(lambda v: json.dumps(v).encode())))
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    content=st.one_of(
+        st.binary(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+            lambda inner: st.lists(inner, max_size=3)
+            | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+            max_leaves=8,
+        ).map(lambda v: json.dumps(v).encode()),
+    )
+)
 def test_a_hostile_choice_record_is_no_measurement(content, tmp_path_factory, monkeypatch):
     """Whatever the record file holds, `measured` returns None or a well-formed choice."""
     home = tmp_path_factory.mktemp("choice")
@@ -345,8 +404,9 @@ def test_fastembed_and_the_index_take_openvino(colqwen2_openvino, tmp_path):
     from colembed.index import Index
 
     folder, _ = colqwen2_openvino
-    embedder = ColQwen2("colqwen2", specific_model_path=str(folder), providers=["openvino"],
-                        local_files_only=True)
+    embedder = ColQwen2(
+        "colqwen2", specific_model_path=str(folder), providers=["openvino"], local_files_only=True
+    )
     assert embedder.model.variant == "openvino" and embedder.model.providers == [OPENVINO]
     reference = colembed.load(folder, verify=False).embed_queries(QUERIES[:2])
     assert _max_diff(list(embedder.embed_text(QUERIES[:2])), reference) <= PARITY_TOLERANCE
@@ -358,8 +418,9 @@ def test_cli_takes_providers_for_the_index(tmp_path):
     from colembed.cli import build_parser
 
     for command in (["index", "x.pdf"], ["search", "q"], ["serve"]):
-        args = build_parser().parse_args([*command, "--db", str(tmp_path), "--providers",
-                                          "openvino"])
+        args = build_parser().parse_args(
+            [*command, "--db", str(tmp_path), "--providers", "openvino"]
+        )
         assert args.providers == "openvino"
 
 

@@ -37,8 +37,9 @@ def test_groups_are_the_least_cost_partition():
     for _ in range(30):
         lengths = [int(x) for x in rng.integers(5, 400, int(rng.integers(1, 9)))]
         cells = int(rng.integers(400**2, 4 * 400**2))
-        cost = lambda groups: sum(runtime_model.RUN_COST_TOKENS  # noqa: E731
-                                  + len(g) * max(lengths[i] for i in g) for g in groups)
+        cost = lambda groups: sum(  # noqa: E731
+            runtime_model.RUN_COST_TOKENS + len(g) * max(lengths[i] for i in g) for g in groups
+        )
         got = _length_groups(lengths, cells)
         assert sorted(i for g in got for i in g) == list(range(len(lengths)))
         assert all(len(g) == 1 or len(g) * max(lengths[i] for i in g) ** 2 <= cells for g in got)
@@ -52,8 +53,9 @@ def test_groups_are_the_least_cost_partition():
                     current = []
                 current.append(i)
             groups.append(current)
-            if all(len(g) == 1 or len(g) * max(lengths[i] for i in g) ** 2 <= cells
-                   for g in groups):
+            if all(
+                len(g) == 1 or len(g) * max(lengths[i] for i in g) ** 2 <= cells for g in groups
+            ):
                 best = min(best, cost(groups))
         assert cost(got) == best
 
@@ -67,8 +69,10 @@ def shrinking_runs(monkeypatch):
     real_run = ort.InferenceSession.run
 
     def run(self, output_names, input_feed, run_options=None):
-        shrinks = run_options is not None and run_options.get_run_config_entry(
-            "memory.enable_memory_arena_shrinkage") == "cpu:0"
+        shrinks = (
+            run_options is not None
+            and run_options.get_run_config_entry("memory.enable_memory_arena_shrinkage") == "cpu:0"
+        )
         runs.append(("text" if "input_ids" in input_feed else "vision", shrinks))
         return real_run(self, output_names, input_feed, run_options)
 
@@ -76,8 +80,9 @@ def shrinking_runs(monkeypatch):
     return runs
 
 
-def test_only_an_unusually_large_query_run_shrinks_the_arena(exported_tiny, shrinking_runs,
-                                                             monkeypatch):
+def test_only_an_unusually_large_query_run_shrinks_the_arena(
+    exported_tiny, shrinking_runs, monkeypatch
+):
     """Ordinary queries and pages run without the shrinking run options (shrinking after every
     run made each next run fault its memory in again); a query group whose attention scores
     exceed SHRINK_AFTER_QUERY_BYTES passes them."""
@@ -129,8 +134,10 @@ def test_threads_spin_within_a_run_and_not_between_runs():
 
     blob = matmul_graph()
     weight = numpy_helper.to_array(onnx.load_from_string(blob).graph.initializer[0])
-    assert dict(RUN_THREAD_CONFIG) == {"session.intra_op.allow_spinning": "1",
-                                       "session.force_spinning_stop": "1"}
+    assert dict(RUN_THREAD_CONFIG) == {
+        "session.intra_op.allow_spinning": "1",
+        "session.force_spinning_stop": "1",
+    }
     session = Session(blob, threads=2)
     config = session.options.get_session_config_entry
     assert config("session.intra_op.allow_spinning") == "1"

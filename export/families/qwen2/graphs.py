@@ -41,8 +41,9 @@ from transformers.models.qwen2_vl.modeling_qwen2_vl import apply_rotary_pos_emb_
 
 
 @torch.library.custom_op("colembed::full_attention", mutates_args=())
-def full_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
-                   scale: float) -> torch.Tensor:
+def full_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int, scale: float
+) -> torch.Tensor:
     """Non-causal attention over (batch, tokens, heads*head_dim) tensors, no mask."""
     batch, tokens, width = query.shape
     q, k, v = (t.reshape(batch, tokens, num_heads, -1).transpose(1, 2) for t in (query, key, value))
@@ -55,9 +56,15 @@ def _(query, key, value, num_heads, scale):
     return torch.empty_like(query)
 
 
-def _contrib_schema(name: str, inputs: tuple[str, ...], attributes: dict[str, str], *,
-                    outputs: tuple[str, ...] = ("output",), optional: tuple[str, ...] = (),
-                    other_types: dict[str, tuple[str, ...]] | None = None):
+def _contrib_schema(
+    name: str,
+    inputs: tuple[str, ...],
+    attributes: dict[str, str],
+    *,
+    outputs: tuple[str, ...] = ("output",),
+    optional: tuple[str, ...] = (),
+    other_types: dict[str, tuple[str, ...]] | None = None,
+):
     """The part of an onnxruntime contrib op's schema we use (onnx's registry does not hold
     them): float inputs "T" unless `other_types` names another constraint for an input;
     `attributes` maps an INT/FLOAT attribute's name to its type's name."""
@@ -68,18 +75,25 @@ def _contrib_schema(name: str, inputs: tuple[str, ...], attributes: dict[str, st
 
     def parameter(n: str) -> OpSchema.FormalParameter:
         kind = next((t for t, names in other_types.items() if n in names), "T")
-        return OpSchema.FormalParameter(n, kind, param_option=option.Optional if n in optional
-                                        else option.Single)
+        return OpSchema.FormalParameter(
+            n, kind, param_option=option.Optional if n in optional else option.Single
+        )
 
     kinds = {"M": ["tensor(int64)"], "I": ["tensor(int32)"]}
     return OpSchema(
-        name, "com.microsoft", 1,
+        name,
+        "com.microsoft",
+        1,
         inputs=[parameter(n) for n in inputs],
         outputs=[OpSchema.FormalParameter(n, "T") for n in outputs],
-        type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float tensors"),
-                          *((t, kinds[t], t) for t in other_types)],
-        attributes=[OpSchema.Attribute(a, getattr(OpSchema.AttrType, kind), a)
-                    for a, kind in attributes.items()],
+        type_constraints=[
+            ("T", ["tensor(float)", "tensor(float16)"], "float tensors"),
+            *((t, kinds[t], t) for t in other_types),
+        ],
+        attributes=[
+            OpSchema.Attribute(a, getattr(OpSchema.AttrType, kind), a)
+            for a, kind in attributes.items()
+        ],
     )
 
 
@@ -90,8 +104,9 @@ def _contrib_op(schema):
 
 
 def _multi_head_attention_schema():
-    return _contrib_schema("MultiHeadAttention", ("query", "key", "value"),
-                           {"num_heads": "INT", "scale": "FLOAT"})
+    return _contrib_schema(
+        "MultiHeadAttention", ("query", "key", "value"), {"num_heads": "INT", "scale": "FLOAT"}
+    )
 
 
 def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
@@ -100,8 +115,9 @@ def _full_attention_onnx(query, key, value, num_heads: int, scale: float):
 
 
 @torch.library.custom_op("colembed::vision_rotary", mutates_args=())
-def vision_rotary(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                  num_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+def vision_rotary(
+    query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The vision tower's rotary on (batch, tokens, heads*head_dim) query and key, with the
     (tokens, head_dim) tables the host makes: the reference's own `apply_rotary_pos_emb_vision`.
 
@@ -124,9 +140,12 @@ def _(query, key, cos, sin, num_heads):
 
 
 def _rotary_embedding_schema():
-    return _contrib_schema("RotaryEmbedding", ("input", "position_ids", "cos_cache", "sin_cache"),
-                           {"num_heads": "INT", "interleaved": "INT"},
-                           other_types={"M": ("position_ids",)})
+    return _contrib_schema(
+        "RotaryEmbedding",
+        ("input", "position_ids", "cos_cache", "sin_cache"),
+        {"num_heads": "INT", "interleaved": "INT"},
+        other_types={"M": ("position_ids",)},
+    )
 
 
 def _vision_rotary_onnx(query, key, cos, sin, num_heads: int):
@@ -136,14 +155,22 @@ def _vision_rotary_onnx(query, key, cos, sin, num_heads: int):
     half = op.Div(op.Shape(cos, start=-1), op.Constant(value_ints=[2]))
     zero, last = op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])
     cos_half, sin_half = (op.Slice(t, zero, half, last) for t in (cos, sin))
-    return tuple(rotary(t, zero, cos_half, sin_half, num_heads=num_heads, interleaved=0)
-                 for t in (query, key))
+    return tuple(
+        rotary(t, zero, cos_half, sin_half, num_heads=num_heads, interleaved=0)
+        for t in (query, key)
+    )
 
 
 @torch.library.custom_op("colembed::text_rotary", mutates_args=())
-def text_rotary(query: torch.Tensor, key: torch.Tensor, cos_half: torch.Tensor,
-                sin_half: torch.Tensor, positions: torch.Tensor, num_heads: int, kv_heads: int
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+def text_rotary(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    cos_half: torch.Tensor,
+    sin_half: torch.Tensor,
+    positions: torch.Tensor,
+    num_heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The language model's rotary on (batch, tokens, heads*head_dim) query and key.
 
     `cos_half` / `sin_half` are (batch*tokens, head_dim/2): each token's own table row (the
@@ -173,13 +200,21 @@ def _(query, key, cos_half, sin_half, positions, num_heads, kv_heads):
 
 def _text_rotary_onnx(query, key, cos_half, sin_half, positions, num_heads: int, kv_heads: int):
     rotary = _contrib_op(_rotary_embedding_schema())
-    return (rotary(query, positions, cos_half, sin_half, num_heads=num_heads, interleaved=0),
-            rotary(key, positions, cos_half, sin_half, num_heads=kv_heads, interleaved=0))
+    return (
+        rotary(query, positions, cos_half, sin_half, num_heads=num_heads, interleaved=0),
+        rotary(key, positions, cos_half, sin_half, num_heads=kv_heads, interleaved=0),
+    )
 
 
 @torch.library.custom_op("colembed::causal_attention", mutates_args=())
-def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, num_heads: int,
-                     kv_heads: int, scale: float) -> torch.Tensor:
+def causal_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    num_heads: int,
+    kv_heads: int,
+    scale: float,
+) -> torch.Tensor:
     """Causal grouped-query attention over (batch, tokens, heads*head_dim) query and
     (batch, tokens, kv_heads*head_dim) key and value, with no padding mask: the batch must be
     right-padded, as colembed's tokenizer pads (preprocess/text.py `pad_batch`). Then a real
@@ -196,8 +231,12 @@ def causal_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     """
     batch, tokens, _ = query.shape
     q = query.reshape(batch, tokens, num_heads, -1).transpose(1, 2)
-    k, v = (t.reshape(batch, tokens, kv_heads, -1).transpose(1, 2)
-            .repeat_interleave(num_heads // kv_heads, dim=1) for t in (key, value))
+    k, v = (
+        t.reshape(batch, tokens, kv_heads, -1)
+        .transpose(1, 2)
+        .repeat_interleave(num_heads // kv_heads, dim=1)
+        for t in (key, value)
+    )
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
     return out.transpose(1, 2).reshape(batch, tokens, -1)
 
@@ -212,8 +251,10 @@ def _group_query_attention_schema():
         "GroupQueryAttention",
         ("query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length"),
         {"num_heads": "INT", "kv_num_heads": "INT", "scale": "FLOAT"},
-        outputs=("output", "present_key", "present_value"), optional=("past_key", "past_value"),
-        other_types={"I": ("seqlens_k", "total_sequence_length")})
+        outputs=("output", "present_key", "present_value"),
+        optional=("past_key", "past_value"),
+        other_types={"I": ("seqlens_k", "total_sequence_length")},
+    )
 
 
 def _causal_attention_onnx(query, key, value, num_heads: int, kv_heads: int, scale: float):
@@ -222,23 +263,38 @@ def _causal_attention_onnx(query, key, value, num_heads: int, kv_heads: int, sca
 
     attention = _contrib_op(_group_query_attention_schema())
     tokens = op.Shape(query, start=1, end=2)  # (1,) int64
-    last = op.Cast(op.Expand(op.Sub(tokens, op.Constant(value_ints=[1])),
-                             op.Shape(query, start=0, end=1)), to=INT32.dtype)
+    last = op.Cast(
+        op.Expand(op.Sub(tokens, op.Constant(value_ints=[1])), op.Shape(query, start=0, end=1)),
+        to=INT32.dtype,
+    )
     total = op.Cast(op.Squeeze(tokens), to=INT32.dtype)
-    out, _, _ = attention(query, key, value, None, None, last, total,
-                          num_heads=num_heads, kv_num_heads=kv_heads, scale=scale)
+    out, _, _ = attention(
+        query,
+        key,
+        value,
+        None,
+        None,
+        last,
+        total,
+        num_heads=num_heads,
+        kv_num_heads=kv_heads,
+        scale=scale,
+    )
     return out
 
 
 # torch op -> ONNX translation, handed to `torch.onnx.export(custom_translation_table=...)`.
-ONNX_TRANSLATIONS = {torch.ops.colembed.full_attention.default: _full_attention_onnx,
-                     torch.ops.colembed.vision_rotary.default: _vision_rotary_onnx,
-                     torch.ops.colembed.text_rotary.default: _text_rotary_onnx,
-                     torch.ops.colembed.causal_attention.default: _causal_attention_onnx}
+ONNX_TRANSLATIONS = {
+    torch.ops.colembed.full_attention.default: _full_attention_onnx,
+    torch.ops.colembed.vision_rotary.default: _vision_rotary_onnx,
+    torch.ops.colembed.text_rotary.default: _text_rotary_onnx,
+    torch.ops.colembed.causal_attention.default: _causal_attention_onnx,
+}
 
 
-def qkv_with_rotary(attn: nn.Module, hidden_states: torch.Tensor, position_embeddings
-                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def qkv_with_rotary(
+    attn: nn.Module, hidden_states: torch.Tensor, position_embeddings
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A vision attention's query, key and value, each (images, patches, heads * head_dim), the
     rotary applied to query and key by `vision_rotary`.
 
@@ -305,8 +361,9 @@ class ImageGraph(nn.Module):
         return merged.reshape(images, -1, merged.shape[-1])
 
 
-def per_token_tables(cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | None
-                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def per_token_tables(
+    cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[int] | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The text rotary embedding's (cos, sin) -> what `text_rotary` takes: (batch*tokens,
     head_dim/2) half tables and (batch, tokens) row positions, made once for all layers.
 
@@ -329,20 +386,24 @@ def per_token_tables(cos: torch.Tensor, sin: torch.Tensor, mrope_section: list[i
     return cos.reshape(rows, width)[:, :half], sin.reshape(rows, width)[:, :half], positions
 
 
-def _fused_text_attention(self, hidden_states: torch.Tensor, position_embeddings=None,
-                          **_: object):
+def _fused_text_attention(self, hidden_states: torch.Tensor, position_embeddings=None, **_: object):
     """The text attention's forward (Qwen2-VL, Qwen2.5-VL, Qwen3-VL) with fused kernels: the
     checkpoint's own q/k/v/o projections and, where the family has them (Qwen3-VL), its per-head
     q/k norms; the rotary and the attention as `text_rotary` and `causal_attention`, with no
     (batch, heads, tokens, head_dim) layout in between. `position_embeddings` is what
     `per_token_tables` made; batches are right-padded (see `causal_attention`)."""
     if getattr(self, "sliding_window", None) is not None:
-        raise ValueError("sliding-window text attention is not exported (the configs of this "
-                         "family do not use it)")
+        raise ValueError(
+            "sliding-window text attention is not exported (the configs of this "
+            "family do not use it)"
+        )
     batch, tokens, _ = hidden_states.shape
     heads, kv_heads = self.config.num_attention_heads, self.config.num_key_value_heads
-    query, key, value = (self.q_proj(hidden_states), self.k_proj(hidden_states),
-                         self.v_proj(hidden_states))
+    query, key, value = (
+        self.q_proj(hidden_states),
+        self.k_proj(hidden_states),
+        self.v_proj(hidden_states),
+    )
     if hasattr(self, "q_norm"):  # per head, over head_dim
         query = self.q_norm(query.reshape(batch, tokens, heads, -1)).reshape(query.shape)
         key = self.k_norm(key.reshape(batch, tokens, kv_heads, -1)).reshape(key.shape)
@@ -413,8 +474,9 @@ def example_grid(preprocess, attention) -> tuple[int, int, int]:
     merge = preprocess.merge_size
     if attention.kind == FULL:
         return (1, 2 * merge, 3 * merge)
-    side = merge * merged_window_side(window_size=attention.window_size, merge_size=merge,
-                                      patch_size=preprocess.patch_size)
+    side = merge * merged_window_side(
+        window_size=attention.window_size, merge_size=merge, patch_size=preprocess.patch_size
+    )
     return (1, side, 2 * side + merge)
 
 
@@ -427,16 +489,21 @@ def example_vision_inputs(preprocess, attention, images: int = 2, extras=None) -
     grid = example_grid(preprocess, attention)
     patches = grid[0] * grid[1] * grid[2]
     head_dim = preprocess.vision_head_dim
-    extra = attention.grid_inputs(grid, merge_size=preprocess.merge_size,
-                                  patch_size=preprocess.patch_size)
+    extra = attention.grid_inputs(
+        grid, merge_size=preprocess.merge_size, patch_size=preprocess.patch_size
+    )
     specs = vision_contract(preprocess.patch_dim, head_dim, 1).inputs + attention.extra_inputs
     if extras is not None:
         from colembed.preprocess.vision_positions import POSITION_INPUTS
 
         extra = (*extra, *extras.grid_inputs(grid, merge_size=preprocess.merge_size))
         specs = specs + POSITION_INPUTS
-    args = (torch.randn(images, patches, preprocess.patch_dim), torch.randn(patches, head_dim),
-            torch.randn(patches, head_dim), *(torch.from_numpy(array) for array in extra))
+    args = (
+        torch.randn(images, patches, preprocess.patch_dim),
+        torch.randn(patches, head_dim),
+        torch.randn(patches, head_dim),
+        *(torch.from_numpy(array) for array in extra),
+    )
     sizes = {"merged_tokens": {patches // preprocess.merge_size**2}}
     for spec, arg in zip(specs, args):
         for dim, size in zip(spec.dims, arg.shape):
@@ -461,5 +528,7 @@ def example_inputs(model: nn.Module, preprocess, attention, extras=None) -> dict
     text_args = (ids, mask, positions, index, torch.randn(3, hidden))
     if extras is not None:
         text_args += (torch.randn(extras.deepstack_layers, 3, hidden),)
-    return {"vision": example_vision_inputs(preprocess, attention, extras=extras),
-            "text": text_args}
+    return {
+        "vision": example_vision_inputs(preprocess, attention, extras=extras),
+        "text": text_args,
+    }

@@ -41,8 +41,10 @@ from .layouts import (
     to_transformers_module,
 )
 
-PEFT_NOTES = ("The PEFT config's `base_model_name_or_path` was renamed",
-              "Input and output embeddings are no longer tied")
+PEFT_NOTES = (
+    "The PEFT config's `base_model_name_or_path` was renamed",
+    "Input and output embeddings are no longer tied",
+)
 # Path pieces of peft's wrappers in saved keys (`q_proj.base_layer.bias`: a trained bias of a LoRA
 # layer; `custom_text_proj.modules_to_save.weight`: the trained copy) and the untrained copy it
 # also saves with bias="all" (measured with peft 0.21: tests/export/families/qwen2_5/test_models.py).
@@ -65,8 +67,9 @@ def adapter_config(folder: str | Path) -> dict:
         raise ModelFolderError(f"peft_type {kind!r}: only LoRA adapters can be merged", path=path)
     for key in UNSUPPORTED_CONFIG:
         if config.get(key):
-            raise ModelFolderError(f"{key} is not supported in a ColQwen2.5 adapter "
-                                   f"(got {config[key]!r})", path=path)
+            raise ModelFolderError(
+                f"{key} is not supported in a ColQwen2.5 adapter (got {config[key]!r})", path=path
+            )
     return config
 
 
@@ -80,19 +83,25 @@ def adapter_base(folder: str | Path, base: str | Path | None = None) -> Path:
     folder = Path(folder)
     if base is not None:
         if not Path(base).expanduser().is_dir():
-            raise ModelFolderError("the base model given for the adapter is not a folder", path=base)
+            raise ModelFolderError(
+                "the base model given for the adapter is not a folder", path=base
+            )
         return Path(base).expanduser().resolve()
     name = adapter_config(folder).get("base_model_name_or_path")
     if not name:
-        raise ModelFolderError("the adapter names no base_model_name_or_path; pass the base "
-                               "checkpoint folder with --base PATH", path=folder / ADAPTER_CONFIG)
+        raise ModelFolderError(
+            "the adapter names no base_model_name_or_path; pass the base "
+            "checkpoint folder with --base PATH",
+            path=folder / ADAPTER_CONFIG,
+        )
     try:
         return resolve_checkpoint(name).folder
     except ExportError as e:
         raise ModelFolderError(
             f"the adapter's base model {name!r} (base_model_name_or_path) is not a local folder "
             f"and could not be downloaded ({e}); download it and pass it with --base PATH",
-            path=folder / ADAPTER_CONFIG) from e
+            path=folder / ADAPTER_CONFIG,
+        ) from e
 
 
 def adapter_weights(folder: str | Path) -> tuple[dict, dict]:
@@ -128,8 +137,11 @@ def adapter_weights(folder: str | Path) -> tuple[dict, dict]:
         else:
             unknown.append(key)
     if unknown:
-        raise ModelFolderError(f"adapter weights for no ColQwen2.5 module, or not LoRA and not in "
-                               f"modules_to_save: {unknown[:5]}", path=path)
+        raise ModelFolderError(
+            f"adapter weights for no ColQwen2.5 module, or not LoRA and not in "
+            f"modules_to_save: {unknown[:5]}",
+            path=path,
+        )
     return lora, whole
 
 
@@ -151,21 +163,30 @@ def merge_adapter(folder: str | Path, *, base: str | Path | None = None):
     adapter_config(folder)  # refuses what cannot be merged before the base is loaded
     base_folder = adapter_base(folder, base)
     if is_adapter(base_folder):
-        raise ModelFolderError("the adapter's base is itself an adapter; merge it first", path=base_folder)
+        raise ModelFolderError(
+            "the adapter's base is itself an adapter; merge it first", path=base_folder
+        )
     lora, whole = adapter_weights(folder)
     model = load_colqwen2_5(base_folder)
-    targets = sorted({key[len(PEFT_PREFIX):key.index(LORA_MARKER)] for key in lora})
+    targets = sorted({key[len(PEFT_PREFIX) : key.index(LORA_MARKER)] for key in lora})
     modules = dict(model.named_modules())
     params = dict(model.named_parameters())
     absent = [t for t in targets if t not in modules]
     if not targets or absent:
-        raise ModelFolderError(f"adapter modules absent from the base model: {absent[:5] or 'all'}",
-                               path=folder / ADAPTER_WEIGHTS)
-    misfit = [f"{k} {tuple(v.shape)}" for k, v in whole.items()
-              if k not in params or params[k].shape != v.shape]
+        raise ModelFolderError(
+            f"adapter modules absent from the base model: {absent[:5] or 'all'}",
+            path=folder / ADAPTER_WEIGHTS,
+        )
+    misfit = [
+        f"{k} {tuple(v.shape)}"
+        for k, v in whole.items()
+        if k not in params or params[k].shape != v.shape
+    ]
     if misfit:
-        raise ModelFolderError(f"saved tensors that fit no parameter of the base: {misfit[:5]}",
-                               path=folder / ADAPTER_WEIGHTS)
+        raise ModelFolderError(
+            f"saved tensors that fit no parameter of the base: {misfit[:5]}",
+            path=folder / ADAPTER_WEIGHTS,
+        )
     config = LoraConfig.from_pretrained(str(folder))
     # Target exactly the modules the weights name (the saved regex speaks the training layout);
     # whole tensors are applied after the merge, not by peft's modules_to_save wrappers.
@@ -174,14 +195,17 @@ def merge_adapter(folder: str | Path, *, base: str | Path | None = None):
     config.modules_to_save, config.bias = None, "none"
     config.inference_mode = True
     with warnings.catch_warnings():  # peft's notes on renaming the base path and on untying
-        for note in PEFT_NOTES:       # the embeddings (targets never include them)
+        for note in PEFT_NOTES:  # the embeddings (targets never include them)
             warnings.filterwarnings("ignore", message=re.escape(note), category=UserWarning)
         wrapped = get_peft_model(model, config)
         result = set_peft_model_state_dict(wrapped, lora)
         missing = [k for k in result.missing_keys if LORA_MARKER in k]
         if missing or result.unexpected_keys:
-            raise ModelFolderError(f"adapter weights do not fit the base: missing {missing[:5]}, "
-                                   f"unexpected {list(result.unexpected_keys)[:5]}", path=folder)
+            raise ModelFolderError(
+                f"adapter weights do not fit the base: missing {missing[:5]}, "
+                f"unexpected {list(result.unexpected_keys)[:5]}",
+                path=folder,
+            )
         merged = wrapped.merge_and_unload(safe_merge=True).eval()
     merged_params = dict(merged.named_parameters())
     with torch.no_grad():
@@ -216,8 +240,15 @@ def merge_to_folder(adapter: Path, out: Path, *, base: str | Path | None = None)
     return out
 
 
-def export_adapter(export: Callable[..., Any], source: str | Path, out_dir: str | Path, *,
-                   base: str | Path | None, revision: str | None, **options: Any) -> Any:
+def export_adapter(
+    export: Callable[..., Any],
+    source: str | Path,
+    out_dir: str | Path,
+    *,
+    base: str | Path | None,
+    revision: str | None,
+    **options: Any,
+) -> Any:
     """`export(checkpoint, out_dir, **options)` (the exporter's `export_model`) on the adapter
     merged into its base. The merged checkpoint lives in a marked work folder beside the
     destination and is removed afterwards, whatever happens; the manifest names the adapter."""
@@ -226,20 +257,35 @@ def export_adapter(export: Callable[..., Any], source: str | Path, out_dir: str 
     options.pop("source_label", None)
     adapter = adapter_source(source, revision)
     if adapter is None:
-        raise ModelFolderError("a base model was given, but this is not an adapter (no "
-                               f"{ADAPTER_CONFIG})", path=source)
+        raise ModelFolderError(
+            f"a base model was given, but this is not an adapter (no {ADAPTER_CONFIG})", path=source
+        )
     out = Path(out_dir)
-    work = safe_fs.make_work_folder(out.parent / f".{out.name}.merged-adapter",
-                                    "colembed export: a LoRA adapter merged into its base")
+    work = safe_fs.make_work_folder(
+        out.parent / f".{out.name}.merged-adapter",
+        "colembed export: a LoRA adapter merged into its base",
+    )
     try:
         merged = merge_to_folder(adapter, work / "checkpoint", base=base)
-        label = f"{source} (LoRA adapter{f' @ {revision}' if revision else ''}) merged into " \
-                f"{base or adapter_config(adapter).get('base_model_name_or_path')}"
+        label = (
+            f"{source} (LoRA adapter{f' @ {revision}' if revision else ''}) merged into "
+            f"{base or adapter_config(adapter).get('base_model_name_or_path')}"
+        )
         return export(merged, out_dir, source_label=label, **options)
     finally:
         safe_fs.remove_tree(work, owner=safe_fs.is_work_folder)
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_TO_TRANSFORMERS", "ADAPTER_WEIGHTS", "adapter_base",
-           "adapter_config", "adapter_source", "adapter_weights", "export_adapter", "is_adapter",
-           "merge_adapter", "merge_to_folder"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_TO_TRANSFORMERS",
+    "ADAPTER_WEIGHTS",
+    "adapter_base",
+    "adapter_config",
+    "adapter_source",
+    "adapter_weights",
+    "export_adapter",
+    "is_adapter",
+    "merge_adapter",
+    "merge_to_folder",
+]

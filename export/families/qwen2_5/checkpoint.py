@@ -25,7 +25,7 @@ from .layouts import WEIGHTS_FILE, WEIGHTS_INDEX, is_adapter, to_transformers_ke
 
 
 def checkpoint_layout(folder: str | Path) -> str:
-    """"transformers" or "colpali", from config.json; ModelFolderError for anything else."""
+    """ "transformers" or "colpali", from config.json; ModelFolderError for anything else."""
     config = _config(Path(folder))
     nested = config.get("vlm_config") if isinstance(config.get("vlm_config"), dict) else {}
     if config.get("model_type") == "colqwen2" and nested.get("model_type") == "qwen2_5_vl":
@@ -47,9 +47,11 @@ def load_colqwen2_5(folder: str | Path):
 
     folder = Path(folder)
     if is_adapter(folder):
-        raise ModelFolderError("a PEFT adapter, not a full checkpoint: merge it into its base "
-                               "(colembed_export.families.qwen2_5.adapter.merge_adapter, or `colembed export` it)",
-                               path=folder)
+        raise ModelFolderError(
+            "a PEFT adapter, not a full checkpoint: merge it into its base "
+            "(colembed_export.families.qwen2_5.adapter.merge_adapter, or `colembed export` it)",
+            path=folder,
+        )
     if checkpoint_layout(folder) == "transformers":
         return ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
     return _load_colpali_layout(folder)
@@ -66,7 +68,8 @@ def to_transformers_names(state_dict: dict) -> dict:
             out[new] = value
     if unknown:
         raise ModelFolderError(
-            f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}")
+            f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}"
+        )
     return out
 
 
@@ -82,7 +85,9 @@ def _load_colpali_layout(folder: Path):
     where = _tensor_locations(folder)
     projection = where.get("embedding_proj_layer.weight")
     if projection is None:
-        raise ModelFolderError("no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder)
+        raise ModelFolderError(
+            "no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder
+        )
     with safe_open(str(projection[0]), "pt") as f:
         embedding_dim = int(f.get_slice(projection[1]).get_shape()[0])
     vlm_config = Qwen2_5_VLConfig.from_dict(_config(folder))
@@ -111,8 +116,11 @@ def _load_colpali_layout(folder: Path):
                     params[name].copy_(tensor)
                 del tensor
     if missing or unexpected or misfit:
-        raise ModelFolderError(f"weights do not fit the config: missing {missing[:5]}, unexpected "
-                               f"{unexpected[:5]}, wrong shapes {misfit[:5]}", path=folder)
+        raise ModelFolderError(
+            f"weights do not fit the config: missing {missing[:5]}, unexpected "
+            f"{unexpected[:5]}, wrong shapes {misfit[:5]}",
+            path=folder,
+        )
     if not tied and "vlm.lm_head.weight" not in where:
         with torch.no_grad():
             head.zero_()  # never initialised (headless 0.3.12 layout); unused for embeddings
@@ -151,7 +159,8 @@ def _tensor_locations(folder: Path) -> dict[str, tuple[Path, str]]:
     if unknown:
         raise ModelFolderError(
             f"unexpected weights for a colpali-engine ColQwen2.5 checkpoint: {unknown[:5]}",
-            path=folder)
+            path=folder,
+        )
     return where
 
 

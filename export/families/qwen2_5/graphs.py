@@ -49,8 +49,11 @@ def _windowed_vision_attention(
 
     mask = (valid > 0).reshape(1, num_windows, 1, 1, slots).expand(images, -1, -1, -1, -1)
     out = nn.functional.scaled_dot_product_attention(
-        by_window(query), by_window(key), by_window(value),
-        attn_mask=mask.reshape(images * num_windows, 1, 1, slots), scale=float(self.scaling),
+        by_window(query),
+        by_window(key),
+        by_window(value),
+        attn_mask=mask.reshape(images * num_windows, 1, 1, slots),
+        scale=float(self.scaling),
     )
     out = out.transpose(1, 2).reshape(images, num_windows * slots, width)
     return self.proj(torch.index_select(out, 1, scatter))
@@ -64,7 +67,9 @@ class WindowedImageGraph(ImageGraph):
         super().__init__(visual)
         self.full_blocks = frozenset(int(i) for i in visual.fullatt_block_indexes)
 
-    def forward(self, pixel_patches, rotary_cos, rotary_sin, window_rows, window_valid, window_scatter):
+    def forward(
+        self, pixel_patches, rotary_cos, rotary_sin, window_rows, window_valid, window_scatter
+    ):
         images = pixel_patches.shape[0]
         hidden = torch.matmul(pixel_patches, self.patch_weight)
         position_embeddings = (rotary_cos, rotary_sin)
@@ -76,8 +81,12 @@ class WindowedImageGraph(ImageGraph):
             for index, block in enumerate(self.visual.blocks):
                 if index not in self.full_blocks:
                     block.attn.forward = types.MethodType(_windowed_vision_attention, block.attn)
-                hidden = block(hidden, cu_seqlens=None, position_embeddings=position_embeddings,
-                               windows=windows)
+                hidden = block(
+                    hidden,
+                    cu_seqlens=None,
+                    position_embeddings=position_embeddings,
+                    windows=windows,
+                )
         merged = self.visual.merger(hidden)  # flattens images: (images * patches/4, text width)
         return merged.reshape(images, -1, merged.shape[-1])
 

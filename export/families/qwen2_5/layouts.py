@@ -62,14 +62,14 @@ def is_adapter(folder: str | Path) -> bool:
 def to_transformers_key(key: str, *, with_head: bool = True) -> str | None:
     """A full colpali-layout checkpoint's tensor name in `ColQwen2ForRetrieval` (None: unknown)."""
     pairs = (*COLPALI_TO_TRANSFORMERS, LEGACY_HEAD) if with_head else COLPALI_TO_TRANSFORMERS
-    return next((new + key[len(old):] for old, new in pairs if key.startswith(old)), None)
+    return next((new + key[len(old) :] for old, new in pairs if key.startswith(old)), None)
 
 
 def to_transformers_module(path: str) -> str | None:
     """An adapter's module path in `ColQwen2ForRetrieval`'s names (None: not a ColQwen2.5 module)."""
     for old, new in ADAPTER_TO_TRANSFORMERS:
         if path.startswith(old):
-            return new + path[len(old):]
+            return new + path[len(old) :]
     return None
 
 
@@ -78,11 +78,23 @@ def to_colpali_key(key: str) -> str | None:
     as `lm_head.`, which only the pre-4.52 layout stores; None: no counterpart)."""
     for theirs, ours in COLPALI_TO_TRANSFORMERS:
         if key.startswith(ours):
-            return theirs + key[len(ours):]
+            return theirs + key[len(ours) :]
     head_theirs, head_ours = LEGACY_HEAD
-    return head_theirs + key[len(head_ours):] if key.startswith(head_ours) else None
+    return head_theirs + key[len(head_ours) :] if key.startswith(head_ours) else None
 
 
-__all__ = ["ADAPTER_CONFIG", "ADAPTER_TO_TRANSFORMERS", "ADAPTER_WEIGHTS", "COLPALI_TO_TRANSFORMERS",
-           "LEGACY_HEAD", "LORA_MARKER", "PEFT_PREFIX", "WEIGHTS_FILE", "WEIGHTS_INDEX",
-           "is_adapter", "to_colpali_key", "to_transformers_key", "to_transformers_module"]
+__all__ = [
+    "ADAPTER_CONFIG",
+    "ADAPTER_TO_TRANSFORMERS",
+    "ADAPTER_WEIGHTS",
+    "COLPALI_TO_TRANSFORMERS",
+    "LEGACY_HEAD",
+    "LORA_MARKER",
+    "PEFT_PREFIX",
+    "WEIGHTS_FILE",
+    "WEIGHTS_INDEX",
+    "is_adapter",
+    "to_colpali_key",
+    "to_transformers_key",
+    "to_transformers_module",
+]

@@ -34,7 +34,6 @@ from colembed.errors import ExportError
 from .layouts import LAYOUTS, Qwen3Layout, layout_of
 
 
-
 def normalised_config(raw: dict[str, Any]) -> dict[str, Any]:
     """config.json with the text rope in the installed transformers' spelling (4.57.1:
     `rope_scaling` + `rope_theta`); a 5.x `rope_parameters` is translated, not guessed."""
@@ -45,23 +44,31 @@ def normalised_config(raw: dict[str, Any]) -> dict[str, Any]:
     params = text.pop("rope_parameters", None)
     if params is not None:
         if "mrope_section" not in params or "rope_theta" not in params:
-            raise ExportError(f"config.json: text_config.rope_parameters {params} lacks "
-                              "mrope_section or rope_theta")
+            raise ExportError(
+                f"config.json: text_config.rope_parameters {params} lacks "
+                "mrope_section or rope_theta"
+            )
         if params.get("rope_type", "default") != "default":
             raise ExportError(f"config.json: rope_type {params['rope_type']!r} is not supported")
         text["rope_theta"] = params["rope_theta"]
-        text["rope_scaling"] = {"rope_type": "default",
-                                "mrope_section": list(params["mrope_section"]),
-                                "mrope_interleaved": bool(params.get("mrope_interleaved", True))}
+        text["rope_scaling"] = {
+            "rope_type": "default",
+            "mrope_section": list(params["mrope_section"]),
+            "mrope_interleaved": bool(params.get("mrope_interleaved", True)),
+        }
     scaling = text.get("rope_scaling")
     if not isinstance(scaling, dict) or "mrope_section" not in scaling:
-        raise ExportError("config.json: text_config has no mrope_section (rope_scaling or "
-                          "rope_parameters)")
+        raise ExportError(
+            "config.json: text_config has no mrope_section (rope_scaling or rope_parameters)"
+        )
     if scaling.get("mrope_interleaved") is False:
-        raise ExportError("config.json: Qwen3-VL's M-RoPE is interleaved; mrope_interleaved=false "
-                          "is not supported")
-    config["vision_config"] = {k: v for k, v in config.get("vision_config", {}).items()
-                               if k != "rope_parameters"}
+        raise ExportError(
+            "config.json: Qwen3-VL's M-RoPE is interleaved; mrope_interleaved=false "
+            "is not supported"
+        )
+    config["vision_config"] = {
+        k: v for k, v in config.get("vision_config", {}).items() if k != "rope_parameters"
+    }
     return config
 
 
@@ -80,14 +87,20 @@ def _retrieval_module(backbone, projection, embedding_dim: int):
             self.embedding_proj_layer = projection
             self.config = SimpleNamespace(vlm_config=backbone.config, embedding_dim=embedding_dim)
 
-        def forward(self, input_ids, attention_mask, pixel_values=None, image_grid_thw=None,
-                    **_: Any):
+        def forward(
+            self, input_ids, attention_mask, pixel_values=None, image_grid_thw=None, **_: Any
+        ):
             if pixel_values is not None and pixel_values.ndim == 3:  # processor-padded batch
                 offsets = image_grid_thw[:, 1] * image_grid_thw[:, 2]
                 pixel_values = torch.cat([p[:n] for p, n in zip(pixel_values, offsets)])
-            hidden = self.vlm.model(input_ids=input_ids, attention_mask=attention_mask,
-                                    pixel_values=pixel_values, image_grid_thw=image_grid_thw,
-                                    use_cache=False, return_dict=True).last_hidden_state
+            hidden = self.vlm.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                pixel_values=pixel_values,
+                image_grid_thw=image_grid_thw,
+                use_cache=False,
+                return_dict=True,
+            ).last_hidden_state
             proj = self.embedding_proj_layer(hidden)
             proj = proj / proj.norm(dim=-1, keepdim=True)
             return SimpleNamespace(embeddings=proj * attention_mask.unsqueeze(-1))
@@ -113,8 +126,16 @@ def _set_vision_rope_theta(backbone, raw: dict[str, Any], folder: Path) -> None:
 
 # config.json keys that are not Qwen3VLConfig's: the saving code's (architectures, auto_map,
 # dtype), the layout's (model_type, TomoroAI's embed_dim / padding_side, read from the layout).
-_NOT_BACKBONE_CONFIG = ("architectures", "auto_map", "dtype", "torch_dtype", "model_type",
-                        "transformers_version", "embed_dim", "padding_side")
+_NOT_BACKBONE_CONFIG = (
+    "architectures",
+    "auto_map",
+    "dtype",
+    "torch_dtype",
+    "model_type",
+    "transformers_version",
+    "embed_dim",
+    "padding_side",
+)
 
 
 def checkpoint_layout(config: dict[str, Any], folder: Path) -> Qwen3Layout:
@@ -122,8 +143,10 @@ def checkpoint_layout(config: dict[str, Any], folder: Path) -> Qwen3Layout:
     layout = layout_of(config)
     if layout is None:
         known = ", ".join(f"{x.config_model_type!r} ({x.name})" for x in LAYOUTS)
-        raise ExportError(f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is "
-                          f"no ColQwen3 layout colembed reads ({known})")
+        raise ExportError(
+            f"{folder / 'config.json'}: model_type {config.get('model_type')!r} is "
+            f"no ColQwen3 layout colembed reads ({known})"
+        )
     return layout
 
 
@@ -150,12 +173,15 @@ def tensor_locations(folder: Path, layout: Qwen3Layout) -> tuple[dict, dict, lis
                     into[where] = (path, key)
     problems = []
     if unknown:
-        problems.append(f"{len(unknown)} tensor(s) the {layout.name} layout does not name: "
-                        f"{unknown[:5]}")
+        problems.append(
+            f"{len(unknown)} tensor(s) the {layout.name} layout does not name: {unknown[:5]}"
+        )
     if doubled:
         problems.append(f"{len(doubled)} tensor(s) stored twice under two names: {doubled[:5]}")
     if "weight" not in projection:
-        problems.append(f"no projection weight ({' or '.join(p + 'weight' for p in layout.projection_prefixes)})")
+        problems.append(
+            f"no projection weight ({' or '.join(p + 'weight' for p in layout.projection_prefixes)})"
+        )
     return backbone, projection, problems
 
 
@@ -185,8 +211,10 @@ def load_colqwen3(folder: Path):
 
     width, hidden = shape(projection_where["weight"])
     if layout.dim_key is not None and raw.get(layout.dim_key) != width:
-        raise ExportError(f"{folder / 'config.json'}: {layout.dim_key} {raw.get(layout.dim_key)!r} "
-                          f"disagrees with the projection's {width} rows")
+        raise ExportError(
+            f"{folder / 'config.json'}: {layout.dim_key} {raw.get(layout.dim_key)!r} "
+            f"disagrees with the projection's {width} rows"
+        )
     vlm_config = Qwen3VLConfig(**{k: v for k, v in config.items() if k not in _NOT_BACKBONE_CONFIG})
     with no_init_weights():  # every tensor is overwritten below or refused as missing
         backbone = Qwen3VLModel(vlm_config).to(torch.float32)
@@ -194,18 +222,24 @@ def load_colqwen3(folder: Path):
     params = backbone.state_dict()  # shares storage with the parameters
     missing = sorted(k for k in params if k not in where)
     unexpected = sorted(k for k in where if k not in params)
-    misfit = [f"{where[k][1]} {shape(where[k])}, expected {tuple(params[k].shape)}"
-              for k in where if k in params and shape(where[k]) != tuple(params[k].shape)]
+    misfit = [
+        f"{where[k][1]} {shape(where[k])}, expected {tuple(params[k].shape)}"
+        for k in where
+        if k in params and shape(where[k]) != tuple(params[k].shape)
+    ]
     if missing:
         problems.append(f"{len(missing)} missing tensor(s): {missing[:10]}")
     if unexpected:
-        problems.append(f"{len(unexpected)} unexpected tensor(s): "
-                        f"{[where[k][1] for k in unexpected[:10]]}")
+        problems.append(
+            f"{len(unexpected)} unexpected tensor(s): {[where[k][1] for k in unexpected[:10]]}"
+        )
     if misfit:
         problems.append(f"{len(misfit)} mis-shaped tensor(s): {misfit[:5]}")
     if problems:
-        raise ExportError(f"{folder}: refusing a partial checkpoint, it would export random "
-                          "layers: " + "; ".join(problems))
+        raise ExportError(
+            f"{folder}: refusing a partial checkpoint, it would export random "
+            "layers: " + "; ".join(problems)
+        )
     _set_vision_rope_theta(backbone, raw, folder)
     with torch.no_grad():
         for name, location in where.items():

@@ -40,8 +40,9 @@ class DeepStackImageGraph(ImageGraph):
 
     def __init__(self, visual: nn.Module) -> None:
         super().__init__(visual)
-        self.register_buffer("patch_bias", visual.patch_embed.proj.bias.detach().clone(),
-                             persistent=False)
+        self.register_buffer(
+            "patch_bias", visual.patch_embed.proj.bias.detach().clone(), persistent=False
+        )
         self.deepstack_blocks = [int(i) for i in visual.deepstack_visual_indexes]
 
     def forward(self, pixel_patches, rotary_cos, rotary_sin, position_index, position_weight):
@@ -83,18 +84,32 @@ class DeepStackTextGraph(TextGraph):
         finally:
             del model._deepstack_process
 
-    def forward(self, input_ids, attention_mask, position_ids, image_feature_index, image_features,
-                deepstack_features):
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        position_ids,
+        image_feature_index,
+        image_features,
+        deepstack_features,
+    ):
         embeds = self.language_model.embed_tokens(input_ids)
         is_image = image_feature_index > 0
-        embeds = torch.where(is_image.unsqueeze(-1), _place(image_features, image_feature_index),
-                             embeds)
-        placed = [_place(deepstack_features[k], image_feature_index)
-                  for k in range(deepstack_features.shape[0])]
+        embeds = torch.where(
+            is_image.unsqueeze(-1), _place(image_features, image_feature_index), embeds
+        )
+        placed = [
+            _place(deepstack_features[k], image_feature_index)
+            for k in range(deepstack_features.shape[0])
+        ]
         with self._placed_deepstack(), self.fused_attention():
             hidden = self.language_model(
-                inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                use_cache=False, return_dict=True, visual_pos_masks=is_image,
+                inputs_embeds=embeds,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                use_cache=False,
+                return_dict=True,
+                visual_pos_masks=is_image,
                 deepstack_visual_embeds=placed,
             ).last_hidden_state
         proj = self.projection(hidden)

@@ -56,14 +56,16 @@ class Qwen3Layout:
 
     def backbone_key(self, key: str) -> str | None:
         """`key`'s name in `Qwen3VLModel`'s state dict (None: not a backbone tensor)."""
-        return next((new + key[len(old):] for old, new in self.backbone_prefixes
-                     if key.startswith(old)), None)
+        return next(
+            (new + key[len(old) :] for old, new in self.backbone_prefixes if key.startswith(old)),
+            None,
+        )
 
     def projection_key(self, key: str) -> str | None:
         """`weight` / `bias` for a projection tensor, else None."""
         for prefix in self.projection_prefixes:
-            if key.startswith(prefix) and key[len(prefix):] in ("weight", "bias"):
-                return key[len(prefix):]
+            if key.startswith(prefix) and key[len(prefix) :] in ("weight", "bias"):
+                return key[len(prefix) :]
         return None
 
     def ignored(self, key: str) -> bool:
@@ -73,30 +75,39 @@ class Qwen3Layout:
 COLPALI = Qwen3Layout(
     name="colpali-engine ColQwen3",
     config_model_type="qwen3_vl",
-    backbone_prefixes=(("model.visual.", "visual."), ("model.language_model.", "language_model."),
-                       ("visual.", "visual."), ("language_model.", "language_model.")),
+    backbone_prefixes=(
+        ("model.visual.", "visual."),
+        ("model.language_model.", "language_model."),
+        ("visual.", "visual."),
+        ("language_model.", "language_model."),
+    ),
     projection_prefixes=("model.custom_text_proj.", "custom_text_proj."),
 )
 TOMORO = Qwen3Layout(
     name="TomoroAI ColQwen3 (remote code)",
     config_model_type="colqwen3",
-    backbone_prefixes=(("vlm.model.visual.", "visual."),
-                       ("vlm.model.language_model.", "language_model.")),
+    backbone_prefixes=(
+        ("vlm.model.visual.", "visual."),
+        ("vlm.model.language_model.", "language_model."),
+    ),
     projection_prefixes=("embedding_proj_layer.",),
     ignored_prefixes=("vlm.lm_head.",),
     dim_key="embed_dim",
     query_strip=True,
     max_visual_tokens=1280,
-    page_prompt_parts=("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the "
-                       "image.", "<|im_end|><|endoftext|>"),
+    page_prompt_parts=(
+        "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image.",
+        "<|im_end|><|endoftext|>",
+    ),
 )
 LAYOUTS = (COLPALI, TOMORO)
 
 
 def layout_of(config: Mapping[str, Any]) -> Qwen3Layout | None:
     """The layout whose config model_type `config` has (None: no ColQwen3 layout)."""
-    return next((layout for layout in LAYOUTS
-                 if config.get("model_type") == layout.config_model_type), None)
+    return next(
+        (layout for layout in LAYOUTS if config.get("model_type") == layout.config_model_type), None
+    )
 
 
 __all__ = ["COLPALI", "LAYOUTS", "Qwen3Layout", "TOMORO", "layout_of"]

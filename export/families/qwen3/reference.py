@@ -33,8 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-QUERIES = ("What was the revenue in 2023?", "", "表格中的数字是多少？",
-           "  spaces around  ")
+QUERIES = ("What was the revenue in 2023?", "", "表格中的数字是多少？", "  spaces around  ")
 
 
 def reference_pages() -> list:
@@ -48,12 +47,17 @@ def reference_pages() -> list:
     from colembed_export.pipeline.verify import sample_pages
 
     rng = np.random.default_rng(7)
-    extra = [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-             for h, w in ((37, 300), (520, 410), (1200, 900))]
+    extra = [
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+        for h, w in ((37, 300), (520, 410), (1200, 900))
+    ]
     keyed = []
     page = Image.fromarray(rng.integers(0, 256, (170, 250, 3), dtype=np.uint8))
-    for image, fmt, key in ((page.quantize(12), "PNG", 5), (page.quantize(12), "GIF", 5),
-                            (page, "PNG", page.getpixel((0, 0)))):
+    for image, fmt, key in (
+        (page.quantize(12), "PNG", 5),
+        (page.quantize(12), "GIF", 5),
+        (page, "PNG", page.getpixel((0, 0))),
+    ):
         encoded = io.BytesIO()
         image.save(encoded, fmt, transparency=key)
         keyed.append(Image.open(io.BytesIO(encoded.getvalue())))
@@ -103,10 +107,13 @@ def load_reference(folder: Path, dtype=None, attention: str | None = None):
 
     config = json.loads((folder / "preprocessor_config.json").read_text())
     image_processor = Qwen2VLImageProcessorPil(
-        patch_size=config["patch_size"], merge_size=config["merge_size"],
-        temporal_patch_size=config["temporal_patch_size"], image_mean=config["image_mean"],
+        patch_size=config["patch_size"],
+        merge_size=config["merge_size"],
+        temporal_patch_size=config["temporal_patch_size"],
+        image_mean=config["image_mean"],
         image_std=config["image_std"],
-        size={"shortest_edge": config["min_pixels"], "longest_edge": config["max_pixels"]})
+        size={"shortest_edge": config["min_pixels"], "longest_edge": config["max_pixels"]},
+    )
     tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
     processor = ImagesOnlyColQwen3Processor(image_processor=image_processor, tokenizer=tokenizer)
     extra = {} if attention is None else {"attn_implementation": attention}
@@ -141,8 +148,11 @@ def run(folder: Path, out: Path) -> None:
             found[f"page{i}_pixels"] = batch["pixel_values"][0, :n].numpy()
             found[f"page{i}_grid"] = grid[0].numpy()
             positions, _ = model.get_rope_index(
-                batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
-                image_grid_thw=grid, attention_mask=batch["attention_mask"])
+                batch["input_ids"],
+                mm_token_type_ids=batch["mm_token_type_ids"],
+                image_grid_thw=grid,
+                attention_mask=batch["attention_mask"],
+            )
             found[f"page{i}_positions"] = positions[:, 0].numpy()
             found[f"page{i}"] = _rows(batch, model(**batch), 0)
         batch = processor.process_images(pages[:4])
@@ -160,8 +170,10 @@ def save(folder: Path, out: Path) -> None:
     processor.save_pretrained(out)
 
 
-USAGE = ("usage: python -m colembed_export.families.qwen3.reference CHECKPOINT OUT.npz\n"
-         "       python -m colembed_export.families.qwen3.reference --save CHECKPOINT OUT_FOLDER")
+USAGE = (
+    "usage: python -m colembed_export.families.qwen3.reference CHECKPOINT OUT.npz\n"
+    "       python -m colembed_export.families.qwen3.reference --save CHECKPOINT OUT_FOLDER"
+)
 
 if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--save":

@@ -66,14 +66,26 @@ def test_the_matmulnbits_rule_is_data_with_its_source():
     assert rule["k_multiple_of_block"] and "DmlOperatorMatMulNBits.cpp" in rule["source"]
 
 
-@pytest.mark.parametrize("op, inputs, source, roles", [
-    ("RotaryEmbedding", ["x", "pos", "cos", "sin"], "DmlOperatorRotaryEmbedding.cpp",
-     ("vision", "text")),
-    ("GroupQueryAttention", ["x", "k", "v", "", "", "seqlens", "total"],
-     "DmlOperatorGroupQueryAttention.cpp", ("text",)),
-])
-def test_the_fused_ops_rules_name_an_input_directml_would_misread(folder, op, inputs, source,
-                                                                   roles):
+@pytest.mark.parametrize(
+    "op, inputs, source, roles",
+    [
+        (
+            "RotaryEmbedding",
+            ["x", "pos", "cos", "sin"],
+            "DmlOperatorRotaryEmbedding.cpp",
+            ("vision", "text"),
+        ),
+        (
+            "GroupQueryAttention",
+            ["x", "k", "v", "", "", "seqlens", "total"],
+            "DmlOperatorGroupQueryAttention.cpp",
+            ("text",),
+        ),
+    ],
+)
+def test_the_fused_ops_rules_name_an_input_directml_would_misread(
+    folder, op, inputs, source, roles
+):
     """com.microsoft.RotaryEmbedding (both graphs' rotary) and GroupQueryAttention (the text
     attention) run on DirectML only with (batch, sequence, hidden) inputs: a rank-4 input, which
     the CPU kernels also take, is named, and so is one whose rank the graph does not declare.
@@ -87,26 +99,32 @@ def test_the_fused_ops_rules_name_an_input_directml_would_misread(folder, op, in
     node = helper.make_node(op, inputs, ["y"], domain="com.microsoft", name="fused")
     attrs = {}
     assert D.node_rule_problems(node, attrs, rules, {"x": 3}) == []
-    assert "rank 4; DirectML's kernel reads rank 3 only" in D.node_rule_problems(
-        node, attrs, rules, {"x": 4})[0]
+    assert (
+        "rank 4; DirectML's kernel reads rank 3 only"
+        in D.node_rule_problems(node, attrs, rules, {"x": 4})[0]
+    )
     assert "rank unknown" in D.node_rule_problems(node, attrs, rules, {})[0]
     from colembed.manifest import read_manifest
 
     manifest = read_manifest(folder)
     for variant in ALL:
         for role in roles:
-            model = onnx.load(str(folder / manifest.variants[variant][role].file),
-                              load_external_data=False)
+            model = onnx.load(
+                str(folder / manifest.variants[variant][role].file), load_external_data=False
+            )
             fused = [n for n in model.graph.node if n.op_type == op]
             ranks = D.declared_ranks(model.graph)
             assert fused and all(ranks[n.input[0]] == 3 for n in fused), (variant, role)
 
 
-@pytest.mark.parametrize("edit, said", [
-    ({"bits": 2}, "2 bits"),
-    ({"drop_zero_points": True}, "takes exactly A, B, scales, zero_points"),
-    ({"block_size": 48}, "not a whole number of blocks of 48"),
-])
+@pytest.mark.parametrize(
+    "edit, said",
+    [
+        ({"bits": 2}, "2 bits"),
+        ({"drop_zero_points": True}, "takes exactly A, B, scales, zero_points"),
+        ({"block_size": 48}, "not a whole number of blocks of 48"),
+    ],
+)
 def test_a_matmulnbits_form_directml_refuses_fails_the_check(folder, tmp_path, edit, said):
     """One int4 MatMulNBits node edited into a form DirectML's kernel does not take (other bits,
     no zero points, a padded last block) is named by the check; the unedited graph passes
@@ -242,8 +260,7 @@ def test_directml_sessions_get_their_options(tmp_path, monkeypatch):
 def test_auto_picks_fp16_on_directml_unless_a_variant_is_named(folder, monkeypatch):
     from colembed import model, sessions
 
-    monkeypatch.setattr(sessions, "available_providers",
-                        lambda: [sessions.DIRECTML, sessions.CPU])
+    monkeypatch.setattr(sessions, "available_providers", lambda: [sessions.DIRECTML, sessions.CPU])
     assert model.default_variant(folder, "auto") == "fp16"
     assert model.default_variant(folder, None) == "fp32"
     monkeypatch.setattr(sessions, "available_providers", lambda: [sessions.CPU])
@@ -258,7 +275,7 @@ def test_doctor_reports_placement_and_parity(folder, capsys):
 
     assert main(["doctor", str(folder), "--providers", "cpu", "--variant", "fp16"]) == 0
     out = capsys.readouterr().out
-    report = json.loads(out[:out.rindex("}") + 1])
+    report = json.loads(out[: out.rindex("}") + 1])
     for role in ("vision", "text"):
         placed = report["placement"][role]
         assert placed["providers"]["CPUExecutionProvider"] > 10

@@ -67,8 +67,9 @@ def test_large_image_features_export_and_match(large_feature_checkpoint, tmp_pat
     model = colembed.load(report.folder)
     reference = reference_outputs(load_strict(large_feature_checkpoint), large_feature_checkpoint)
     pages = sample_pages()
-    feature_diffs = [max_abs_diff(g, w) for g, w in
-                     zip(model.image_features(pages), reference.image_features)]
+    feature_diffs = [
+        max_abs_diff(g, w) for g, w in zip(model.image_features(pages), reference.image_features)
+    ]
     assert max(float(np.max(np.abs(w))) for w in reference.image_features) > 500
     assert max(feature_diffs) > PARITY_TOLERANCE  # the regime the old absolute check refused
     for got, want in zip(model.embed_images(pages), reference.pages):
@@ -78,8 +79,9 @@ def test_large_image_features_export_and_match(large_feature_checkpoint, tmp_pat
 
 
 @pytest.mark.slow
-def test_wrong_vision_graph_is_refused_with_every_figure(large_feature_checkpoint, tmp_path,
-                                                        monkeypatch):
+def test_wrong_vision_graph_is_refused_with_every_figure(
+    large_feature_checkpoint, tmp_path, monkeypatch
+):
     """A plausible export bug (the patch embedding reading channels as BGR) is refused, at the
     large feature scale too: the relative bound does not loosen the check."""
     from colembed_export.families.qwen2 import graphs

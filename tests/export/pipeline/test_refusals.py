@@ -73,11 +73,14 @@ def test_user_folder_is_refused_even_with_overwrite(tiny_checkpoint, tmp_path, o
     assert [p.name for p in tmp_path.iterdir()] == ["notes"]  # no staging left behind
 
 
-@pytest.mark.parametrize("where, reason", [
-    (lambda ckpt: ckpt, "is the source checkpoint"),
-    (lambda ckpt: ckpt / "export", "inside the source checkpoint"),
-    (lambda ckpt: ckpt.parent, "contains the source checkpoint"),
-])
+@pytest.mark.parametrize(
+    "where, reason",
+    [
+        (lambda ckpt: ckpt, "is the source checkpoint"),
+        (lambda ckpt: ckpt / "export", "inside the source checkpoint"),
+        (lambda ckpt: ckpt.parent, "contains the source checkpoint"),
+    ],
+)
 def test_source_checkpoint_is_never_a_destination(checkpoint_copy, where, reason):
     before = _snapshot(checkpoint_copy.parent)
     with pytest.raises(ExportError, match=reason):
@@ -145,8 +148,9 @@ def test_cli_refuses_overwrite_of_a_user_folder(tiny_checkpoint, tmp_path, capsy
     out = tmp_path / "photos"
     out.mkdir()
     (out / "cat.jpg").write_bytes(b"\xff\xd8 not really")
-    assert main(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite",
-                 "--no-check"]) == 1  # a runtime refusal (2 is for usage errors)
+    assert (
+        main(["export", str(tiny_checkpoint), "--out", str(out), "--overwrite", "--no-check"]) == 1
+    )  # a runtime refusal (2 is for usage errors)
     assert "not a colembed model folder" in capsys.readouterr().err
     assert (out / "cat.jpg").read_bytes() == b"\xff\xd8 not really"
 
@@ -184,8 +188,9 @@ def test_failed_check_says_where(exported_tiny, tiny_checkpoint):
 
     reference = reference_outputs(load_strict(tiny_checkpoint), tiny_checkpoint)
     with pytest.raises(ExportError) as caught:
-        compare_with_reference(exported_tiny.folder, reference, tolerance=1e-12,
-                               feature_tolerance=FEATURE_TOLERANCE)
+        compare_with_reference(
+            exported_tiny.folder, reference, tolerance=1e-12, feature_tolerance=FEATURE_TOLERANCE
+        )
     message = str(caught.value)
     assert "nothing was written" in message and "query" in message and "image features" in message
     assert "FAIL" in message
@@ -205,11 +210,16 @@ def test_exported_graphs_have_no_reshape_allowzero(exported_tiny):
 
     for name in ("vision.onnx", "text.onnx"):
         model = onnx.load(str(exported_tiny.folder / name), load_external_data=False)
-        flagged = [n.name for n in model.graph.node if n.op_type == "Reshape"
-                   and any(a.name == "allowzero" and a.i == 1 for a in n.attribute)]
+        flagged = [
+            n.name
+            for n in model.graph.node
+            if n.op_type == "Reshape"
+            and any(a.name == "allowzero" and a.i == 1 for a in n.attribute)
+        ]
         assert flagged == [], (name, flagged)
         assert model.opset_import[0].version == 18 or any(
-            o.domain in ("", "ai.onnx") and o.version == 18 for o in model.opset_import)
+            o.domain in ("", "ai.onnx") and o.version == 18 for o in model.opset_import
+        )
 
 
 def test_vision_attention_is_the_fused_onnxruntime_op(exported_tiny):

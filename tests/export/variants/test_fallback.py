@@ -62,8 +62,9 @@ def test_one_code_held_so_two_were_never_built(exported_variants, tmp_path):
     assert exported_variants.manifest.graph("int8", "text").file == "text.int8.onnx"
 
 
-def test_a_refused_code_falls_back_to_two_codes_written_and_recorded(exported_variants, tmp_path,
-                                                                     monkeypatch):
+def test_a_refused_code_falls_back_to_two_codes_written_and_recorded(
+    exported_variants, tmp_path, monkeypatch
+):
     """A gate whose mean threshold sits halfway between one code's worst mean on this checkpoint
     and 1 (two codes cut the loss ~8x here: mean 0.99986 -> 0.99998): the gate refuses one code,
     the exporter builds two, gates them against the same fp32 run, writes them and records the
@@ -76,8 +77,9 @@ def test_a_refused_code_falls_back_to_two_codes_written_and_recorded(exported_va
     monkeypatch.setitem(R.VARIANTS, "int8", dataclasses.replace(R.VARIANTS["int8"], gate=gate))
     staging, graphs, write_manifest, step, steps = _fp32_staging(exported_variants, tmp_path)
     said: list[str] = []
-    results = V.write_variants(staging, graphs, ["int8"], write_manifest=write_manifest,
-                               progress=said.append, step=step)
+    results = V.write_variants(
+        staging, graphs, ["int8"], write_manifest=write_manifest, progress=said.append, step=step
+    )
     figures = results["int8"]
     assert figures["recipes"] == {"vision": "int8x2", "text": "int8x2"}
     assert figures["int8_weight_passes"] == 2 and not gate.misses(figures)
@@ -92,21 +94,27 @@ def test_a_refused_code_falls_back_to_two_codes_written_and_recorded(exported_va
     # written, listed, and nothing of the refused attempt left behind
     manifest = read_manifest(staging)
     assert {manifest.graph("int8", r).file for r in ("vision", "text")} == {
-        "vision.int8x2.onnx", "text.int8x2.onnx"}
+        "vision.int8x2.onnx",
+        "text.int8x2.onnx",
+    }
     assert not list(staging.glob("*.int8.onnx*"))
     assert set(manifest.files) == {p.name for p in staging.iterdir() if p.is_file()} - {
-        "colembed_manifest.json"}
+        "colembed_manifest.json"
+    }
     # the progress and the CLI's line say which recipe was written and why
-    assert any("one int8 code per weight refused by the gate" in m and "trying two" in m
-               for m in said)
+    assert any(
+        "one int8 code per weight refused by the gate" in m and "trying two" in m for m in said
+    )
     line = V.summary("int8", figures)
     assert "two int8 codes per weight" in line and "one int8 code per weight refused" in line
     assert repr(refused["worst_item"]) in line
 
 
 def test_forced_recipes_and_bad_counts():
-    assert R.recipe_attempts("int8") == [{"vision": "int8", "text": "int8"},
-                                         {"vision": "int8x2", "text": "int8x2"}]
+    assert R.recipe_attempts("int8") == [
+        {"vision": "int8", "text": "int8"},
+        {"vision": "int8x2", "text": "int8x2"},
+    ]
     assert R.recipe_attempts("int8", 2) == [{"vision": "int8x2", "text": "int8x2"}]
     assert R.recipe_attempts("int8", 1) == [{"vision": "int8", "text": "int8"}]
     assert R.recipe_attempts("int4", 2) == [{"vision": "int8x2", "text": "int4"}]
@@ -119,6 +127,10 @@ def test_export_refuses_a_bad_weight_count_before_any_work(tmp_path):
     from colembed_export.pipeline.exporter import export_model
 
     with pytest.raises(ExportError, match="int8 weight passes must be one of"):
-        export_model(tmp_path / "no-such-checkpoint", tmp_path / "out", variants=["int8"],
-                     int8_weight_passes=3)
+        export_model(
+            tmp_path / "no-such-checkpoint",
+            tmp_path / "out",
+            variants=["int8"],
+            int8_weight_passes=3,
+        )
     assert not (tmp_path / "out").exists()

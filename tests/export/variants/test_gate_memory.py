@@ -30,10 +30,15 @@ def _fp16_matmul_weight_elements(path) -> int:
     """Elements of the fp16 initializers that MatMuls read (the token-embedding table, read by a
     Gather, stays fp16 either way: the CPU provider has an fp16 Gather)."""
     graph = onnx.load(str(path), load_external_data=False).graph
-    half = {t.name: int(np.prod(t.dims)) for t in graph.initializer
-            if t.data_type == onnx.TensorProto.FLOAT16}
-    return sum(half.get(name, 0) for name in {i for n in graph.node if n.op_type in ("MatMul", "Gemm")
-                                             for i in n.input})
+    half = {
+        t.name: int(np.prod(t.dims))
+        for t in graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT16
+    }
+    return sum(
+        half.get(name, 0)
+        for name in {i for n in graph.node if n.op_type in ("MatMul", "Gemm") for i in n.input}
+    )
 
 
 def test_fp16_gate_session_keeps_its_weights_fp16(exported_variants, tmp_path):
@@ -62,8 +67,10 @@ def test_fp16_gate_session_keeps_its_weights_fp16(exported_variants, tmp_path):
 def test_gate_session_config_reaches_both_sessions(exported_variants):
     model = E.gate_model(exported_variants.folder, "fp16")
     for session in model._sessions.values():
-        assert session.options.get_session_config_entry(
-            "optimization.disable_specified_optimizers") == "FuseFp16InitializerToFp32NodeTransformer"
+        assert (
+            session.options.get_session_config_entry("optimization.disable_specified_optimizers")
+            == "FuseFp16InitializerToFp32NodeTransformer"
+        )
         assert not session.options.enable_cpu_mem_arena
 
 
@@ -111,29 +118,52 @@ def _weight_cast_liveness(graph_path, tmp_path, order: str, feeds) -> tuple[int,
 
     saved = tmp_path / f"{order}.onnx"
     config = E.GATE_SESSION_CONFIG["fp16"]
-    Session(graph_path, threads=1, cpu_mem_arena=False, session_config=config,
-            save_optimized=saved, execution_order=order)
+    Session(
+        graph_path,
+        threads=1,
+        cpu_mem_arena=False,
+        session_config=config,
+        save_optimized=saved,
+        execution_order=order,
+    )
     graph = onnx.load(str(saved), load_external_data=False).graph
-    half = {t.name: int(np.prod(t.dims)) for t in graph.initializer
-            if t.data_type == onnx.TensorProto.FLOAT16}
-    casts = {n.output[0]: (n.name, half[n.input[0]] * 4) for n in graph.node
-             if n.op_type == "Cast" and n.input[0] in half}
+    half = {
+        t.name: int(np.prod(t.dims))
+        for t in graph.initializer
+        if t.data_type == onnx.TensorProto.FLOAT16
+    }
+    casts = {
+        n.output[0]: (n.name, half[n.input[0]] * 4)
+        for n in graph.node
+        if n.op_type == "Cast" and n.input[0] in half
+    }
     readers = collections.defaultdict(list)
     for node in graph.node:
         for name in node.input:
             if name in casts:
                 readers[name].append(node.name)
-    session = Session(graph_path, threads=1, cpu_mem_arena=False, session_config=config,
-                      profile_prefix=str(tmp_path / order), execution_order=order)
+    session = Session(
+        graph_path,
+        threads=1,
+        cpu_mem_arena=False,
+        session_config=config,
+        profile_prefix=str(tmp_path / order),
+        execution_order=order,
+    )
     session.run(feeds)
     events = json.load(open(session.session.end_profiling()))
-    ran = [e["name"].removesuffix("_kernel_time") for e in events
-           if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    ran = [
+        e["name"].removesuffix("_kernel_time")
+        for e in events
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")
+    ]
     at = {name: i for i, name in enumerate(ran)}
-    spans = [(at[cast], max(at[r] for r in readers[out]), size)
-             for out, (cast, size) in casts.items()]
-    alive = max(sum(size for start, end, size in spans if start <= t <= end)
-                for t in range(len(ran)))
+    spans = [
+        (at[cast], max(at[r] for r in readers[out]), size) for out, (cast, size) in casts.items()
+    ]
+    alive = max(
+        sum(size for start, end, size in spans if start <= t <= end) for t in range(len(ran))
+    )
     return sum(size for *_, size in spans), alive
 
 
@@ -145,8 +175,9 @@ def test_fp16_gate_casts_each_weight_next_to_its_matmul(exported_variants, tmp_p
     recorded = E.recording_feeds(model)
     model.embed_queries(["which table lists the quarterly figures?"])
     graph = exported_variants.folder / exported_variants.manifest.graph("fp16", "text").file
-    total, gate = _weight_cast_liveness(graph, tmp_path, E.GATE_EXECUTION_ORDER["fp16"],
-                                        recorded["text"][0])
+    total, gate = _weight_cast_liveness(
+        graph, tmp_path, E.GATE_EXECUTION_ORDER["fp16"], recorded["text"][0]
+    )
     _, default = _weight_cast_liveness(graph, tmp_path, "default", recorded["text"][0])
     assert total > 0
     assert default > total / 2  # what the full-size fp16 gate set paid for (1.19x the weights)
@@ -163,8 +194,13 @@ def test_the_gate_order_computes_the_same_vectors_bit_for_bit(exported_variants)
     queries = ["invoice", "which table lists the quarterly figures for each product line?"]
     got = {}
     for order in ("default", E.GATE_EXECUTION_ORDER["fp16"]):
-        model = colembed.load(exported_variants.folder, variant="fp16", **E.GATE_LOAD,
-                              session_config=E.GATE_SESSION_CONFIG["fp16"], execution_order=order)
+        model = colembed.load(
+            exported_variants.folder,
+            variant="fp16",
+            **E.GATE_LOAD,
+            session_config=E.GATE_SESSION_CONFIG["fp16"],
+            execution_order=order,
+        )
         got[order] = [*model.embed_images(pages), *model.embed_queries(queries)]
     for a, b in zip(*got.values()):
         assert a.dtype == b.dtype and np.array_equal(a, b)

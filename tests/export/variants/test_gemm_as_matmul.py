@@ -15,15 +15,22 @@ def _gemm_model():
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
-             for name, shape in (("w1", (5, 6)), ("b1", (5,)), ("w2", (5, 4)), ("w3", (4, 3)))]
-    nodes = [helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], name="g1", transB=1),
-             helper.make_node("Gemm", ["h1", "w2"], ["h2"], name="g2"),
-             helper.make_node("Gemm", ["h2", "w3"], ["y"], name="g3", alpha=0.5)]
-    graph = helper.make_graph(nodes, "gemms",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
-                              inits)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+        for name, shape in (("w1", (5, 6)), ("b1", (5,)), ("w2", (5, 4)), ("w3", (4, 3)))
+    ]
+    nodes = [
+        helper.make_node("Gemm", ["x", "w1", "b1"], ["h1"], name="g1", transB=1),
+        helper.make_node("Gemm", ["h1", "w2"], ["h2"], name="g2"),
+        helper.make_node("Gemm", ["h2", "w3"], ["y"], name="g3", alpha=0.5),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "gemms",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 6])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 3])],
+        inits,
+    )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
 
 
@@ -56,8 +63,9 @@ def test_int8_vision_graph_has_no_fp32_weight_gemm(exported_variants):
         return model.graph, {i.name for i in model.graph.initializer}
 
     fp32, fp32_inits = graph("vision.onnx")
-    weight_gemms = [n for n in fp32.node if n.op_type in ("MatMul", "Gemm")
-                    and n.input[1] in fp32_inits]
+    weight_gemms = [
+        n for n in fp32.node if n.op_type in ("MatMul", "Gemm") and n.input[1] in fp32_inits
+    ]
     assert any(n.op_type == "Gemm" for n in weight_gemms)  # the merger, as torch exports it
     int8, int8_inits = graph("vision.int8.onnx")
     assert not [n.name for n in int8.node if n.op_type == "Gemm" and n.input[1] in int8_inits]
@@ -73,8 +81,14 @@ def test_rewrite_releases_memory_mapped_weights(tmp_path):
     import onnx_ir as ir
 
     proto = _gemm_model()
-    onnx.save(proto, str(tmp_path / "g.onnx"), save_as_external_data=True,
-              all_tensors_to_one_file=True, location="g.onnx_data", size_threshold=0)
+    onnx.save(
+        proto,
+        str(tmp_path / "g.onnx"),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location="g.onnx_data",
+        size_threshold=0,
+    )
     model = ir.load(tmp_path / "g.onnx")
     assert gemms_as_matmuls(model) == 2
     ir.save(model, tmp_path / "rewritten.onnx", external_data="rewritten.onnx_data")
@@ -92,10 +106,13 @@ def test_gemms_with_other_attributes_stay(attrs):
 
     w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
     c = numpy_helper.from_array(np.ones((4,), np.float32), "c")
-    graph = helper.make_graph([helper.make_node("Gemm", ["x", "w", "c"], ["y"], **attrs)], "g",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])],
-                              [w, c])
+    graph = helper.make_graph(
+        [helper.make_node("Gemm", ["x", "w", "c"], ["y"], **attrs)],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 4])],
+        [w, c],
+    )
     model = ir.from_proto(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]))
     assert gemms_as_matmuls(model) == 0
 

@@ -25,10 +25,16 @@ def _attention_model(*, mask: bool = False, scale: float | None = 0.3):
         names.append("mask")
     attrs = {"num_heads": HEADS} | ({"scale": scale} if scale else {})
     graph = helper.make_graph(
-        [helper.make_node("MultiHeadAttention", names, ["y"], domain="com.microsoft", name="mha",
-                          **attrs),
-         helper.make_node("Identity", ["y"], ["out"])], "attention", inputs,
-        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "t", width])])
+        [
+            helper.make_node(
+                "MultiHeadAttention", names, ["y"], domain="com.microsoft", name="mha", **attrs
+            ),
+            helper.make_node("Identity", ["y"], ["out"]),
+        ],
+        "attention",
+        inputs,
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["b", "t", width])],
+    )
     opsets = [helper.make_opsetid("", 18), helper.make_opsetid("com.microsoft", 1)]  # as exported
     return helper.make_model(graph, opset_imports=opsets)
 
@@ -73,8 +79,10 @@ def _feeds(model, rng):
 
     feeds = {}
     for value in model.graph.input:
-        dims = [d.dim_value or (1 if i == 0 and len(value.type.tensor_type.shape.dim) == 3 else 16)
-                for i, d in enumerate(value.type.tensor_type.shape.dim)]
+        dims = [
+            d.dim_value or (1 if i == 0 and len(value.type.tensor_type.shape.dim) == 3 else 16)
+            for i, d in enumerate(value.type.tensor_type.shape.dim)
+        ]
         assert value.type.tensor_type.elem_type == TensorProto.FLOAT, value.name
         feeds[value.name] = rng.standard_normal(dims).astype(np.float32)
     return feeds
@@ -101,8 +109,9 @@ def test_int8_recipe_writes_the_attention_only_when_asked(exported_variants, tmp
     assert "MultiHeadAttention" not in ops and ops.count("Scan") == blocks
     ir.save(model, tmp_path / "vision.onnx", external_data="vision.onnx_data")
     feeds = _feeds(fp32, np.random.default_rng(0))
-    want, got = (Session(str(path), threads=1).run(feeds)[0]
-                 for path in (vision, tmp_path / "vision.onnx"))
+    want, got = (
+        Session(str(path), threads=1).run(feeds)[0] for path in (vision, tmp_path / "vision.onnx")
+    )
     want, got = want.reshape(-1, want.shape[-1]), got.reshape(-1, got.shape[-1])
     cosine = (want * got).sum(-1) / np.linalg.norm(want, axis=-1) / np.linalg.norm(got, axis=-1)
     assert cosine.min() >= 0.999, cosine.min()

@@ -18,7 +18,9 @@ FAMILIES = ["exported_tiny", "exported_tiny_2_5"]
 
 
 def _graph(folder, role: str) -> str:
-    return json.loads((folder / "colembed_manifest.json").read_text())["variants"]["fp32"][role]["file"]
+    return json.loads((folder / "colembed_manifest.json").read_text())["variants"]["fp32"][role][
+        "file"
+    ]
 
 
 def _optimised_ops(path, tmp_path) -> list[tuple[str, str, int]]:
@@ -29,7 +31,10 @@ def _optimised_ops(path, tmp_path) -> list[tuple[str, str, int]]:
 
     out = tmp_path / f"{path.stem}.optimised.onnx"
     Session(path, threads=1, save_optimized=out)
-    return [(n.op_type, n.domain, len(n.input)) for n in onnx.load(str(out), load_external_data=False).graph.node]
+    return [
+        (n.op_type, n.domain, len(n.input))
+        for n in onnx.load(str(out), load_external_data=False).graph.node
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -59,16 +64,23 @@ def test_smoothed_int8_runs_the_plain_recipes_ops(calibrations, family, role, tm
         work.mkdir()
         model, _ = quantize_int8(src, work, calibration=feeds, scheme="tensor")
         finish(model)
-        weights[label] = {name: v.const_value.numpy().copy() for name, v in model.graph.initializers.items()
-                          if v.const_value is not None and name.endswith("_w_int8")}
+        weights[label] = {
+            name: v.const_value.numpy().copy()
+            for name, v in model.graph.initializers.items()
+            if v.const_value is not None and name.endswith("_w_int8")
+        }
         save_graph(model, work, f"{role}.int8.onnx", external=False)
         ops[label] = _optimised_ops(work / f"{role}.int8.onnx", work)
     assert ops["smoothed"] == ops["plain"]
     fused = {op for op, _, _ in ops["plain"]}
     # the streamed quantiser writes quantize_dynamic's nodes: onnxruntime fuses every one
-    assert fused & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} and "MatMulInteger" not in fused
+    assert (
+        fused & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat"} and "MatMulInteger" not in fused
+    )
     assert weights["smoothed"].keys() == weights["plain"].keys()
-    assert any(not np.array_equal(weights["smoothed"][k], weights["plain"][k]) for k in weights["plain"])
+    assert any(
+        not np.array_equal(weights["smoothed"][k], weights["plain"][k]) for k in weights["plain"]
+    )
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -86,8 +98,8 @@ def test_smoothing_keeps_the_fp32_function(calibrations, family, tmp_path):
     smoothed = tmp_path / "text.smoothed.onnx"
     ir.save(model, smoothed, external_data=smoothed.name + "_data")
     feeds = calibration["text"][0]
-    want, = Session(src, threads=1).run(feeds)
-    got, = Session(smoothed, threads=1).run(feeds)
+    (want,) = Session(src, threads=1).run(feeds)
+    (got,) = Session(smoothed, threads=1).run(feeds)
     assert np.abs(got - want).max() < 1e-4
 
 

@@ -20,19 +20,25 @@ def _session(model_proto):
 
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
-    return ort.InferenceSession(model_proto.SerializeToString(), options,
-                                providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        model_proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _matmul_integer(a: np.ndarray, b: np.ndarray, a_zero_point: int) -> np.ndarray:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "b", "azp", "bzp"], ["y"])], "g",
+        [helper.make_node("MatMulInteger", ["a", "b", "azp", "bzp"], ["y"])],
+        "g",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, ["T", a.shape[1]])],
         [helper.make_tensor_value_info("y", TensorProto.INT32, ["T", b.shape[1]])],
-        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(a_zero_point, np.uint8), "azp"),
-         numpy_helper.from_array(np.zeros(b.shape[1], np.int8), "bzp")])
+        [
+            numpy_helper.from_array(b, "b"),
+            numpy_helper.from_array(np.array(a_zero_point, np.uint8), "azp"),
+            numpy_helper.from_array(np.zeros(b.shape[1], np.int8), "bzp"),
+        ],
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return _session(model).run(None, {"a": a})[0]
 
@@ -60,10 +66,12 @@ def _single_matmul(weight: np.ndarray, lead: tuple = ("T",)):
 
     depth, width = weight.shape
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+        [helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")],
+        "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [*lead, depth])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*lead, width])],
-        [numpy_helper.from_array(weight, "w")])
+        [numpy_helper.from_array(weight, "w")],
+    )
     proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return ir.from_proto(proto)
 
@@ -89,8 +97,12 @@ def test_row_scheme_graph_equals_its_emulation(weights, activations):
     x[2, 5] = 40.0  # a massive channel in one token only: the other tokens keep their scale
     x[4, 9] = -55.0  # and a negative one: a row's peak is its largest |x|, of either sign
     model = _single_matmul(weight, lead=("B", "T"))
-    assert Q.quantise_matmuls(model, {"mm": "row"}, weight_levels=weights,
-                              activation_levels=activations)["row"] == 1
+    assert (
+        Q.quantise_matmuls(
+            model, {"mm": "row"}, weight_levels=weights, activation_levels=activations
+        )["row"]
+        == 1
+    )
     batched = np.stack([x, x[::-1]])[:, :7]
     got_batched = _session(ir.to_proto(model)).run(None, {"x": batched})[0]
     np.testing.assert_array_equal(got_batched[1], got_batched[0][::-1])
@@ -100,7 +112,8 @@ def test_row_scheme_graph_equals_its_emulation(weights, activations):
     exact = x.astype(np.float64) @ weight.astype(np.float64)
     others = [i for i in range(len(x)) if i not in (2, 4)]  # 2 and 4: their scale follows it
     cos = np.sum(got[others] * exact[others], axis=1) / (
-        np.linalg.norm(got[others], axis=1) * np.linalg.norm(exact[others], axis=1))
+        np.linalg.norm(got[others], axis=1) * np.linalg.norm(exact[others], axis=1)
+    )
     assert cos.min() > 0.999, cos  # and it is the product at all
 
 
@@ -119,8 +132,16 @@ def test_8bit_block_writer_runs_in_matmulnbits():
     weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
     x = rng.standard_normal((5, 256)).astype(np.float32)
     model = _single_matmul(weight)
-    assert Q.quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],
-                                   block_size=16, accuracy_level=4, bits=8) == 1
+    assert (
+        Q.quantise_int4_matmuls(
+            model,
+            [n for n in model.graph if n.op_type == "MatMul"],
+            block_size=16,
+            accuracy_level=4,
+            bits=8,
+        )
+        == 1
+    )
     assert [n.op_type for n in model.graph] == ["MatMulNBits"]
     got = _session(ir.to_proto(model)).run(None, {"x": x})[0].astype(np.float64)
     want = x.astype(np.float64) @ weight.astype(np.float64)
@@ -142,8 +163,14 @@ def test_symmetric_blocks_run_without_zero_points(bits, block):
     errors = {}
     for symmetric in (True, False):
         model = _single_matmul(weight)
-        Q.quantise_int4_matmuls(model, [n for n in model.graph if n.op_type == "MatMul"],
-                                block_size=block, accuracy_level=4, bits=bits, symmetric=symmetric)
+        Q.quantise_int4_matmuls(
+            model,
+            [n for n in model.graph if n.op_type == "MatMul"],
+            block_size=block,
+            accuracy_level=4,
+            bits=bits,
+            symmetric=symmetric,
+        )
         (node,) = list(model.graph)
         assert node.op_type == "MatMulNBits" and len(node.inputs) == (3 if symmetric else 4)
         got = _session(ir.to_proto(model)).run(None, {"x": x})[0].astype(np.float64)
@@ -181,12 +208,16 @@ def test_row_scheme_with_two_weight_codes_equals_its_emulation():
     weight = (rng.standard_normal((256, 48)) * 0.05).astype(np.float32)
     x = rng.standard_normal((2, 9, 256)).astype(np.float32)
     rows = x.reshape(-1, 256)
-    scale = (np.maximum(np.abs(rows).max(axis=1), Q.ROW_SCALE_FLOOR * Q.ACTIVATION_PEAK)
-             / Q.ACTIVATION_PEAK).astype(np.float32)
+    scale = (
+        np.maximum(np.abs(rows).max(axis=1), Q.ROW_SCALE_FLOOR * Q.ACTIVATION_PEAK)
+        / Q.ACTIVATION_PEAK
+    ).astype(np.float32)
     codes = np.clip(np.rint(rows / scale[:, None]), -Q.ACTIVATION_PEAK, Q.ACTIVATION_PEAK)
-    want = sum((codes.astype(np.int64) @ c.astype(np.int64)) * (scale[:, None].astype(np.float64)
-                                                                * s[None, :])
-               for c, s in Q.quantised_weight_passes(weight, Q.WEIGHT_PEAK, 2))
+    want = sum(
+        (codes.astype(np.int64) @ c.astype(np.int64))
+        * (scale[:, None].astype(np.float64) * s[None, :])
+        for c, s in Q.quantised_weight_passes(weight, Q.WEIGHT_PEAK, 2)
+    )
     got = {}
     for passes in (1, 2):
         model = _single_matmul(weight, lead=("B", "T"))

@@ -23,8 +23,9 @@ def stress_variants(tmp_path_factory):
     from colembed_export.testing.tiny_qwen2 import build_stress_checkpoint
 
     checkpoint = build_stress_checkpoint(tmp_path_factory.mktemp("ckpt") / "stress", "tiny")
-    return export_model(checkpoint, tmp_path_factory.mktemp("variants") / "stress",
-                        variants=list(ALL))
+    return export_model(
+        checkpoint, tmp_path_factory.mktemp("variants") / "stress", variants=list(ALL)
+    )
 
 
 # ----------------------------------------------------------------------------- stress checkpoint
@@ -84,6 +85,10 @@ def test_fp16_without_fp32_islands_fails_on_the_stress_checkpoint(stress_variant
     pages, queries = sample_pages(), list(SAMPLE_QUERIES)
     want = colembed.load(folder, verify=False)
     got = colembed.load(folder, variant="fp16", verify=False)
-    figures = E.cosine_figures(got.embed_images(pages), want.embed_images(pages),
-                               got.embed_queries(queries), want.embed_queries(queries))
+    figures = E.cosine_figures(
+        got.embed_images(pages),
+        want.embed_images(pages),
+        got.embed_queries(queries),
+        want.embed_queries(queries),
+    )
     assert V.GATES["fp16"].misses(figures), figures

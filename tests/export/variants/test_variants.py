@@ -67,8 +67,13 @@ def test_no_reshape_allowzero_in_any_variant_graph(exported_variants):
     for name in ALL:
         for role in ("vision", "text"):
             model = _load_proto(folder, exported_variants.manifest.graph(name, role).file)
-            bad = [n.name for n in model.graph.node if n.op_type == "Reshape"
-                   for a in n.attribute if a.name == "allowzero" and a.i == 1]
+            bad = [
+                n.name
+                for n in model.graph.node
+                if n.op_type == "Reshape"
+                for a in n.attribute
+                if a.name == "allowzero" and a.i == 1
+            ]
             assert not bad, (name, role, bad)
 
 
@@ -79,8 +84,9 @@ def test_int8_is_dynamic_per_channel_signed(exported_variants):
     model = _load_proto(exported_variants.folder, "text.int8.onnx")
     inits = {i.name: i for i in model.graph.initializer}
     integer = [n for n in model.graph.node if n.op_type == "MatMulInteger"]
-    assert integer and not any(n.op_type == "MatMul" and n.input[1] in inits
-                               for n in model.graph.node)
+    assert integer and not any(
+        n.op_type == "MatMul" and n.input[1] in inits for n in model.graph.node
+    )
     for node in integer:
         weight = inits[node.input[1]]
         assert weight.data_type == TensorProto.INT8
@@ -144,26 +150,47 @@ def test_fp16_keeps_io_norms_and_softmax_fp32(exported_variants, role):
 
     model = _load_proto(exported_variants.folder, f"{role}.fp16.onnx")
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True)
-    types = {v.name: v.type.tensor_type.elem_type
-             for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]}
+    types = {
+        v.name: v.type.tensor_type.elem_type
+        for v in [*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output]
+    }
     types.update({i.name: i.data_type for i in model.graph.initializer})
     for value in [*model.graph.input, *model.graph.output]:
-        assert value.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.INT64), value.name
-    kept = [n for n in model.graph.node if n.op_type in ("LayerNormalization", "Softmax",
-                                                         "ReduceMean", "Pow", "Sqrt")]
+        assert value.type.tensor_type.elem_type in (TensorProto.FLOAT, TensorProto.INT64), (
+            value.name
+        )
+    kept = [
+        n
+        for n in model.graph.node
+        if n.op_type in ("LayerNormalization", "Softmax", "ReduceMean", "Pow", "Sqrt")
+    ]
     assert kept
     for node in kept:
         assert types[node.input[0]] == TensorProto.FLOAT, (node.op_type, node.name)
-    half_matmuls = [n for n in model.graph.node
-                    if n.op_type == "MatMul" and types.get(n.input[1]) == TensorProto.FLOAT16]
+    half_matmuls = [
+        n
+        for n in model.graph.node
+        if n.op_type == "MatMul" and types.get(n.input[1]) == TensorProto.FLOAT16
+    ]
     assert half_matmuls  # the weights really are fp16
     import onnx_ir as ir
 
     graph = ir.from_proto(model).graph
-    projection = {v.name for n in graph if any("projection" in s for s in G.scopes(n))
-                  for v in n.inputs if v is not None}
-    assert not [v.name for v in graph.initializers.values() if v.dtype == ir.DataType.FLOAT
-                and len(v.shape) == 2 and min(v.shape) > 1 and v.name not in projection]
+    projection = {
+        v.name
+        for n in graph
+        if any("projection" in s for s in G.scopes(n))
+        for v in n.inputs
+        if v is not None
+    }
+    assert not [
+        v.name
+        for v in graph.initializers.values()
+        if v.dtype == ir.DataType.FLOAT
+        and len(v.shape) == 2
+        and min(v.shape) > 1
+        and v.name not in projection
+    ]
 
 
 @pytest.mark.parametrize("role", ["vision", "text"])
@@ -178,10 +205,16 @@ def test_round_trip_casts_are_found():
     import onnx_ir as ir
     from onnx import TensorProto, helper
 
-    nodes = [helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16, name="down"),
-             helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="up")]
-    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    nodes = [
+        helper.make_node("Cast", ["x"], ["h"], to=TensorProto.FLOAT16, name="down"),
+        helper.make_node("Cast", ["h"], ["y"], to=TensorProto.FLOAT, name="up"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+    )
     assert G.round_trip_casts(ir.from_proto(helper.make_model(graph))) == ["up"]
 
 
@@ -192,16 +225,28 @@ def test_finish_sorts_and_clears_allowzero_in_subgraphs():
     def reshape(name, source="x"):
         return helper.make_node("Reshape", [source, "s"], [name], allowzero=1)
 
-    branch = helper.make_graph([reshape("y_then")], "then", [], [
-        helper.make_tensor_value_info("y_then", TensorProto.FLOAT, None)])
-    other = helper.make_graph([reshape("y_else")], "else", [], [
-        helper.make_tensor_value_info("y_else", TensorProto.FLOAT, None)])
+    branch = helper.make_graph(
+        [reshape("y_then")],
+        "then",
+        [],
+        [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, None)],
+    )
+    other = helper.make_graph(
+        [reshape("y_else")],
+        "else",
+        [],
+        [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, None)],
+    )
     node_if = helper.make_node("If", ["c"], ["y"], then_branch=branch, else_branch=other)
     inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("x", "s")]
     inputs.append(helper.make_tensor_value_info("c", TensorProto.BOOL, []))
     # out of order on purpose: z2 reads z before z is made
-    graph = helper.make_graph([reshape("z2", "z"), reshape("z"), node_if], "g", inputs,
-                              [helper.make_tensor_value_info("z2", TensorProto.FLOAT, None)])
+    graph = helper.make_graph(
+        [reshape("z2", "z"), reshape("z"), node_if],
+        "g",
+        inputs,
+        [helper.make_tensor_value_info("z2", TensorProto.FLOAT, None)],
+    )
     model = ir.from_proto(helper.make_model(graph))
     assert G.finish(model) == 4
     assert [n.outputs[0].name for n in model.graph][:2] == ["z", "z2"]
@@ -233,8 +278,9 @@ def test_load_by_name_matches_fp32(exported_variants, name):
         cos = E.token_cosines(model.embed_queries([query]), reference.embed_queries([query]))
         assert cos.mean() == pytest.approx(recorded[f"query: sample query {i}"]["mean"], abs=1e-6)
     for i, page in enumerate(sample_pages()):
-        cos = E.token_cosines(model.embed_images([page], batch_size=1),
-                              reference.embed_images([page], batch_size=1))
+        cos = E.token_cosines(
+            model.embed_images([page], batch_size=1), reference.embed_images([page], batch_size=1)
+        )
         label = f"page: sample page {i} {page.size[0]}x{page.size[1]}"
         assert cos.mean() == pytest.approx(recorded[label]["mean"], abs=1e-6)
 
@@ -246,13 +292,21 @@ def test_gate_figures_cover_lengths_pages_and_mixed_batches(exported_variants):
     items = figures["items"]
     bound = max(row["tokens"] for n, row in items.items() if n.startswith("query: "))
     assert bound == 779  # tiny's budget: 768 image tokens + the page prompt
-    for label in ("page: smallest page 20x20", "page: full-budget letter page 1700x2200",
-                  "page: wide strip 2000x40", "page: tall strip 40x2000",
-                  "query in a mixed batch: sentence repeated to 779 tokens",
-                  "page in a mixed batch: wide strip 2000x40"):
+    for label in (
+        "page: smallest page 20x20",
+        "page: full-budget letter page 1700x2200",
+        "page: wide strip 2000x40",
+        "page: tall strip 40x2000",
+        "query in a mixed batch: sentence repeated to 779 tokens",
+        "page in a mixed batch: wide strip 2000x40",
+    ):
         assert label in items, sorted(items)
-    assert set(figures["buckets"]) >= {"queries 1-16 tokens", "queries 257+ tokens",
-                                       "pages 1-64 tokens", "pages 257+ tokens"}
+    assert set(figures["buckets"]) >= {
+        "queries 1-16 tokens",
+        "queries 257+ tokens",
+        "pages 1-64 tokens",
+        "pages 257+ tokens",
+    }
     assert items[figures["worst_item"]]["min"] == pytest.approx(figures["min_cosine"], abs=1e-9)
 
 
@@ -279,7 +333,8 @@ def test_gate_runs_without_arena_and_mixes_pages_in_pairs(exported_variants):
     runs = [f[mask_name].sum(axis=1) for f in recorded["text"] if f[mask_name].shape[0] > 1]
     tokens = [len(v) for v in got["pages"]]
     assert sorted(sorted(run.tolist()) for run in runs) == sorted(
-        sorted(tokens[i] for i in batch) for batch in E.mixed_page_batches(tokens))
+        sorted(tokens[i] for i in batch) for batch in E.mixed_page_batches(tokens)
+    )
     assert all(2 <= len(run) <= 3 and run.min() < run.max() for run in runs)
     assert any(run.max() == max(tokens) and run.min() == min(tokens) for run in runs)
     assert sum(len(run) for run in runs) == len(pages)
@@ -316,8 +371,9 @@ def test_ranking_set_has_clear_winners_and_agreement_can_fail(exported_variants)
 
 # ------------------------------------------------------------------------------ gate failure
 @pytest.mark.slow  # runs the exporter
-def test_missed_gate_raises_and_writes_the_folder_without_the_variant(tiny_checkpoint, tmp_path,
-                                                                      monkeypatch):
+def test_missed_gate_raises_and_writes_the_folder_without_the_variant(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
     from colembed.errors import ExportError
     from colembed_export.pipeline.exporter import export_model
 
@@ -335,8 +391,9 @@ def test_missed_gate_raises_and_writes_the_folder_without_the_variant(tiny_check
 
 
 @pytest.mark.slow  # runs the exporter (fp32 graphs only: the refusal comes before any variant)
-def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(tiny_checkpoint, tmp_path,
-                                                                      monkeypatch):
+def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
     """fp32's gate-set run comes first: when its ranking set has too few clear winners, no variant
     graph is made (at 4B size that was 9 minutes of graphs that could never be written)."""
     from colembed.errors import ExportError
@@ -370,7 +427,8 @@ def assert_written_without(error, out, *, refused, kept):
     manifest = read_manifest(out)
     assert sorted(manifest.variants) == sorted([BASE_VARIANT, *kept])
     assert sorted(manifest.checks) == sorted([BASE_VARIANT, *kept]) or sorted(
-        manifest.checks) == sorted(kept)  # fp32's check is absent when the export ran unchecked
+        manifest.checks
+    ) == sorted(kept)  # fp32's check is absent when the export ran unchecked
     listed = {g.file for graphs in manifest.variants.values() for g in graphs.values()}
     for name in refused:
         assert not [f for f in out.iterdir() if f".{name}" in f.name and f.name not in listed]
@@ -396,12 +454,32 @@ def _break_tokens_past(model, position: int) -> None:
 
     nodes = [ir.node("Shape", [out], attributes={"start": 1, "end": 2})]
     nodes.append(ir.node("Squeeze", [nodes[-1].outputs[0]]))
-    nodes.append(ir.node("Range", [const("zero", np.array(0, np.int64)), nodes[-1].outputs[0],
-                                   const("one", np.array(1, np.int64))]))
-    nodes.append(ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))]))
-    nodes.append(ir.node("Where", [nodes[-1].outputs[0], const("plus", np.array(1.0, np.float32)),
-                                   const("minus", np.array(-1.0, np.float32))]))
-    nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], const("shape", np.array([1, -1, 1], np.int64))]))
+    nodes.append(
+        ir.node(
+            "Range",
+            [
+                const("zero", np.array(0, np.int64)),
+                nodes[-1].outputs[0],
+                const("one", np.array(1, np.int64)),
+            ],
+        )
+    )
+    nodes.append(
+        ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))])
+    )
+    nodes.append(
+        ir.node(
+            "Where",
+            [
+                nodes[-1].outputs[0],
+                const("plus", np.array(1.0, np.float32)),
+                const("minus", np.array(-1.0, np.float32)),
+            ],
+        )
+    )
+    nodes.append(
+        ir.node("Reshape", [nodes[-1].outputs[0], const("shape", np.array([1, -1, 1], np.int64))])
+    )
     nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
     nodes[-1].outputs[0].name = name
     nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
@@ -414,7 +492,9 @@ def _break_tokens_past(model, position: int) -> None:
 
 
 @pytest.mark.slow  # runs the exporter
-def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint, tmp_path, monkeypatch):
+def test_exporter_refuses_a_variant_that_fails_only_long_queries(
+    tiny_checkpoint, tmp_path, monkeypatch
+):
     """The gate samples queries up to the bound: a variant right on every short query and page
     but wrong past 300 tokens is refused, naming the long queries; the folder is written with
     fp32 and the variant that passed (fp16), without the refused one."""
@@ -432,8 +512,9 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tiny_checkpoint
     monkeypatch.setattr(V, "make_graph", broken)
     out = tmp_path / "model"
     with pytest.raises(ExportError) as refused:  # one code forced: no two-code attempt to judge too
-        export_model(tiny_checkpoint, out, check=False, variants=["int8", "fp16"],
-                     int8_weight_passes=1)
+        export_model(
+            tiny_checkpoint, out, check=False, variants=["int8", "fp16"], int8_weight_passes=1
+        )
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
     assert "worst item '" in message  # a page past 300 tokens is broken too: either may be worst
@@ -463,9 +544,16 @@ def _break_token_ids(model, ids) -> None:
     nodes = [ir.node("Unsqueeze", [input_ids, const("last", np.array([-1], np.int64))])]
     nodes.append(ir.node("Equal", [nodes[-1].outputs[0], const("ids", np.asarray(ids, np.int64))]))
     nodes.append(ir.node("Cast", [nodes[-1].outputs[0]], attributes={"to": ir.DataType.FLOAT}))
-    nodes.append(ir.node("ReduceMax", [nodes[-1].outputs[0], const("axis", np.array([-1], np.int64))],
-                         attributes={"keepdims": 1}))
-    nodes.append(ir.node("Mul", [nodes[-1].outputs[0], const("minus_two", np.array(-2.0, np.float32))]))
+    nodes.append(
+        ir.node(
+            "ReduceMax",
+            [nodes[-1].outputs[0], const("axis", np.array([-1], np.int64))],
+            attributes={"keepdims": 1},
+        )
+    )
+    nodes.append(
+        ir.node("Mul", [nodes[-1].outputs[0], const("minus_two", np.array(-2.0, np.float32))])
+    )
     nodes.append(ir.node("Add", [nodes[-1].outputs[0], const("one_f", np.array(1.0, np.float32))]))
     nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
     nodes[-1].outputs[0].name = name
@@ -501,8 +589,13 @@ def test_exporter_refuses_a_variant_wrong_only_on_digits(tiny_checkpoint, tmp_pa
 
     monkeypatch.setattr(V, "make_graph", broken)
     with pytest.raises(ExportError) as refused:
-        export_model(tiny_checkpoint, tmp_path / "model", check=False, variants=["int8"],
-                     int8_weight_passes=1)
+        export_model(
+            tiny_checkpoint,
+            tmp_path / "model",
+            check=False,
+            variants=["int8"],
+            int8_weight_passes=1,
+        )
     message = str(refused.value)
     classes = [line for line in message.splitlines() if "query tokens of class" in line]
     assert classes and all("class 'digits'" in line for line in classes), message
@@ -526,9 +619,15 @@ def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
 
     src = exported_variants.folder / "text.onnx"
     proto = onnx.load(str(src))
-    old = MatMulNBitsQuantizer(proto, bits=4, block_size=R.INT4_BLOCK_SIZE, is_symmetric=False,
-                               accuracy_level=R.INT4_ACCURACY_LEVEL, op_types_to_quantize=("MatMul",),
-                               quant_axes=(("MatMul", 0),))
+    old = MatMulNBitsQuantizer(
+        proto,
+        bits=4,
+        block_size=R.INT4_BLOCK_SIZE,
+        is_symmetric=False,
+        accuracy_level=R.INT4_ACCURACY_LEVEL,
+        op_types_to_quantize=("MatMul",),
+        quant_axes=(("MatMul", 0),),
+    )
     old.process()
     old_model = ir.from_proto(old.model.model)
     new_model = R.quantize_int4(src, role_bits=(), symmetric=False)  # the writer, every MatMul
@@ -538,16 +637,20 @@ def test_streamed_int4_is_onnxruntimes_quantizer_bit_for_bit(exported_variants):
         for node in model.graph:
             if node.op_type == "MatMulNBits":
                 found[node.inputs[0].name] = found.get(node.inputs[0].name, []) + [
-                    ({k: a.value for k, a in node.attributes.items()},
-                     [v.const_value.numpy() for v in node.inputs[1:]])]
+                    (
+                        {k: a.value for k, a in node.attributes.items()},
+                        [v.const_value.numpy() for v in node.inputs[1:]],
+                    )
+                ]
         return found
 
     old_nodes, new_nodes = nbits(old_model), nbits(new_model)
     assert sum(map(len, new_nodes.values())) == sum(map(len, old_nodes.values())) > 0
     for activation, rows in old_nodes.items():
         for (old_attrs, old_arrays), (new_attrs, new_arrays) in zip(
-                sorted(rows, key=lambda r: r[1][1].shape), sorted(new_nodes[activation],
-                                                                  key=lambda r: r[1][1].shape)):
+            sorted(rows, key=lambda r: r[1][1].shape),
+            sorted(new_nodes[activation], key=lambda r: r[1][1].shape),
+        ):
             assert new_attrs == old_attrs
             for a, b in zip(old_arrays, new_arrays):
                 np.testing.assert_array_equal(a.reshape(b.shape), b)
@@ -580,18 +683,29 @@ def test_int4_writer_holds_one_fp32_weight_at_a_time(tmp_path):
     depth, width, count = 2048, 6144, 8
     nodes, weights, outputs = [], [], []
     for i in range(count):
-        weights.append(numpy_helper.from_array(rng.standard_normal((depth, width), np.float32), f"w{i}"))
+        weights.append(
+            numpy_helper.from_array(rng.standard_normal((depth, width), np.float32), f"w{i}")
+        )
         nodes.append(helper.make_node("MatMul", ["x", f"w{i}"], [f"y{i}"], name=f"mm{i}"))
         outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, [1, width]))
-    graph = helper.make_graph(nodes, "wide", [helper.make_tensor_value_info(
-        "x", TensorProto.FLOAT, [1, depth])], outputs, initializer=weights)
+    graph = helper.make_graph(
+        nodes,
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, depth])],
+        outputs,
+        initializer=weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     src = tmp_path / "wide.onnx"
     onnx.save(model, str(src), save_as_external_data=True, location="wide.onnx_data")
     del model, graph, weights
     fp32_bytes = depth * width * count * 4
-    run = subprocess.run([sys.executable, "-c", INT4_MEMORY_PROBE, str(src)], capture_output=True,
-                         text=True, check=True)
+    run = subprocess.run(
+        [sys.executable, "-c", INT4_MEMORY_PROBE, str(src)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     figures = json.loads(run.stdout.strip().splitlines()[-1])
     assert figures["peak"] - figures["before"] < 0.5 * fp32_bytes, figures
 
@@ -606,22 +720,38 @@ def test_check_variant_on_a_users_queries_and_pages(exported_variants, tmp_path,
     from colembed.cli import main
 
     queries = tmp_path / "queries.txt"
-    queries.write_text("What was the revenue in 2023?\n\nInvoice INV-2024-00317: $48,250.00\n"
-                       "表格中的数字是多少？\n", encoding="utf-8")
+    queries.write_text(
+        "What was the revenue in 2023?\n\nInvoice INV-2024-00317: $48,250.00\n"
+        "表格中的数字是多少？\n",
+        encoding="utf-8",
+    )
     pages = tmp_path / "pages"
     pages.mkdir()
     Image.new("RGB", (200, 260), "white").save(pages / "blank.png")
     rng = np.random.default_rng(0)
     Image.fromarray(rng.integers(0, 256, (300, 220, 3), np.uint8)).save(
-        pages / "two.pdf", save_all=True,
-        append_images=[Image.fromarray(rng.integers(0, 256, (300, 220, 3), np.uint8))])
+        pages / "two.pdf",
+        save_all=True,
+        append_images=[Image.fromarray(rng.integers(0, 256, (300, 220, 3), np.uint8))],
+    )
     folder = str(exported_variants.folder)
-    args = ["check-variant", folder, "--variant", "int8", "--queries", str(queries),
-            "--pages", str(pages)]
+    args = [
+        "check-variant",
+        folder,
+        "--variant",
+        "int8",
+        "--queries",
+        str(queries),
+        "--pages",
+        str(pages),
+    ]
     assert main([*args, "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
-    assert [r["item"] for r in report["pages"]] == ["blank.png page 1", "two.pdf page 1",
-                                                    "two.pdf page 2"]
+    assert [r["item"] for r in report["pages"]] == [
+        "blank.png page 1",
+        "two.pdf page 1",
+        "two.pdf page 2",
+    ]
     assert len(report["queries"]) == 3 and report["ranking"]["queries"] == 3
     assert {"digits", "punctuation", "letters: CJK", "special"} <= set(report["token_classes"])
     assert all(0.95 < r["min"] <= 1.0 + 1e-6 for r in report["queries"] + report["pages"])

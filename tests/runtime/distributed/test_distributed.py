@@ -31,8 +31,12 @@ CORRUPT = "corrupt.pdf"
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    ray.init(num_cpus=2, object_store_memory=OBJECT_STORE_BYTES, include_dashboard=False,
-             log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        object_store_memory=OBJECT_STORE_BYTES,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     yield
     ray.shutdown()
 
@@ -52,8 +56,9 @@ def single(documents, exported_tiny, tmp_path_factory):
     """The single-process run: colembed.Index into a Qdrant Edge folder."""
     import colembed
 
-    with colembed.Index(tmp_path_factory.mktemp("single") / "db",
-                        model=exported_tiny.folder) as index:
+    with colembed.Index(
+        tmp_path_factory.mktemp("single") / "db", model=exported_tiny.folder
+    ) as index:
         result = index.add([documents[0]])
         payloads = dict(index.store.payloads())
         vectors = index.store.page_vectors(list(payloads))
@@ -64,9 +69,15 @@ def single(documents, exported_tiny, tmp_path_factory):
 def parquet_job(documents, exported_tiny, tmp_path_factory):
     work = tmp_path_factory.mktemp("parquet-job")
     marker = work / "crashed"
-    result = index_with_ray([str(documents[0])], ParquetTarget(str(work / "pages")),
-                            model=exported_tiny.folder, actors=2, batch_size=2,
-                            crash_once=(str(marker), 2), progress=False)
+    result = index_with_ray(
+        [str(documents[0])],
+        ParquetTarget(str(work / "pages")),
+        model=exported_tiny.folder,
+        actors=2,
+        batch_size=2,
+        crash_once=(str(marker), 2),
+        progress=False,
+    )
     return result, work / "pages", marker
 
 
@@ -75,9 +86,15 @@ def edge_job(documents, exported_tiny, tmp_path_factory):
     import pyarrow.fs as pafs
 
     db = tmp_path_factory.mktemp("edge-job") / "db"
-    result = index_with_ray([str(documents[0].resolve())], QdrantTarget(str(db)),
-                            model=exported_tiny.folder, actors=2, batch_size=3, progress=False,
-                            filesystem=pafs.LocalFileSystem())
+    result = index_with_ray(
+        [str(documents[0].resolve())],
+        QdrantTarget(str(db)),
+        model=exported_tiny.folder,
+        actors=2,
+        batch_size=3,
+        progress=False,
+        filesystem=pafs.LocalFileSystem(),
+    )
     return result, db
 
 
@@ -121,7 +138,7 @@ def test_parquet_vectors_are_the_models_float32_vectors(parquet_job, tiny_model)
     for point in points.values():
         with Document(point.payload["path"], max_pixels=model.config.max_pixels) as doc:
             image = doc.render(point.payload["page"])
-        (vectors, _), = model.embed_pages([image])
+        ((vectors, _),) = model.embed_pages([image])
         assert vectors.tobytes() == point.vectors["page"].tobytes()
 
 
@@ -130,17 +147,23 @@ def test_a_killed_actor_still_leaves_every_page_written_once(parquet_job, docume
 
     result, folder, marker = parquet_job
     assert marker.exists()  # an actor did exit mid-job
-    ids = [i for part in sorted(folder.glob("part-*.parquet"))
-           for i in pq.read_table(part, columns=["id"])["id"].to_pylist()]
+    ids = [
+        i
+        for part in sorted(folder.glob("part-*.parquet"))
+        for i in pq.read_table(part, columns=["id"])["id"].to_pylist()
+    ]
     assert len(ids) == len(set(ids)) == documents[1] == result.pages_added
     assert not [p for p in folder.iterdir() if p.name.startswith(".")]  # no temporary parts
 
 
 def test_a_corrupt_pdf_is_recorded_and_the_rest_indexed(parquet_job, single):
     result = parquet_job[0]
-    assert [(f.path.rsplit("/", 1)[-1], "PDF" in f.reason) for f in result.failed] == [(CORRUPT, True)]
-    assert sorted((f.path, f.pages) for f in result.added) == \
-        sorted((f.path, f.pages) for f in single[0].added)
+    assert [(f.path.rsplit("/", 1)[-1], "PDF" in f.reason) for f in result.failed] == [
+        (CORRUPT, True)
+    ]
+    assert sorted((f.path, f.pages) for f in result.added) == sorted(
+        (f.path, f.pages) for f in single[0].added
+    )
 
 
 def test_the_qdrant_sink_holds_what_the_single_process_index_holds(edge_job, single):
@@ -149,16 +172,29 @@ def test_the_qdrant_sink_holds_what_the_single_process_index_holds(edge_job, sin
     _, single_payloads, single_vectors = single
     payloads, vectors = _edge_contents(edge_job[1])
     assert payloads == single_payloads
-    assert {pid: v.tobytes() for pid, v in vectors.items()} == \
-        {pid: v.tobytes() for pid, v in single_vectors.items()}
+    assert {pid: v.tobytes() for pid, v in vectors.items()} == {
+        pid: v.tobytes() for pid, v in single_vectors.items()
+    }
 
 
 def test_the_cli_rerun_skips_everything(edge_job, documents, exported_tiny, capsys):
     from colembed.cli import main
 
     before = _edge_contents(edge_job[1])[0]
-    code = main(["index", str(documents[0]), "--ray", "--db", str(edge_job[1]),
-                 "--model", str(exported_tiny.folder), "--actors", "2", "--json"])
+    code = main(
+        [
+            "index",
+            str(documents[0]),
+            "--ray",
+            "--db",
+            str(edge_job[1]),
+            "--model",
+            str(exported_tiny.folder),
+            "--actors",
+            "2",
+            "--json",
+        ]
+    )
     report = json.loads(capsys.readouterr().out)
     assert code == 1  # the corrupt PDF is still reported
     assert report["added"] == [] and len(report["skipped"]) == 5
@@ -166,8 +202,9 @@ def test_the_cli_rerun_skips_everything(edge_job, documents, exported_tiny, caps
     assert _edge_contents(edge_job[1])[0] == before
 
 
-def test_the_server_writer_stores_what_the_single_process_index_holds(documents, exported_tiny,
-                                                                      single, tmp_path):
+def test_the_server_writer_stores_what_the_single_process_index_holds(
+    documents, exported_tiny, single, tmp_path
+):
     """The stages without Ray (render + embed in the actor, a server writer) into qdrant-client's
     local mode, the stand-in for a Qdrant server: the same ids, payloads and (float16-stored)
     vectors."""
@@ -177,13 +214,20 @@ def test_the_server_writer_stores_what_the_single_process_index_holds(documents,
     from colembed.index.backends import open_store
 
     folder = exported_tiny.folder
-    embedder = PageEmbedder(str(folder), model_identity(folder, "fp32"),
-                            load_options=dict(variant="fp32"), batch_size=2)
+    embedder = PageEmbedder(
+        str(folder), model_identity(folder, "fp32"), load_options=dict(variant="fp32"), batch_size=2
+    )
     batches = list(embedder({"path": np.array([str(documents[0] / "report.pdf")], dtype=object)}))
     assert [len(b["id"]) for b in batches] == [2, 1, 1]  # 3 pages, 2 at a time; the file's end
     points = {k: sum((b[k] for b in batches), []) for k in batches[0]}
-    writer = StoreWriter(location=str(tmp_path / "local"), url=None, api_key=None,
-                         collection=None, local=True, dim=embedder.model.embedding_size)
+    writer = StoreWriter(
+        location=str(tmp_path / "local"),
+        url=None,
+        api_key=None,
+        collection=None,
+        local=True,
+        dim=embedder.model.embedding_size,
+    )
     summary = writer({k: np.array(v, dtype=object) for k, v in points.items()})
     writer.store.close()
     assert summary["status"] == ["page"] * 3 + ["file"]
@@ -217,9 +261,14 @@ def test_bad_pages_give_the_same_result_and_points_as_index_add(exported_tiny, t
         single = index.add([docs], progress=False)
         single_payloads = dict(index.store.payloads())
         single_vectors = index.store.page_vectors(list(single_payloads))
-    ray_result = index_with_ray([str(docs)], QdrantTarget(str(tmp_path / "ray")),
-                                model=exported_tiny.folder, actors=1, batch_size=2,
-                                progress=False)
+    ray_result = index_with_ray(
+        [str(docs)],
+        QdrantTarget(str(tmp_path / "ray")),
+        model=exported_tiny.folder,
+        actors=1,
+        batch_size=2,
+        progress=False,
+    )
     assert ray_result == single and not single.ok
     assert [r.pages for r in single.failed] == [0, 4]  # corrupt.pdf, then scan.tiff: 4 of 5
     assert single.failed[1].reason.startswith("page 3 of 5: cannot decode image")
@@ -227,7 +276,8 @@ def test_bad_pages_give_the_same_result_and_points_as_index_add(exported_tiny, t
     assert payloads == single_payloads and len(payloads) == 6
     for pid, v in vectors.items():  # float16 storage either way
         np.testing.assert_allclose(v, single_vectors[pid], atol=2e-3)
-    again = index_with_ray([str(docs)], QdrantTarget(str(tmp_path / "ray")),
-                           model=exported_tiny.folder, progress=False)
+    again = index_with_ray(
+        [str(docs)], QdrantTarget(str(tmp_path / "ray")), model=exported_tiny.folder, progress=False
+    )
     assert [(r.path, r.reason) for r in again.failed] == [(r.path, r.reason) for r in single.failed]
     assert again.failed[1].pages == 0 and _edge_contents(tmp_path / "ray")[0] == payloads

@@ -59,9 +59,11 @@ def test_ties_duplicates_and_absent_documents():
     assert overlap_at_k([], [], 3) == 1.0
 
 
-@given(st.lists(st.sampled_from("abcdefgh"), max_size=10),
-       st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 3), min_size=1),
-       st.integers(1, 10))
+@given(
+    st.lists(st.sampled_from("abcdefgh"), max_size=10),
+    st.dictionaries(st.sampled_from("abcdefgh"), st.integers(0, 3), min_size=1),
+    st.integers(1, 10),
+)
 def test_metrics_stay_in_range_and_the_ideal_ranking_scores_one(ranking, labels, k):
     if not any(labels.values()):
         return
@@ -73,10 +75,21 @@ def test_metrics_stay_in_range_and_the_ideal_ranking_scores_one(ranking, labels,
 
 # ------------------------------------------------------------------------------- labelled sets
 IMAGES = {"alpha": 1, "beta": 2, "gamma": 3, "delta": 4}
-QUERIES = {"q1": "first question", "q2": "second question", "q3": "third question",
-           "q4": "a query without a relevant page"}
-QRELS = [("q1", "alpha", 2), ("q1", "report#2", 1), ("q2", "beta", 1), ("q2", "gamma", 0),
-         ("q3", "delta", 1), ("q3", "missing-page", 2), ("q4", "alpha", 0)]
+QUERIES = {
+    "q1": "first question",
+    "q2": "second question",
+    "q3": "third question",
+    "q4": "a query without a relevant page",
+}
+QRELS = [
+    ("q1", "alpha", 2),
+    ("q1", "report#2", 1),
+    ("q2", "beta", 1),
+    ("q2", "gamma", 0),
+    ("q3", "delta", 1),
+    ("q3", "missing-page", 2),
+    ("q4", "alpha", 0),
+]
 
 
 def png(seed: int) -> bytes:
@@ -92,11 +105,13 @@ def write_beir(root: Path, with_pdf: bool = True) -> Path:
         (root / "corpus" / f"{name}.png").write_bytes(png(seed))
     if with_pdf:
         write_pdf(root / "corpus" / "report.pdf", ["report page one", "report page two"])
-    (root / "queries.jsonl").write_text("".join(json.dumps({"_id": q, "text": t}) + "\n"
-                                                for q, t in QUERIES.items()))
+    (root / "queries.jsonl").write_text(
+        "".join(json.dumps({"_id": q, "text": t}) + "\n" for q, t in QUERIES.items())
+    )
     rels = [r for r in QRELS if with_pdf or "#" not in r[1]]
-    (root / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "".join(
-        f"{q}\t{c}\t{s}\n" for q, c, s in rels))
+    (root / "qrels" / "test.tsv").write_text(
+        "query-id\tcorpus-id\tscore\n" + "".join(f"{q}\t{c}\t{s}\n" for q, c, s in rels)
+    )
     return root
 
 
@@ -104,15 +119,28 @@ def write_parquet_set(root: Path, spelling: str) -> Path:
     qid, cid = f"query{spelling}id", f"corpus{spelling}id"
     for part in ("corpus", "queries", "qrels"):
         (root / part).mkdir(parents=True)
-    pq.write_table(pa.table({cid: list(IMAGES), "image": [
-        {"bytes": png(seed), "path": f"{name}.png"} for name, seed in IMAGES.items()]}),
-        root / "corpus" / "test-00000-of-00001.parquet")
-    pq.write_table(pa.table({qid: list(QUERIES), "query": list(QUERIES.values())}),
-                   root / "queries" / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table(
+            {
+                cid: list(IMAGES),
+                "image": [
+                    {"bytes": png(seed), "path": f"{name}.png"} for name, seed in IMAGES.items()
+                ],
+            }
+        ),
+        root / "corpus" / "test-00000-of-00001.parquet",
+    )
+    pq.write_table(
+        pa.table({qid: list(QUERIES), "query": list(QUERIES.values())}),
+        root / "queries" / "test-00000-of-00001.parquet",
+    )
     rels = [r for r in QRELS if "#" not in r[1]]
-    pq.write_table(pa.table({qid: [r[0] for r in rels], cid: [r[1] for r in rels],
-                             "score": [r[2] for r in rels]}),
-                   root / "qrels" / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table(
+            {qid: [r[0] for r in rels], cid: [r[1] for r in rels], "score": [r[2] for r in rels]}
+        ),
+        root / "qrels" / "test-00000-of-00001.parquet",
+    )
     return root
 
 
@@ -126,35 +154,59 @@ def hand_ndcg(ranked: list[str], labels: dict[str, int], k: int) -> float:
 def ids_of(hits) -> list[str]:
     """The documented rule: a one-page file's id is its name without extension, `<name>#<page>`
     for a page of a longer file."""
-    return [Path(h.file).stem + (f"#{h.page}" if Path(h.file).suffix == ".pdf" else "")
-            for h in hits]
+    return [
+        Path(h.file).stem + (f"#{h.page}" if Path(h.file).suffix == ".pdf" else "") for h in hits
+    ]
 
 
 def test_a_beir_run_gives_the_hand_computed_figures(tmp_path, exported_tiny):
     dataset = write_beir(tmp_path / "set")
     work = tmp_path / "work"
     k = 3
-    report = evaluate(dataset, str(exported_tiny.folder), budgets=[TOKENS, 32],
-                      modes=["exact", "two-stage", "hybrid"], k=k, work=work)
-    assert (report.queries, report.skipped_queries, report.corpus_pages,
-            report.unknown_labels) == (3, 1, 6, 1)
+    report = evaluate(
+        dataset,
+        str(exported_tiny.folder),
+        budgets=[TOKENS, 32],
+        modes=["exact", "two-stage", "hybrid"],
+        k=k,
+        work=work,
+    )
+    assert (report.queries, report.skipped_queries, report.corpus_pages, report.unknown_labels) == (
+        3,
+        1,
+        6,
+        1,
+    )
     rows = {(r.max_image_tokens, r.mode): r for r in report.rows}
-    assert list(rows) == [(TOKENS, "exact"), (TOKENS, "two-stage"), (TOKENS, "hybrid"),
-                          (32, "exact"), (32, "two-stage"), (32, "hybrid")]
-    assert report.rows[0].reference and (report.rows[0].top1_agreement,
-                                         report.rows[0].overlap) == (1.0, 1.0)
-    labels = {"q1": {"alpha": 2, "report#2": 1}, "q2": {"beta": 1, "gamma": 0},
-              "q3": {"delta": 1, "missing-page": 2}}
+    assert list(rows) == [
+        (TOKENS, "exact"),
+        (TOKENS, "two-stage"),
+        (TOKENS, "hybrid"),
+        (32, "exact"),
+        (32, "two-stage"),
+        (32, "hybrid"),
+    ]
+    assert report.rows[0].reference and (report.rows[0].top1_agreement, report.rows[0].overlap) == (
+        1.0,
+        1.0,
+    )
+    labels = {
+        "q1": {"alpha": 2, "report#2": 1},
+        "q2": {"beta": 1, "gamma": 0},
+        "q3": {"delta": 1, "missing-page": 2},
+    }
     check_hand_figures(report, labels, k)
     for budget in (TOKENS, 32):  # the exact rankings are what the run's index folders return
         with Index(work / f"index-fp32-{budget}", create=False) as index:
             assert len(index) == 6
             found = index.search([QUERIES[q] for q in labels], k=k, mode="exact")
             assert report.rankings[f"fp32 / {budget} tokens / exact"] == {
-                q: ids_of(hits) for q, hits in zip(labels, found)}
+                q: ids_of(hits) for q, hits in zip(labels, found)
+            }
     # a second run on the same work folder reuses its indexes (nothing embedded again)
-    again = evaluate(dataset, str(exported_tiny.folder), budgets=[TOKENS, 32], modes=["exact"],
-                     k=k, work=work)
+    again = evaluate(
+        dataset, str(exported_tiny.folder), budgets=[TOKENS, 32], modes=["exact"], k=k, work=work
+    )
     assert again.rows[0] == report.rows[0]
 
 
@@ -162,45 +214,77 @@ def check_hand_figures(report, labels: dict[str, dict[str, int]], k: int) -> Non
     """Each row's figures, computed by hand from the rankings the run's searches returned (the
     tiny model's pages tie, so two-stage and hybrid order them arbitrarily: read them back)."""
     n = len(labels)
-    reference = report.rankings[report.rows[0].variant + " / " + str(
-        report.rows[0].max_image_tokens) + " tokens / exact"]
+    reference = report.rankings[
+        report.rows[0].variant + " / " + str(report.rows[0].max_image_tokens) + " tokens / exact"
+    ]
     relevant = {q: {d for d, g in labels[q].items() if g > 0} for q in labels}
     for row in report.rows:
         ranked = report.rankings[f"{row.variant} / {row.max_image_tokens} tokens / {row.mode}"]
         assert set(ranked) == set(labels) and all(len(r) == k for r in ranked.values())
-        assert row.ndcg == pytest.approx(sum(hand_ndcg(ranked[q], labels[q], k) for q in labels) / n)
-        assert row.recall == pytest.approx(sum(
-            len(set(ranked[q][:k]) & relevant[q]) / len(relevant[q]) for q in labels) / n)
-        assert row.mrr == pytest.approx(sum(next(
-            (1 / r for r, d in enumerate(ranked[q][:k], 1) if d in relevant[q]), 0.0)
-            for q in labels) / n)
+        assert row.ndcg == pytest.approx(
+            sum(hand_ndcg(ranked[q], labels[q], k) for q in labels) / n
+        )
+        assert row.recall == pytest.approx(
+            sum(len(set(ranked[q][:k]) & relevant[q]) / len(relevant[q]) for q in labels) / n
+        )
+        assert row.mrr == pytest.approx(
+            sum(
+                next((1 / r for r, d in enumerate(ranked[q][:k], 1) if d in relevant[q]), 0.0)
+                for q in labels
+            )
+            / n
+        )
         assert row.top1_agreement == pytest.approx(
-            sum(ranked[q][0] == reference[q][0] for q in labels) / n)
+            sum(ranked[q][0] == reference[q][0] for q in labels) / n
+        )
         assert row.overlap == pytest.approx(
-            sum(len(set(ranked[q]) & set(reference[q])) / k for q in labels) / n)
+            sum(len(set(ranked[q]) & set(reference[q])) / k for q in labels) / n
+        )
 
 
 @pytest.mark.parametrize("spelling", ["-", "_"])  # ViDoRe v2 / MTEB, ViDoRe v3
 def test_a_parquet_set_is_scored_by_its_corpus_ids(tmp_path, exported_tiny, spelling):
     work = tmp_path / "work"
-    report = evaluate(write_parquet_set(tmp_path / "vidore", spelling), str(exported_tiny.folder),
-                      budgets=[TOKENS], modes=["exact", "two-stage"], k=2, work=work)
+    report = evaluate(
+        write_parquet_set(tmp_path / "vidore", spelling),
+        str(exported_tiny.folder),
+        budgets=[TOKENS],
+        modes=["exact", "two-stage"],
+        k=2,
+        work=work,
+    )
     assert (report.corpus_pages, report.queries, report.unknown_labels) == (4, 3, 1)
-    labels = {"q1": {"alpha": 2}, "q2": {"beta": 1, "gamma": 0},
-              "q3": {"delta": 1, "missing-page": 2}}
+    labels = {
+        "q1": {"alpha": 2},
+        "q2": {"beta": 1, "gamma": 0},
+        "q3": {"delta": 1, "missing-page": 2},
+    }
     check_hand_figures(report, labels, 2)
     # the images were written in row order, each page named by its row: ids are the rows' ids
     row_id = {f"page-{n:06d}": cid for n, cid in enumerate(IMAGES, 1)}
     with Index(work / f"index-fp32-{TOKENS}", create=False) as index:
         found = index.search([QUERIES[q] for q in labels], k=2, mode="exact")
     assert report.rankings[f"fp32 / {TOKENS} tokens / exact"] == {
-        q: [row_id[Path(h.file).stem] for h in hits] for q, hits in zip(labels, found)}
+        q: [row_id[Path(h.file).stem] for h in hits] for q, hits in zip(labels, found)
+    }
 
 
 def test_the_command_prints_the_table_and_json(tmp_path, exported_tiny, capsys):
     dataset = write_beir(tmp_path / "set", with_pdf=False)
-    args = ["eval", str(dataset), "--model", str(exported_tiny.folder), "--max-image-tokens",
-            str(TOKENS), "--mode", "exact", "--mode", "two-stage", "-k", "2"]
+    args = [
+        "eval",
+        str(dataset),
+        "--model",
+        str(exported_tiny.folder),
+        "--max-image-tokens",
+        str(TOKENS),
+        "--mode",
+        "exact",
+        "--mode",
+        "two-stage",
+        "-k",
+        "2",
+    ]
     assert main(args + ["--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["mode"] for r in out["rows"]] == ["exact", "two-stage"] and out["k"] == 2
@@ -229,8 +313,10 @@ def test_bad_inputs_are_refused_naming_file_row_and_column(tmp_path):
         read_labelled_set(jsonl)
 
     vidore = write_parquet_set(tmp_path / "vidore", "-")
-    pq.write_table(pa.table({"query-id": ["q1"], "text": ["x"]}),
-                   vidore / "queries" / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table({"query-id": ["q1"], "text": ["x"]}),
+        vidore / "queries" / "test-00000-of-00001.parquet",
+    )
     with pytest.raises(LabelledSetError, match=r"queries.*parquet: no column 'query'"):
         read_labelled_set(vidore)
     with pytest.raises(LabelledSetError, match="neither a BEIR-style"):
@@ -239,9 +325,10 @@ def test_bad_inputs_are_refused_naming_file_row_and_column(tmp_path):
 
 def test_an_image_column_that_is_no_image_is_named(tmp_path, exported_tiny):
     vidore = write_parquet_set(tmp_path / "vidore", "_")
-    pq.write_table(pa.table({"corpus_id": ["alpha"], "image": [{"bytes": b"not an image",
-                                                                "path": "a.png"}]}),
-                   vidore / "corpus" / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table({"corpus_id": ["alpha"], "image": [{"bytes": b"not an image", "path": "a.png"}]}),
+        vidore / "corpus" / "test-00000-of-00001.parquet",
+    )
     with pytest.raises(LabelledSetError, match=r"corpus.*parquet row 1: column 'image'"):
         evaluate(vidore, str(exported_tiny.folder), modes=["exact"])
 

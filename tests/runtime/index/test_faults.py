@@ -52,14 +52,16 @@ def _documents(folder):
 def _contents(index, docs):
     """(file name, page, page count) of every stored page (paths differ between the runs'
     folders, and so do the PDFs' bytes: pypdf stamps each file it writes)."""
-    return sorted((os.path.relpath(p["path"], docs), p["page"], p["pages"])
-                  for _, p in index.store.payloads())
+    return sorted(
+        (os.path.relpath(p["path"], docs), p["page"], p["pages"]) for _, p in index.store.payloads()
+    )
 
 
 # ------------------------------------------------------------ an error at each boundary, then a re-run
 @pytest.mark.parametrize("boundary", ["upsert", "flush", "delete", "meta-write"])
-def test_an_error_at_a_boundary_is_clear_and_a_rerun_completes(boundary, tmp_path, small_model,
-                                                               clean, monkeypatch):
+def test_an_error_at_a_boundary_is_clear_and_a_rerun_completes(
+    boundary, tmp_path, small_model, clean, monkeypatch
+):
     docs = _documents(tmp_path / "docs")
     db = tmp_path / "db"
     if boundary == "meta-write":  # the disk fills as the new index records what it is
@@ -132,11 +134,24 @@ CHILD = textwrap.dedent("""
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 @pytest.mark.parametrize("step,nth", [("upsert", 2), ("flush", 1)])
 def test_a_sigkill_at_a_write_step_then_a_rerun_equals_an_uninterrupted_run(
-        step, nth, tmp_path, exported_tiny, small_model, clean):
+    step, nth, tmp_path, exported_tiny, small_model, clean
+):
     docs = _documents(tmp_path / "docs")
     db = tmp_path / "db"
-    child = subprocess.run([sys.executable, "-c", CHILD, str(exported_tiny.folder), str(db),
-                            str(docs), step, str(nth)], capture_output=True, text=True)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            CHILD,
+            str(exported_tiny.folder),
+            str(db),
+            str(docs),
+            step,
+            str(nth),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert child.returncode == -signal.SIGKILL and "finished" not in child.stdout
     with Index(db, model=small_model) as index:
         assert index.add([docs], progress=False).ok
@@ -172,10 +187,24 @@ def _real_shape_points(count):
     out = []
     for n in range(count):
         v = rng.standard_normal((layout.num_tokens, 128)).astype(np.float32)
-        out.append(make_point(v / np.linalg.norm(v, axis=1, keepdims=True), layout, {
-            "path": f"/docs/{n}.pdf", "page": 1, "pages": 1, "sha256": f"{n:064x}", "width": 224,
-            "height": 224, "model": "m", "variant": "fp32", "manifest_sha256": "0" * 64,
-            "schema": 2}))
+        out.append(
+            make_point(
+                v / np.linalg.norm(v, axis=1, keepdims=True),
+                layout,
+                {
+                    "path": f"/docs/{n}.pdf",
+                    "page": 1,
+                    "pages": 1,
+                    "sha256": f"{n:064x}",
+                    "width": 224,
+                    "height": 224,
+                    "model": "m",
+                    "variant": "fp32",
+                    "manifest_sha256": "0" * 64,
+                    "schema": 2,
+                },
+            )
+        )
     return out
 
 
@@ -214,11 +243,16 @@ def small_disk(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
     size = (edge.DISK_MARGIN_BYTES >> 20) + 6
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    made = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}m", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
     if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode}): "
-                    "the disk-full test needs root (or CAP_SYS_ADMIN)")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({made.stderr.strip() or made.returncode}): "
+            "the disk-full test needs root (or CAP_SYS_ADMIN)"
+        )
 
     def grow(size: str) -> None:
         subprocess.run(["mount", "-o", f"remount,size={size}", str(mount)], check=True)
@@ -231,15 +265,23 @@ def small_disk(tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="tmpfs")
 def test_a_full_disk_stops_clearly_keeps_the_pages_and_the_next_run_resumes(
-        tmp_path, small_disk, small_model, exported_tiny, capsys):
+    tmp_path, small_disk, small_model, exported_tiny, capsys
+):
     mount, grow = small_disk
     docs = tmp_path / "docs"
     docs.mkdir()
     for n in range(20):
         write_pdf(docs / f"doc{n:02d}.pdf", [f"doc {n} page {i}" for i in range(5)])
     db = mount / "db"
-    common = ["--db", str(db), "--model", str(exported_tiny.folder), "--max-image-tokens",
-              str(TOKENS), "--quiet"]
+    common = [
+        "--db",
+        str(db),
+        "--model",
+        str(exported_tiny.folder),
+        "--max-image-tokens",
+        str(TOKENS),
+        "--quiet",
+    ]
     assert main(["index", str(docs), *common]) == 1
     err = capsys.readouterr().err
     assert f"{db}: the disk is full" in err and "MB free" in err and "run the same command" in err
@@ -256,7 +298,8 @@ def test_a_full_disk_stops_clearly_keeps_the_pages_and_the_next_run_resumes(
 
 # ------------------------------------------------------------------------ a fault at pooling
 def test_a_failure_at_the_pooling_step_fails_that_page_and_a_rerun_completes(
-        tmp_path, small_model, clean, monkeypatch):
+    tmp_path, small_model, clean, monkeypatch
+):
     """Pooling a page (its row, column and mean vectors, in the writer thread) runs out of
     memory: that page fails, as a page the model refuses does (its file reported failed naming
     it), every other page is stored, and a re-run ends with the uninterrupted run's index."""
@@ -341,7 +384,8 @@ def _lines_until(lines, predicate, seen: list[str], timeout: float = 120) -> Non
 
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child")
 def test_a_second_ctrl_c_while_the_first_is_handled_keeps_every_page_handed_to_the_writer(
-        tmp_path, exported_tiny, small_model, clean):
+    tmp_path, exported_tiny, small_model, clean
+):
     """`colembed index` in a child, Ctrl-C (SIGINT) while the writer hangs on a slow disk with
     a job queued behind the hang, then Ctrl-C again while the first is being handled (the run
     is waiting for the writer): it still waits, every page the writer was handed is stored, it
@@ -359,12 +403,25 @@ def test_a_second_ctrl_c_while_the_first_is_handled_keeps_every_page_handed_to_t
 
     docs = _documents(tmp_path / "docs")
     db, release = tmp_path / "db", tmp_path / "disk-answers"
-    child = subprocess.Popen([sys.executable, "-c", SLOW_WRITER, str(exported_tiny.folder),
-                              str(db), str(docs), str(release)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            SLOW_WRITER,
+            str(exported_tiny.folder),
+            str(db),
+            str(docs),
+            str(release),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     lines: queue.Queue = queue.Queue()
-    reader = threading.Thread(target=lambda: ([lines.put(line.strip()) for line in child.stdout],
-                                              lines.put(None)), daemon=True)
+    reader = threading.Thread(
+        target=lambda: ([lines.put(line.strip()) for line in child.stdout], lines.put(None)),
+        daemon=True,
+    )
     reader.start()
     seen: list[str] = []
     try:

@@ -98,13 +98,14 @@ def test_a_document_is_hashed_and_decoded_from_one_descriptor(tree):
         os.replace(outside / "secret.png", path)  # swapped after it was opened
         assert np.array_equal(np.asarray(doc.render(1)), np.asarray(page("inside b")))
     from colembed.index.sources import file_sha256
+
     assert sha != file_sha256(path)  # what was read is the file that was opened
 
 
 # --------------------------------------------------------------------------------- the index
-def test_index_add_within_refuses_a_file_swapped_for_a_link_after_discovery(tree, small_model,
-                                                                           monkeypatch,
-                                                                           tmp_path):
+def test_index_add_within_refuses_a_file_swapped_for_a_link_after_discovery(
+    tree, small_model, monkeypatch, tmp_path
+):
     root, outside = tree
     real_discover = index_module.discover
 
@@ -129,8 +130,7 @@ def test_index_add_within_refuses_a_named_link_out(tree, small_model, tmp_path):
     (root / "b.png").unlink()
     (root / "b.png").symlink_to(outside / "secret.png")
     with Index(tmp_path / "db", model=small_model) as index:
-        result = index.add([root / "b.png", root / "sub" / "a.png"], progress=False,
-                           within=[root])
+        result = index.add([root / "b.png", root / "sub" / "a.png"], progress=False, within=[root])
         stored = {p["path"] for _, p in index.store.payloads()}
     assert [r.path for r in result.failed] == [str(outside / "secret.png")]
     assert stored == {str(root / "sub" / "a.png")}
@@ -149,7 +149,8 @@ def test_a_stored_page_is_not_drawn_from_a_link_out_of_its_root(tree, tmp_path):
 
 # ---------------------------------------------------------------------------- colembed serve
 def test_serve_a_job_swapped_for_a_link_after_it_was_accepted_reads_nothing_outside(
-        tmp_path, small_model):
+    tmp_path, small_model
+):
     """Queue job A (30 pages), queue B for docs/swap/a.png (202), then
     `ln -sf /outside/secret.png docs/swap/a.png`: B must not index or serve secret.png."""
     pytest.importorskip("fastapi")
@@ -195,8 +196,9 @@ def _wait(client, job_id, timeout=300):
 
 
 # --------------------------------------------------------------------- names shown on a terminal
-def test_search_escapes_control_characters_in_names_and_json_stays_exact(tmp_path, small_model,
-                                                                        capsys):
+def test_search_escapes_control_characters_in_names_and_json_stays_exact(
+    tmp_path, small_model, capsys
+):
     from colembed.cli import main
 
     docs = tmp_path / "docs"

@@ -23,10 +23,16 @@ from tests.fixtures.documents import write_pdf
 
 DIM, ROWS, COLS, START = 16, 3, 4, 2
 TOKENS = 64
-IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": SCHEMA_VERSION,
-            "model_source": "/m"}
-LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
-                    num_tokens=START + ROWS * COLS, token_px=28)
+IDENTITY = {
+    "model": "m",
+    "variant": "fp32",
+    "manifest_sha256": "h",
+    "schema": SCHEMA_VERSION,
+    "model_source": "/m",
+}
+LAYOUT = PageLayout(
+    grid_rows=ROWS, grid_cols=COLS, image_start=START, num_tokens=START + ROWS * COLS, token_px=28
+)
 
 
 def unit_rows(seed: int, n: int = START + ROWS * COLS) -> np.ndarray:
@@ -37,8 +43,15 @@ def unit_rows(seed: int, n: int = START + ROWS * COLS) -> np.ndarray:
 def ready_point(seed: int = 0, **changes):
     """A ready point (as a Parquet row is read) with payload fields replaced by `changes`; its id
     is the one its (possibly bad) path, page and sha256 make."""
-    payload = dict(IDENTITY, path=f"/docs/{seed}.pdf", page=1, pages=1, sha256=f"{seed:064x}",
-                   width=112, height=84)
+    payload = dict(
+        IDENTITY,
+        path=f"/docs/{seed}.pdf",
+        page=1,
+        pages=1,
+        sha256=f"{seed:064x}",
+        width=112,
+        height=84,
+    )
     point = make_point(unit_rows(seed), LAYOUT, payload)
     payload = dict(point.payload, **changes)
     pid = point_id(payload.get("sha256"), payload.get("page"), payload.get("path"))
@@ -79,14 +92,14 @@ def test_a_ready_point_with_metadata_and_text_is_accepted(empty_index):
     from colembed.index.schema import encode_text, payload_problems
 
     stored, cut = encode_text("Invoice INV-2024-00317")
-    point = ready_point(7, meta={"team": "finance", "year": 2024}, text_z=stored,
-                        text_truncated=cut)
+    point = ready_point(
+        7, meta={"team": "finance", "year": 2024}, text_z=stored, text_truncated=cut
+    )
     assert payload_problems(point.payload) == []
 
 
 @pytest.mark.parametrize("case", list(BAD_PAYLOADS))
-def test_a_ready_point_with_a_bad_payload_is_refused_before_anything_is_written(empty_index,
-                                                                               case):
+def test_a_ready_point_with_a_bad_payload_is_refused_before_anything_is_written(empty_index, case):
     changes, words = BAD_PAYLOADS[case]
     good = [ready_point(1), ready_point(2)]
     with pytest.raises(InputError) as info:
@@ -97,10 +110,19 @@ def test_a_ready_point_with_a_bad_payload_is_refused_before_anything_is_written(
 
 
 @pytest.mark.parametrize("page,pages", [("abc", 1), (0, 1), (-3, 1), (5, 1), (1, None)])
-def test_an_embedded_page_with_bad_numbers_is_refused_with_the_schema_words(empty_index, page,
-                                                                           pages):
-    item = EmbeddedPage("/docs/a.pdf", page, unit_rows(0), (ROWS, COLS), START, pages=pages,
-                        sha256="a" * 64, token_px=28)
+def test_an_embedded_page_with_bad_numbers_is_refused_with_the_schema_words(
+    empty_index, page, pages
+):
+    item = EmbeddedPage(
+        "/docs/a.pdf",
+        page,
+        unit_rows(0),
+        (ROWS, COLS),
+        START,
+        pages=pages,
+        sha256="a" * 64,
+        token_px=28,
+    )
     with pytest.raises(InputError, match=r"/docs/a\.pdf page .*: (page|pages): must be"):
         empty_index.add_embedded([item], identity=IDENTITY)
     assert len(empty_index) == 0
@@ -109,17 +131,20 @@ def test_an_embedded_page_with_bad_numbers_is_refused_with_the_schema_words(empt
 def test_the_model_mismatch_names_the_index_and_the_pages_the_right_way_round(empty_index):
     empty_index.add_embedded([ready_point(1)], identity=IDENTITY)
     other = ready_point(2, model="other-model")
-    with pytest.raises(ModelMismatchError,
-                       match="model: the index has 'm', these pages 'other-model'"):
+    with pytest.raises(
+        ModelMismatchError, match="model: the index has 'm', these pages 'other-model'"
+    ):
         empty_index.add_embedded([other])
 
 
 # ----------------------------------------------------------------------------------- vectors
 def test_vectors_beyond_float16_are_refused(empty_index):
-    big = EmbeddedPage("/docs/a.pdf", 1, unit_rows(0) * 1e6, (ROWS, COLS), START,
-                       sha256="a" * 64, token_px=28)
-    with pytest.raises(InputError, match="beyond float16's range .* the precision the index "
-                                         "stores"):
+    big = EmbeddedPage(
+        "/docs/a.pdf", 1, unit_rows(0) * 1e6, (ROWS, COLS), START, sha256="a" * 64, token_px=28
+    )
+    with pytest.raises(
+        InputError, match="beyond float16's range .* the precision the index stores"
+    ):
         empty_index.add_embedded([big], identity=IDENTITY)
     assert len(empty_index) == 0
 
@@ -128,8 +153,9 @@ def test_vectors_beyond_float16_are_refused(empty_index):
 def test_rows_that_are_not_unit_length_are_refused_naming_the_row(empty_index, scale):
     vectors = unit_rows(0)
     vectors[5] *= scale
-    page = EmbeddedPage("/docs/a.pdf", 1, vectors, (ROWS, COLS), START, sha256="a" * 64,
-                        token_px=28)
+    page = EmbeddedPage(
+        "/docs/a.pdf", 1, vectors, (ROWS, COLS), START, sha256="a" * 64, token_px=28
+    )
     with pytest.raises(InputError, match=r"/docs/a\.pdf page 1: row 5 has norm .*unit length"):
         empty_index.add_embedded([page], identity=IDENTITY)
     assert len(empty_index) == 0
@@ -139,8 +165,9 @@ def test_unit_rows_zero_rows_and_float16_rounding_are_accepted(empty_index):
     vectors = unit_rows(0)
     vectors[-1] = 0.0  # a masked row
     vectors = vectors.astype(np.float16).astype(np.float32) * 1.004  # a trip through float16
-    page = EmbeddedPage("/docs/a.pdf", 1, vectors, (ROWS, COLS), START, sha256="a" * 64,
-                        token_px=28)
+    page = EmbeddedPage(
+        "/docs/a.pdf", 1, vectors, (ROWS, COLS), START, sha256="a" * 64, token_px=28
+    )
     assert empty_index.add_embedded([page], identity=IDENTITY) == 1
 
 
@@ -157,18 +184,21 @@ def test_one_bad_stored_point_never_stops_search_or_index(tmp_path, small_model,
     db = tmp_path / "db"
     with Index(db, model=small_model) as index:
         index.add([docs], progress=False)
-        (pid, payload), = [(i, p) for i, p in index.store.payloads() if p["page"] == 1]
+        ((pid, payload),) = [(i, p) for i, p in index.store.payloads() if p["page"] == 1]
         point = index.store.points([pid])[pid]
-        bad = type(point)("0" * 8 + "-0000-5000-8000-" + "0" * 12, point.vectors,
-                          dict(payload, page="abc"))
+        bad = type(point)(
+            "0" * 8 + "-0000-5000-8000-" + "0" * 12, point.vectors, dict(payload, page="abc")
+        )
         index.store.upsert([bad])  # written with the store's own API, as something else would
         index.store.flush()
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         with Index(db) as index:
             hits = index.search("alpha", k=10)
-            assert {(h.file, h.page) for h in hits} == {(str(docs / "a.pdf"), 1),
-                                                        (str(docs / "a.pdf"), 2)}
+            assert {(h.file, h.page) for h in hits} == {
+                (str(docs / "a.pdf"), 1),
+                (str(docs / "a.pdf"), 2),
+            }
             write_pdf(docs / "c.pdf", ["gamma"])
             result = index.add([docs], progress=False)
             assert result.ok and [r.path for r in result.added] == [str(docs / "c.pdf")]
@@ -192,12 +222,18 @@ def _write_part(folder, columns: dict, name: str = "part-0.parquet"):
 
 def _good_columns(n: int = 2) -> dict:
     points = [ready_point(i) for i in range(n)]
-    vectors = lambda key: pa.array([p.vectors[key].tolist() for p in points],  # noqa: E731
-                                   type=pa.list_(pa.list_(pa.float32(), DIM)))
-    return {"path": [p.payload["path"] for p in points], "id": [p.id for p in points],
-            "page_vectors": vectors("page"), "rows_vectors": vectors("rows"),
-            "cols_vectors": vectors("cols"),
-            "payload": [json.dumps(p.payload) for p in points]}
+    vectors = lambda key: pa.array(  # noqa: E731
+        [p.vectors[key].tolist() for p in points],
+        type=pa.list_(pa.list_(pa.float32(), DIM)),
+    )
+    return {
+        "path": [p.payload["path"] for p in points],
+        "id": [p.id for p in points],
+        "page_vectors": vectors("page"),
+        "rows_vectors": vectors("rows"),
+        "cols_vectors": vectors("cols"),
+        "payload": [json.dumps(p.payload) for p in points],
+    }
 
 
 def test_a_well_formed_part_is_read(tmp_path):
@@ -228,8 +264,9 @@ def test_ragged_inner_lists_are_named_by_row_and_column(tmp_path):
     rows[2][4] = rows[2][4][:-1]  # one vector of row 2 is one number short
     columns["page_vectors"] = pa.array(rows, type=pa.list_(pa.list_(pa.float32())))
     part = _write_part(tmp_path / "pq", columns)
-    with pytest.raises(InputError, match=f"{part} row 2, column page_vectors: vectors of "
-                                         "different widths"):
+    with pytest.raises(
+        InputError, match=f"{part} row 2, column page_vectors: vectors of different widths"
+    ):
         read_points(str(tmp_path / "pq"))
 
 
@@ -237,11 +274,13 @@ def test_equal_width_variable_lists_are_read(tmp_path):
     from colembed.distributed.targets import read_points
 
     columns = _good_columns(2)
-    columns["page_vectors"] = pa.array([unit_rows(0).tolist(), unit_rows(1).tolist()],
-                                       type=pa.list_(pa.list_(pa.float32())))
+    columns["page_vectors"] = pa.array(
+        [unit_rows(0).tolist(), unit_rows(1).tolist()], type=pa.list_(pa.list_(pa.float32()))
+    )
     _write_part(tmp_path / "pq", columns)
     assert {p.vectors["page"].shape for p in read_points(str(tmp_path / "pq")).values()} == {
-        (START + ROWS * COLS, DIM)}
+        (START + ROWS * COLS, DIM)
+    }
 
 
 def test_a_payload_that_is_not_json_is_named(tmp_path):
@@ -254,8 +293,7 @@ def test_a_payload_that_is_not_json_is_named(tmp_path):
         read_points(str(tmp_path / "pq"))
 
 
-def test_from_parquet_names_the_file_and_row_of_a_bad_payload_and_stores_nothing(tmp_path,
-                                                                                  capsys):
+def test_from_parquet_names_the_file_and_row_of_a_bad_payload_and_stores_nothing(tmp_path, capsys):
     columns = _good_columns(2)
     bad = json.loads(columns["payload"][1])
     bad["page"] = "abc"

@@ -42,14 +42,20 @@ def test_add_embedded_sizes_a_page_by_the_manifest_of_its_model_folder(exported_
     manifest = json.loads((exported_tiny.folder / "colembed_manifest.json").read_text())
     manifest["preprocess"]["patch_size"] = 16
     (folder / "colembed_manifest.json").write_text(json.dumps(manifest))
-    identity = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "model_source": str(folder)}
+    identity = {
+        "model": "m",
+        "variant": "fp32",
+        "manifest_sha256": "h",
+        "model_source": str(folder),
+    }
     vectors = np.random.default_rng(0).standard_normal((2 + 3 * 4, 8))
     vectors = (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
     open_store(tmp_path / "db", dim=8).close()
     with Index(tmp_path / "db") as index:
-        index.add_embedded([EmbeddedPage("/docs/a.pdf", 1, vectors, (3, 4), 2, sha256="a" * 64)],
-                           identity=identity)
-        (_, stored), = index.store.payloads()
+        index.add_embedded(
+            [EmbeddedPage("/docs/a.pdf", 1, vectors, (3, 4), 2, sha256="a" * 64)], identity=identity
+        )
+        ((_, stored),) = index.store.payloads()
     assert (stored["width"], stored["height"]) == (4 * 32, 3 * 32)
 
 
@@ -57,7 +63,7 @@ def test_add_embedded_sizes_a_page_by_the_manifest_of_its_model_folder(exported_
 @pytest.mark.parametrize("size", [(420, 560), (900, 300), (200, 200)])
 def test_page_layout_matches_the_preprocessing(tiny_model, size):
     image = page("layout", size=size)
-    (vectors, layout), = tiny_model.embed_pages([image])
+    ((vectors, layout),) = tiny_model.embed_pages([image])
     _, gh, gw = resized_grid(size[1], size[0], tiny_model.config)
     m = tiny_model.config.merge_size
     assert (layout.grid_rows, layout.grid_cols) == (gh // m, gw // m)
@@ -65,12 +71,15 @@ def test_page_layout_matches_the_preprocessing(tiny_model, size):
     image_rows = np.flatnonzero(ids == tiny_model.config.image_token_id)
     assert layout.num_tokens == len(ids) == len(vectors)
     assert list(range(layout.image_rows.start, layout.image_rows.stop)) == list(image_rows)
-    assert layout.resized_size == (gw * tiny_model.config.patch_size, gh * tiny_model.config.patch_size)
+    assert layout.resized_size == (
+        gw * tiny_model.config.patch_size,
+        gh * tiny_model.config.patch_size,
+    )
     np.testing.assert_array_equal(vectors, tiny_model.embed_images([image])[0])
 
 
 def test_token_boxes_tile_the_page_exactly(tiny_model):
-    (_, layout), = tiny_model.embed_pages([page("boxes", size=(431, 577))])
+    ((_, layout),) = tiny_model.embed_pages([page("boxes", size=(431, 577))])
     size = (431, 577)
     assert layout.token_box(0, 0, size)[:2] == (0.0, 0.0)
     right, bottom = layout.token_box(layout.grid_rows - 1, layout.grid_cols - 1, size)[2:]
@@ -95,8 +104,10 @@ def test_pdf_pages_render_at_the_models_pixel_budget(tmp_path, small_model):
 @pytest.fixture(params=["edge", "client-local"])
 def make_index(request, tmp_path, small_model):
     def make(**kwargs):
-        return Index(tmp_path / "db", model=small_model, local=request.param == "client-local",
-                     **kwargs)
+        return Index(
+            tmp_path / "db", model=small_model, local=request.param == "client-local", **kwargs
+        )
+
     return make
 
 
@@ -127,8 +138,13 @@ def test_changed_file_replaces_its_pages_and_prune_drops_vanished(tmp_path, make
     assert [(os.path.basename(r.path), r.pages) for r in result.added] == [("report.pdf", 2)]
     assert [os.path.basename(r.path) for r in result.removed] == ["memo.pdf"]
     pages = sorted((os.path.basename(p["path"]), p["page"]) for _, p in index.store.payloads())
-    assert pages == [("photo.png", 1), ("report.pdf", 1), ("report.pdf", 2), ("scan.tiff", 1),
-                     ("scan.tiff", 2)]
+    assert pages == [
+        ("photo.png", 1),
+        ("report.pdf", 1),
+        ("report.pdf", 2),
+        ("scan.tiff", 1),
+        ("scan.tiff", 2),
+    ]
     index.close()
 
 
@@ -151,8 +167,16 @@ def test_bad_files_are_reported_and_the_rest_indexed(tmp_path, make_index):
 def test_an_index_refuses_another_models_vectors(tmp_path, small_model):
     index = Index(tmp_path / "db", model=small_model)
     vectors, layout = small_model.embed_pages([page("x")])[0]
-    foreign = dict(index.identity, manifest_sha256="0" * 64, path="/x.pdf", page=1, pages=1,
-                   sha256="1" * 64, width=1, height=1)
+    foreign = dict(
+        index.identity,
+        manifest_sha256="0" * 64,
+        path="/x.pdf",
+        page=1,
+        pages=1,
+        sha256="1" * 64,
+        width=1,
+        height=1,
+    )
     index.store.upsert([make_point(vectors, layout, foreign)])
     index.close()
     with pytest.raises(ModelMismatchError, match="manifest_sha256"):

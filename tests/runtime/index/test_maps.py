@@ -74,8 +74,9 @@ def test_a_map_lands_on_content_planted_on_the_page(model_64, box):
     change = np.linalg.norm(planted[layout.image_rows] - blank[layout.image_rows], axis=1)
     query = planted[layout.image_rows][[int(change.argmax())]]  # what the square turned into
     smap = explain(query, planted, layout)
-    painted = np.argwhere((np.asarray(overlay(Image.new("RGB", size, "white"), smap)) != 255)
-                          .any(axis=2))
+    painted = np.argwhere(
+        (np.asarray(overlay(Image.new("RGB", size, "white"), smap)) != 255).any(axis=2)
+    )
     left, top, right, bottom = box
     y, x = painted.mean(axis=0) + 0.5
     assert left < x < right and top < y < bottom  # the painted cell's centre is on the square

@@ -17,8 +17,16 @@ import pytest
 import colembed
 from colembed.cli import main
 from colembed.index import Index, edge, plan as plan_module, server, upgrade_index
-from colembed.index.schema import (ALL_VECTORS, MEAN_VECTOR, PAGE_VECTOR, SCHEMA_VECTORS,
-                                   PagePoint, make_point, mean_from_payload, mean_vector)
+from colembed.index.schema import (
+    ALL_VECTORS,
+    MEAN_VECTOR,
+    PAGE_VECTOR,
+    SCHEMA_VECTORS,
+    PagePoint,
+    make_point,
+    mean_from_payload,
+    mean_vector,
+)
 from colembed.index import OldIndexWarning, open_store
 from colembed.index.errors import StoreError
 from colembed.index.plan import two_stage_plan
@@ -37,17 +45,36 @@ def _page(i: int):
 
 
 def _points(n: int):
-    return [make_point(*_page(i), {
-        "path": f"/docs/{i}.pdf", "page": 1, "pages": 1, "sha256": f"{i:064x}", "width": 112,
-        "height": 84, "model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
-        "model_source": "/m"}) for i in range(n)]
+    return [
+        make_point(
+            *_page(i),
+            {
+                "path": f"/docs/{i}.pdf",
+                "page": 1,
+                "pages": 1,
+                "sha256": f"{i:064x}",
+                "width": 112,
+                "height": 84,
+                "model": "m",
+                "variant": "fp32",
+                "manifest_sha256": "h",
+                "schema": 2,
+                "model_source": "/m",
+            },
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture
 def small_plan(monkeypatch):
     """Limits a 40-page store can feel: mean 3 straight to the rerank, a pool of 8, rows/cols 2."""
-    for name, value in (("MEAN_CANDIDATES", 3), ("MEAN_POOL", 8), ("POOLED_CANDIDATES", 2),
-                        ("PREFETCH_CANDIDATES", 3)):
+    for name, value in (
+        ("MEAN_CANDIDATES", 3),
+        ("MEAN_POOL", 8),
+        ("POOLED_CANDIDATES", 2),
+        ("PREFETCH_CANDIDATES", 3),
+    ):
         monkeypatch.setattr(plan_module, name, value)
 
 
@@ -60,8 +87,9 @@ def test_mean_vector_is_the_mean_of_the_image_rows():
 @pytest.mark.parametrize("kind", STORES)
 def test_a_point_without_its_mean_gets_it_from_its_page_vectors(kind, tmp_path):
     point = _points(1)[0]
-    carried = PagePoint(point.id, {n: v for n, v in point.vectors.items() if n != MEAN_VECTOR},
-                        point.payload)  # as colembed.distributed's Parquet columns carry it
+    carried = PagePoint(
+        point.id, {n: v for n, v in point.vectors.items() if n != MEAN_VECTOR}, point.payload
+    )  # as colembed.distributed's Parquet columns carry it
     store = open_store(tmp_path / "db", dim=DIM, local=kind == "client-local")
     store.upsert([carried])
     stored = store.points([point.id])[point.id].vectors[MEAN_VECTOR]
@@ -89,7 +117,7 @@ def test_two_stage_scores_are_exact_and_find_the_planted_page(kind, tmp_path, sm
         tokens = points[target].vectors[PAGE_VECTOR][2 + rng.choice(12, 6, replace=False)]
         query = tokens + 0.1 * rng.standard_normal(tokens.shape).astype(np.float32)
         for k in (1, 4, 12):  # 12 > every limit of the shrunk plan: still k pages
-            hits, = store.search([query], k, "two-stage")
+            (hits,) = store.search([query], k, "two-stage")
             assert len(hits) == k and hits[0].id == points[target].id
             scores = [float((query @ stored[h.id].T).max(axis=1).sum()) for h in hits]
             np.testing.assert_allclose([h.score for h in hits], scores, rtol=2e-4)
@@ -98,8 +126,9 @@ def test_two_stage_scores_are_exact_and_find_the_planted_page(kind, tmp_path, sm
 
 
 @pytest.mark.parametrize("kind", STORES)
-def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monkeypatch, capsys,
-                                                             exported_tiny):
+def test_a_schema_1_index_opens_grows_searches_and_upgrades(
+    kind, tmp_path, monkeypatch, capsys, exported_tiny
+):
     model = colembed.load(exported_tiny.folder, max_image_tokens=64)
     # what colembed 0.1.0 wrote: no `mean` vector, schema 1
     monkeypatch.setattr(edge, "SCHEMA_VERSION", 1)
@@ -138,8 +167,11 @@ def test_a_schema_1_index_opens_grows_searches_and_upgrades(kind, tmp_path, monk
         assert {h.payload["schema"] for h in hits} == {3}
         point = index.store.points([hits[0].id])[hits[0].id]
         assert set(point.vectors) == {PAGE_VECTOR, MEAN_VECTOR}
-        np.testing.assert_allclose(point.vectors[MEAN_VECTOR], mean_from_payload(
-            point.vectors[PAGE_VECTOR], point.payload), atol=1e-3)
+        np.testing.assert_allclose(
+            point.vectors[MEAN_VECTOR],
+            mean_from_payload(point.vectors[PAGE_VECTOR], point.payload),
+            atol=1e-3,
+        )
     assert not upgrade_index(tmp_path / "db")
 
 
@@ -151,7 +183,9 @@ def test_a_new_edge_folder_stores_no_rows_or_cols_and_a_server_collection_does(t
         store = open_store(tmp_path / kind, dim=DIM, local=kind == "client-local")
         store.upsert(points)
         assert store.schema == schema and set(store.vector_names) == set(SCHEMA_VECTORS[schema])
-        assert set(store.points([points[0].id])[points[0].id].vectors) == set(SCHEMA_VECTORS[schema])
+        assert set(store.points([points[0].id])[points[0].id].vectors) == set(
+            SCHEMA_VECTORS[schema]
+        )
         store.close()
     assert json.loads((tmp_path / "edge" / edge.META_FILE).read_text())["schema"] == 3
 
@@ -172,8 +206,11 @@ def test_points_read_from_a_schema_3_folder_go_into_a_server_collection(tmp_path
         for name in ("rows", "cols"):
             np.testing.assert_allclose(stored[p.id].vectors[name], p.vectors[name], atol=2e-3)
     pooled = _points(1)[0]
-    pooled = PagePoint(pooled.id, {n: pooled.vectors[n] for n in (PAGE_VECTOR, MEAN_VECTOR)},
-                       dict(pooled.payload, token_clusters="AAAA"))
+    pooled = PagePoint(
+        pooled.id,
+        {n: pooled.vectors[n] for n in (PAGE_VECTOR, MEAN_VECTOR)},
+        dict(pooled.payload, token_clusters="AAAA"),
+    )
     with pytest.raises(StoreError, match=r"page 1 of /docs/0.pdf is stored pooled.*schema 2"):
         server_store.upsert([pooled])
     server_store.close()
@@ -188,7 +225,8 @@ def _schema_2_folder(path, monkeypatch, points):
 
 
 def test_a_schema_2_folder_opens_grows_searches_and_upgrade_drops_rows_and_cols(
-        tmp_path, monkeypatch, capsys, small_plan):
+    tmp_path, monkeypatch, capsys, small_plan
+):
     """A schema-2 Edge folder keeps working as it was (adds pages at schema 2 with every vector,
     searches with the token plan, no warning: it is fast already, and with `use_tokens = False`
     the mean-gated plan); `colembed upgrade` rewrites it at schema 3: the same pages, ids,
@@ -214,8 +252,10 @@ def test_a_schema_2_folder_opens_grows_searches_and_upgrade_drops_rows_and_cols(
     size = _disk(db / edge.SHARD_DIR)
     capsys.readouterr()
     assert main(["upgrade", "--db", str(db), "--quiet"]) == 0
-    assert ("rewrote 30 page(s) from schema 2 at the current schema 3 (nothing embedded again; "
-            "dropped the rows / cols vectors") in capsys.readouterr().out
+    assert (
+        "rewrote 30 page(s) from schema 2 at the current schema 3 (nothing embedded again; "
+        "dropped the rows / cols vectors"
+    ) in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]
     store = open_store(db)
     assert store.schema == 3 and store.count() == 30 and store.has_tokens()
@@ -223,8 +263,9 @@ def test_a_schema_2_folder_opens_grows_searches_and_upgrade_drops_rows_and_cols(
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         after = store.search(queries, 5, "two-stage")
-    assert [[(h.id, h.score) for h in r] for r in after] == \
-        [[(h.id, h.score) for h in r] for r in before]
+    assert [[(h.id, h.score) for h in r] for r in after] == [
+        [(h.id, h.score) for h in r] for r in before
+    ]
     assert set(store.points([points[0].id])[points[0].id].vectors) == {PAGE_VECTOR, MEAN_VECTOR}
     store.close()
     assert _disk(db / edge.SHARD_DIR) < size
@@ -244,8 +285,9 @@ def test_upgrade_refuses_a_folder_holding_files_colembed_did_not_write(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]  # no staging left
     store = open_store(db)
     assert store.schema == 2 and store.count() == 5
-    assert store.search([points[2].vectors[PAGE_VECTOR][3:9]], 1, "two-stage")[0][0].id == \
-        points[2].id
+    assert (
+        store.search([points[2].vectors[PAGE_VECTOR][3:9]], 1, "two-stage")[0][0].id == points[2].id
+    )
     store.close()
     (db / "notes.txt").unlink()
     assert upgrade_index(db).rewritten == 5

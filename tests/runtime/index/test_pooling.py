@@ -20,10 +20,21 @@ from colembed.index.backends import open_store
 from colembed.index.embedded import EmbeddedPage
 from colembed.index.errors import ModelMismatchError
 from colembed.index.maps import explain
-from colembed.index.pooling import (CLUSTERS_FIELD, check_pool_factor, decode_clusters,
-                                    encode_clusters, pool_tokens)
-from colembed.index.schema import (COLS_VECTOR, MEAN_VECTOR, PAGE_VECTOR, ROWS_VECTOR,
-                                   SCHEMA_VERSION, make_point)
+from colembed.index.pooling import (
+    CLUSTERS_FIELD,
+    check_pool_factor,
+    decode_clusters,
+    encode_clusters,
+    pool_tokens,
+)
+from colembed.index.schema import (
+    COLS_VECTOR,
+    MEAN_VECTOR,
+    PAGE_VECTOR,
+    ROWS_VECTOR,
+    SCHEMA_VERSION,
+    make_point,
+)
 from colembed.model import PageLayout
 from tests.fixtures.documents import good_folder
 
@@ -52,35 +63,57 @@ def _local_page(seed: int, topic: np.ndarray | None = None) -> np.ndarray:
     return np.concatenate([prompt, _unit(grid.reshape(-1, DIM)), closing])
 
 
-LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
-                    num_tokens=START + ROWS * COLS + TAIL, token_px=28)
-IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": SCHEMA_VERSION,
-            "model_source": "/m"}
+LAYOUT = PageLayout(
+    grid_rows=ROWS,
+    grid_cols=COLS,
+    image_start=START,
+    num_tokens=START + ROWS * COLS + TAIL,
+    token_px=28,
+)
+IDENTITY = {
+    "model": "m",
+    "variant": "fp32",
+    "manifest_sha256": "h",
+    "schema": SCHEMA_VERSION,
+    "model_source": "/m",
+}
 
 
 def _payload(i: int, **identity) -> dict:
-    return {"path": f"/docs/{i}.pdf", "page": 1, "pages": 1, "sha256": f"{i:064x}", "width": 168,
-            "height": 168, **IDENTITY, **identity}
+    return {
+        "path": f"/docs/{i}.pdf",
+        "page": 1,
+        "pages": 1,
+        "sha256": f"{i:064x}",
+        "width": 168,
+        "height": 168,
+        **IDENTITY,
+        **identity,
+    }
 
 
 # ------------------------------------------------------------------------------- the pooler
-@pytest.mark.parametrize("n,dim,factor", [(744, 128, 2), (744, 128, 3), (100, 128, 3),
-                                          (37, 64, 5), (2, 16, 2), (9, 16, 20)])
+@pytest.mark.parametrize(
+    "n,dim,factor",
+    [(744, 128, 2), (744, 128, 3), (100, 128, 3), (37, 64, 5), (2, 16, 2), (9, 16, 20)],
+)
 def test_pooling_equals_colpali_engines_hierarchical_token_pooler(n, dim, factor):
     torch = pytest.importorskip("torch")
     token_pooling = pytest.importorskip("colpali_engine.compression.token_pooling")
     x = _tokens(n, dim, seed=n + factor)
     ours, clusters = pool_tokens(x, factor)
     theirs = token_pooling.HierarchicalTokenPooler().pool_embeddings(
-        [torch.from_numpy(x)], pool_factor=factor, return_dict=True)
+        [torch.from_numpy(x)], pool_factor=factor, return_dict=True
+    )
     np.testing.assert_allclose(ours, theirs.pooled_embeddings[0].numpy(), atol=1e-6)
     # the same tokens in each cluster, clusters in the same order
     assert [tuple(np.flatnonzero(clusters == c)) for c in range(len(ours))] == [
-        tuple(ix[0].tolist()) for ix in theirs.cluster_id_to_indices[0].values() if len(ix[0])]
+        tuple(ix[0].tolist()) for ix in theirs.cluster_id_to_indices[0].values() if len(ix[0])
+    ]
 
 
 def test_pooled_rows_are_the_renormalised_means_of_their_tokens():
-    x = np.concatenate([_local_page(1)[START:START + ROWS * COLS], _tokens(10, DIM, 2)])
+    x = np.concatenate([_local_page(1)[START : START + ROWS * COLS], _tokens(10, DIM, 2)])
     pooled, clusters = pool_tokens(x, 3)
     assert len(pooled) == len(x) // 3 and len(clusters) == len(x)
     assert set(clusters.tolist()) == set(range(len(pooled)))
@@ -143,9 +176,10 @@ def test_the_pool_factor_is_part_of_the_index_identity(tmp_path):
     rng = np.random.default_rng(11)
     topic = _unit(rng.standard_normal(DIM))
     pages = [_local_page(i, topic if i == 5 else None) for i in range(12)]
-    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}",
-                          token_px=28)
-             for i, v in enumerate(pages)]
+    given = [
+        EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}", token_px=28)
+        for i, v in enumerate(pages)
+    ]
     open_store(tmp_path / "db", dim=DIM).close()
     with Index(tmp_path / "db", pool_factor=2) as index:
         assert index.add_embedded(given, identity=IDENTITY) == len(pages)
@@ -176,8 +210,9 @@ def test_an_index_written_before_pooling_is_an_unpooled_one(tmp_path):
     store.close()
     with Index(tmp_path / "db", pool_factor=1) as index:
         assert index.pool_factor == 1
-        page = EmbeddedPage("/docs/2.pdf", 1, _local_page(2), (ROWS, COLS), START, sha256="2" * 64,
-                            token_px=28)
+        page = EmbeddedPage(
+            "/docs/2.pdf", 1, _local_page(2), (ROWS, COLS), START, sha256="2" * 64, token_px=28
+        )
         assert index.add_embedded([page]) == 1
     with pytest.raises(ModelMismatchError, match="pool factor 1 .*not 2"):
         Index(tmp_path / "db", pool_factor=2)
@@ -187,8 +222,20 @@ def test_an_index_written_before_pooling_is_an_unpooled_one(tmp_path):
 def test_cli_builds_searches_and_reopens_a_pooled_index(tmp_path, exported_tiny, capsys):
     good_folder(tmp_path / "docs")
     common = ["--db", str(tmp_path / "db"), "--max-image-tokens", "64", "--quiet"]
-    assert main(["index", str(tmp_path / "docs"), "--model", str(exported_tiny.folder),
-                 "--pool-factor", "3", *common]) == 0
+    assert (
+        main(
+            [
+                "index",
+                str(tmp_path / "docs"),
+                "--model",
+                str(exported_tiny.folder),
+                "--pool-factor",
+                "3",
+                *common,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     with Index(tmp_path / "db") as index:
         points = index.store.points([pid for pid, _ in index.store.payloads()])

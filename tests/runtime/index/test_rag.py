@@ -23,9 +23,11 @@ from colembed.index.where import FilterError
 from tests.fixtures.documents import page, write_pdf, write_text_pdf
 
 TOKENS = 64
-PAGES = [["Quarterly report 2024", "Revenue grew by twelve percent"],
-         ["Invoice INV-2024-0042", "Total due 1,250.00 EUR"],
-         ["Minutes of the board meeting", "(approved)"]]
+PAGES = [
+    ["Quarterly report 2024", "Revenue grew by twelve percent"],
+    ["Invoice INV-2024-0042", "Total due 1,250.00 EUR"],
+    ["Minutes of the board meeting", "(approved)"],
+]
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +49,10 @@ def docs(tmp_path) -> Path:
 @pytest.fixture(params=["edge", "client-local"])
 def make_index(request, tmp_path, small_model):
     def make(**kwargs):
-        return Index(tmp_path / "db", model=small_model, local=request.param == "client-local",
-                     **kwargs)
+        return Index(
+            tmp_path / "db", model=small_model, local=request.param == "client-local", **kwargs
+        )
+
     return make
 
 
@@ -58,6 +62,7 @@ def _all(index: Index, **kwargs):
 
 def test_metadata_round_trips_and_filters_select_by_it(docs, make_index):
     with make_index() as index:
+
         def meta_of(path: str):
             return {"team": Path(path).parent.name, "year": 2024 if "report" in path else 2019}
 
@@ -66,13 +71,19 @@ def test_metadata_round_trips_and_filters_select_by_it(docs, make_index):
         hits = _all(index)
         assert len(hits) == 6
         assert {(Path(h.file).name, h.metadata["team"], h.metadata["year"]) for h in hits} == {
-            ("report.pdf", "finance", 2024), ("scan.pdf", "hr", 2019), ("photo.png", "hr", 2019)}
+            ("report.pdf", "finance", 2024),
+            ("scan.pdf", "hr", 2019),
+            ("photo.png", "hr", 2019),
+        }
         finance = _all(index, where={"team": "finance"})
-        assert {(Path(h.file).name, h.page) for h in finance} == {("report.pdf", n)
-                                                                  for n in (1, 2, 3)}
+        assert {(Path(h.file).name, h.page) for h in finance} == {
+            ("report.pdf", n) for n in (1, 2, 3)
+        }
         assert {h.page for h in _all(index, where=["team=finance", "page>=2"])} == {2, 3}
         assert {Path(h.file).name for h in _all(index, where={"year": {"lt": 2020}})} == {
-            "scan.pdf", "photo.png"}
+            "scan.pdf",
+            "photo.png",
+        }
         assert {Path(h.file).name for h in _all(index, where={"path": "hr/*.pdf"})} == {"scan.pdf"}
         assert len(_all(index, where={"folder": docs / "hr"})) == 3
         assert len(_all(index, where={"file": str(docs / "hr" / "photo.png")})) == 1
@@ -89,12 +100,12 @@ def test_metadata_round_trips_and_filters_select_by_it(docs, make_index):
         by_page = {h.page: h.metadata for h in _all(index, where={"team": "finance"})}
         assert by_page[2] == {"team": "finance", "quarter": 4}
         assert by_page[1] == {"team": "finance", "year": 2024}
-        assert index.set_metadata([docs / "hr" / "photo.png"], {"kind": "image"},
-                                  replace=True) == 1
-        photo, = _all(index, where={"kind": "image"})
+        assert index.set_metadata([docs / "hr" / "photo.png"], {"kind": "image"}, replace=True) == 1
+        (photo,) = _all(index, where={"kind": "image"})
         assert photo.metadata == {"kind": "image"} and Path(photo.file).name == "photo.png"
         assert index.metadata(docs / "hr" / "photo.png") == {
-            str(docs / "hr" / "photo.png"): {1: {"kind": "image"}}}
+            str(docs / "hr" / "photo.png"): {1: {"kind": "image"}}
+        }
 
 
 def test_bad_metadata_and_filters_are_refused_naming_them(docs, make_index):
@@ -158,31 +169,78 @@ def test_a_copy_at_another_path_gets_its_own_metadata_not_the_originals(tmp_path
         assert all(h.text for h in copies)  # the text is the content's: it comes along
         write_text_pdf(a / "doc.pdf", [["changed"]])
         assert index.add([a]).added[0].reason == "replaced an older version"
-        changed, = _all(index, where={"folder": a})
+        (changed,) = _all(index, where={"folder": a})
         assert changed.metadata == {"tenant": "17"} and changed.text == "changed"
 
 
 def test_cli_meta_where_and_json(docs, exported_tiny, capsys):
     db = str(docs.parent / "db")
     common = ["--db", db, "--model", str(exported_tiny.folder), "--max-image-tokens", str(TOKENS)]
-    assert main(["index", str(docs / "finance"), *common, "--quiet", "--meta", "team=finance",
-                 "--meta", "year=2024"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                str(docs / "finance"),
+                *common,
+                "--quiet",
+                "--meta",
+                "team=finance",
+                "--meta",
+                "year=2024",
+            ]
+        )
+        == 0
+    )
     assert main(["index", str(docs / "hr"), *common, "--quiet", "--meta", "team=hr"]) == 0
     capsys.readouterr()
-    assert main(["search", "invoice", "-k", "9", "--mode", "exact", "--db", db, "--json",
-                 "--where", "team=finance", "--where", "page=2..3"]) == 0
+    assert (
+        main(
+            [
+                "search",
+                "invoice",
+                "-k",
+                "9",
+                "--mode",
+                "exact",
+                "--db",
+                db,
+                "--json",
+                "--where",
+                "team=finance",
+                "--where",
+                "page=2..3",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     hits = out[0]["hits"]
     assert sorted(h["page"] for h in hits) == [2, 3]
     assert all(h["metadata"] == {"team": "finance", "year": 2024} for h in hits)
     assert {h["text"] for h in hits} == {"\n".join(PAGES[1]), "\n".join(PAGES[2])}
-    assert main(["meta", str(docs / "hr"), "--db", db, "--set", "team=people",
-                 "--unset", "nothing", "--json"]) == 0
+    assert (
+        main(
+            [
+                "meta",
+                str(docs / "hr"),
+                "--db",
+                db,
+                "--set",
+                "team=people",
+                "--unset",
+                "nothing",
+                "--json",
+            ]
+        )
+        == 0
+    )
     changed = json.loads(capsys.readouterr().out)
     assert changed["changed_pages"] == 3
     assert {m["team"] for pages in changed["files"].values() for m in pages.values()} == {"people"}
-    assert main(["search", "x", "--db", db, "--where", "team=people", "-k", "9",
-                 "--mode", "exact"]) == 0
+    assert (
+        main(["search", "x", "--db", db, "--where", "team=people", "-k", "9", "--mode", "exact"])
+        == 0
+    )
     assert capsys.readouterr().out.count("team=people") == 3
     assert main(["search", "x", "--db", db, "--where", "team"]) == 1
     assert "key=value" in capsys.readouterr().err
@@ -191,11 +249,20 @@ def test_cli_meta_where_and_json(docs, exported_tiny, capsys):
 
 
 # ------------------------------------------------------------------------------------- hybrid
-FILLER = ["Quarterly report on revenue and margins", "Minutes of the board meeting",
-          "Holiday schedule for the support team", "Safety instructions for the warehouse",
-          "Product roadmap and release plan", "Travel expense policy", "Onboarding checklist",
-          "Office seating plan", "Customer survey results", "Server maintenance window",
-          "Training catalogue", "Parking regulations"]
+FILLER = [
+    "Quarterly report on revenue and margins",
+    "Minutes of the board meeting",
+    "Holiday schedule for the support team",
+    "Safety instructions for the warehouse",
+    "Product roadmap and release plan",
+    "Travel expense policy",
+    "Onboarding checklist",
+    "Office seating plan",
+    "Customer survey results",
+    "Server maintenance window",
+    "Training catalogue",
+    "Parking regulations",
+]
 
 
 def _planted(folder: Path, target: int) -> list[Path]:
@@ -220,8 +287,9 @@ def test_hybrid_finds_a_planted_identifier_maxsim_ranks_low(kind, tmp_path, smal
         assert index.store.has_lexical
         files = _planted(tmp_path / "docs", target=5)
         assert index.add(files).ok
-        dense = {Path(h.file).name: h.score
-                 for h in index.search(query, k=len(FILLER), mode="exact")}
+        dense = {
+            Path(h.file).name: h.score for h in index.search(query, k=len(FILLER), mode="exact")
+        }
         # MaxSim alone does not single it out: another page scores as high or higher (with
         # random weights the prompt rows carry the whole score, so pages tie)
         assert max(v for name, v in dense.items() if name != "doc05.pdf") >= dense["doc05.pdf"]
@@ -230,12 +298,15 @@ def test_hybrid_finds_a_planted_identifier_maxsim_ranks_low(kind, tmp_path, smal
         assert hybrid[0].score > hybrid[1].score  # first in both lists' fusion, by a margin
         # filters hold in hybrid mode too
         assert index.search(query, k=3, mode="hybrid", where={"file": str(files[5])})[0].page == 1
-        assert all(Path(h.file).name != "doc05.pdf"
-                   for h in index.search(query, k=5, mode="hybrid", where={"path": "doc1*.pdf"}))
+        assert all(
+            Path(h.file).name != "doc05.pdf"
+            for h in index.search(query, k=5, mode="hybrid", where={"path": "doc1*.pdf"})
+        )
 
 
-def test_upgrade_adds_the_lexical_vector_to_a_folder_made_without_it(tmp_path, small_model,
-                                                                      monkeypatch, capsys):
+def test_upgrade_adds_the_lexical_vector_to_a_folder_made_without_it(
+    tmp_path, small_model, monkeypatch, capsys
+):
     from colembed.index import edge
 
     files = _planted(tmp_path / "docs", target=2)
@@ -248,8 +319,12 @@ def test_upgrade_adds_the_lexical_vector_to_a_folder_made_without_it(tmp_path, s
             import shutil
 
             shutil.rmtree(self.folder / edge.SHARD_DIR)
-            self.shard = edge.qe.EdgeShard.create(str(self.folder / edge.SHARD_DIR), edge.qe.EdgeConfig(
-                vectors={n: edge._vector_params(dim, n) for n in edge.SCHEMA_VECTORS[3]}))
+            self.shard = edge.qe.EdgeShard.create(
+                str(self.folder / edge.SHARD_DIR),
+                edge.qe.EdgeConfig(
+                    vectors={n: edge._vector_params(dim, n) for n in edge.SCHEMA_VECTORS[3]}
+                ),
+            )
             edge._write_meta(self.folder, {"schema": 3, "dim": dim, "store": "qdrant-edge"})
             self.has_lexical = False
 
@@ -261,10 +336,13 @@ def test_upgrade_adds_the_lexical_vector_to_a_folder_made_without_it(tmp_path, s
             index.search("ZX-7781-QK", mode="hybrid")
         before = {h.id: h.score for h in index.search("x", k=12, mode="exact")}
     assert main(["upgrade", "--db", str(tmp_path / "db"), "--quiet"]) == 0
-    assert "added the lexical (BM25) vector for hybrid search (12 page(s) with text)" in \
-        capsys.readouterr().out
+    assert (
+        "added the lexical (BM25) vector for hybrid search (12 page(s) with text)"
+        in capsys.readouterr().out
+    )
     with Index(tmp_path / "db", model=small_model) as index:
         assert index.store.has_lexical
-        assert Path(index.search("invoice ZX-7781-QK", k=1, mode="hybrid")[0].file).name == \
-            "doc02.pdf"
+        assert (
+            Path(index.search("invoice ZX-7781-QK", k=1, mode="hybrid")[0].file).name == "doc02.pdf"
+        )
         assert {h.id: h.score for h in index.search("x", k=12, mode="exact")} == before

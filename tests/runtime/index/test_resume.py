@@ -48,8 +48,11 @@ def test_sigkill_then_rerun_equals_an_uninterrupted_run(tmp_path, exported_tiny)
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     killed_db = tmp_path / "killed"
-    child = subprocess.Popen([sys.executable, str(script), str(exported_tiny.folder),
-                              str(killed_db), str(docs)], stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, str(script), str(exported_tiny.folder), str(killed_db), str(docs)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     for line in child.stdout:
         seen.append(line.strip())

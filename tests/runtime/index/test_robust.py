@@ -62,15 +62,21 @@ def test_a_second_process_is_refused_naming_the_folder_and_holder(tmp_path, smal
     db = tmp_path / "db"
     with Index(db, model=small_model) as index:
         index.add([write_pdf(tmp_path / "a.pdf", ["a", "b"])], progress=False)
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(db)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(db)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "open"
         with pytest.raises(IndexBusyError) as refused:
             Index(db, model=small_model)
         message = str(refused.value)
         assert str(db) in message and f"pid {holder.pid}" in message and "-c" in message
-        assert main(["search", "a", "--db", str(db), "--max-image-tokens", str(TOKENS)]) == 1  # runtime, not usage
+        assert (
+            main(["search", "a", "--db", str(db), "--max-image-tokens", str(TOKENS)]) == 1
+        )  # runtime, not usage
         assert f"pid {holder.pid}" in capsys.readouterr().err
     finally:
         holder.send_signal(signal.SIGKILL)  # no clean-up: the OS drops the lock
@@ -97,7 +103,8 @@ def test_moved_and_duplicated_files_reuse_the_stored_vectors(tmp_path, small_mod
         second = index.add([docs], prune=True, progress=False)
         assert sum(embedded) == 3  # the moved file is not embedded again
         assert [(r.path, r.pages, r.reused) for r in second.added] == [
-            (str(docs / "moved" / "b.pdf"), 3, 3)]
+            (str(docs / "moved" / "b.pdf"), 3, 3)
+        ]
         assert [(r.path, r.pages) for r in second.removed] == [(str(docs / "a.pdf"), 3)]
         payloads, points = _store(index)
     with Index(tmp_path / "clean", model=small_model) as clean:  # the same folder from scratch
@@ -115,7 +122,8 @@ def test_moved_and_duplicated_files_reuse_the_stored_vectors(tmp_path, small_mod
 
 # ------------------------------------------------------------------------- a file with a bad page
 def test_a_bad_page_fails_its_file_keeps_the_rest_and_a_rerun_changes_nothing(
-        tmp_path, small_model, embedded):
+    tmp_path, small_model, embedded
+):
     docs = tmp_path / "docs"
     docs.mkdir()
     scan = _tiff_with_a_bad_page(docs / "scan.tiff", 5, bad=3)
@@ -127,7 +135,11 @@ def test_a_bad_page_fails_its_file_keeps_the_rest_and_a_rerun_changes_nothing(
         assert failed.path == str(scan) and failed.pages == 4
         assert failed.reason.startswith("page 3 of 5: cannot decode image")
         assert sorted(p["page"] for _, p in index.store.payloads() if p["path"] == str(scan)) == [
-            1, 2, 4, 5]
+            1,
+            2,
+            4,
+            5,
+        ]
         before = _store(index)[0]
         embedded.clear()
         again = index.add([docs], progress=False)

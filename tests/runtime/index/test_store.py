@@ -11,8 +11,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from colembed.index.schema import (PAGE_VECTOR, SCHEMA_VECTORS, SERVER_SCHEMA, make_point,
-                                   pooled_vectors)
+from colembed.index.schema import (
+    PAGE_VECTOR,
+    SCHEMA_VECTORS,
+    SERVER_SCHEMA,
+    make_point,
+    pooled_vectors,
+)
 from colembed.index import ModelMismatchError, StoreError, open_store
 from colembed.model import PageLayout
 
@@ -22,16 +27,27 @@ STORES = ["edge", "client-local"]
 
 def _page(i: int, rows: int = 3, cols: int = 4):
     rng = np.random.default_rng(i)
-    layout = PageLayout(grid_rows=rows, grid_cols=cols, image_start=2,
-                        num_tokens=2 + rows * cols + 3, token_px=28)
+    layout = PageLayout(
+        grid_rows=rows, grid_cols=cols, image_start=2, num_tokens=2 + rows * cols + 3, token_px=28
+    )
     v = rng.standard_normal((layout.num_tokens, DIM)).astype(np.float32)
     return v / np.linalg.norm(v, axis=1, keepdims=True), layout
 
 
 def _payload(i: int) -> dict:
-    return {"path": f"/docs/{i // 2}.pdf", "page": i % 2 + 1, "pages": 2, "sha256": f"{i // 2:064x}",
-            "width": 112, "height": 84, "model": "m", "variant": "fp32", "manifest_sha256": "h",
-            "schema": 1, "model_source": "/m"}
+    return {
+        "path": f"/docs/{i // 2}.pdf",
+        "page": i % 2 + 1,
+        "pages": 2,
+        "sha256": f"{i // 2:064x}",
+        "width": 112,
+        "height": 84,
+        "model": "m",
+        "variant": "fp32",
+        "manifest_sha256": "h",
+        "schema": 1,
+        "model_source": "/m",
+    }
 
 
 def _points(n: int):
@@ -46,6 +62,7 @@ def _maxsim(q: np.ndarray, page: np.ndarray) -> float:
 def store_factory(request, tmp_path):
     def make(dim=DIM):
         return open_store(tmp_path / "db", dim=dim, local=request.param == "client-local")
+
     return make
 
 
@@ -57,12 +74,16 @@ def test_a_line_of_text_survives_row_pooling_but_not_column_pooling():
     line = np.random.default_rng(7).standard_normal(DIM).astype(np.float32)
     line /= np.linalg.norm(line)
     first = layout.image_start + layout.grid_cols  # grid row 1
-    vectors[first:first + layout.grid_cols] = line
+    vectors[first : first + layout.grid_cols] = line
     rows, cols = pooled_vectors(vectors, layout)
     assert (rows @ line).max() == pytest.approx(1.0, abs=1e-5)
     assert (cols @ line).max() < 0.8
-    prompt = np.concatenate([vectors[:layout.image_start],
-                             vectors[layout.image_start + layout.grid_rows * layout.grid_cols:]])
+    prompt = np.concatenate(
+        [
+            vectors[: layout.image_start],
+            vectors[layout.image_start + layout.grid_rows * layout.grid_cols :],
+        ]
+    )
     for pooled in (rows, cols):
         np.testing.assert_allclose((prompt @ pooled.T).max(axis=1), 1.0, atol=1e-5)
 
@@ -145,8 +166,11 @@ def test_both_stores_declare_the_same_schema(tmp_path):
     for mode in ("exact", "two-stage"):
         answers = [store.search(queries, 5, mode) for store in (edge, local)]
         assert [[h.id for h in r] for r in answers[0]] == [[h.id for h in r] for r in answers[1]]
-        np.testing.assert_allclose([[h.score for h in r] for r in answers[0]],
-                                   [[h.score for h in r] for r in answers[1]], rtol=2e-4)  # float16 sums
+        np.testing.assert_allclose(
+            [[h.score for h in r] for r in answers[0]],
+            [[h.score for h in r] for r in answers[1]],
+            rtol=2e-4,
+        )  # float16 sums
     edge.close()
     local.close()
     assert issubclass(ModelMismatchError, StoreError)

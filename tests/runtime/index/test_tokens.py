@@ -57,20 +57,36 @@ def _local_pages():
     return pages, query
 
 
-LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
-                    num_tokens=START + ROWS * COLS, token_px=28)
+LAYOUT = PageLayout(
+    grid_rows=ROWS, grid_cols=COLS, image_start=START, num_tokens=START + ROWS * COLS, token_px=28
+)
 
 
 def _payload(i: int) -> dict:
-    return {"path": f"/docs/{i}.pdf", "page": 1, "pages": 1, "sha256": f"{i:064x}", "width": 168,
-            "height": 168, "model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
-            "model_source": "/m"}
+    return {
+        "path": f"/docs/{i}.pdf",
+        "page": 1,
+        "pages": 1,
+        "sha256": f"{i:064x}",
+        "width": 168,
+        "height": 168,
+        "model": "m",
+        "variant": "fp32",
+        "manifest_sha256": "h",
+        "schema": 2,
+        "model_source": "/m",
+    }
 
 
 @pytest.fixture
 def small_plans(monkeypatch):
-    for name, value in (("MEAN_CANDIDATES", 3), ("MEAN_POOL", 8), ("POOLED_CANDIDATES", 2),
-                        ("TOKEN_CANDIDATES", 3), ("TOKEN_MEAN_CANDIDATES", 2)):
+    for name, value in (
+        ("MEAN_CANDIDATES", 3),
+        ("MEAN_POOL", 8),
+        ("POOLED_CANDIDATES", 2),
+        ("TOKEN_CANDIDATES", 3),
+        ("TOKEN_MEAN_CANDIDATES", 2),
+    ):
         monkeypatch.setattr(plan_module, name, value)
 
 
@@ -86,20 +102,21 @@ def _schema_2_store(path, monkeypatch):
     return store
 
 
-def test_the_token_plan_finds_a_local_answer_the_mean_gated_plan_misses(tmp_path, small_plans,
-                                                                         monkeypatch):
+def test_the_token_plan_finds_a_local_answer_the_mean_gated_plan_misses(
+    tmp_path, small_plans, monkeypatch
+):
     pages, query = _local_pages()
     store = _schema_2_store(tmp_path / "db", monkeypatch)
     points = [make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)]
     store.upsert(points)
     needle = points[NEEDLE].id
-    exact, = store.search([query], 3, "exact")
+    (exact,) = store.search([query], 3, "exact")
     assert exact[0].id == needle
     assert store.has_tokens()
-    fast, = store.search([query], 3, "two-stage")
+    (fast,) = store.search([query], 3, "two-stage")
     assert fast[0].id == needle and fast[0].score == pytest.approx(exact[0].score, rel=1e-5)
     store.use_tokens = False  # the schema-2 plan: the mean gates the rows / cols pool
-    gated, = store.search([query], 3, "two-stage")
+    (gated,) = store.search([query], 3, "two-stage")
     assert needle not in {h.id for h in gated}
     store.close()
 
@@ -128,7 +145,8 @@ def test_token_table_newest_row_wins_deletes_and_ignores_a_torn_write(tmp_path):
 
 
 def test_a_schema_2_folder_without_a_token_table_warns_and_upgrade_rewrites_it(
-        tmp_path, small_plans, monkeypatch):
+    tmp_path, small_plans, monkeypatch
+):
     pages, query = _local_pages()
     store = _schema_2_store(tmp_path / "db", monkeypatch)
     store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
@@ -137,7 +155,7 @@ def test_a_schema_2_folder_without_a_token_table_warns_and_upgrade_rewrites_it(
         f.unlink()
     store = open_store(tmp_path / "db")
     with pytest.warns(OldIndexWarning, match="token table.*mean-gated.*colembed upgrade"):
-        gated, = store.search([query], 3, "two-stage")
+        (gated,) = store.search([query], 3, "two-stage")
     assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in gated}
     store.close()
     done = upgrade_index(tmp_path / "db")  # schema 3: rows / cols dropped, the table made anew
@@ -146,25 +164,27 @@ def test_a_schema_2_folder_without_a_token_table_warns_and_upgrade_rewrites_it(
     assert store.schema == 3 and store.has_tokens()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        hits, = store.search([query], 3, "two-stage")
+        (hits,) = store.search([query], 3, "two-stage")
     assert hits[0].payload["sha256"] == f"{NEEDLE:064x}" and store.count() == N_PAGES
     store.close()
     assert not upgrade_index(tmp_path / "db")
 
 
 def test_a_schema_3_folder_without_its_token_table_searches_by_the_mean_and_warns(
-        tmp_path, small_plans):
+    tmp_path, small_plans
+):
     """A schema-3 folder has no rows / cols for the mean-gated plan: with its table gone (or not
     matching after a kill) it searches with the table it has and the `mean` vector, says so, and
     `colembed upgrade` rebuilds the table."""
     query = _folder_without_its_table(tmp_path / "db")
     store = open_store(tmp_path / "db")
     with pytest.warns(OldIndexWarning, match="token table.*mean vector only.*colembed upgrade"):
-        hits, = store.search([query], 3, "two-stage")
-    every, = store.search([query], N_PAGES, "exact")
+        (hits,) = store.search([query], 3, "two-stage")
+    (every,) = store.search([query], N_PAGES, "exact")
     exact = every[:3]
     assert [h.score for h in hits] == pytest.approx(  # exact scores of the pages the mean found
-        [next(e.score for e in every if e.id == h.id) for h in hits], rel=1e-5)
+        [next(e.score for e in every if e.id == h.id) for h in hits], rel=1e-5
+    )
     assert f"{NEEDLE:064x}" not in {h.payload["sha256"] for h in hits}  # the mean ranks it low
     assert not store.has_tokens()
     store.close()
@@ -172,7 +192,7 @@ def test_a_schema_3_folder_without_its_token_table_searches_by_the_mean_and_warn
     store = open_store(tmp_path / "db")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        hits, = store.search([query], 3, "two-stage")
+        (hits,) = store.search([query], 3, "two-stage")
     assert hits[0].id == exact[0].id and hits[0].payload["sha256"] == f"{NEEDLE:064x}"
     store.close()
 
@@ -216,8 +236,9 @@ def test_a_table_of_the_right_size_but_other_pages_is_not_current(tmp_path):
     store.close()
     assert upgrade_index(tmp_path / "db").tokens_rebuilt == N_PAGES
     store = open_store(tmp_path / "db")
-    assert store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == \
-        points[NEEDLE].id
+    assert (
+        store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == points[NEEDLE].id
+    )
     store.close()
 
 
@@ -236,8 +257,9 @@ def test_a_mostly_dead_table_is_compacted_on_open_and_a_killed_compaction_undone
     store.close()
     store = open_store(tmp_path / "db")
     assert table.stat().st_size == (N_PAGES - 4) * row  # the live rows only
-    assert store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == \
-        points[NEEDLE].id
+    assert (
+        store.has_tokens() and store.search([query], 1, "two-stage")[0][0].id == points[NEEDLE].id
+    )
     store.close()
     # a kill between the compaction's two renames: the old table is aside, the folder missing
     folder = tmp_path / "db" / TOKENS_DIR
@@ -250,25 +272,34 @@ def test_a_mostly_dead_table_is_compacted_on_open_and_a_killed_compaction_undone
     store.close()
 
 
-IDENTITY = {"model": "m", "variant": "fp32", "manifest_sha256": "h", "schema": 2,
-            "model_source": "/m"}
+IDENTITY = {
+    "model": "m",
+    "variant": "fp32",
+    "manifest_sha256": "h",
+    "schema": 2,
+    "model_source": "/m",
+}
 
 
 def test_add_embedded_stores_pages_as_add_would_and_names_a_bad_one(tmp_path):
     pages, query = _local_pages()
     store = open_store(tmp_path / "db", dim=DIM)
     store.close()
-    given = [EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}",
-                          token_px=28) for i, v in enumerate(pages)]
+    given = [
+        EmbeddedPage(f"/docs/{i}.pdf", 1, v, (ROWS, COLS), START, sha256=f"{i:064x}", token_px=28)
+        for i, v in enumerate(pages)
+    ]
     with Index(tmp_path / "db") as index:
-        bad = EmbeddedPage("/docs/bad.pdf", 2, pages[0][:, :8], (ROWS, COLS), START, pages=3,
-                           sha256="0" * 64)
+        bad = EmbeddedPage(
+            "/docs/bad.pdf", 2, pages[0][:, :8], (ROWS, COLS), START, pages=3, sha256="0" * 64
+        )
         with pytest.raises(InputError, match="bad.pdf page 2.*16-d"):
             index.add_embedded([*given[:3], bad], identity=IDENTITY)
         assert len(index) == 0  # every page is checked before any is stored
         with pytest.raises(InputError, match="does not fit"):
-            index.add_embedded([EmbeddedPage("/d.pdf", 1, pages[0], (7, 7), START, sha256="1")],
-                               identity=IDENTITY)
+            index.add_embedded(
+                [EmbeddedPage("/d.pdf", 1, pages[0], (7, 7), START, sha256="1")], identity=IDENTITY
+            )
         assert index.add_embedded(given, identity=IDENTITY) == N_PAGES
         hits = index.store.search([query], 1, "exact")[0]
         assert hits[0].payload["path"] == f"/docs/{NEEDLE}.pdf"
@@ -301,8 +332,9 @@ def test_add_embedded_takes_the_token_size_from_the_model_not_a_constant(tmp_pat
     open_store(tmp_path / "db", dim=DIM).close()
 
     def page(i, **kw):
-        return EmbeddedPage(f"/docs/{i}.pdf", 1, pages[i], (ROWS, COLS), START,
-                            sha256=f"{i:064x}", **kw)
+        return EmbeddedPage(
+            f"/docs/{i}.pdf", 1, pages[i], (ROWS, COLS), START, sha256=f"{i:064x}", **kw
+        )
 
     with Index(tmp_path / "db") as index:
         with pytest.raises(InputError, match="0.pdf page 1: its rendered size is not known"):
@@ -312,8 +344,11 @@ def test_add_embedded_takes_the_token_size_from_the_model_not_a_constant(tmp_pat
         index._model = SimpleNamespace(config=SimpleNamespace(resize_factor=32))
         index.add_embedded([page(2)], identity=IDENTITY)
         sizes = {p["path"]: (p["width"], p["height"]) for _, p in index.store.payloads()}
-    assert sizes == {"/docs/0.pdf": (COLS * 32, ROWS * 32), "/docs/1.pdf": (500, 700),
-                     "/docs/2.pdf": (COLS * 32, ROWS * 32)}
+    assert sizes == {
+        "/docs/0.pdf": (COLS * 32, ROWS * 32),
+        "/docs/1.pdf": (500, 700),
+        "/docs/2.pdf": (COLS * 32, ROWS * 32),
+    }
 
 
 def test_from_parquet_loads_what_the_ray_target_writes(tmp_path, capsys):
@@ -325,21 +360,34 @@ def test_from_parquet_loads_what_the_ray_target_writes(tmp_path, capsys):
     (tmp_path / "pq").mkdir()
     pq.write_table(_table(points[:25], DIM), tmp_path / "pq" / "part-a.parquet")
     pq.write_table(_table(points[20:], DIM), tmp_path / "pq" / "part-b.parquet")  # overlap
-    assert main(["index", "--from-parquet", str(tmp_path / "pq"), "--db", str(tmp_path / "db"),
-                 "--json"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                "--from-parquet",
+                str(tmp_path / "pq"),
+                "--db",
+                str(tmp_path / "db"),
+                "--json",
+            ]
+        )
+        == 0
+    )
     assert json.loads(capsys.readouterr().out) == {"added_pages": N_PAGES, "pages": N_PAGES}
     store = open_store(tmp_path / "db")
-    hits, = store.search([query], 1, "two-stage")
+    (hits,) = store.search([query], 1, "two-stage")
     assert hits[0].id == points[NEEDLE].id
     stored = store.points([points[3].id])[points[3].id]
-    np.testing.assert_allclose(stored.vectors[PAGE_VECTOR], points[3].vectors[PAGE_VECTOR],
-                               atol=2e-3)
+    np.testing.assert_allclose(
+        stored.vectors[PAGE_VECTOR], points[3].vectors[PAGE_VECTOR], atol=2e-3
+    )
     assert store.has_tokens()
     store.close()
 
 
 def test_a_clean_close_lets_the_next_open_skip_listing_ids_and_any_write_takes_that_back(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """Listing every page's id to check the table costs seconds at 100,000 pages; a clean close
     that found the table current marks it, and the next open trusts the mark while the folder
     is as the close left it. A write (here a killed run's: no close) removes the mark first."""
@@ -376,13 +424,15 @@ def test_a_mark_that_no_longer_describes_the_folder_is_not_trusted(tmp_path):
     store.upsert([make_point(v, LAYOUT, _payload(i)) for i, v in enumerate(pages)])
     store.close()
     # the table changed behind the mark's back (rows appended): sizes differ, ids are compared
-    TokenTable(db / TOKENS_DIR, DIM).append(["00000000-0000-0000-0000-0000000000bb"],
-                                            [np.zeros((16, DIM), np.float32)])
+    TokenTable(db / TOKENS_DIR, DIM).append(
+        ["00000000-0000-0000-0000-0000000000bb"], [np.zeros((16, DIM), np.float32)]
+    )
     store = open_store(db)
     with pytest.warns(OldIndexWarning, match="token table"):
         assert not store.has_tokens()
     store.close()
     from colembed.index.edge import VERIFIED_FILE
+
     assert not (db / TOKENS_DIR / VERIFIED_FILE).exists()  # not current at close: no mark
 
 
@@ -416,7 +466,8 @@ def test_top_many_gives_each_query_the_pages_top_gives_it(tmp_path):
 
 
 def test_new_shards_store_no_rows_or_cols_and_a_folder_holding_them_in_ram_still_opens(
-        tmp_path, monkeypatch, small_plans):
+    tmp_path, monkeypatch, small_plans
+):
     """New shards (schema 3) store the `page` vectors memory-mapped and the `mean` in RAM, and no
     rows / cols (the token plan never reads them); a schema-2 folder created with `rows` / `cols`
     in RAM (colembed before mapped rows / cols) opens, searches with the token plan, runs the
@@ -447,15 +498,15 @@ def test_new_shards_store_no_rows_or_cols_and_a_folder_holding_them_in_ram_still
     for name in ("old", "new"):
         store = open_store(tmp_path / name)
         assert store.has_tokens() and store.schema == {"old": 2, "new": 3}[name]
-        hits, = store.search([query], 3, "two-stage")
-        exact, = store.search([query], 3, "exact")
+        (hits,) = store.search([query], 3, "two-stage")
+        (exact,) = store.search([query], 3, "exact")
         assert hits[0].id == exact[0].id == points[NEEDLE].id
         store.use_tokens = False  # the mean-gated plan reads rows / cols
         if name == "new":
             with pytest.raises(StoreError, match="reads the cols, rows vector.*schema 3"):
                 store.search([query], 3, "two-stage")
         else:
-            gated, = store.search([query], 3, "two-stage")
+            (gated,) = store.search([query], 3, "two-stage")
             assert len(gated) == 3 and needle_free(gated, points[NEEDLE].id)
         store.close()
     assert vector_on_disk(tmp_path / "old")["rows"] is False
@@ -471,5 +522,6 @@ def test_the_centroid_scan_computes_the_exact_scorers_maxsim():
     table = _unit(rng.standard_normal((tokens.SCAN_CHUNK_PAGES + 9, tokens.CENTROIDS, DIM)))
     queries = [_unit(rng.standard_normal((n, DIM))) for n in (1, 7, 20)]
     exact = score(queries, list(table), backend="numpy")
-    np.testing.assert_allclose(tokens.centroid_scores_many(table, queries), exact,
-                               rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        tokens.centroid_scores_many(table, queries), exact, rtol=1e-5, atol=1e-5
+    )

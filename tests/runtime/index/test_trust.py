@@ -21,8 +21,7 @@ import pytest
 
 import colembed
 from colembed.cli import _parse, main
-from colembed.index import (Index, IndexBusyError, IndexNotFoundError, ModelMismatchError,
-                            StoreError)
+from colembed.index import Index, IndexBusyError, IndexNotFoundError, ModelMismatchError, StoreError
 from colembed.index.records import ModelIdentity
 from tests.fixtures.documents import write_pdf
 
@@ -57,8 +56,9 @@ def _contents(index):
 
 
 # ---------------------------------------------------- 1. a run never stops early looking complete
-def test_an_unexpected_error_on_a_page_fails_that_page_and_the_run_goes_on(tmp_path, small_model,
-                                                                          monkeypatch):
+def test_an_unexpected_error_on_a_page_fails_that_page_and_the_run_goes_on(
+    tmp_path, small_model, monkeypatch
+):
     docs = tmp_path / "docs"
     docs.mkdir()
     write_pdf(docs / "a.pdf", ["a 1", "poster", "a 3"])
@@ -84,15 +84,16 @@ def test_an_unexpected_error_on_a_page_fails_that_page_and_the_run_goes_on(tmp_p
         result = index.add([docs], progress=False)
         assert not result.ok
         failed = {os.path.basename(r.path): r for r in result.failed}
-        assert failed["a.pdf"].reason == ("page 2 of 3: unexpected MemoryError: cannot allocate "
-                                          "the bitmap; its other 2 page(s) are indexed")
+        assert failed["a.pdf"].reason == (
+            "page 2 of 3: unexpected MemoryError: cannot allocate "
+            "the bitmap; its other 2 page(s) are indexed"
+        )
         assert "b.pdf" in failed and "Input/output error" in failed["b.pdf"].reason
         assert [os.path.basename(r.path) for r in result.added] == ["c.pdf"]
         assert len(index) == 4
 
 
-def test_an_error_in_the_model_on_one_page_fails_that_page_only(tmp_path, small_model,
-                                                                 monkeypatch):
+def test_an_error_in_the_model_on_one_page_fails_that_page_only(tmp_path, small_model, monkeypatch):
     write_pdf(tmp_path / "a.pdf", ["a 1", "a 2", "a 3", "a 4", "a 5"])
     real = type(small_model).embed_pages
 
@@ -129,6 +130,7 @@ def test_an_error_in_the_model_on_one_page_fails_that_page_only(tmp_path, small_
 def test_a_store_that_fails_ends_the_run_with_its_error_not_a_flush_error(tmp_path, small_model):
     write_pdf(tmp_path / "a.pdf", ["a"])
     with Index(tmp_path / "db", model=small_model) as index:
+
         def upsert(points):
             raise StoreError("upsert failed: the server went away")
 
@@ -143,8 +145,9 @@ def test_a_store_that_fails_ends_the_run_with_its_error_not_a_flush_error(tmp_pa
 
 
 # ---------------------------------------------------------------------------- 2. no leaked lock
-def test_a_refused_or_forgotten_index_does_not_keep_its_folder_locked(tmp_path, small_model,
-                                                                    exported_tiny):
+def test_a_refused_or_forgotten_index_does_not_keep_its_folder_locked(
+    tmp_path, small_model, exported_tiny
+):
     db = tmp_path / "db"
     with Index(db, model=small_model) as index:
         index.add([write_pdf(tmp_path / "a.pdf", ["a"])], progress=False)
@@ -161,8 +164,9 @@ def test_a_refused_or_forgotten_index_does_not_keep_its_folder_locked(tmp_path, 
 
 
 # ------------------------------------------------------------- 3, 4. reopened as it was built
-def test_reopening_loads_the_image_budget_it_was_built_with(tmp_path, small_model, exported_tiny,
-                                                           capsys):
+def test_reopening_loads_the_image_budget_it_was_built_with(
+    tmp_path, small_model, exported_tiny, capsys
+):
     db = tmp_path / "db"
     with Index(db, model=small_model) as index:
         index.add([write_pdf(tmp_path / "a.pdf", ["alpha", "beta"])], progress=False)
@@ -175,19 +179,31 @@ def test_reopening_loads_the_image_budget_it_was_built_with(tmp_path, small_mode
     assert json.loads(capsys.readouterr().out)[0]["hits"][0]["file"] == str(tmp_path / "a.pdf")
 
 
-def test_runs_at_another_budget_or_dpi_are_refused_naming_both(tmp_path, small_model,
-                                                              exported_tiny):
+def test_runs_at_another_budget_or_dpi_are_refused_naming_both(
+    tmp_path, small_model, exported_tiny
+):
     db = tmp_path / "db"
     with Index(db, model=small_model) as index:
         index.add([write_pdf(tmp_path / "a.pdf", ["a"])], progress=False)
-        with pytest.raises(ModelMismatchError, match="render: the index has 'pixel budget', "
-                                                     "this run '100 dpi'"):
+        with pytest.raises(
+            ModelMismatchError, match="render: the index has 'pixel budget', this run '100 dpi'"
+        ):
             index.add([write_pdf(tmp_path / "b.pdf", ["b"])], dpi=100, progress=False)
-    with pytest.raises(ModelMismatchError, match=f"max_image_tokens: the index has {TOKENS}, "
-                                                 f"this run {2 * TOKENS}"):
+    with pytest.raises(
+        ModelMismatchError, match=f"max_image_tokens: the index has {TOKENS}, this run {2 * TOKENS}"
+    ):
         Index(db, model=exported_tiny.folder, max_image_tokens=2 * TOKENS)
-    code = main(["index", str(tmp_path / "b.pdf"), "--db", str(db), "--quiet",
-                 "--max-image-tokens", str(2 * TOKENS)])
+    code = main(
+        [
+            "index",
+            str(tmp_path / "b.pdf"),
+            "--db",
+            str(db),
+            "--quiet",
+            "--max-image-tokens",
+            str(2 * TOKENS),
+        ]
+    )
     assert code == 1
     with Index(db) as index:
         assert _contents(index) == [(str(tmp_path / "a.pdf"), 1, _contents(index)[0][2])]
@@ -204,8 +220,9 @@ def test_an_index_at_a_dpi_reopens_at_that_dpi(tmp_path, small_model):
 
 def test_the_identity_holds_what_changes_vectors(small_model):
     a = ModelIdentity.of_model(small_model, schema=2, dpi=None)
-    b = ModelIdentity.of_folder(small_model.folder, variant="fp32", max_image_tokens=TOKENS,
-                                dpi=None, schema=2)
+    b = ModelIdentity.of_folder(
+        small_model.folder, variant="fp32", max_image_tokens=TOKENS, dpi=None, schema=2
+    )
     assert a == b and a.max_image_tokens == TOKENS
     older = {k: v for k, v in a.payload().items() if k not in ModelIdentity.LATER}
     a.check(older, "db")  # an index written before the budget was recorded still opens
@@ -233,8 +250,10 @@ def test_prune_touches_only_given_present_roots_and_this_source(tmp_path, small_
     with Index(db, model=small_model) as index:
         result = index.add([first, second], prune=True, progress=False)
         assert [r.path for r in result.removed] == [str(second / "gone.pdf")]
-        assert result.failed[0].path == str(first) and "nothing under it was pruned" in \
-            result.failed[0].reason
+        assert (
+            result.failed[0].path == str(first)
+            and "nothing under it was pruned" in result.failed[0].reason
+        )
         paths = {p for p, _, _ in _contents(index)}
         assert str(first / "gone.pdf") in paths and str(elsewhere / "gone.pdf") in paths
         assert str(tmp_path / "theirs.pdf") in paths  # another source's page
@@ -326,15 +345,30 @@ def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
 
     monkeypatch.setattr(model_type, "embed_pages", embed_pages)
     pdf = write_pdf(tmp_path / "a.pdf", [str(n) for n in range(5)])
-    assert main(["index", str(pdf), "--db", str(tmp_path / "db"), "--model",
-                 str(exported_tiny.folder), "--max-image-tokens", str(TOKENS), "--quiet",
-                 "--batch-size", "2"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                str(pdf),
+                "--db",
+                str(tmp_path / "db"),
+                "--model",
+                str(exported_tiny.folder),
+                "--max-image-tokens",
+                str(TOKENS),
+                "--quiet",
+                "--batch-size",
+                "2",
+            ]
+        )
+        == 0
+    )
     assert set(seen) == {2}
 
 
-def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(tmp_path, exported_tiny,
-                                                                    small_model, monkeypatch,
-                                                                    capsys):
+def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(
+    tmp_path, exported_tiny, small_model, monkeypatch, capsys
+):
     docs = tmp_path / "docs"
     docs.mkdir()
     write_pdf(docs / "a.pdf", ["a 1", "a 2", "a 3"])
@@ -349,8 +383,17 @@ def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(tmp_path, exp
         return real(self, images, *args, **kwargs)
 
     monkeypatch.setattr(model_type, "embed_pages", embed_pages)
-    common = ["--db", str(tmp_path / "db"), "--model", str(exported_tiny.folder),
-              "--max-image-tokens", str(TOKENS), "--quiet", "--batch-size", "1"]
+    common = [
+        "--db",
+        str(tmp_path / "db"),
+        "--model",
+        str(exported_tiny.folder),
+        "--max-image-tokens",
+        str(TOKENS),
+        "--quiet",
+        "--batch-size",
+        "1",
+    ]
     assert main(["index", str(docs), *common]) == 130
     err = capsys.readouterr().err
     assert "resume by re-running" in err and "Traceback" not in err
@@ -407,8 +450,9 @@ def test_a_kill_between_the_upgrade_renames_keeps_the_index(tmp_path, small_mode
     assert not list(tmp_path.glob(".db.replaced-*"))
 
 
-def test_skipped_files_behind_a_partial_batch_are_written_as_they_go(tmp_path, small_model,
-                                                                     monkeypatch):
+def test_skipped_files_behind_a_partial_batch_are_written_as_they_go(
+    tmp_path, small_model, monkeypatch
+):
     from colembed.index.ingest import HELD_LIMIT
 
     docs = tmp_path / "docs"
@@ -447,14 +491,31 @@ def test_symlinked_subfolders_are_followed_once(tmp_path, small_model):
         assert any("symlink" in r.reason for r in result.skipped)
 
 
-def test_an_int8_index_is_searched_with_int8_without_being_told(tmp_path, exported_variants,
-                                                                capsys):
+def test_an_int8_index_is_searched_with_int8_without_being_told(
+    tmp_path, exported_variants, capsys
+):
     """The case as a user met it: `colembed index --variant int8`, then `colembed search` with no
     --model / --variant loaded fp32 and stopped with "variant: index has 'int8'"."""
     db, folder = tmp_path / "db", exported_variants.folder
     docs = write_pdf(tmp_path / "a.pdf", ["alpha", "beta"])
-    assert main(["index", str(docs), "--db", str(db), "--model", str(folder), "--variant", "int8",
-                 "--max-image-tokens", str(TOKENS), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "index",
+                str(docs),
+                "--db",
+                str(db),
+                "--model",
+                str(folder),
+                "--variant",
+                "int8",
+                "--max-image-tokens",
+                str(TOKENS),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     assert main(["search", "alpha", "--db", str(db), "-k", "1", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)[0]["hits"][0]["file"] == str(docs)

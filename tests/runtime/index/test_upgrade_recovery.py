@@ -24,8 +24,9 @@ from colembed.safe_fs import STAGING_MARKER
 
 DIM, ROWS, COLS, START = 16, 2, 3, 1
 N_PAGES = 6
-LAYOUT = PageLayout(grid_rows=ROWS, grid_cols=COLS, image_start=START,
-                    num_tokens=START + ROWS * COLS, token_px=28)
+LAYOUT = PageLayout(
+    grid_rows=ROWS, grid_cols=COLS, image_start=START, num_tokens=START + ROWS * COLS, token_px=28
+)
 
 
 def _points():
@@ -34,10 +35,25 @@ def _points():
     for i in range(N_PAGES):
         x = rng.standard_normal((START + ROWS * COLS, DIM))
         x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
-        out.append(make_point(x, LAYOUT, {
-            "path": f"/docs/{i}.pdf", "page": 1, "pages": 1, "sha256": f"{i:064x}",
-            "width": 84, "height": 56, "model": "m", "variant": "fp32", "manifest_sha256": "h",
-            "schema": 2, "model_source": "/m"}))
+        out.append(
+            make_point(
+                x,
+                LAYOUT,
+                {
+                    "path": f"/docs/{i}.pdf",
+                    "page": 1,
+                    "pages": 1,
+                    "sha256": f"{i:064x}",
+                    "width": 84,
+                    "height": 56,
+                    "model": "m",
+                    "variant": "fp32",
+                    "manifest_sha256": "h",
+                    "schema": 2,
+                    "model_source": "/m",
+                },
+            )
+        )
     return out
 
 
@@ -119,7 +135,10 @@ def test_a_folder_that_cannot_be_renamed_is_upgraded_in_place(old_index, monkeyp
     finally:
         store.close()
     assert sorted(p.name for p in old_index.parent.iterdir()) == ["db"]
-    assert not (old_index / edge.IN_PLACE_NEW).exists() and not (old_index / edge.IN_PLACE_OLD).exists()
+    assert (
+        not (old_index / edge.IN_PLACE_NEW).exists()
+        and not (old_index / edge.IN_PLACE_OLD).exists()
+    )
     assert not upgrade_index(old_index)  # already current
 
 
@@ -132,8 +151,9 @@ def test_a_mount_point_is_upgraded_in_place_without_trying_a_sibling(old_index, 
 
 
 @pytest.mark.parametrize("moved_in", [0, 1, 2])
-def test_a_kill_during_the_in_place_swap_is_finished_by_the_next_open(old_index, monkeypatch,
-                                                                      moved_in):
+def test_a_kill_during_the_in_place_swap_is_finished_by_the_next_open(
+    old_index, monkeypatch, moved_in
+):
     """Killed after the old entries were set aside and `moved_in` of the new ones moved in."""
     real_move = edge._move_entries
     calls = []
@@ -158,4 +178,7 @@ def test_a_kill_during_the_in_place_swap_is_finished_by_the_next_open(old_index,
         assert store.schema == 3 and store.count() == N_PAGES
     finally:
         store.close()
-    assert not (old_index / edge.IN_PLACE_NEW).exists() and not (old_index / edge.IN_PLACE_OLD).exists()
+    assert (
+        not (old_index / edge.IN_PLACE_NEW).exists()
+        and not (old_index / edge.IN_PLACE_OLD).exists()
+    )

@@ -59,8 +59,10 @@ def served(indexed):
 
 
 def expected(index, query, **kwargs):
-    return [(Path(h.file).name, h.page, h.score, h.text, h.metadata)
-            for h in index.search(query, mode="exact", **kwargs)]
+    return [
+        (Path(h.file).name, h.page, h.score, h.text, h.metadata)
+        for h in index.search(query, mode="exact", **kwargs)
+    ]
 
 
 def test_langchain_over_an_index(indexed):
@@ -68,16 +70,26 @@ def test_langchain_over_an_index(indexed):
     retriever = lc.ColembedRetriever(index=index, k=3, mode="exact")
     docs = retriever.invoke("total due")
     assert all(isinstance(d, Document) for d in docs) and len(docs) == 3
-    assert [(Path(d.metadata["file"]).name, d.metadata["page"], d.metadata["score"],
-             d.page_content if d.metadata["has_text"] else None, d.metadata["metadata"])
-            for d in docs] == expected(index, "total due", k=3)
-    assert all(d.metadata["source"] == d.metadata["file"] and d.metadata["image_url"] is None
-               for d in docs)
-    filtered = lc.ColembedRetriever(index=index, k=5, mode="exact",
-                                    where={"kind": "invoice", "page": 2}).invoke("anything")
+    assert [
+        (
+            Path(d.metadata["file"]).name,
+            d.metadata["page"],
+            d.metadata["score"],
+            d.page_content if d.metadata["has_text"] else None,
+            d.metadata["metadata"],
+        )
+        for d in docs
+    ] == expected(index, "total due", k=3)
+    assert all(
+        d.metadata["source"] == d.metadata["file"] and d.metadata["image_url"] is None for d in docs
+    )
+    filtered = lc.ColembedRetriever(
+        index=index, k=5, mode="exact", where={"kind": "invoice", "page": 2}
+    ).invoke("anything")
     assert [(d.page_content, d.metadata["page"], d.metadata["metadata"]) for d in filtered] == [
-        ("Total due 99 EUR", 2, {"kind": "invoice", "year": 2024})]
-    photo, = lc.ColembedRetriever(index=index, where={"kind": "photo"}).invoke("x")
+        ("Total due 99 EUR", 2, {"kind": "invoice", "year": 2024})
+    ]
+    (photo,) = lc.ColembedRetriever(index=index, where={"kind": "photo"}).invoke("x")
     assert photo.page_content == "" and photo.metadata["has_text"] is False
 
 
@@ -86,13 +98,20 @@ def test_llamaindex_over_an_index(indexed):
     retriever = li.ColembedRetriever(index, k=3, mode="exact")
     nodes = retriever.retrieve("total due")
     assert all(isinstance(n, NodeWithScore) and isinstance(n.node, TextNode) for n in nodes)
-    assert [(Path(n.node.metadata["file"]).name, n.node.metadata["page"], n.score,
-             n.node.text if n.node.metadata["has_text"] else None, n.node.metadata["metadata"])
-            for n in nodes] == expected(index, "total due", k=3)
+    assert [
+        (
+            Path(n.node.metadata["file"]).name,
+            n.node.metadata["page"],
+            n.score,
+            n.node.text if n.node.metadata["has_text"] else None,
+            n.node.metadata["metadata"],
+        )
+        for n in nodes
+    ] == expected(index, "total due", k=3)
     hits = index.search("total due", k=3, mode="exact")
     assert [n.node.node_id for n in nodes] == [h.id for h in hits]
     assert "page_id" not in nodes[0].node.get_metadata_str(mode="llm")  # ids hidden from the LLM
-    only, = li.ColembedRetriever(index, where=["kind=invoice", "page=1"]).retrieve("x")
+    (only,) = li.ColembedRetriever(index, where=["kind=invoice", "page=1"]).retrieve("x")
     assert only.node.text == "Invoice INV-2024-0042"
 
 
@@ -101,14 +120,18 @@ def test_both_over_colembed_serve(indexed, served, framework):
     index, _ = indexed
     kwargs = dict(url=BASE, api_key=KEY, client=served, k=3, mode="exact")
     if framework == "langchain":
-        got = [(d.page_content, d.metadata) for d in lc.ColembedRetriever(**kwargs)
-               .invoke("total due")]
+        got = [
+            (d.page_content, d.metadata) for d in lc.ColembedRetriever(**kwargs).invoke("total due")
+        ]
     else:
-        got = [(n.node.text, n.node.metadata) for n in li.ColembedRetriever(**kwargs)
-               .retrieve("total due")]
+        got = [
+            (n.node.text, n.node.metadata)
+            for n in li.ColembedRetriever(**kwargs).retrieve("total due")
+        ]
     hits = index.search("total due", k=3, mode="exact")
     assert [(m["file"], m["page"], m["score"], m["page_id"], m["metadata"]) for _, m in got] == [
-        (f"docs/{Path(h.file).name}", h.page, h.score, h.id, h.metadata) for h in hits]
+        (f"docs/{Path(h.file).name}", h.page, h.score, h.id, h.metadata) for h in hits
+    ]
     assert [text for text, _ in got] == [h.text or "" for h in hits]
     for _, meta in got:  # the page image, rendered by the server, at the URL given
         assert meta["image_url"] == f"{BASE}/v1/pages/{meta['page_id']}/image"
@@ -126,8 +149,7 @@ def test_server_errors_and_malformed_replies_are_named(served):
     wrong = lc.ColembedRetriever(url=BASE, api_key="wrong", client=served)
     with pytest.raises(RetrieverError, match="HTTP 401: missing or wrong API key"):
         wrong.invoke("x")
-    bad_filter = li.ColembedRetriever(url=BASE, api_key=KEY, client=served,
-                                      where={"page": "two"})
+    bad_filter = li.ColembedRetriever(url=BASE, api_key=KEY, client=served, where={"page": "two"})
     with pytest.raises(RetrieverError, match="HTTP 422: .*not a number"):
         bad_filter.retrieve("x")
 

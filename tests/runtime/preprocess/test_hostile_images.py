@@ -61,7 +61,16 @@ def small_model(exported_tiny):
 # ------------------------------------------------------------------------ the format allowlist
 def test_the_documented_formats_are_the_ones_the_index_takes():
     assert set(images.IMAGE_FORMATS) == {"PNG", "JPEG", "TIFF", "WEBP", "BMP", "GIF"}
-    assert sources.IMAGE_SUFFIXES == {".png", ".jpg", ".jpeg", ".tif", ".tiff", ".webp", ".bmp", ".gif"}
+    assert sources.IMAGE_SUFFIXES == {
+        ".png",
+        ".jpg",
+        ".jpeg",
+        ".tif",
+        ".tiff",
+        ".webp",
+        ".bmp",
+        ".gif",
+    }
 
 
 @pytest.mark.parametrize("as_input", ["bytes", "path", "file"])
@@ -84,7 +93,8 @@ def test_postscript_never_reaches_ghostscript_in_the_index_reader(tmp_path, logg
 
 
 def test_colembed_index_fails_a_postscript_file_by_name_and_runs_no_ghostscript(
-        tmp_path, logging_gs, small_model):
+    tmp_path, logging_gs, small_model
+):
     docs = tmp_path / "d"
     docs.mkdir()
     (docs / "scan.png").write_bytes(EPS)
@@ -152,8 +162,9 @@ def test_the_limit_is_pils_and_moves_with_it(small_limit):
     assert images.pixel_limit() == small_limit
 
 
-def test_the_index_reader_refuses_a_bomb_from_its_header_before_decoding(tmp_path, small_limit,
-                                                                         decodes):
+def test_the_index_reader_refuses_a_bomb_from_its_header_before_decoding(
+    tmp_path, small_limit, decodes
+):
     path = tmp_path / "bomb.png"
     Image.new("L", (1200, 1000), 255).save(path)  # 1.2 Mpx; a few KB on disk
     with pytest.raises(SourceError, match="decompression bomb refused: 1200x1000"):
@@ -193,8 +204,9 @@ def test_a_stored_size_over_the_limit_is_not_drawn_again(tmp_path, small_limit):
         render_stored_page(str(path), 1, payload, max_pixels=10**6, dpi=None)
 
 
-def test_colembed_index_fails_a_bomb_file_and_indexes_the_rest(tmp_path, small_limit, decodes,
-                                                              small_model):
+def test_colembed_index_fails_a_bomb_file_and_indexes_the_rest(
+    tmp_path, small_limit, decodes, small_model
+):
     docs = tmp_path / "d"
     docs.mkdir()
     Image.new("L", (1200, 1000), 255).save(docs / "bomb.png")
@@ -217,7 +229,8 @@ def test_embedding_refuses_the_same_bomb_by_the_same_limit(small_limit, decodes,
 # ------------------------------------------------------------ a family's transparency rule
 @pytest.mark.parametrize("fmt,mode", [("PNG", "P"), ("GIF", "P"), ("PNG", "L"), ("PNG", "RGB")])
 def test_the_index_hands_the_model_the_page_as_decoded_so_each_family_keeps_its_rule(
-        tmp_path, fmt, mode):
+    tmp_path, fmt, mode
+):
     from tests.fixtures.images import keyed_transparency
 
     data = keyed_transparency(fmt, mode)
@@ -227,8 +240,9 @@ def test_the_index_hands_the_model_the_page_as_decoded_so_each_family_keeps_its_
         page = doc.page_image(1)
     assert page.info.get("transparency") is not None
     for rule in images.TRANSPARENCY_RULES:  # the index's page and embed's bytes: the same RGB
-        assert np.array_equal(np.asarray(images.to_rgb(page, rule)),
-                              np.asarray(load_image(data, transparency=rule)))
+        assert np.array_equal(
+            np.asarray(images.to_rgb(page, rule)), np.asarray(load_image(data, transparency=rule))
+        )
     white = np.asarray(load_image(data, transparency="on white"))
     dropped = np.asarray(load_image(data, transparency="dropped"))
     keyed = np.any(white != dropped, axis=-1)

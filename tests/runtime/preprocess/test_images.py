@@ -56,7 +56,6 @@ AMBIGUOUS_CASES = {
 }
 
 
-
 def as_reference_input(obj):
     return fx.open_bytes(obj) if isinstance(obj, bytes) else obj
 
@@ -74,7 +73,9 @@ def assert_matches_reference(ref, row, prepared, encoder):
     np.testing.assert_array_equal(ref["pixel_values"][row, :n], prepared.patches)
     assert not ref["pixel_values"][row, n:].any()  # the reference's padding, which colembed omits
     mask = ref["attention_mask"][row] == 1
-    np.testing.assert_array_equal(ref["input_ids"][row][mask], encoder.page_prompt_ids(prepared.num_image_tokens))
+    np.testing.assert_array_equal(
+        ref["input_ids"][row][mask], encoder.page_prompt_ids(prepared.num_image_tokens)
+    )
 
 
 @pytest.mark.parametrize("name", list(IMAGE_CASES))
@@ -108,12 +109,17 @@ def test_reference_misreads_one_and_three_pixel_tall_images(reference_processor,
 
 
 def test_batch_of_mixed_sizes_equals_reference_padded_batch(config, encoder, reference_processor):
-    objs = [IMAGE_CASES[n]() for n in ("rgb_20x20", "rgb_997x613", "rgba_transparent", "mode_L", "cmyk_jpeg")]
+    objs = [
+        IMAGE_CASES[n]()
+        for n in ("rgb_20x20", "rgb_997x613", "rgba_transparent", "mode_L", "cmyk_jpeg")
+    ]
     prepared = [prepare_image(obj, config, index=i) for i, obj in enumerate(objs)]
     ref = reference_pages(reference_processor, [as_reference_input(o) for o in objs])
     for row, item in enumerate(prepared):
         assert_matches_reference(ref, row, item, encoder)
-    ids, mask = pad_batch([encoder.page_prompt_ids(p.num_image_tokens) for p in prepared], config.pad_token_id)
+    ids, mask = pad_batch(
+        [encoder.page_prompt_ids(p.num_image_tokens) for p in prepared], config.pad_token_id
+    )
     np.testing.assert_array_equal(ids, ref["input_ids"])
     np.testing.assert_array_equal(mask, ref["attention_mask"])
 
@@ -175,7 +181,9 @@ def test_load_image_converts_like_the_reference():
     rgba = fx.rgba_with_transparency()
     loaded = load_image(rgba)
     assert loaded.mode == "RGB"
-    np.testing.assert_array_equal(np.asarray(loaded), np.asarray(rgba.convert("RGB")))  # alpha dropped
+    np.testing.assert_array_equal(
+        np.asarray(loaded), np.asarray(rgba.convert("RGB"))
+    )  # alpha dropped
     already = fx.rgb(30, 20)
     assert load_image(already) is already  # as convert_to_rgb: no copy of an RGB image
 
@@ -211,7 +219,17 @@ def test_smart_resize_equals_reference(height, width, min_tokens, extra_tokens):
 
 @pytest.mark.parametrize(
     "height, width",
-    [(42, 42), (70, 70), (98, 126), (14, 14), (1, 1), (28, 5600), (1650, 1275), (4000, 3000), (200, 1)],
+    [
+        (42, 42),
+        (70, 70),
+        (98, 126),
+        (14, 14),
+        (1, 1),
+        (28, 5600),
+        (1650, 1275),
+        (4000, 3000),
+        (200, 1),
+    ],
 )
 def test_smart_resize_rounding_edges(height, width):
     # 42/28 = 1.5 and 70/28 = 2.5 round half to even, as Python's round in the reference
@@ -225,8 +243,12 @@ def test_smart_resize_rounding_edges(height, width):
 def test_resized_grid_and_token_count_equal_reference(height, width, config, reference_processor):
     t, gh, gw = resized_grid(height, width, config)
     assert t == 1
-    assert gh * gw == reference_processor.image_processor.get_number_of_image_patches(height, width, {})
-    expected_tokens = reference_processor._get_num_multimodal_tokens([(height, width)]).num_image_tokens[0]
+    assert gh * gw == reference_processor.image_processor.get_number_of_image_patches(
+        height, width, {}
+    )
+    expected_tokens = reference_processor._get_num_multimodal_tokens(
+        [(height, width)]
+    ).num_image_tokens[0]
     assert num_image_tokens(height, width, config) == expected_tokens
 
 
@@ -238,17 +260,23 @@ def reference_with_max_pixels(reference_processor, config, max_pixels):
     from transformers.models.qwen2_vl.image_processing_qwen2_vl import Qwen2VLImageProcessor
 
     image_processor = Qwen2VLImageProcessor(min_pixels=config.min_pixels, max_pixels=max_pixels)
-    return ColQwen2Processor(image_processor=image_processor, tokenizer=reference_processor.tokenizer)
+    return ColQwen2Processor(
+        image_processor=image_processor, tokenizer=reference_processor.tokenizer
+    )
 
 
 @pytest.mark.parametrize("budget", [4, 64, 300])
-def test_max_image_tokens_budget_equals_reference_with_that_bound(budget, config, encoder, reference_processor):
+def test_max_image_tokens_budget_equals_reference_with_that_bound(
+    budget, config, encoder, reference_processor
+):
     limited = config.with_max_image_tokens(budget)
     assert limited.max_pixels == budget * 28 * 28
     page = fx.document_page()
     prepared = prepare_image(page, limited)
     assert prepared.num_image_tokens <= budget
-    ref = reference_pages(reference_with_max_pixels(reference_processor, config, limited.max_pixels), [page])
+    ref = reference_pages(
+        reference_with_max_pixels(reference_processor, config, limited.max_pixels), [page]
+    )
     assert_matches_reference(ref, 0, prepared, encoder)
 
 
@@ -306,12 +334,16 @@ def test_config_reflects_an_edited_max_pixels(copied_checkpoint, config, encoder
     assert edited.max_pixels == 100 * 784 and edited.min_pixels == config.min_pixels
     page = fx.document_page()
     reference = ColQwen2Processor.from_pretrained(copied_checkpoint, use_fast=False)
-    assert_matches_reference(reference_pages(reference, [page]), 0, prepare_image(page, edited), encoder)
+    assert_matches_reference(
+        reference_pages(reference, [page]), 0, prepare_image(page, edited), encoder
+    )
 
 
 def test_config_reads_the_size_form(copied_checkpoint):
     size = {"shortest_edge": 8 * 784, "longest_edge": 200 * 784}
-    edit_json(copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size=size)
+    edit_json(
+        copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size=size
+    )
     edited = read_preprocess_config(copied_checkpoint)
     assert (edited.min_pixels, edited.max_pixels) == (8 * 784, 200 * 784)
 
@@ -322,20 +354,28 @@ def test_reference_ignores_the_size_form(copied_checkpoint):
     from transformers import ColQwen2Processor
 
     size = {"shortest_edge": 8 * 784, "longest_edge": 200 * 784}
-    edit_json(copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size=size)
+    edit_json(
+        copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size=size
+    )
     processor = ColQwen2Processor.from_pretrained(copied_checkpoint, use_fast=False).image_processor
     assert (processor.min_pixels, processor.max_pixels) == (56 * 56, 28 * 28 * 1280)
 
 
 def test_config_without_pixel_bounds_is_refused(copied_checkpoint):
-    edit_json(copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size={})
+    edit_json(
+        copied_checkpoint / "preprocessor_config.json", min_pixels=None, max_pixels=None, size={}
+    )
     with pytest.raises(ModelFolderError, match="pixel bounds"):
         read_preprocess_config(copied_checkpoint)
 
 
 @pytest.mark.parametrize(
     "changes, message",
-    [({"patch_size": 16}, "disagrees"), ({"do_normalize": False}, "do_normalize"), ({"resample": 2}, "resample")],
+    [
+        ({"patch_size": 16}, "disagrees"),
+        ({"do_normalize": False}, "do_normalize"),
+        ({"resample": 2}, "resample"),
+    ],
 )
 def test_config_refuses_pipelines_it_does_not_implement(copied_checkpoint, changes, message):
     edit_json(copied_checkpoint / "preprocessor_config.json", **changes)
@@ -351,8 +391,9 @@ def test_config_reads_prompts_and_keeps_an_empty_query_prefix(copied_checkpoint)
 def test_config_missing_file_names_it(copied_checkpoint):
     (copied_checkpoint / "preprocessor_config.json").unlink()
     (copied_checkpoint / "processor_config.json").unlink(missing_ok=True)
-    with pytest.raises(ModelFolderError, match="neither preprocessor_config.json nor an "
-                                               "`image_processor` object") as info:
+    with pytest.raises(
+        ModelFolderError, match="neither preprocessor_config.json nor an `image_processor` object"
+    ) as info:
         read_preprocess_config(copied_checkpoint)
     assert info.value.path == copied_checkpoint
 
@@ -382,7 +423,9 @@ def test_config_dict_round_trip_is_json(config):
 
 def test_alt_architecture_head_dim(tiny_alt_checkpoint):
     alt = read_preprocess_config(tiny_alt_checkpoint)
-    vision = json.loads((tiny_alt_checkpoint / "config.json").read_text())["vlm_config"]["vision_config"]
+    vision = json.loads((tiny_alt_checkpoint / "config.json").read_text())["vlm_config"][
+        "vision_config"
+    ]
     assert alt.vision_head_dim == vision["embed_dim"] // vision["num_heads"]
 
 
@@ -395,14 +438,22 @@ def truncated(data: bytes) -> bytes:
 
 BAD_IMAGES = {
     "aspect_ratio_300": (lambda: fx.rgb(1, 300), ImageError, "aspect ratio"),
-    "aspect_ratio_201_bytes": (lambda: fx.encode(fx.rgb(201, 1), "PNG"), ImageError, "aspect ratio"),
+    "aspect_ratio_201_bytes": (
+        lambda: fx.encode(fx.rgb(201, 1), "PNG"),
+        ImageError,
+        "aspect ratio",
+    ),
     "zero_bytes": (lambda: b"", ImageError, "zero-size"),
     "zero_size_pil": (lambda: Image.new("RGB", (0, 0)), ImageError, "zero-size"),
     "zero_height_pil": (lambda: Image.new("RGB", (5, 0)), ImageError, "zero-size"),
     "corrupt_bytes": (lambda: np.random.default_rng(0).bytes(4096), ImageError, "not an image"),
     "png_header_then_garbage": (lambda: b"\x89PNG\r\n\x1a\n" + b"\0" * 64, ImageError, ""),
     "truncated_png": (lambda: truncated(fx.encode(fx.rgb(200, 150), "PNG")), ImageError, "decode"),
-    "truncated_jpeg": (lambda: truncated(fx.encode(fx.rgb(200, 150), "JPEG")), ImageError, "decode"),
+    "truncated_jpeg": (
+        lambda: truncated(fx.encode(fx.rgb(200, 150), "JPEG")),
+        ImageError,
+        "decode",
+    ),
     "int": (lambda: 42, InputTypeError, "int"),
     "dict": (lambda: {"image": "page.png"}, InputTypeError, "dict"),
     "none": (lambda: None, InputTypeError, "NoneType"),

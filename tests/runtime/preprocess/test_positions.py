@@ -19,7 +19,6 @@ PAGE_SIZES = [(60, 100), (300, 40), (700, 900), (20, 20)]  # (width, height): di
 QUERIES = ["a", "what is the total revenue in 2024?", "<|image_pad|> literally", "", "x" * 300]
 
 
-
 @pytest.fixture(scope="module")
 def pages(config):
     return [prepare_image(fx.rgb(w, h, seed=i), config) for i, (w, h) in enumerate(PAGE_SIZES)]
@@ -68,9 +67,13 @@ def test_pages_of_different_grids_from_the_reference_processor(
 
 
 def test_pages_from_our_own_ids(config, encoder, pages, reference_model):
-    ids, mask = pad_batch([encoder.page_prompt_ids(p.num_image_tokens) for p in pages], config.pad_token_id)
+    ids, mask = pad_batch(
+        [encoder.page_prompt_ids(p.num_image_tokens) for p in pages], config.pad_token_id
+    )
     grids = [[p.grid_thw] for p in pages]
-    np.testing.assert_array_equal(ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids))
+    np.testing.assert_array_equal(
+        ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids)
+    )
 
 
 def test_text_only_batch_is_cumsum(config, encoder, reference_model):
@@ -86,28 +89,45 @@ def test_query_with_vision_tokens_in_its_text_stays_text(config, encoder, refere
     """A query may spell `<|vision_start|><|image_pad|>`; with no grids it is text, as in the reference."""
     query = "<|vision_start|><|image_pad|><|vision_end|> x"
     ids, mask = pad_batch(encoder.encode_queries([query]), config.pad_token_id)
-    np.testing.assert_array_equal(ours(config, ids, mask, [[]]), reference(reference_model, ids, mask, [[]]))
+    np.testing.assert_array_equal(
+        ours(config, ids, mask, [[]]), reference(reference_model, ids, mask, [[]])
+    )
 
 
 @pytest.mark.parametrize("padding", ["right", "left"])
 def test_mixed_batch_of_queries_and_pages(config, encoder, pages, reference_model, padding):
-    rows = encoder.encode_queries(QUERIES) + [encoder.page_prompt_ids(p.num_image_tokens) for p in pages]
+    rows = encoder.encode_queries(QUERIES) + [
+        encoder.page_prompt_ids(p.num_image_tokens) for p in pages
+    ]
     order = np.random.default_rng(0).permutation(len(rows))
     grids_by_row = [[] for _ in QUERIES] + [[p.grid_thw] for p in pages]
     rows = [rows[i] for i in order]
     grids = [grids_by_row[i] for i in order]
-    ids, mask = pad_batch(rows, config.pad_token_id) if padding == "right" else left_pad(rows, config.pad_token_id)
-    np.testing.assert_array_equal(ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids))
+    ids, mask = (
+        pad_batch(rows, config.pad_token_id)
+        if padding == "right"
+        else left_pad(rows, config.pad_token_id)
+    )
+    np.testing.assert_array_equal(
+        ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids)
+    )
 
 
 def test_two_images_in_one_row(config, encoder, pages, reference_model):
     first, second = pages[0], pages[2]
     row = np.concatenate(
-        [encoder.page_prompt_ids(first.num_image_tokens), encoder.page_prompt_ids(second.num_image_tokens)]
+        [
+            encoder.page_prompt_ids(first.num_image_tokens),
+            encoder.page_prompt_ids(second.num_image_tokens),
+        ]
     )
-    ids, mask = pad_batch([row, encoder.page_prompt_ids(pages[1].num_image_tokens)], config.pad_token_id)
+    ids, mask = pad_batch(
+        [row, encoder.page_prompt_ids(pages[1].num_image_tokens)], config.pad_token_id
+    )
     grids = [[first.grid_thw, second.grid_thw], [pages[1].grid_thw]]
-    np.testing.assert_array_equal(ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids))
+    np.testing.assert_array_equal(
+        ours(config, ids, mask, grids), reference(reference_model, ids, mask, grids)
+    )
 
 
 def test_grids_that_do_not_match_the_ids_are_refused(config, encoder, pages):
@@ -139,7 +159,10 @@ def assert_tables_close(got, expected):
 @pytest.mark.parametrize("grid", [(1, 4, 4), (1, 62, 48), (1, 2, 100), (2, 6, 10)])
 def test_vision_rotary_tables_equal_the_reference_tower(config, reference_model, grid):
     got = vision_rotary_tables(
-        grid, merge_size=config.merge_size, head_dim=config.vision_head_dim, theta=config.vision_rope_theta
+        grid,
+        merge_size=config.merge_size,
+        head_dim=config.vision_head_dim,
+        theta=config.vision_rope_theta,
     )
     assert got[0].shape == (int(np.prod(grid)), config.vision_head_dim)
     assert_tables_close(got, reference_tables(reference_model.vlm.model.visual, grid))
@@ -152,7 +175,9 @@ def test_vision_rotary_tables_at_other_head_dims(head_dim):
     from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
 
     tower = Qwen2VisionTransformerPretrainedModel._from_config(
-        Qwen2VLVisionConfig(depth=1, embed_dim=head_dim * 2, num_heads=2, hidden_size=32, mlp_ratio=1.0)
+        Qwen2VLVisionConfig(
+            depth=1, embed_dim=head_dim * 2, num_heads=2, hidden_size=32, mlp_ratio=1.0
+        )
     )
     grid = (1, 62, 48)
     got = vision_rotary_tables(grid, merge_size=2, head_dim=head_dim, theta=VISION_ROPE_THETA)

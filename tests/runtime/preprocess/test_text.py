@@ -28,7 +28,6 @@ QUERIES = [
 ]
 
 
-
 def reference_queries(processor, queries):
     batch = processor.process_queries(queries)
     return batch["input_ids"].numpy(), batch["attention_mask"].numpy()
@@ -53,7 +52,9 @@ def test_batched_queries_equal_reference_padded_batch(encoder, reference_process
 
 
 def test_augmentation_tokens_share_pad_id_but_are_real(encoder, config):
-    ids, mask = pad_batch(encoder.encode_queries(["short", "a somewhat longer query"]), config.pad_token_id)
+    ids, mask = pad_batch(
+        encoder.encode_queries(["short", "a somewhat longer query"]), config.pad_token_id
+    )
     count = config.query_augmentation_count
     short_len = int(mask[0].sum())
     assert short_len < ids.shape[1]
@@ -69,13 +70,17 @@ def test_measured_query_length(encoder):
 
 @pytest.mark.parametrize("query", QUERIES[:6])
 def test_count_query_tokens(encoder, reference_processor, query):
-    assert encoder.count_query_tokens(query) == len(reference_queries(reference_processor, [query])[0][0])
+    assert encoder.count_query_tokens(query) == len(
+        reference_queries(reference_processor, [query])[0][0]
+    )
     bare = reference_processor.tokenizer(query)["input_ids"]
     assert encoder.count_query_tokens(query, include_extension=False) == len(bare)
 
 
 @pytest.mark.parametrize("num_image_tokens", [1, 4, 63, 768])
-def test_page_prompt_ids_equal_reference_tokenizer(encoder, reference_processor, config, num_image_tokens):
+def test_page_prompt_ids_equal_reference_tokenizer(
+    encoder, reference_processor, config, num_image_tokens
+):
     expanded = config.page_prompt.replace(config.image_token, config.image_token * num_image_tokens)
     expected = reference_processor.tokenizer(expanded)["input_ids"]
     ids = encoder.page_prompt_ids(num_image_tokens)
@@ -107,7 +112,11 @@ def test_single_string_instead_of_list_is_refused(encoder):
 
 
 def test_pad_batch_masks_from_lengths_not_ids():
-    rows = [np.array([5, 9, 9], dtype=np.int64), np.array([9], dtype=np.int64), np.array([1, 2, 3, 4])]
+    rows = [
+        np.array([5, 9, 9], dtype=np.int64),
+        np.array([9], dtype=np.int64),
+        np.array([1, 2, 3, 4]),
+    ]
     ids, mask = pad_batch(rows, pad_id=9)
     np.testing.assert_array_equal(ids, [[5, 9, 9, 9], [9, 9, 9, 9], [1, 2, 3, 4]])
     np.testing.assert_array_equal(mask, [[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])

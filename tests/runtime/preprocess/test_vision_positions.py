@@ -19,8 +19,9 @@ def test_linspace_is_torchs_bit_for_bit():
         for steps in range(1, 260):
             want = torch.linspace(0, side - 1, steps).numpy()
             got = torch_linspace_float32(side - 1, steps)
-            np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32),
-                                          err_msg=f"side {side}, steps {steps}")
+            np.testing.assert_array_equal(
+                got.view(np.int32), want.view(np.int32), err_msg=f"side {side}, steps {steps}"
+            )
 
 
 @pytest.mark.parametrize("side", [6, 8, 48])

@@ -37,12 +37,20 @@ _TOWERS: dict[int, object] = {}
 def tower(window_size: int):
     """A tiny reference vision tower: only its index methods are used, weights do not matter."""
     from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
-    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+    from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+        Qwen2_5_VisionTransformerPretrainedModel,
+    )
 
     if window_size not in _TOWERS:
-        config = Qwen2_5_VLVisionConfig(depth=1, hidden_size=16, intermediate_size=16, num_heads=2,
-                                        out_hidden_size=16, window_size=window_size,
-                                        fullatt_block_indexes=[0])
+        config = Qwen2_5_VLVisionConfig(
+            depth=1,
+            hidden_size=16,
+            intermediate_size=16,
+            num_heads=2,
+            out_hidden_size=16,
+            window_size=window_size,
+            fullatt_block_indexes=[0],
+        )
         _TOWERS[window_size] = Qwen2_5_VisionTransformerPretrainedModel(config).eval()
     return _TOWERS[window_size]
 
@@ -54,7 +62,9 @@ def reference_indices(grids, window_size):
     grid_thw = torch.tensor(grids)
     window_index, cu_window = visual.get_window_index(grid_thw)
     cu_window = torch.unique_consecutive(torch.tensor(cu_window, dtype=torch.int32))
-    cu = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).cumsum(0, dtype=torch.int32)
+    cu = torch.repeat_interleave(grid_thw[:, 1] * grid_thw[:, 2], grid_thw[:, 0]).cumsum(
+        0, dtype=torch.int32
+    )
     cu = torch.nn.functional.pad(cu, (1, 0), value=0)
     angles = visual.rot_pos_emb(grid_thw)
     units = angles.shape[0] // MERGE**2
@@ -88,7 +98,9 @@ def test_packed_grids_are_the_references(window_size):
 
 @settings(max_examples=60, deadline=None)
 @given(
-    grids=st.lists(st.tuples(st.just(1), st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=3),
+    grids=st.lists(
+        st.tuples(st.just(1), st.integers(1, 30), st.integers(1, 30)), min_size=1, max_size=3
+    ),
     window_size=st.sampled_from(WINDOW_SIZES),
 )
 def test_any_grids_are_the_references(grids, window_size):
@@ -120,7 +132,9 @@ def test_window_gather_and_scatter_cover_every_row_once(grid, window_size):
     assert np.array_equal(np.sort(rows[valid]), np.arange(layout.num_patches))
     assert np.array_equal(rows.ravel()[layout.window_scatter], np.arange(layout.num_patches))
     # each window holds the patches of one cu_window_seqlens segment of the reference's order
-    for w, (start, end) in enumerate(zip(layout.cu_window_seqlens[:-1], layout.cu_window_seqlens[1:])):
+    for w, (start, end) in enumerate(
+        zip(layout.cu_window_seqlens[:-1], layout.cu_window_seqlens[1:])
+    ):
         assert np.array_equal(rows[w][valid[w]], layout.patch_order[start:end])
     inputs = layout.graph_inputs()
     assert sorted(inputs) == ["window_rows", "window_scatter", "window_valid"]
@@ -132,7 +146,9 @@ def test_round_trip_between_processor_and_window_order():
     units = np.arange(layout.window_index.shape[0] * 3).reshape(-1, 3)
     assert np.array_equal(layout.to_processor_order(units[layout.window_index]), units)
     patches = np.arange(layout.num_patches)
-    assert np.array_equal(layout.to_window_order(patches).reshape(-1, 4)[:, 0] // 4, layout.window_index)
+    assert np.array_equal(
+        layout.to_window_order(patches).reshape(-1, 4)[:, 0] // 4, layout.window_index
+    )
 
 
 @pytest.mark.parametrize(
@@ -184,14 +200,23 @@ def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory):
     batch = processor.process_images(pages)
     queries = processor.process_queries(["What is the revenue?", "hi"])
     model = load_reference(folder).vlm.model
-    for item, grids in ((batch, [[tuple(g)] for g in batch["image_grid_thw"].tolist()]), (queries, [[], []])):
+    for item, grids in (
+        (batch, [[tuple(g)] for g in batch["image_grid_thw"].tolist()]),
+        (queries, [[], []]),
+    ):
         expected, _ = model.get_rope_index(
-            item["input_ids"], item.get("image_grid_thw"), None, second_per_grid_ts=None,
+            item["input_ids"],
+            item.get("image_grid_thw"),
+            None,
+            second_per_grid_ts=None,
             attention_mask=item["attention_mask"],
         )
         mine = mrope_position_ids(
-            item["input_ids"].numpy(), item["attention_mask"].numpy(), grids,
-            image_token_id=config.image_token_id, vision_start_token_id=config.vision_start_token_id,
+            item["input_ids"].numpy(),
+            item["attention_mask"].numpy(),
+            grids,
+            image_token_id=config.image_token_id,
+            vision_start_token_id=config.vision_start_token_id,
             merge_size=config.merge_size,
         )
         assert np.array_equal(mine, expected.numpy())

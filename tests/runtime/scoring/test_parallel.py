@@ -15,14 +15,19 @@ import colembed
 from colembed import scoring
 from colembed.errors import ScoringError
 
-pytestmark = pytest.mark.skipif(scoring._page_workers() is None,
-                                reason="numpy's BLAS cannot limit one thread's calls here")
+pytestmark = pytest.mark.skipif(
+    scoring._page_workers() is None, reason="numpy's BLAS cannot limit one thread's calls here"
+)
 
 
 def _data(pages=40, queries=1, seed=0):
     rng = np.random.default_rng(seed)
-    qs = [rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(18, 35, queries)]
-    docs = [rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(700, 801, pages)]
+    qs = [
+        rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(18, 35, queries)
+    ]
+    docs = [
+        rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(700, 801, pages)
+    ]
     return qs, docs
 
 
@@ -81,8 +86,10 @@ def test_a_stalled_worker_does_not_hold_back_the_others(monkeypatch):
 
     monkeypatch.setattr(scoring, "_page_maxima", page_maxima)
     got = colembed.score(qs, docs, backend="numpy")
-    assert released.is_set(), (f"the other workers scored {state['others']} of "
-                               f"{len(docs) - state['run']} pages while one worker stalled")
+    assert released.is_set(), (
+        f"the other workers scored {state['others']} of "
+        f"{len(docs) - state['run']} pages while one worker stalled"
+    )
     np.testing.assert_allclose(got, _serial(qs, docs, monkeypatch), rtol=1e-5, atol=1e-4)
 
 
@@ -93,8 +100,9 @@ def test_the_shares_give_the_serial_scores(queries, monkeypatch):
     want = _serial(qs, docs, monkeypatch)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     ref = _serial(qs, docs, monkeypatch, reference_padding=True)
-    np.testing.assert_allclose(colembed.score(qs, docs, backend="numpy", reference_padding=True),
-                               ref, rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        colembed.score(qs, docs, backend="numpy", reference_padding=True), ref, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_top_k_on_the_shares_matches_a_full_sort():
@@ -133,8 +141,12 @@ def test_one_token_pages_and_queries_on_the_worker_threads():
     qs = [rng.standard_normal((n, 128)).astype(np.float32) for n in (1, 1, 2, 19)]
     lengths = [1, 750, 2, 7, 8, 9, 1, 801, 3, 16, 1] * 4
     docs = [rng.standard_normal((n, 128)).astype(np.float32) for n in lengths]
-    want = np.array([[(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum()
-                      for d in docs] for q in qs])
+    want = np.array(
+        [
+            [(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum() for d in docs]
+            for q in qs
+        ]
+    )
     got = colembed.score(qs, docs, backend="numpy")
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
 
@@ -164,18 +176,24 @@ def test_query_columns_padded_to_the_kernel_strip_give_the_brute_force(rows):
     columns to a multiple of QUERY_COLUMN_MULTIPLE: lengths just under, at and over a multiple,
     against float64."""
     rng = np.random.default_rng(rows)
-    qs = [rng.standard_normal((rows, 128)).astype(np.float32),
-          rng.standard_normal((1, 128)).astype(np.float32)]
-    docs = [rng.standard_normal((int(n), 128)).astype(np.float32)
-            for n in rng.integers(1, 801, 24)]
+    qs = [
+        rng.standard_normal((rows, 128)).astype(np.float32),
+        rng.standard_normal((1, 128)).astype(np.float32),
+    ]
+    docs = [rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(1, 801, 24)]
     stacked = np.concatenate(qs)
     qt, real = scoring._query_columns(stacked)
     assert real == rows + 1 + 2 * scoring._needs_sign_rows(stacked)
     assert qt.shape[1] % scoring.QUERY_COLUMN_MULTIPLE == 0 and qt.shape[1] >= real
-    want = np.array([[(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum()
-                      for d in docs] for q in qs])
-    np.testing.assert_allclose(colembed.score(qs, docs, backend="numpy"), want,
-                               rtol=1e-5, atol=1e-4)
+    want = np.array(
+        [
+            [(q.astype(np.float64) @ d.T.astype(np.float64)).max(axis=1).sum() for d in docs]
+            for q in qs
+        ]
+    )
+    np.testing.assert_allclose(
+        colembed.score(qs, docs, backend="numpy"), want, rtol=1e-5, atol=1e-4
+    )
 
 
 def test_sign_rows_join_only_when_a_dim_has_one_strict_sign():
@@ -191,7 +209,9 @@ def test_sign_rows_join_only_when_a_dim_has_one_strict_sign():
     with_zero = one_sign.copy()
     with_zero[3, 17] = 0.0  # 0 * inf is NaN: a zero covers both signs
     assert not scoring._needs_sign_rows(with_zero)
-    assert scoring._needs_sign_rows(mixed[:1]) and not scoring._needs_sign_rows(np.zeros((1, 128), np.float32))
+    assert scoring._needs_sign_rows(mixed[:1]) and not scoring._needs_sign_rows(
+        np.zeros((1, 128), np.float32)
+    )
 
 
 @pytest.mark.parametrize("query_kind", ["mixed", "one strict sign", "one token"])
@@ -209,7 +229,9 @@ def test_a_non_finite_page_row_is_caught_with_or_without_the_sign_rows(query_kin
     else:
         q[0], q[1] = np.abs(q[0]), -np.abs(q[1])
     assert scoring._needs_sign_rows(q) == (query_kind != "mixed")
-    docs = [rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(700, 801, 12)]
+    docs = [
+        rng.standard_normal((int(n), 128)).astype(np.float32) for n in rng.integers(700, 801, 12)
+    ]
     row = docs[9][123]
     if pattern == "+inf":
         row[3] = np.inf

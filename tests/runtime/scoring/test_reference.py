@@ -35,8 +35,11 @@ def colembed_reference(kind, graph_scorer, monkeypatch, queries, pages, **kw):
 
 
 def transformers_scores(processor, queries, pages, batch_size=128):
-    out = processor.score_retrieval([torch.from_numpy(q) for q in queries],
-                                    [torch.from_numpy(p) for p in pages], batch_size=batch_size)
+    out = processor.score_retrieval(
+        [torch.from_numpy(q) for q in queries],
+        [torch.from_numpy(p) for p in pages],
+        batch_size=batch_size,
+    )
     assert out.dtype == torch.float32
     return out.numpy()
 
@@ -51,8 +54,9 @@ def ragged(rng, count, low, high, dim, sign=0):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_reference_mode_equals_score_retrieval(kind, reference_processor, graph_scorer,
-                                               monkeypatch):
+def test_reference_mode_equals_score_retrieval(
+    kind, reference_processor, graph_scorer, monkeypatch
+):
     """300 pages (three reference batches, the last one partial) and 130 queries (two query
     batches), lengths ragged everywhere; half the pages point away from every query."""
     rng = np.random.default_rng(0)
@@ -61,19 +65,28 @@ def test_reference_mode_equals_score_retrieval(kind, reference_processor, graph_
     pages = [p if i % 2 else -np.abs(p) for i, p in enumerate(ragged(rng, 300, 1, 40, dim))]
     pages[200:256] = ragged(rng, 56, 17, 17, dim, sign=-1)  # a batch part with equal lengths
     want = transformers_scores(reference_processor, queries, pages)
-    got = colembed_reference(kind, graph_scorer, monkeypatch, queries, pages,
-                             memory_budget_bytes=200_000)
+    got = colembed_reference(
+        kind, graph_scorer, monkeypatch, queries, pages, memory_budget_bytes=200_000
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     exact = scoring.score(queries, pages)
     assert np.abs(exact - want).max() > 0.1  # the zero rows really changed scores
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), n_pages=st.integers(1, 25), batch=st.integers(1, 9),
-       block=st.integers(1, 6), budget=st.sampled_from([1, 5_000, 1 << 30]))
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n_pages=st.integers(1, 25),
+    batch=st.integers(1, 9),
+    block=st.integers(1, 6),
+    budget=st.sampled_from([1, 5_000, 1 << 30]),
+)
 def test_reference_mode_equals_score_retrieval_at_any_batch_size(
-        kind, seed, n_pages, batch, block, budget, reference_processor, graph_scorer, monkeypatch):
+    kind, seed, n_pages, batch, block, budget, reference_processor, graph_scorer, monkeypatch
+):
     """score_retrieval's `batch_size` decides which pages get zero rows; colembed's own blocks and
     chunks (made tiny here) must not."""
     monkeypatch.setattr(scoring, "BLOCK_DOCUMENTS", block)
@@ -81,8 +94,15 @@ def test_reference_mode_equals_score_retrieval_at_any_batch_size(
     queries = ragged(rng, int(rng.integers(1, 5)), 1, 6, 8, sign=int(rng.choice([0, 1])))
     pages = ragged(rng, n_pages, 1, 9, 8, sign=int(rng.choice([0, -1])))
     want = transformers_scores(reference_processor, queries, pages, batch_size=batch)
-    got = colembed_reference(kind, graph_scorer, monkeypatch, queries, pages,
-                             reference_batch_size=batch, memory_budget_bytes=budget)
+    got = colembed_reference(
+        kind,
+        graph_scorer,
+        monkeypatch,
+        queries,
+        pages,
+        reference_batch_size=batch,
+        memory_budget_bytes=budget,
+    )
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 

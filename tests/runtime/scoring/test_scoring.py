@@ -22,8 +22,9 @@ from colembed.errors import ModelFolderError, ScoringError
 
 RTOL = 1e-5
 BUDGETS = {"one-page": 1, "few-pages": 6_000, "all": 1 << 30}
-PROPERTY = settings(max_examples=40, deadline=None,
-                    suppress_health_check=[HealthCheck.function_scoped_fixture])
+PROPERTY = settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 
 
 # ------------------------------------------------------------------------------ brute force
@@ -117,7 +118,9 @@ def test_all_negative_similarities_are_not_lifted_to_zero(kind, graph_scorer, mo
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=ragged_sets(max_docs=12), perm_seed=st.integers(0, 1000))
 def test_independent_of_order_subset_and_chunking(kind, data, perm_seed, graph_scorer, monkeypatch):
     queries, documents = data
@@ -126,16 +129,30 @@ def test_independent_of_order_subset_and_chunking(kind, data, perm_seed, graph_s
     perm = rng.permutation(len(documents))
     subset = np.sort(rng.choice(len(documents), size=max(1, len(documents) // 2), replace=False))
     for budget in BUDGETS.values():
-        shuffled = run_score(kind, graph_scorer, monkeypatch, queries,
-                             [documents[i] for i in perm], memory_budget_bytes=budget)
+        shuffled = run_score(
+            kind,
+            graph_scorer,
+            monkeypatch,
+            queries,
+            [documents[i] for i in perm],
+            memory_budget_bytes=budget,
+        )
         np.testing.assert_allclose(shuffled, full[:, perm], rtol=1e-6, atol=1e-6)
-        part = run_score(kind, graph_scorer, monkeypatch, queries,
-                         [documents[i] for i in subset], memory_budget_bytes=budget)
+        part = run_score(
+            kind,
+            graph_scorer,
+            monkeypatch,
+            queries,
+            [documents[i] for i in subset],
+            memory_budget_bytes=budget,
+        )
         np.testing.assert_allclose(part, full[:, subset], rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", BACKENDS)
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=ragged_sets())
 def test_float16_pages_are_scored_in_fp32(kind, data, graph_scorer, monkeypatch):
     queries, documents = data
@@ -147,17 +164,28 @@ def test_float16_pages_are_scored_in_fp32(kind, data, graph_scorer, monkeypatch)
 @pytest.mark.parametrize("kind", BACKENDS)
 @PROPERTY
 @given(data=ragged_sets(max_docs=14), batch=st.integers(1, 5))
-def test_reference_padding_equals_brute_force_with_zero_rows(kind, data, batch, graph_scorer,
-                                                              monkeypatch):
+def test_reference_padding_equals_brute_force_with_zero_rows(
+    kind, data, batch, graph_scorer, monkeypatch
+):
     """Zero rows exist exactly for pages shorter than the longest of their batch; several blocks
     (BLOCK_DOCUMENTS made tiny) must keep the batches aligned to the whole list."""
     queries, documents = data
     monkeypatch.setattr(scoring, "BLOCK_DOCUMENTS", 3)
     lengths = [len(d) for d in documents]
-    floor = [lengths[i] < max(lengths[i - i % batch: i - i % batch + batch])
-             for i in range(len(documents))]
-    got = run_score(kind, graph_scorer, monkeypatch, queries, documents, reference_padding=True,
-                    reference_batch_size=batch, memory_budget_bytes=1)
+    floor = [
+        lengths[i] < max(lengths[i - i % batch : i - i % batch + batch])
+        for i in range(len(documents))
+    ]
+    got = run_score(
+        kind,
+        graph_scorer,
+        monkeypatch,
+        queries,
+        documents,
+        reference_padding=True,
+        reference_batch_size=batch,
+        memory_budget_bytes=1,
+    )
     assert_exact(got, queries, documents, floor)
 
 
@@ -171,8 +199,9 @@ def test_auto_backend_and_the_free_functions_agree(graph_scorer):
     # one 2-D array is one query; a 3-D array is a batch of equal-length items
     np.testing.assert_allclose(colembed.score(queries[0], docs), free[:1], rtol=1e-6, atol=1e-5)
     stacked = np.stack([d[:1] for d in docs])
-    np.testing.assert_allclose(colembed.score(queries, stacked),
-                               colembed.score(queries, [d[:1] for d in docs]), rtol=1e-6)
+    np.testing.assert_allclose(
+        colembed.score(queries, stacked), colembed.score(queries, [d[:1] for d in docs]), rtol=1e-6
+    )
 
 
 def test_auto_uses_the_graph_only_for_many_query_tokens(graph_scorer):
@@ -186,7 +215,9 @@ def test_auto_uses_the_graph_only_for_many_query_tokens(graph_scorer):
 
 # -------------------------------------------------------------------------------- top_k
 @pytest.mark.parametrize("kind", ["numpy", "onnx"])
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(data=ragged_sets(max_docs=12), k=st.integers(1, 14), budget=st.sampled_from([1, 1 << 30]))
 def test_top_k_streams_and_matches_a_full_sort(kind, data, k, budget, graph_scorer, monkeypatch):
     queries, documents = data
@@ -195,8 +226,9 @@ def test_top_k_streams_and_matches_a_full_sort(kind, data, k, budget, graph_scor
     # same blocks and budget as top_k: the same GEMM shapes, so bitwise the same scores (a GEMM
     # of another shape may round differently in the last ulp and swap near-ties)
     full = scorer.score(queries, documents, backend=kind, memory_budget_bytes=budget)
-    idx, top = scorer.top_k(queries, (d for d in documents), k, backend=kind,
-                            memory_budget_bytes=budget)
+    idx, top = scorer.top_k(
+        queries, (d for d in documents), k, backend=kind, memory_budget_bytes=budget
+    )
     kk = min(k, len(documents))
     assert idx.shape == top.shape == (len(queries), kk)
     assert idx.dtype == np.int64 and top.dtype == np.float32
@@ -248,21 +280,36 @@ def _q(n=2, dim=4):
     return [np.ones((n, dim), np.float32)]
 
 
-@pytest.mark.parametrize("queries, documents, match", [
-    (_q(), [np.ones((3, 4), np.float32), np.ones((3, 5), np.float32)], "document 1: has dim 5"),
-    ([np.ones((2, 4), np.float32), np.ones((2, 3), np.float32)], [np.ones((3, 4))], "query 1: has dim 3"),
-    ([], [np.ones((3, 4), np.float32)], "no queries"),
-    (_q(), [], "no documents"),
-    (_q(), iter([]), "no documents"),
-    (_q(), [np.ones((3, 4), np.float32), np.ones((0, 4), np.float32)], "document 1: has no tokens"),
-    (_q(), [np.ones((3, 4), np.int64)], "document 0: dtype int64 is not floating point"),
-    ([np.ones((2, 4), np.int32)], [np.ones((3, 4))], "query 0: dtype int32 is not floating point"),
-    (_q(), [np.ones(4, np.float32)], "document 0: expected a 2-D"),
-    (_q(), [np.ones((1, 3, 4), np.float32)], "document 0: expected a 2-D"),
-    (_q(), np.ones(4, np.float32), "array of shape"),
-    ("query", [np.ones((3, 4))], "got str"),
-    ([np.array([[1.0, np.nan, 0, 0]], np.float32)], [np.ones((3, 4))], "query 0: contains NaN"),
-])
+@pytest.mark.parametrize(
+    "queries, documents, match",
+    [
+        (_q(), [np.ones((3, 4), np.float32), np.ones((3, 5), np.float32)], "document 1: has dim 5"),
+        (
+            [np.ones((2, 4), np.float32), np.ones((2, 3), np.float32)],
+            [np.ones((3, 4))],
+            "query 1: has dim 3",
+        ),
+        ([], [np.ones((3, 4), np.float32)], "no queries"),
+        (_q(), [], "no documents"),
+        (_q(), iter([]), "no documents"),
+        (
+            _q(),
+            [np.ones((3, 4), np.float32), np.ones((0, 4), np.float32)],
+            "document 1: has no tokens",
+        ),
+        (_q(), [np.ones((3, 4), np.int64)], "document 0: dtype int64 is not floating point"),
+        (
+            [np.ones((2, 4), np.int32)],
+            [np.ones((3, 4))],
+            "query 0: dtype int32 is not floating point",
+        ),
+        (_q(), [np.ones(4, np.float32)], "document 0: expected a 2-D"),
+        (_q(), [np.ones((1, 3, 4), np.float32)], "document 0: expected a 2-D"),
+        (_q(), np.ones(4, np.float32), "array of shape"),
+        ("query", [np.ones((3, 4))], "got str"),
+        ([np.array([[1.0, np.nan, 0, 0]], np.float32)], [np.ones((3, 4))], "query 0: contains NaN"),
+    ],
+)
 def test_malformed_inputs_are_named(queries, documents, match):
     with pytest.raises(ScoringError, match=match):
         colembed.score(queries, documents)
@@ -285,12 +332,15 @@ def test_huge_but_finite_pages_are_not_rejected():
     assert np.isfinite(got).all()
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"backend": "gpu"}, "backend must be one of"),
-    ({"backend": "onnx"}, "needs a scorer graph"),
-    ({"memory_budget_bytes": 0}, "memory_budget_bytes"),
-    ({"reference_padding": True, "reference_batch_size": 0}, "reference_batch_size"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"backend": "gpu"}, "backend must be one of"),
+        ({"backend": "onnx"}, "needs a scorer graph"),
+        ({"memory_budget_bytes": 0}, "memory_budget_bytes"),
+        ({"reference_padding": True, "reference_batch_size": 0}, "reference_batch_size"),
+    ],
+)
 def test_bad_options(kwargs, match):
     with pytest.raises(ScoringError, match=match):
         colembed.score(_q(), [np.ones((3, 4), np.float32)], **kwargs)
@@ -316,7 +366,8 @@ def test_graph_file_matches_its_contract_and_loads_from_a_folder(tmp_path):
     np.testing.assert_array_equal(scorer.score(q, docs, backend="onnx"), [[8.0]])
     # an existing session is accepted as well
     np.testing.assert_array_equal(
-        scoring.MaxSimScorer(session=session).score(q, docs, backend="onnx"), [[8.0]])
+        scoring.MaxSimScorer(session=session).score(q, docs, backend="onnx"), [[8.0]]
+    )
 
 
 @pytest.mark.parametrize("query_rows", [3, 40])  # both formulations: bias added / bias in GEMM
@@ -326,21 +377,23 @@ def test_graph_ignores_whatever_padding_holds(doc_dtype, query_rows):
     it holds garbage; every similarity negative so a zero row would show."""
     import onnxruntime as ort
 
-    session = ort.InferenceSession(maxsim_graph.maxsim_model_bytes(doc_dtype=doc_dtype),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        maxsim_graph.maxsim_model_bytes(doc_dtype=doc_dtype), providers=["CPUExecutionProvider"]
+    )
     assert maxsim_graph.maxsim_contract(doc_dtype).mismatches(session) == []
     rng = np.random.default_rng(0)
     dim = 5
     qv = np.abs(rng.standard_normal((2, query_rows, dim))).astype(np.float32)
     qm = np.zeros((2, query_rows), np.int64)
-    qm[0, :query_rows - 1], qm[1, :1] = 1, 1
+    qm[0, : query_rows - 1], qm[1, :1] = 1, 1
     qv[0, -1], qv[1, 1:] = 1e4, -1e4
     dv = -np.abs(rng.standard_normal((3, 4, dim))).astype(doc_dtype)
     dm = np.array([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]], np.int64)
     dv[0, 3], dv[1, 1:] = 1e4, -1e4
-    got = session.run(None, {"query_vectors": qv, "query_mask": qm,
-                             "doc_vectors": dv, "doc_mask": dm})[0]
-    queries = [qv[0, :query_rows - 1], qv[1, :1]]
+    got = session.run(
+        None, {"query_vectors": qv, "query_mask": qm, "doc_vectors": dv, "doc_mask": dm}
+    )[0]
+    queries = [qv[0, : query_rows - 1], qv[1, :1]]
     pages = [dv[0, :3].astype(np.float32), dv[1, :1].astype(np.float32), dv[2].astype(np.float32)]
     assert_exact(got, queries, pages)
     assert (got < 0).all()
@@ -364,9 +417,10 @@ def test_a_graph_with_another_contract_is_refused(tmp_path):
 
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])
-    model = helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])],
-                                                "g", [x], [y]),
-                              opset_imports=[helper.make_opsetid("", 18)])
+    model = helper.make_model(
+        helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g", [x], [y]),
+        opset_imports=[helper.make_opsetid("", 18)],
+    )
     model.ir_version = 8
     path = tmp_path / "maxsim.onnx"
     onnx.save(model, str(path))

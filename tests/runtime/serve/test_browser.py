@@ -29,11 +29,14 @@ if os.environ.get("COLEMBED_REQUIRE_BROWSER") == "1":
     import playwright.sync_api  # noqa: F401  (an ImportError here fails the run, never skips)
 pytestmark = [
     pytest.mark.browser,
-    pytest.mark.skipif(CHROMIUM is None, reason="no chromium on PATH (Debian: apt-get install "
-                                                "chromium; .ci/run installs it)"),
+    pytest.mark.skipif(
+        CHROMIUM is None,
+        reason="no chromium on PATH (Debian: apt-get install chromium; .ci/run installs it)",
+    ),
 ]
-playwright_sync = pytest.importorskip("playwright.sync_api",
-                                      reason="playwright is not installed (the test extra)")
+playwright_sync = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (the test extra)"
+)
 uvicorn = pytest.importorskip("uvicorn", reason="the serve extra is not installed")
 
 KEY = "browser-key"
@@ -49,8 +52,11 @@ def server(tmp_path_factory, exported_tiny):
 
     base = tmp_path_factory.mktemp("browser")
     good_folder(base / "docs")
-    index = Index(base / "db", model=colembed.load(exported_tiny.folder, max_image_tokens=64),
-                  store_opener=open_store_in_child)  # as `colembed serve` opens it
+    index = Index(
+        base / "db",
+        model=colembed.load(exported_tiny.folder, max_image_tokens=64),
+        store_opener=open_store_in_child,
+    )  # as `colembed serve` opens it
     index.add([base / "docs"], progress=False)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))  # a free port, held by us until uvicorn takes the socket
@@ -80,8 +86,9 @@ def tinted_share(png: bytes) -> float:
 
 def test_search_page_shows_pages_with_their_maps(server):
     with playwright_sync.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True,
-                                    args=["--no-sandbox", "--disable-gpu"])
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
             # the page's own Content-Security-Policy holds (no bypass): the test waits through
             # locators, which evaluate no string as script
@@ -94,8 +101,7 @@ def test_search_page_shows_pages_with_their_maps(server):
             page.wait_for_selector("#key-box", state="visible", timeout=15000)
             page.fill("#key", KEY)
             page.click("#key-save")
-            expect(page.locator("#index-status")).to_contain_text("7 pages indexed",
-                                                                  timeout=15000)
+            expect(page.locator("#index-status")).to_contain_text("7 pages indexed", timeout=15000)
             page.select_option("#k", "5")
             page.fill("#q", "what does the report say?")
             page.press("#q", "Enter")
@@ -108,12 +114,14 @@ def test_search_page_shows_pages_with_their_maps(server):
 
             page.uncheck("#overlay-toggle")
             expect(page.locator(".result img:not([data-state=image])")).to_have_count(
-                0, timeout=30000)
+                0, timeout=30000
+            )
             plain = tinted_share(first.locator("img").screenshot())
             assert plain < 0.001, plain  # the plain page: black on white
             page.check("#overlay-toggle")
             expect(page.locator(".result img:not([data-state=map])")).to_have_count(
-                0, timeout=30000)
+                0, timeout=30000
+            )
 
             first.click()
             page.wait_for_selector("#viewer.open #viewer-img[data-state=map]", timeout=30000)

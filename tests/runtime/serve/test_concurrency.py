@@ -49,15 +49,28 @@ def synthetic_points(index, pages: int):
     from colembed.model import PageLayout
 
     rng = np.random.default_rng(0)
-    layout = PageLayout(grid_rows=8, grid_cols=8, image_start=10, num_tokens=TOKENS_PER_PAGE,
-                        token_px=28)
+    layout = PageLayout(
+        grid_rows=8, grid_cols=8, image_start=10, num_tokens=TOKENS_PER_PAGE, token_px=28
+    )
     points = []
     for i in range(pages):
         v = rng.standard_normal((TOKENS_PER_PAGE, index.model.embedding_size)).astype(np.float32)
         v /= np.linalg.norm(v, axis=1, keepdims=True)
-        points.append(make_point(v, layout, {
-            **index.identity, "path": f"/synthetic/doc{i}.png", "page": 1, "pages": 1,
-            "sha256": f"{i:064x}", "width": 224, "height": 224}))
+        points.append(
+            make_point(
+                v,
+                layout,
+                {
+                    **index.identity,
+                    "path": f"/synthetic/doc{i}.png",
+                    "page": 1,
+                    "pages": 1,
+                    "sha256": f"{i:064x}",
+                    "width": 224,
+                    "height": 224,
+                },
+            )
+        )
     return points
 
 
@@ -85,11 +98,14 @@ def test_healthz_answers_while_a_long_search_runs(tmp_path, small_model):
     texts = [f"what did the annual report say about region {i}?" for i in range(QUERIES)]
     answers = {}
     try:
-        with TestClient(create_app(index, Settings(limits=Limits(max_queries=QUERIES))),
-                        base_url=BASE) as client:
+        with TestClient(
+            create_app(index, Settings(limits=Limits(max_queries=QUERIES))), base_url=BASE
+        ) as client:
+
             def search():
-                answers["search"] = client.post("/v1/search", json={
-                    "queries": texts, "k": 2, "mode": "exact"})
+                answers["search"] = client.post(
+                    "/v1/search", json={"queries": texts, "k": 2, "mode": "exact"}
+                )
 
             searcher = threading.Thread(target=search)
             searcher.start()
@@ -137,8 +153,9 @@ def test_a_page_image_is_served_while_a_job_renders_a_pdf(tmp_path, small_model,
         job_id = client.post("/v1/index", json={"paths": ["big.pdf"]}).json()["id"]
         try:
             assert rendering.wait(120), client.get(f"/v1/jobs/{job_id}").json()
-            fetch = threading.Thread(target=lambda: answers.update(
-                image=client.get(f"/v1/pages/{hit.id}/image")))
+            fetch = threading.Thread(
+                target=lambda: answers.update(image=client.get(f"/v1/pages/{hit.id}/image"))
+            )
             fetch.start()
             fetch.join(120)  # a page image behind the job's renderer would never come
             answers["during"] = client.get(f"/v1/jobs/{job_id}").json()
@@ -201,8 +218,11 @@ def test_the_store_process_closes_the_folder_when_the_server_is_gone(tmp_path, s
     page("one").save(docs / "one.png")
     with Index(tmp_path / "db", model=small_model) as index:
         index.add([docs], progress=False)
-    server = subprocess.Popen([sys.executable, "-c", CHILD_SCRIPT, str(tmp_path / "db")],
-                              stdout=subprocess.PIPE, text=True)
+    server = subprocess.Popen(
+        [sys.executable, "-c", CHILD_SCRIPT, str(tmp_path / "db")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         child = int(server.stdout.readline())
         os.kill(server.pid, signal.SIGKILL)

@@ -44,16 +44,21 @@ def test_search_filters_and_returns_metadata_and_text(served):
     for where in ({"kind": "invoice", "page": 2}, ["kind=invoice", "page>=2"]):
         r = client.post("/v1/search", json={"query": "total", "k": 5, "where": where})
         assert r.status_code == 200, r.text
-        hit, = r.json()["results"][0]["hits"]
+        (hit,) = r.json()["results"][0]["hits"]
         assert (hit["file"], hit["page"]) == ("docs/invoice.pdf", 2)
         assert hit["metadata"] == {"kind": "invoice", "year": 2024}
         assert hit["text"] == "Total due 99 EUR" and hit["text_truncated"] is False
         assert "text_z" not in hit["payload"] and "model_source" not in hit["payload"]
-    photo, = client.post("/v1/search", json={"query": "x", "where": {"kind": "photo"}}
-                         ).json()["results"][0]["hits"]
+    (photo,) = client.post("/v1/search", json={"query": "x", "where": {"kind": "photo"}}).json()[
+        "results"
+    ][0]["hits"]
     assert photo["text"] is None and photo["metadata"] == {"kind": "photo"}
-    assert client.post("/v1/search", json={"query": "x", "where": {"kind": "none"}}
-                       ).json()["results"][0]["hits"] == []
+    assert (
+        client.post("/v1/search", json={"query": "x", "where": {"kind": "none"}}).json()["results"][
+            0
+        ]["hits"]
+        == []
+    )
     bad = client.post("/v1/search", json={"query": "x", "where": {"page": "two"}})
     assert bad.status_code == 422 and "not a number" in bad.json()["detail"]
     bad = client.post("/v1/search", json={"query": "x", "where": ["kind"]})
@@ -63,8 +68,9 @@ def test_search_filters_and_returns_metadata_and_text(served):
 def test_metadata_changes_through_the_child_store_are_searched(served):
     client, index, docs = served
     assert index.set_metadata(docs / "photo.png", {"kind": "image"}) == 1
-    hit, = client.post("/v1/search", json={"query": "x", "where": "kind=image"}
-                       ).json()["results"][0]["hits"]
+    (hit,) = client.post("/v1/search", json={"query": "x", "where": "kind=image"}).json()[
+        "results"
+    ][0]["hits"]
     assert hit["file"] == "docs/photo.png" and hit["metadata"] == {"kind": "image"}
     index.set_metadata(docs / "photo.png", {"kind": "photo"})
 

@@ -70,8 +70,9 @@ def served(tmp_path_factory, small_model):
     assert isinstance(index.store, ChildStore)
     settings = Settings(api_key=KEY, roots=Roots(parse_roots([f"docs={docs}"])))
     with TestClient(create_app(index, settings), base_url=BASE) as client:
-        job = client.post("/v1/index", json={"paths": [{"root": "docs", "path": "."}]},
-                          headers=AUTH)
+        job = client.post(
+            "/v1/index", json={"paths": [{"root": "docs", "path": "."}]}, headers=AUTH
+        )
         assert job.status_code == 202, job.text
         finished = wait_job(client, job.json()["id"])
         yield client, index, {"base": base, "docs": docs, "outside": outside, "job": finished}
@@ -83,16 +84,31 @@ def test_healthz_info_and_openapi(served, small_model):
     client, index, _ = served
     assert client.get("/healthz").json() == {"status": "ok"}
     info = client.get("/v1/info", headers=AUTH).json()
-    assert (info["model"], info["variant"], info["dim"]) == (small_model.name, "fp32",
-                                                             small_model.embedding_size)
+    assert (info["model"], info["variant"], info["dim"]) == (
+        small_model.name,
+        "fp32",
+        small_model.embedding_size,
+    )
     assert info["pages"] == sum(DOCS.values()) == len(index)
-    assert info["schema"] == SCHEMA_VERSION and info["roots"] == ["docs"] and info["indexing"] is True
+    assert (
+        info["schema"] == SCHEMA_VERSION and info["roots"] == ["docs"] and info["indexing"] is True
+    )
     schema = client.get("/openapi.json").json()
-    assert {"/v1/embed/queries", "/v1/embed/images", "/v1/search", "/v1/index",
-            "/v1/jobs/{job_id}", "/v1/pages/{page_id}/image", "/v1/pages/{page_id}/map",
-            "/v1/info", "/healthz"} <= set(schema["paths"])
-    assert "multipart/form-data" in schema["paths"]["/v1/embed/images"]["post"]["requestBody"][
-        "content"]
+    assert {
+        "/v1/embed/queries",
+        "/v1/embed/images",
+        "/v1/search",
+        "/v1/index",
+        "/v1/jobs/{job_id}",
+        "/v1/pages/{page_id}/image",
+        "/v1/pages/{page_id}/map",
+        "/v1/info",
+        "/healthz",
+    } <= set(schema["paths"])
+    assert (
+        "multipart/form-data"
+        in schema["paths"]["/v1/embed/images"]["post"]["requestBody"]["content"]
+    )
     assert client.get("/docs", headers=AUTH).status_code == 404  # Swagger UI loads a CDN: off
 
 
@@ -122,18 +138,25 @@ def test_embed_queries_float_and_base64(served, small_model):
     texts = ["what is the revenue?", "a second, longer question about the memo"]
     expected = small_model.embed_queries(texts)
     for encoding in ("float", "base64"):
-        body = client.post("/v1/embed/queries", json={"texts": texts, "encoding": encoding},
-                           headers=AUTH).json()
+        body = client.post(
+            "/v1/embed/queries", json={"texts": texts, "encoding": encoding}, headers=AUTH
+        ).json()
         assert (body["model"], body["variant"], body["dim"], body["encoding"]) == (
-            small_model.name, "fp32", small_model.embedding_size, encoding)
+            small_model.name,
+            "fp32",
+            small_model.embedding_size,
+            encoding,
+        )
         got = [decode(e) for e in body["embeddings"]]
         assert [g.shape for g in got] == [e.shape for e in expected]
         for g, e in zip(got, expected):
             np.testing.assert_allclose(g, e, atol=1e-6)
-    raw = client.post("/v1/embed/queries", json={"texts": texts[:1], "encoding": "base64"},
-                      headers=AUTH).json()["embeddings"][0]
-    assert np.array_equal(np.frombuffer(base64.b64decode(raw["data"]), "<f4").reshape(raw["shape"]),
-                          expected[0])  # the documented decoding, bit for bit
+    raw = client.post(
+        "/v1/embed/queries", json={"texts": texts[:1], "encoding": "base64"}, headers=AUTH
+    ).json()["embeddings"][0]
+    assert np.array_equal(
+        np.frombuffer(base64.b64decode(raw["data"]), "<f4").reshape(raw["shape"]), expected[0]
+    )  # the documented decoding, bit for bit
 
 
 def png_bytes(image: Image.Image) -> bytes:
@@ -146,11 +169,17 @@ def test_embed_images_multipart_and_base64(served, small_model):
     client, _, _ = served
     images = [png_bytes(page("one")), png_bytes(page("two", size=(300, 200)))]
     expected = small_model.embed_images(images)
-    multipart = client.post("/v1/embed/images", headers=AUTH, data={"encoding": "base64"},
-                            files=[("files", (f"{i}.png", b, "image/png"))
-                                   for i, b in enumerate(images)]).json()
-    as_json = client.post("/v1/embed/images", headers=AUTH, json={
-        "images": [base64.b64encode(b).decode() for b in images]}).json()
+    multipart = client.post(
+        "/v1/embed/images",
+        headers=AUTH,
+        data={"encoding": "base64"},
+        files=[("files", (f"{i}.png", b, "image/png")) for i, b in enumerate(images)],
+    ).json()
+    as_json = client.post(
+        "/v1/embed/images",
+        headers=AUTH,
+        json={"images": [base64.b64encode(b).decode() for b in images]},
+    ).json()
     for body in (multipart, as_json):
         assert body["dim"] == small_model.embedding_size and body["model"] == small_model.name
         for item, e in zip(body["embeddings"], expected):
@@ -161,8 +190,9 @@ def test_embed_images_multipart_and_base64(served, small_model):
 def test_search_matches_the_in_process_index(served):
     client, index, _ = served
     k = len(index)  # every page: random weights tie pages exactly, so a cut at k could differ
-    body = client.post("/v1/search", json={"query": "what does the report say?", "k": k},
-                       headers=AUTH).json()
+    body = client.post(
+        "/v1/search", json={"query": "what does the report say?", "k": k}, headers=AUTH
+    ).json()
     expected = {e.id: e for e in index.search("what does the report say?", k=k)}
     hits = body["results"][0]["hits"]
     assert {h["id"] for h in hits} == set(expected)
@@ -176,8 +206,9 @@ def test_search_matches_the_in_process_index(served):
         assert h["image_url"] == f"/v1/pages/{h['id']}/image" and "map" not in h
     timing = client.post("/v1/search", json={"query": "x"}, headers=AUTH).headers["server-timing"]
     assert timing.startswith("search;dur=") and ", queue;dur=" in timing
-    several = client.post("/v1/search", json={"queries": ["one", "two"], "k": 2, "mode": "exact"},
-                          headers=AUTH).json()
+    several = client.post(
+        "/v1/search", json={"queries": ["one", "two"], "k": 2, "mode": "exact"}, headers=AUTH
+    ).json()
     assert [r["query"] for r in several["results"]] == ["one", "two"]
     assert all(len(r["hits"]) == 2 for r in several["results"])
 
@@ -185,8 +216,9 @@ def test_search_matches_the_in_process_index(served):
 def test_search_explain_returns_the_map_as_data(served):
     client, index, _ = served
     k = len(index)  # every page: random weights tie pages exactly, so a cut at k could differ
-    body = client.post("/v1/search", json={"query": "memo", "k": k, "explain": True},
-                       headers=AUTH).json()
+    body = client.post(
+        "/v1/search", json={"query": "memo", "k": k, "explain": True}, headers=AUTH
+    ).json()
     expected = {e.id: e for e in index.search("memo", k=k, explain=True)}
     assert {h["id"] for h in body["results"][0]["hits"]} == set(expected)
     for h in body["results"][0]["hits"]:
@@ -250,18 +282,21 @@ def test_a_changed_file_is_no_longer_served(tmp_path, small_model):
 
 
 # ------------------------------------------------------------------------------- index jobs
-@pytest.mark.parametrize("path, status, words", [
-    ("/etc", 403, "absolute"),
-    ("/etc/passwd", 403, "absolute"),
-    ("C:\\Windows", 403, "absolute"),
-    ("~/x", 403, "absolute"),
-    ("../outside", 403, "'..'"),
-    ("sub/../../outside", 403, "'..'"),
-    ("dir-out", 403, "outside root"),
-    ("link-out.png", 403, "outside root"),
-    ("dir-out/secret.png", 403, "outside root"),
-    ("nothing-here.pdf", 404, "no such file"),
-])
+@pytest.mark.parametrize(
+    "path, status, words",
+    [
+        ("/etc", 403, "absolute"),
+        ("/etc/passwd", 403, "absolute"),
+        ("C:\\Windows", 403, "absolute"),
+        ("~/x", 403, "absolute"),
+        ("../outside", 403, "'..'"),
+        ("sub/../../outside", 403, "'..'"),
+        ("dir-out", 403, "outside root"),
+        ("link-out.png", 403, "outside root"),
+        ("dir-out/secret.png", 403, "outside root"),
+        ("nothing-here.pdf", 404, "no such file"),
+    ],
+)
 def test_index_paths_outside_the_roots_are_refused(served, path, status, words):
     client, _, _ = served
     r = client.post("/v1/index", json={"paths": [{"root": "docs", "path": path}]}, headers=AUTH)
@@ -270,8 +305,7 @@ def test_index_paths_outside_the_roots_are_refused(served, path, status, words):
 
 def test_index_refusals_without_roots_and_with_an_unknown_root(served, tmp_path, small_model):
     client, _, _ = served
-    r = client.post("/v1/index", json={"paths": [{"root": "elsewhere", "path": "x"}]},
-                    headers=AUTH)
+    r = client.post("/v1/index", json={"paths": [{"root": "elsewhere", "path": "x"}]}, headers=AUTH)
     assert r.status_code == 403 and "not one of ['docs']" in r.json()["detail"]
     assert client.post("/v1/index", json={"paths": []}, headers=AUTH).status_code == 422
     index = Index(tmp_path / "db", model=small_model)
@@ -307,8 +341,10 @@ def test_a_job_reports_bad_files_while_searches_run(tmp_path, small_model):
             r = client.post("/v1/search", json={"query": "report", "k": 3})
             assert r.status_code == 200, r.text
             for hit in r.json()["results"][0]["hits"]:
-                assert client.get(f"/v1/pages/{hit['id']}/image", params={"width": 50}
-                                  ).status_code == 200
+                assert (
+                    client.get(f"/v1/pages/{hit['id']}/image", params={"width": 50}).status_code
+                    == 200
+                )
             searched += 1
         job = client.get(f"/v1/jobs/{job_id}").json()
     assert searched >= 1 and job["state"] == "done"
@@ -325,15 +361,21 @@ def test_a_job_reports_bad_files_while_searches_run(tmp_path, small_model):
 # ----------------------------------------------------------------------------- access rules
 def test_the_api_key(served):
     client, _, _ = served
-    for headers in ({}, {"X-API-Key": "wrong"}, {"X-API-Key": KEY[:-1]},
-                    {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
-        for method, path, body in (("get", "/v1/info", None),
-                                   ("post", "/v1/search", {"query": "x"}),
-                                   ("post", "/v1/embed/queries", {"texts": ["x"]}),
-                                   ("post", "/v1/index", {"paths": ["."]}),
-                                   ("get", "/v1/jobs", None),
-                                   ("get", "/v1/pages/00000000-0000-0000-0000-000000000000/image",
-                                    None)):
+    for headers in (
+        {},
+        {"X-API-Key": "wrong"},
+        {"X-API-Key": KEY[:-1]},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": KEY},
+    ):
+        for method, path, body in (
+            ("get", "/v1/info", None),
+            ("post", "/v1/search", {"query": "x"}),
+            ("post", "/v1/embed/queries", {"texts": ["x"]}),
+            ("post", "/v1/index", {"paths": ["."]}),
+            ("get", "/v1/jobs", None),
+            ("get", "/v1/pages/00000000-0000-0000-0000-000000000000/image", None),
+        ):
             r = client.request(method, path, json=body, headers=headers)
             assert r.status_code == 401, (headers, path, r.text)
             assert r.headers["www-authenticate"] == "Bearer"
@@ -363,10 +405,19 @@ def limited(tmp_path_factory, small_model):
     """An app with small limits (and no key) over an empty index."""
     base = tmp_path_factory.mktemp("limited")
     index = Index(base / "db", model=small_model)
-    limits = Limits(max_body_bytes=300_000, max_image_bytes=200_000, max_image_pixels=1_000_000,
-                    max_batch=3, max_images=2, max_query_chars=50, max_k=10, max_queries=2)
-    with TestClient(create_app(index, Settings(limits=limits)), base_url=BASE,
-                    raise_server_exceptions=False) as client:
+    limits = Limits(
+        max_body_bytes=300_000,
+        max_image_bytes=200_000,
+        max_image_pixels=1_000_000,
+        max_batch=3,
+        max_images=2,
+        max_query_chars=50,
+        max_k=10,
+        max_queries=2,
+    )
+    with TestClient(
+        create_app(index, Settings(limits=limits)), base_url=BASE, raise_server_exceptions=False
+    ) as client:
         yield client, index
     index.close()
 
@@ -385,8 +436,9 @@ def test_body_limits_are_413_naming_the_limit(limited):
         for _ in range(40):
             yield b"x" * 10_000
 
-    r = client.post("/v1/embed/queries", content=chunks(),
-                    headers={"Content-Type": "application/json"})
+    r = client.post(
+        "/v1/embed/queries", content=chunks(), headers={"Content-Type": "application/json"}
+    )
     assert "--max-body-bytes" in detail(r, 413)
 
 
@@ -396,14 +448,16 @@ def test_image_limits(limited):
     assert len(bomb) < 200_000
     r = client.post("/v1/embed/images", files=[("files", ("b.png", bomb, "image/png"))])
     assert "--max-image-pixels" in detail(r, 413) and "2000x2000" in detail(r, 413)
-    noisy = png_bytes(Image.fromarray(np.random.default_rng(0).integers(
-        0, 255, (300, 300, 3), dtype=np.uint8)))  # ~270 kB of incompressible pixels
+    noisy = png_bytes(
+        Image.fromarray(np.random.default_rng(0).integers(0, 255, (300, 300, 3), dtype=np.uint8))
+    )  # ~270 kB of incompressible pixels
     assert 200_000 < len(noisy) < 300_000
     r = client.post("/v1/embed/images", files=[("files", ("n.png", noisy, "image/png"))])
     assert "--max-image-bytes" in detail(r, 413)
     small = png_bytes(page("x", size=(64, 64)))
-    r = client.post("/v1/embed/images", files=[("files", (f"{i}.png", small, "image/png"))
-                                               for i in range(3)])
+    r = client.post(
+        "/v1/embed/images", files=[("files", (f"{i}.png", small, "image/png")) for i in range(3)]
+    )
     assert "--max-images" in detail(r, 422)
     r = client.post("/v1/embed/images", json={"images": [base64.b64encode(small).decode()] * 3})
     assert "--max-images" in detail(r, 422)
@@ -424,7 +478,8 @@ def test_batch_query_length_and_k_limits(limited):
     client, _ = limited
     assert "--max-batch" in detail(client.post("/v1/embed/queries", json={"texts": ["a"] * 4}), 422)
     assert "--max-query-chars" in detail(
-        client.post("/v1/embed/queries", json={"texts": ["a" * 51]}), 422)
+        client.post("/v1/embed/queries", json={"texts": ["a" * 51]}), 422
+    )
     assert "--max-query-chars" in detail(client.post("/v1/search", json={"query": "a" * 51}), 422)
     assert "--max-queries" in detail(client.post("/v1/search", json={"queries": ["a"] * 3}), 422)
     assert "--max-k" in detail(client.post("/v1/search", json={"query": "a", "k": 11}), 422)
@@ -432,11 +487,14 @@ def test_batch_query_length_and_k_limits(limited):
     assert "mode" in detail(client.post("/v1/search", json={"query": "a", "mode": "fast"}), 422)
     assert "exactly one" in detail(client.post("/v1/search", json={}), 422)
     assert "texts" in detail(client.post("/v1/embed/queries", json={"texts": "not a list"}), 422)
-    r = client.post("/v1/embed/queries", content=b"{not json", headers={"Content-Type":
-                                                                         "application/json"})
+    r = client.post(
+        "/v1/embed/queries", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
     assert r.status_code == 422
-    assert "--max-query-chars" in detail(client.get(
-        "/v1/pages/00000000-0000-0000-0000-000000000000/map", params={"q": "a" * 51}), 422)
+    assert "--max-query-chars" in detail(
+        client.get("/v1/pages/00000000-0000-0000-0000-000000000000/map", params={"q": "a" * 51}),
+        422,
+    )
     # an empty index searches to no hits, not an error
     assert client.post("/v1/search", json={"query": "a"}).json()["results"][0]["hits"] == []
 
@@ -445,8 +503,10 @@ def test_a_full_pool_answers_503_with_retry_after(limited):
     client, _ = limited
     pool = client.app.state.service.pool
     release = threading.Event()
-    holders = [threading.Thread(target=asyncio.run, args=(pool.run(release.wait),))
-               for _ in range(pool.limit)]
+    holders = [
+        threading.Thread(target=asyncio.run, args=(pool.run(release.wait),))
+        for _ in range(pool.limit)
+    ]
     for t in holders:
         t.start()
     try:
@@ -550,10 +610,25 @@ def test_colembed_serve_runs_and_shuts_down_gracefully(tmp_path, exported_tiny, 
     log = tmp_path / "server.log"
     env = dict(os.environ, COLEMBED_API_KEY=KEY)
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "colembed.cli", "serve", "--db",
-                                 str(tmp_path / "db"), "--port", str(port), "--max-k", "7",
-                                 "--allow-root", str(docs)], stdout=out, stderr=subprocess.STDOUT,
-                                env=env)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "colembed.cli",
+                "serve",
+                "--db",
+                str(tmp_path / "db"),
+                "--port",
+                str(port),
+                "--max-k",
+                "7",
+                "--allow-root",
+                str(docs),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
     try:
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 120
@@ -566,8 +641,9 @@ def test_colembed_serve_runs_and_shuts_down_gracefully(tmp_path, exported_tiny, 
         info = httpx.get(url + "/v1/info", headers=AUTH).json()
         assert info["pages"] == 1 and info["limits"]["max_k"] == 7 and info["roots"] == ["docs"]
         assert httpx.get(url + "/v1/info").status_code == 401
-        hit = httpx.post(url + "/v1/search", json={"query": "one"}, headers=AUTH).json()[
-            "results"][0]["hits"][0]
+        hit = httpx.post(url + "/v1/search", json={"query": "one"}, headers=AUTH).json()["results"][
+            0
+        ]["hits"][0]
         assert hit["file"] == "docs/one.png"
         proc.send_signal(signal.SIGTERM)
         proc.wait(60)

@@ -57,8 +57,9 @@ def live_server(app, head_timeout: float):
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", port, "warning",
-                                           head_timeout=head_timeout))
+    server = uvicorn.Server(
+        uvicorn_config(app, "127.0.0.1", port, "warning", head_timeout=head_timeout)
+    )
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + WAIT_S
@@ -121,10 +122,12 @@ def test_healthz_and_clients_are_served_while_slow_sockets_are_held(app):
             assert len(server.server_state.connections) == MAX_OPEN
             for _ in range(5):
                 assert httpx.get(url + "/healthz", timeout=WAIT_S).status_code == 200
-                assert httpx.get(url + "/v1/info", headers=AUTH, timeout=WAIT_S).json()[
-                    "pages"] == 1
-                r = httpx.post(url + "/v1/search", json={"query": "one"}, headers=AUTH,
-                               timeout=WAIT_S)
+                assert (
+                    httpx.get(url + "/v1/info", headers=AUTH, timeout=WAIT_S).json()["pages"] == 1
+                )
+                r = httpx.post(
+                    url + "/v1/search", json={"query": "one"}, headers=AUTH, timeout=WAIT_S
+                )
                 assert r.status_code == 200 and r.json()["results"][0]["hits"]
             held = len(server.server_state.connections)
             assert held >= 1000, held
@@ -173,16 +176,21 @@ def test_a_401_does_not_wait_for_the_body_and_foreign_hosts_are_421(app):
     with live_server(app, head_timeout=30) as (url, _):
         s = connect(url)
         # 50 MB announced (under --max-body-bytes), 1 kB sent: the answer cannot wait for it
-        s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                  b"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n"
-                  + b"x" * 1000)
+        s.sendall(
+            b"POST /v1/search HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 50000000\r\n\r\n" + b"x" * 1000
+        )
         answer = s.recv(65536)
         assert answer.startswith(b"HTTP/1.1 401"), answer
         assert b"connection: close" in answer.lower()
         assert closed_by_server(s)
         s.close()
-        r = httpx.post(url + "/v1/search", json={"query": "one"}, timeout=WAIT_S,
-                       headers={**AUTH, "Host": "attacker.example:8000"})
+        r = httpx.post(
+            url + "/v1/search",
+            json={"query": "one"},
+            timeout=WAIT_S,
+            headers={**AUTH, "Host": "attacker.example:8000"},
+        )
         assert r.status_code == 421
 
 
@@ -222,9 +230,20 @@ def test_a_killed_server_leaves_no_render_workers(tmp_path, small_model):
         port = s.getsockname()[1]
     url = f"http://127.0.0.1:{port}"
     with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "colembed.cli", "serve", "--db",
-                                 str(tmp_path / "db"), "--port", str(port)],
-                                stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "colembed.cli",
+                "serve",
+                "--db",
+                str(tmp_path / "db"),
+                "--port",
+                str(port),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
     children = {}
     try:
         deadline = time.monotonic() + 120
@@ -235,7 +254,8 @@ def test_a_killed_server_leaves_no_render_workers(tmp_path, small_model):
             except httpx.HTTPError:
                 time.sleep(0.2)
         hit = httpx.post(url + "/v1/search", json={"query": "one"}, timeout=WAIT_S).json()[
-            "results"][0]["hits"][0]
+            "results"
+        ][0]["hits"][0]
         for _ in range(4):  # page images: renders in the worker processes
             assert httpx.get(url + hit["image_url"], timeout=WAIT_S).status_code == 200
         children = children_of(proc.pid)

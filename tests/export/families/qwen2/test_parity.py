@@ -21,14 +21,17 @@ BATCH_TOLERANCE = 1e-5
 
 @pytest.fixture(scope="module")
 def reference_queries(reference_model, reference_processor):
-    return [_reference_rows(reference_model, reference_processor.process_queries([q]))
-            for q in QUERIES]
+    return [
+        _reference_rows(reference_model, reference_processor.process_queries([q])) for q in QUERIES
+    ]
 
 
 @pytest.fixture(scope="module")
 def reference_pages(reference_model, reference_processor):
-    return {name: _reference_rows(reference_model, reference_processor.process_images([img]))
-            for name, img in PAGES.items()}
+    return {
+        name: _reference_rows(reference_model, reference_processor.process_images([img]))
+        for name, img in PAGES.items()
+    }
 
 
 def _max_diff(got, want):
@@ -37,8 +40,10 @@ def _max_diff(got, want):
 
 
 def test_pages_cover_distinct_grids(reference_processor):
-    grids = {tuple(reference_processor.process_images([img])["image_grid_thw"][0].tolist())
-             for img in PAGES.values()}
+    grids = {
+        tuple(reference_processor.process_images([img])["image_grid_thw"][0].tolist())
+        for img in PAGES.values()
+    }
     assert len(grids) >= 6, grids
 
 
@@ -115,7 +120,9 @@ def test_second_architecture_exports_and_matches(exported_alt_from_hub, tiny_alt
 
     model = colembed.load(exported_alt_from_hub[0].folder)
     assert model.embedding_size == 64
-    reference = ColQwen2ForRetrieval.from_pretrained(tiny_alt_checkpoint, dtype=torch.float32).eval()
+    reference = ColQwen2ForRetrieval.from_pretrained(
+        tiny_alt_checkpoint, dtype=torch.float32
+    ).eval()
     processor = ColQwen2Processor.from_pretrained(tiny_alt_checkpoint, use_fast=False)
     names = ["odd_997x613", "rgba_80x120", "cmyk"]
     got_pages = model.embed_images([PAGES[n] for n in names], batch_size=2)
@@ -124,7 +131,10 @@ def test_second_architecture_exports_and_matches(exported_alt_from_hub, tiny_alt
         assert _max_diff(g, want) <= PARITY_TOLERANCE, name
     got_queries = model.embed_queries(QUERIES[:4], batch_size=3)
     for q, g in zip(QUERIES[:4], got_queries):
-        assert _max_diff(g, _reference_rows(reference, processor.process_queries([q]))) <= PARITY_TOLERANCE
+        assert (
+            _max_diff(g, _reference_rows(reference, processor.process_queries([q])))
+            <= PARITY_TOLERANCE
+        )
 
 
 def test_manifest_records_the_check(exported_tiny):

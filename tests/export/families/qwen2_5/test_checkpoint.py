@@ -31,8 +31,13 @@ def test_checkpoint_uses_the_real_tokenizer_and_training_pixel_bounds(qwen2_5_ch
     from colembed_export.testing.tiny_qwen2 import TOKENIZER_FILES, qwen_tokenizer_dir
 
     for name in TOKENIZER_FILES:
-        assert (qwen2_5_checkpoint / name).read_bytes() == (qwen_tokenizer_dir() / name).read_bytes()
-    assert Tokenizer.from_file(str(qwen2_5_checkpoint / "tokenizer.json")).token_to_id("<|image_pad|>") == 151655
+        assert (qwen2_5_checkpoint / name).read_bytes() == (
+            qwen_tokenizer_dir() / name
+        ).read_bytes()
+    assert (
+        Tokenizer.from_file(str(qwen2_5_checkpoint / "tokenizer.json")).token_to_id("<|image_pad|>")
+        == 151655
+    )
     image = json.loads((qwen2_5_checkpoint / "preprocessor_config.json").read_text())
     assert (image["min_pixels"], image["max_pixels"]) == (4 * 28 * 28, 768 * 28 * 28)
 
@@ -50,7 +55,9 @@ def test_colpali_layout_holds_the_same_weights_under_the_published_names(tmp_pat
     folder = checkpoint(tmp_path_factory, preset, "colpali")
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "qwen2_5_vl" and config["architectures"] == ["ColQwen2_5"]
-    backbone, info = Qwen2_5_VLModel.from_pretrained(folder, dtype=torch.float32, output_loading_info=True)
+    backbone, info = Qwen2_5_VLModel.from_pretrained(
+        folder, dtype=torch.float32, output_loading_info=True
+    )
     assert info["missing_keys"] == [] or set(info["missing_keys"]) == set()
     assert set(info["unexpected_keys"]) == {"custom_text_proj.weight", "custom_text_proj.bias"}
     expected = reference.vlm.model.state_dict()
@@ -58,7 +65,9 @@ def test_colpali_layout_holds_the_same_weights_under_the_published_names(tmp_pat
         assert torch.equal(value, expected[name]), name
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         assert not any(k.startswith(("vlm.", "lm_head")) for k in f.keys())
-        assert torch.equal(f.get_tensor("custom_text_proj.weight"), reference.embedding_proj_layer.weight)
+        assert torch.equal(
+            f.get_tensor("custom_text_proj.weight"), reference.embedding_proj_layer.weight
+        )
 
 
 def test_reference_page_forward_needs_the_dtype_shim(tmp_path_factory):
@@ -70,7 +79,9 @@ def test_reference_page_forward_needs_the_dtype_shim(tmp_path_factory):
     from transformers import ColQwen2ForRetrieval
 
     folder = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
-    model = ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()  # patched below
+    model = ColQwen2ForRetrieval.from_pretrained(
+        folder, dtype=torch.float32
+    ).eval()  # patched below
     processor = reference_processor(folder)
     page = Image.fromarray(np.random.default_rng(0).integers(0, 256, (112, 140, 3), dtype=np.uint8))
     batch = processor.process_images([page])
@@ -91,7 +102,10 @@ def test_both_layouts_load_to_the_same_model(tmp_path_factory, preset):
 
     hf_folder = checkpoint(tmp_path_factory, preset, "transformers")
     cp_folder = checkpoint(tmp_path_factory, preset, "colpali")
-    assert (checkpoint_layout(hf_folder), checkpoint_layout(cp_folder)) == ("transformers", "colpali")
+    assert (checkpoint_layout(hf_folder), checkpoint_layout(cp_folder)) == (
+        "transformers",
+        "colpali",
+    )
     expected = load_reference(hf_folder).state_dict()
     loaded = load_colqwen2_5(cp_folder)
     assert loaded.config.embedding_dim == load_reference(hf_folder).config.embedding_dim
@@ -113,8 +127,11 @@ def test_other_folders_are_refused_with_the_reason(tmp_path_factory, tmp_path):
 
 @pytest.mark.parametrize(
     "change, match",
-    [({"window_size": 70}, "multiple of 28"), ({"fullatt_block_indexes": (3,)}, "outside depth"),
-     ({"mrope_section": (2, 2, 2)}, "mrope_section")],
+    [
+        ({"window_size": 70}, "multiple of 28"),
+        ({"fullatt_block_indexes": (3,)}, "outside depth"),
+        ({"mrope_section": (2, 2, 2)}, "mrope_section"),
+    ],
 )
 def test_inconsistent_specs_are_refused(change, match):
     from dataclasses import replace

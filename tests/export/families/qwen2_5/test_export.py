@@ -44,7 +44,8 @@ def served(exported_2_5, tmp_path_factory):
     preset, report = exported_2_5
     folder = checkpoint(tmp_path_factory, preset, "transformers")
     reference = export_family("colqwen2.5").prepare_reference(
-        ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval())
+        ColQwen2ForRetrieval.from_pretrained(folder, dtype=torch.float32).eval()
+    )
     return preset, colembed.load(report.folder), reference, reference_processor(folder)
 
 
@@ -69,10 +70,12 @@ def test_the_folder_names_its_family_and_window_size(exported_2_5, tmp_path_fact
     source = checkpoint(tmp_path_factory, preset, "transformers")
     vision_config = json.loads((source / "config.json").read_text())["vlm_config"]["vision_config"]
     assert manifest.family == "colqwen2.5"
-    assert manifest.vision_attention.to_dict() == {"kind": "windowed",
-                                                  "window_size": vision_config["window_size"]}
+    assert manifest.vision_attention.to_dict() == {
+        "kind": "windowed",
+        "window_size": vision_config["window_size"],
+    }
     inputs = manifest.graph("fp32", "vision").contract.inputs
-    assert inputs[-len(WINDOW_INPUTS):] == WINDOW_INPUTS
+    assert inputs[-len(WINDOW_INPUTS) :] == WINDOW_INPUTS
     assert manifest.architecture.vision_embed_dim == vision_config["hidden_size"]
     assert manifest.checks["fp32"]["max_abs_diff"] <= PARITY_TOLERANCE
 
@@ -80,16 +83,26 @@ def test_the_folder_names_its_family_and_window_size(exported_2_5, tmp_path_fact
 def test_pages_equal_the_reference_alone_and_in_batches(served, pages):
     preset, model, reference, processor = served
     config = model.config
-    side = merged_window_side(window_size=model.manifest.vision_attention.window_size,
-                              merge_size=config.merge_size, patch_size=config.patch_size)
+    side = merged_window_side(
+        window_size=model.manifest.vision_attention.window_size,
+        merge_size=config.merge_size,
+        patch_size=config.patch_size,
+    )
     grids = [prepare_image(page, config).grid_thw for page in pages]
-    windows = [window_layout(g, merge_size=config.merge_size, patch_size=config.patch_size,
-                             window_size=model.manifest.vision_attention.window_size).num_windows
-               for g in grids]
+    windows = [
+        window_layout(
+            g,
+            merge_size=config.merge_size,
+            patch_size=config.patch_size,
+            window_size=model.manifest.vision_attention.window_size,
+        ).num_windows
+        for g in grids
+    ]
     assert max(windows) >= 6  # windowed and full-attention blocks both see real structure
     if side > 2:  # tiny-2.5's windows (2x2 tokens) are the smallest page ColQwen allows
-        assert any(h // config.merge_size < side and w // config.merge_size < side
-                   for _, h, w in grids), grids
+        assert any(
+            h // config.merge_size < side and w // config.merge_size < side for _, h, w in grids
+        ), grids
     expected = [reference_rows(reference, processor.process_images([page])) for page in pages]
     assert_alone_and_batched(model.embed_images, pages, expected, preset)
 
@@ -124,8 +137,17 @@ def test_both_families_in_one_process_equal_each_alone(exported_tiny, exported_t
     alone = {}
     for family, folder in folders.items():
         out = tmp_path / f"{family}.npz"
-        subprocess.run([sys.executable, "-c", ALONE, str(folder), str(out),
-                        str(Path(__file__).resolve().parents[4])], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-c",
+                ALONE,
+                str(folder),
+                str(out),
+                str(Path(__file__).resolve().parents[4]),
+            ],
+            check=True,
+        )
         with np.load(out) as saved:
             alone[family] = [saved[f"arr_{i}"] for i in range(len(saved.files))]
     models = {family: colembed.load(folder, threads=1) for family, folder in folders.items()}

@@ -48,10 +48,14 @@ pytestmark = pytest.mark.heavy("qwen2.5")
 
 MERGE_TOLERANCE = 1e-5
 # nomic-ai/colpali scripts/configs/qwen2/train_colqwen2.5-v0.2.yaml and train_nomic_qwen*.yaml
-NOMIC_TARGETS = (r"(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|"
-                 r".*(custom_text_proj).*$)")
-LANGUAGE_TARGETS = (r".*(language_model)(?!.*visual).*(down_proj|gate_proj|up_proj|k_proj|q_proj|"
-                    r"v_proj|o_proj).*$")
+NOMIC_TARGETS = (
+    r"(.*(model).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|o_proj).*$|"
+    r".*(custom_text_proj).*$)"
+)
+LANGUAGE_TARGETS = (
+    r".*(language_model)(?!.*visual).*(down_proj|gate_proj|up_proj|k_proj|q_proj|"
+    r"v_proj|o_proj).*$"
+)
 COLNOMIC_NAMES = ("nomic-ai/colnomic-embed-multimodal-3b", "nomic-ai/colnomic-embed-multimodal-7b")
 
 
@@ -95,13 +99,19 @@ class Layout:
 
 LAYOUTS = {
     "colnomic": Layout("colnomic", Pre452Layout, NOMIC_TARGETS, base_pre_4_52=True, base_shards=3),
-    "retrained": Layout("retrained", ForConditionalGenerationLayout, NOMIC_TARGETS,
-                        vision_lora=True),
-    "saved_projection": Layout("saved_projection", None, LANGUAGE_TARGETS,
-                               modules_to_save=("custom_text_proj",),
-                               config={"r": 4, "lora_alpha": 16}),
-    "trained_biases": Layout("trained_biases", None, LANGUAGE_TARGETS,
-                             modules_to_save=("custom_text_proj",), bias="all"),
+    "retrained": Layout(
+        "retrained", ForConditionalGenerationLayout, NOMIC_TARGETS, vision_lora=True
+    ),
+    "saved_projection": Layout(
+        "saved_projection",
+        None,
+        LANGUAGE_TARGETS,
+        modules_to_save=("custom_text_proj",),
+        config={"r": 4, "lora_alpha": 16},
+    ),
+    "trained_biases": Layout(
+        "trained_biases", None, LANGUAGE_TARGETS, modules_to_save=("custom_text_proj",), bias="all"
+    ),
 }
 
 
@@ -122,8 +132,16 @@ def base_folder(tmp_path_factory, layout: Layout):
         return checkpoint(tmp_path_factory, "tiny-2.5", "colpali")
     source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")
     name = f"tiny-2.5-colpali-pre452-{layout.base_shards}"
-    return build_once(tmp_path_factory, f"qwen2_5-{name}", lambda f: to_colpali_layout(
-        source, f / name, pre_4_52=layout.base_pre_4_52, shards=layout.base_shards)) / name
+    return (
+        build_once(
+            tmp_path_factory,
+            f"qwen2_5-{name}",
+            lambda f: to_colpali_layout(
+                source, f / name, pre_4_52=layout.base_pre_4_52, shards=layout.base_shards
+            ),
+        )
+        / name
+    )
 
 
 def build_adapter(tmp_path_factory, layout: Layout):
@@ -136,10 +154,15 @@ def build_adapter(tmp_path_factory, layout: Layout):
     inputs = batches(base)
     before = [embed(model, b) for b in inputs]
     tree = model if layout.tree is None else layout.tree(model)
-    config = LoraConfig(**layout.config, lora_dropout=0.1, init_lora_weights="gaussian",
-                        bias=layout.bias, task_type="FEATURE_EXTRACTION",
-                        target_modules=layout.target_modules,
-                        modules_to_save=list(layout.modules_to_save) or None)
+    config = LoraConfig(
+        **layout.config,
+        lora_dropout=0.1,
+        init_lora_weights="gaussian",
+        bias=layout.bias,
+        task_type="FEATURE_EXTRACTION",
+        target_modules=layout.target_modules,
+        modules_to_save=list(layout.modules_to_save) or None,
+    )
     peft_model = get_peft_model(tree, config)
     generator = torch.Generator().manual_seed(5)
     with torch.no_grad():
@@ -149,8 +172,9 @@ def build_adapter(tmp_path_factory, layout: Layout):
     folder = tmp_path_factory.mktemp(f"adapter-{layout.name}") / layout.name
     peft_model.save_pretrained(folder)
     saved = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps({**saved,
-                                                            "base_model_name_or_path": str(base)}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({**saved, "base_model_name_or_path": str(base)})
+    )
     merged = peft_model.merge_and_unload().eval()
     for name in layout.modules_to_save:  # the trained copy lives on the training tree
         setattr(model, name, getattr(merged, name))
@@ -176,9 +200,10 @@ def test_each_adapter_is_what_its_training_config_saves(layout_adapter):
     lora = [k for k in keys if ".lora_" in k]
     assert lora and all(k.startswith("base_model.model.") for k in keys)
     assert any("visual" in k for k in lora) == layout.vision_lora
-    prefix = {"colnomic": "base_model.model.model.layers.",
-              "retrained": "base_model.model.model.language_model.layers."}.get(
-        layout.name, "base_model.model.language_model.layers.")
+    prefix = {
+        "colnomic": "base_model.model.model.layers.",
+        "retrained": "base_model.model.model.language_model.layers.",
+    }.get(layout.name, "base_model.model.language_model.layers.")
     assert any(k.startswith(prefix) for k in lora)
     whole = sorted(k for k in keys if ".lora_" not in k)
     if layout.bias == "all":
@@ -186,9 +211,11 @@ def test_each_adapter_is_what_its_training_config_saves(layout_adapter):
         assert any(k.startswith("base_model.model.visual.") for k in whole)
         assert "base_model.model.custom_text_proj.original_module.bias" in whole
     else:
-        assert whole == (["base_model.model.custom_text_proj.bias",
-                          "base_model.model.custom_text_proj.weight"]
-                         if layout.modules_to_save else [])
+        assert whole == (
+            ["base_model.model.custom_text_proj.bias", "base_model.model.custom_text_proj.weight"]
+            if layout.modules_to_save
+            else []
+        )
     if layout.base_shards > 1:
         index = json.loads((base / "model.safetensors.index.json").read_text())
         assert len(set(index["weight_map"].values())) == layout.base_shards
@@ -249,12 +276,13 @@ def test_colnomic_layout_exports_within_the_check(exported_colnomic_layout):
     assert "LoRA adapter" in report.manifest.model.source
     model = colembed.load(report.folder)
     pages = [rgb(140, 196, seed=1), rgb(56, 84, seed=2)]
-    for got_rows, batch, expected in zip((model.embed_queries(list(QUERIES[:3])),
-                                          model.embed_images(pages)), inputs, want):
+    for got_rows, batch, expected in zip(
+        (model.embed_queries(list(QUERIES[:3])), model.embed_images(pages)), inputs, want
+    ):
         # `embed` keeps each row's real tokens, rows in batch order (whatever the padding side)
         offsets = np.cumsum([0] + batch["attention_mask"].sum(dim=1).tolist())
         for i, got in enumerate(got_rows):
-            rows = expected[offsets[i]:offsets[i + 1]].numpy()
+            rows = expected[offsets[i] : offsets[i + 1]].numpy()
             assert got.shape == rows.shape and np.abs(got - rows).max() <= PARITY_TOLERANCE
 
 
@@ -273,7 +301,9 @@ def _package_imports(module: str) -> set[str]:
         if isinstance(node, ast.ImportFrom) and node.level:
             base = package[: len(package) - node.level + 1]
             found.add(".".join(base + ([node.module] if node.module else [])))
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("colembed_export."):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "colembed_export."
+        ):
             found.add(node.module.split(".", 1)[1])
     return found
 
@@ -303,14 +333,22 @@ def test_every_published_colqwen2_5_adapter_is_named():
 
     expected = {
         "colqwen2.5": ("vidore/colqwen2.5-v0.2", "vidore/colqwen2.5-base"),
-        "nomic-ai/colnomic-embed-multimodal-3b": ("nomic-ai/colnomic-embed-multimodal-3b",
-                                                  "vidore/colqwen2.5-base"),
-        "nomic-ai/colnomic-embed-multimodal-7b": ("nomic-ai/colnomic-embed-multimodal-7b",
-                                                  "nomic-ai/colqwen2.5-7B-base"),
-        "tsystems/colqwen2.5-3b-multilingual-v1.0": ("tsystems/colqwen2.5-3b-multilingual-v1.0",
-                                                     "tsystems/colqwen2.5-3b-base"),
-        "Metric-AI/ColQwen2.5-3b-multilingual-v1.0": ("Metric-AI/ColQwen2.5-3b-multilingual-v1.0",
-                                                      "Metric-AI/colqwen2.5-3b-base"),
+        "nomic-ai/colnomic-embed-multimodal-3b": (
+            "nomic-ai/colnomic-embed-multimodal-3b",
+            "vidore/colqwen2.5-base",
+        ),
+        "nomic-ai/colnomic-embed-multimodal-7b": (
+            "nomic-ai/colnomic-embed-multimodal-7b",
+            "nomic-ai/colqwen2.5-7B-base",
+        ),
+        "tsystems/colqwen2.5-3b-multilingual-v1.0": (
+            "tsystems/colqwen2.5-3b-multilingual-v1.0",
+            "tsystems/colqwen2.5-3b-base",
+        ),
+        "Metric-AI/ColQwen2.5-3b-multilingual-v1.0": (
+            "Metric-AI/ColQwen2.5-3b-multilingual-v1.0",
+            "Metric-AI/colqwen2.5-3b-base",
+        ),
     }
     assert sorted(colqwen2_5_names()) == sorted(expected)
     for name, (source, base) in expected.items():
@@ -319,10 +357,14 @@ def test_every_published_colqwen2_5_adapter_is_named():
         assert entry.export_command("OUT") == f"colembed export {source} --out OUT"
 
 
-@pytest.mark.parametrize("name", COLNOMIC_NAMES + ("tsystems/colqwen2.5-3b-multilingual-v1.0",
-                                                   "Metric-AI/ColQwen2.5-3b-multilingual-v1.0"))
-def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, exported_colnomic_layout, tmp_path,
-                                                        monkeypatch):
+@pytest.mark.parametrize(
+    "name",
+    COLNOMIC_NAMES
+    + ("tsystems/colqwen2.5-3b-multilingual-v1.0", "Metric-AI/ColQwen2.5-3b-multilingual-v1.0"),
+)
+def test_fastembed_by_name_is_colembed_load_bit_for_bit(
+    name, exported_colnomic_layout, tmp_path, monkeypatch
+):
     """`LateInteractionMultimodalEmbedding(name)` and `colembed.load(name)`, both found in the
     cache under the name, give the vectors of `colembed.load(folder)` exactly."""
     import os
@@ -346,8 +388,10 @@ def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, exported_colnomic_
     fe = LateInteractionMultimodalEmbedding(name)
     assert fe.embedding_size == 128
     by_name = colembed.load(name)
-    for got_q, got_p in ((list(fe.embed_text(list(QUERIES[:3]))), list(fe.embed_image(pages))),
-                         (by_name.embed_queries(list(QUERIES[:3])), by_name.embed_images(pages))):
+    for got_q, got_p in (
+        (list(fe.embed_text(list(QUERIES[:3]))), list(fe.embed_image(pages))),
+        (by_name.embed_queries(list(QUERIES[:3])), by_name.embed_images(pages)),
+    ):
         for got, want in zip(got_q + got_p, list(want_q) + list(want_p)):
             np.testing.assert_array_equal(got, want)
 

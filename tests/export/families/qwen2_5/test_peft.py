@@ -22,8 +22,10 @@ from tests.fixtures.samples import QUERIES
 pytestmark = pytest.mark.heavy("qwen2.5")
 
 # colpali-engine's ColQwen2.5 training configs (LoraConfig.target_modules, r 32, alpha 32).
-COLPALI_TARGETS = (r"(.*(model)(?!.*visual).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|"
-                   r"o_proj).*$|.*(custom_text_proj).*$)")
+COLPALI_TARGETS = (
+    r"(.*(model)(?!.*visual).*(down_proj|gate_proj|up_proj|k_proj|q_proj|v_proj|"
+    r"o_proj).*$|.*(custom_text_proj).*$)"
+)
 TOLERANCE = 1e-5
 
 
@@ -39,9 +41,18 @@ class ColpaliColQwen2_5(Qwen2_5_VLModel):
         if pixel_values is not None:  # the processor pads each page's patches to the longest
             counts = image_grid_thw[:, 1] * image_grid_thw[:, 2]
             pixel_values = torch.cat([p[:n] for p, n in zip(pixel_values, counts)])
-        hidden = super().forward(input_ids=input_ids, attention_mask=attention_mask,
-                                 pixel_values=pixel_values, image_grid_thw=image_grid_thw,
-                                 use_cache=False, return_dict=True).last_hidden_state
+        hidden = (
+            super()
+            .forward(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                pixel_values=pixel_values,
+                image_grid_thw=image_grid_thw,
+                use_cache=False,
+                return_dict=True,
+            )
+            .last_hidden_state
+        )
         proj = self.custom_text_proj(hidden)
         return proj / proj.norm(dim=-1, keepdim=True) * attention_mask.unsqueeze(-1)
 
@@ -70,8 +81,15 @@ def adapter(tmp_path_factory):
     model = ColpaliColQwen2_5.from_pretrained(base, dtype=torch.float32).eval()
     inputs = batches(base)
     before = [embed(model, b) for b in inputs]
-    config = LoraConfig(r=4, lora_alpha=8, lora_dropout=0.1, init_lora_weights="gaussian",
-                        bias="none", task_type="FEATURE_EXTRACTION", target_modules=COLPALI_TARGETS)
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        lora_dropout=0.1,
+        init_lora_weights="gaussian",
+        bias="none",
+        task_type="FEATURE_EXTRACTION",
+        target_modules=COLPALI_TARGETS,
+    )
     peft_model = get_peft_model(model, config)
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
@@ -126,11 +144,17 @@ def test_adapter_in_the_older_colpali_names_merges_the_same(adapter, tmp_path):
     folder = tmp_path / "older"
     shutil.copytree(adapter[1], folder)
     weights = load_file(str(folder / "adapter_model.safetensors"))
-    save_file({k.replace("base_model.model.language_model.", "base_model.model.model."): v
-               for k, v in weights.items()}, str(folder / "adapter_model.safetensors"))
+    save_file(
+        {
+            k.replace("base_model.model.language_model.", "base_model.model.model."): v
+            for k, v in weights.items()
+        },
+        str(folder / "adapter_model.safetensors"),
+    )
     config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps(
-        {**config, "base_model_name_or_path": "colembed-tests/no-such-base"}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "colembed-tests/no-such-base"})
+    )
     assert_merged(load_shimmed(folder, base=adapter[0]), adapter)
 
 
@@ -141,8 +165,9 @@ def test_unreachable_base_is_named(adapter, tmp_path):
     folder = tmp_path / "hub-base"
     shutil.copytree(adapter[1], folder)
     config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps(
-        {**config, "base_model_name_or_path": "colembed-tests/no-such-base"}))
+    (folder / "adapter_config.json").write_text(
+        json.dumps({**config, "base_model_name_or_path": "colembed-tests/no-such-base"})
+    )
     with pytest.raises(ModelFolderError, match=r"'colembed-tests/no-such-base'.*--base PATH"):
         merge_adapter(folder)
 
@@ -161,8 +186,10 @@ def test_adapters_that_cannot_be_merged_are_refused(adapter, tmp_path):
         merge_adapter(folder)
     (folder / "adapter_config.json").write_text(json.dumps(config))
     weights = load_file(str(folder / "adapter_model.safetensors"))
-    save_file({k.replace("custom_text_proj", "score_head"): v for k, v in weights.items()},
-              str(folder / "adapter_model.safetensors"))
+    save_file(
+        {k.replace("custom_text_proj", "score_head"): v for k, v in weights.items()},
+        str(folder / "adapter_model.safetensors"),
+    )
     with pytest.raises(ModelFolderError, match="score_head"):
         merge_adapter(folder)
     with pytest.raises(ModelFolderError, match="not a full checkpoint"):
@@ -183,10 +210,13 @@ def test_export_merges_the_adapter_and_names_it(adapter, tmp_path):
     report = export_model(folder, out, base=base, random_weights=True)
     assert report.check["fp32"]["max_abs_diff"] <= 1e-4
     assert report.manifest.family == "colqwen2.5"
-    assert str(folder) in report.manifest.model.source and "LoRA adapter" in report.manifest.model.source
+    assert (
+        str(folder) in report.manifest.model.source
+        and "LoRA adapter" in report.manifest.model.source
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["exported"]  # the merged copy is gone
     got = colembed.load(out).embed_queries(list(QUERIES[:3]))
     mask = inputs[0]["attention_mask"].bool()
-    expected = [want[0][int(mask[:i].sum()):int(mask[:i + 1].sum())].numpy() for i in range(3)]
+    expected = [want[0][int(mask[:i].sum()) : int(mask[: i + 1].sum())].numpy() for i in range(3)]
     for g, w in zip(got, expected):
         assert g.shape == w.shape and np.abs(g - w).max() <= 1e-4

@@ -28,11 +28,24 @@ def page_features(graph, config, pages, window_size):
     features = [None] * len(prepared)
     for grid in {p.grid_thw for p in prepared}:
         members = [i for i, p in enumerate(prepared) if p.grid_thw == grid]
-        layout = window_layout(grid, merge_size=config.merge_size, patch_size=config.patch_size,
-                               window_size=window_size)
-        cos, sin = vision_rotary_tables(grid, merge_size=config.merge_size, head_dim=config.vision_head_dim,
-                                        theta=config.vision_rope_theta)
-        inputs = [np.stack([prepared[i].patches for i in members]), cos, sin, *layout.graph_inputs().values()]
+        layout = window_layout(
+            grid,
+            merge_size=config.merge_size,
+            patch_size=config.patch_size,
+            window_size=window_size,
+        )
+        cos, sin = vision_rotary_tables(
+            grid,
+            merge_size=config.merge_size,
+            head_dim=config.vision_head_dim,
+            theta=config.vision_rope_theta,
+        )
+        inputs = [
+            np.stack([prepared[i].patches for i in members]),
+            cos,
+            sin,
+            *layout.graph_inputs().values(),
+        ]
         with torch.no_grad():
             out = graph(*(torch.from_numpy(np.ascontiguousarray(a)) for a in inputs)).numpy()
         for i, rows in zip(members, out):
@@ -42,9 +55,14 @@ def page_features(graph, config, pages, window_size):
 
 def run_text(text_graph, config, ids, grids, features, hidden):
     input_ids, mask = pad_batch(ids, config.pad_token_id)
-    positions = mrope_position_ids(input_ids, mask, grids, image_token_id=config.image_token_id,
-                                   vision_start_token_id=config.vision_start_token_id,
-                                   merge_size=config.merge_size)
+    positions = mrope_position_ids(
+        input_ids,
+        mask,
+        grids,
+        image_token_id=config.image_token_id,
+        vision_start_token_id=config.vision_start_token_id,
+        merge_size=config.merge_size,
+    )
     index = np.zeros_like(input_ids)
     offset = 0
     for row, rows in enumerate(features):
@@ -53,7 +71,9 @@ def run_text(text_graph, config, ids, grids, features, hidden):
         offset += len(slots)
     table = np.concatenate(features) if features else np.zeros((0, hidden), np.float32)
     with torch.no_grad():
-        out = text_graph(*(torch.from_numpy(a) for a in (input_ids, mask, positions, index, table))).numpy()
+        out = text_graph(
+            *(torch.from_numpy(a) for a in (input_ids, mask, positions, index, table))
+        ).numpy()
     return [out[row, :n] for row, n in enumerate(mask.sum(axis=1))]
 
 

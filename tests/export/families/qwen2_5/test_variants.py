@@ -41,8 +41,12 @@ def stress_export(stress_2_5, tmp_path_factory):
     recipe's own test (which traced the tower a second time before)."""
     from colembed_export.pipeline.exporter import export_model
 
-    return export_model(stress_2_5, tmp_path_factory.mktemp("stress-export") / "stress-2.5",
-                        variants=("fp16",), random_weights=True)
+    return export_model(
+        stress_2_5,
+        tmp_path_factory.mktemp("stress-export") / "stress-2.5",
+        variants=("fp16",),
+        random_weights=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,15 +61,18 @@ def stress_vision_graph(stress_export, stress_2_5, tmp_path_factory):
 
     visual = load_reference(stress_2_5).vlm.model.visual
     config = visual.config
-    contract = windowed_vision_contract(3 * 2 * 14 * 14, config.hidden_size // config.num_heads,
-                                        config.out_hidden_size)
+    contract = windowed_vision_contract(
+        3 * 2 * 14 * 14, config.hidden_size // config.num_heads, config.out_hidden_size
+    )
     source = stress_export.folder / stress_export.manifest.graph("fp32", "vision").file
     work = tmp_path_factory.mktemp("stress-onnx")
     for part in stress_export.folder.glob(f"{source.name}*"):  # the graph and any external data
         shutil.copy(part, work / part.name)
     path = work / source.name
-    assert contract.mismatches(ort.InferenceSession(str(path),
-                                                    providers=["CPUExecutionProvider"])) == []
+    assert (
+        contract.mismatches(ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]))
+        == []
+    )
     return path, visual
 
 
@@ -76,11 +83,16 @@ def test_stress_checkpoint_2_5_overflows_fp16_where_trained_towers_do(stress_2_5
     def record(name):
         def hook(module, args):
             seen[name] = float(args[0].abs().max())  # returns None: the input is left as is
+
         return hook
 
-    hooks = [visual.blocks[-1].mlp.down_proj.register_forward_pre_hook(record("down_input")),
-             visual.merger.register_forward_pre_hook(record("residual"))]
-    patches = torch.from_numpy(np.random.default_rng(0).standard_normal((8 * 12, 1176)).astype(np.float32))
+    hooks = [
+        visual.blocks[-1].mlp.down_proj.register_forward_pre_hook(record("down_input")),
+        visual.merger.register_forward_pre_hook(record("residual")),
+    ]
+    patches = torch.from_numpy(
+        np.random.default_rng(0).standard_normal((8 * 12, 1176)).astype(np.float32)
+    )
     with torch.no_grad():
         features = visual(patches, grid_thw=torch.tensor([[1, 8, 12]]))
     for hook in hooks:
@@ -112,17 +124,25 @@ def test_fp16_vision_graph_keeps_the_overflowing_gemms_fp32(stress_vision_graph)
     assert figures["fp16_gemm_peak"] < FP16_MAX / 4
     finish(model)
     ir.save(model, path.with_name("vision.fp16.onnx"))
-    fp16 = ort.InferenceSession(str(path.with_name("vision.fp16.onnx")), providers=["CPUExecutionProvider"])
+    fp16 = ort.InferenceSession(
+        str(path.with_name("vision.fp16.onnx")), providers=["CPUExecutionProvider"]
+    )
     fp32 = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    half = [n for n in model.graph if n.op_type == "MatMul" and n.inputs[1].dtype == ir.DataType.FLOAT16]
+    half = [
+        n for n in model.graph if n.op_type == "MatMul" and n.inputs[1].dtype == ir.DataType.FLOAT16
+    ]
     assert len(half) == 1 + 4 * blocks  # patch embedding; qkv, proj, gate, up per block
     for feed in window_feeds(visual, [(1, 22, 14), (1, 2, 6)]):  # pages the calibration never saw
         got, want = fp16.run(None, feed)[0], fp32.run(None, feed)[0]
         assert np.isfinite(got).all()
         assert cosines(got, want).min() > 0.999
     gate = GATES["fp16"]
-    passing = {"mean_cosine": 1.0, "min_cosine": 1.0, "tokens": 1,
-               **{k: {"vision": v} for k, v in figures.items()}}
+    passing = {
+        "mean_cosine": 1.0,
+        "min_cosine": 1.0,
+        "tokens": 1,
+        **{k: {"vision": v} for k, v in figures.items()},
+    }
     assert gate.misses(passing) == []
     _, unkept = convert_fp16(path, calibration, safe_peak=None)
     refused = gate.misses({**passing, **{k: {"vision": v} for k, v in unkept.items()}})
@@ -140,7 +160,9 @@ def test_gate_refuses_inf_and_nan_explicitly():
     figures = cosine_figures(broken, want, want, want)
     assert figures["non_finite_tokens"] == 1
     for name in ("int8", "int4", "fp16"):
-        assert any("1 of 6 token embeddings hold inf or NaN" in m for m in GATES[name].misses(figures))
+        assert any(
+            "1 of 6 token embeddings hold inf or NaN" in m for m in GATES[name].misses(figures)
+        )
     assert cosine_figures(want, want, want, want)["non_finite_tokens"] == 0
 
 
@@ -161,7 +183,10 @@ def test_colqwen2_5_variants_meet_colqwen2s_gates(variants_2_5):
     for name in ("int8", "int4", "fp16"):
         figures = variants_2_5.check[name]
         assert GATES[name].misses(figures) == [] and figures["non_finite_tokens"] == 0
-    assert variants_2_5.check["fp16"]["fp16_kept_fp32"] == {"vision": [], "text": []}  # tame weights
+    assert variants_2_5.check["fp16"]["fp16_kept_fp32"] == {
+        "vision": [],
+        "text": [],
+    }  # tame weights
     pages = _pages()
     fp32 = colembed.load(variants_2_5.folder).embed_images(pages)
     for name in ("int8", "fp16"):
@@ -184,6 +209,8 @@ def test_fp16_variant_of_the_stress_checkpoint_is_finite_and_gated(stress_export
     report = stress_export
     figures = report.check["fp16"]
     blocks = len(load_reference(stress_2_5).vlm.model.visual.blocks)
-    assert figures["fp16_kept_fp32"]["vision"] == [f"visual.blocks.{i}.mlp.down_proj" for i in range(blocks)]
+    assert figures["fp16_kept_fp32"]["vision"] == [
+        f"visual.blocks.{i}.mlp.down_proj" for i in range(blocks)
+    ]
     assert max(figures["fp16_gemm_peak"].values()) < FP16_MAX / 4
     assert figures["non_finite_tokens"] == 0 and GATES["fp16"].misses(figures) == []

@@ -23,10 +23,18 @@ def visual_of(tmp_path_factory, preset):
 def graph_inputs(visual, grid, images):
     """Numpy inputs for `images` random pages of one grid, as the runtime would make them."""
     config = visual.config
-    layout = window_layout(grid, merge_size=config.spatial_merge_size, patch_size=config.patch_size,
-                           window_size=config.window_size)
-    cos, sin = vision_rotary_tables(grid, merge_size=config.spatial_merge_size,
-                                    head_dim=config.hidden_size // config.num_heads, theta=10000.0)
+    layout = window_layout(
+        grid,
+        merge_size=config.spatial_merge_size,
+        patch_size=config.patch_size,
+        window_size=config.window_size,
+    )
+    cos, sin = vision_rotary_tables(
+        grid,
+        merge_size=config.spatial_merge_size,
+        head_dim=config.hidden_size // config.num_heads,
+        theta=10000.0,
+    )
     rng = np.random.default_rng(sum(grid) + images)
     patches = rng.standard_normal((images, layout.num_patches, 3 * 2 * 14 * 14)).astype(np.float32)
     return {"pixel_patches": patches, "rotary_cos": cos, "rotary_sin": sin, **layout.graph_inputs()}
@@ -39,7 +47,10 @@ def reference_features(visual, patches, grid):
 
 def assert_close(got, want):
     scale = float(np.abs(want).max())
-    assert np.abs(got - want).max() <= TOLERANCE * max(scale, 1.0), (np.abs(got - want).max(), scale)
+    assert np.abs(got - want).max() <= TOLERANCE * max(scale, 1.0), (
+        np.abs(got - want).max(),
+        scale,
+    )
 
 
 @pytest.mark.parametrize("preset", PRESETS)
@@ -51,9 +62,13 @@ def test_windowed_graph_equals_the_reference_tower_in_torch(tmp_path_factory, pr
     for grid in GRIDS:
         inputs = graph_inputs(visual, grid, images=2)
         with torch.no_grad():
-            got = graph(*(torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values())).numpy()
+            got = graph(
+                *(torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values())
+            ).numpy()
         for image in range(2):
-            assert_close(got[image], reference_features(visual, inputs["pixel_patches"][image], grid))
+            assert_close(
+                got[image], reference_features(visual, inputs["pixel_patches"][image], grid)
+            )
     # the patch is scoped: the checkpoint's tower is the reference again afterwards
     assert "forward" not in vars(visual.blocks[0].attn)
 
@@ -71,12 +86,16 @@ def test_windowed_graph_holds_with_trained_like_activations(tmp_path_factory):
         for block in visual.blocks:
             block.mlp.down_proj.bias[3] += 500.0
     residual = []  # the merger's input: the last residual stream (its RMSNorm hides the scale)
-    visual.merger.register_forward_hook(lambda module, args, out: residual.append(args[0].abs().max().item()))
+    visual.merger.register_forward_hook(
+        lambda module, args, out: residual.append(args[0].abs().max().item())
+    )
     graph = WindowedImageGraph(visual).eval()
     for grid in [(1, 4, 4), (1, 18, 30)]:
         inputs = graph_inputs(visual, grid, images=1)
         with torch.no_grad():
-            got = graph(*(torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values())).numpy()
+            got = graph(
+                *(torch.from_numpy(np.ascontiguousarray(v)) for v in inputs.values())
+            ).numpy()
         want = reference_features(visual, inputs["pixel_patches"][0], grid)
         assert_close(got[0], want)
     assert min(residual) > 1000.0  # the perturbation took effect
@@ -90,8 +109,9 @@ def exported(exported_tiny_2_5, tmp_path_factory):
 
     visual = visual_of(tmp_path_factory, "tiny-2.5")
     config = visual.config
-    contract = windowed_vision_contract(3 * 2 * 14 * 14, config.hidden_size // config.num_heads,
-                                        config.out_hidden_size)
+    contract = windowed_vision_contract(
+        3 * 2 * 14 * 14, config.hidden_size // config.num_heads, config.out_hidden_size
+    )
     path = exported_tiny_2_5.folder / exported_tiny_2_5.manifest.graph("fp32", "vision").file
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     assert contract.mismatches(session) == []

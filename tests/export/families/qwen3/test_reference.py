@@ -52,10 +52,14 @@ def test_page_ids_pixels_grids_and_positions_are_the_processors(qwen3_preset, tm
         np.testing.assert_array_equal(prepared.patches, ref[f"page{i}_pixels"])  # bit for bit
         ids = encoder.page_prompt_ids(prepared.num_image_tokens)
         np.testing.assert_array_equal(ids, ref[f"page{i}_ids"])
-        positions = mrope_position_ids(ids[None], np.ones((1, len(ids)), np.int64),
-                                       [(prepared.grid_thw,)], image_token_id=config.image_token_id,
-                                       vision_start_token_id=config.vision_start_token_id,
-                                       merge_size=config.merge_size)
+        positions = mrope_position_ids(
+            ids[None],
+            np.ones((1, len(ids)), np.int64),
+            [(prepared.grid_thw,)],
+            image_token_id=config.image_token_id,
+            vision_start_token_id=config.vision_start_token_id,
+            merge_size=config.merge_size,
+        )
         np.testing.assert_array_equal(positions[:, 0], ref[f"page{i}_positions"])
 
 
@@ -71,12 +75,14 @@ def test_the_export_environments_model_is_the_reference(qwen3_preset, tmp_path_f
     worst = 0.0
     with torch.no_grad():
         for key in sorted(k for k in ref if k.endswith("_ids")):
-            item = key[:-len("_ids")]
+            item = key[: -len("_ids")]
             ids = torch.from_numpy(ref[key])[None]
             extra = {}
             if item.startswith("page"):
-                extra = dict(pixel_values=torch.from_numpy(ref[f"{item}_pixels"]),
-                             image_grid_thw=torch.from_numpy(ref[f"{item}_grid"])[None])
+                extra = dict(
+                    pixel_values=torch.from_numpy(ref[f"{item}_pixels"]),
+                    image_grid_thw=torch.from_numpy(ref[f"{item}_grid"])[None],
+                )
             got = model(input_ids=ids, attention_mask=torch.ones_like(ids), **extra).embeddings[0]
             worst = max(worst, float(np.abs(got.numpy() - ref[item]).max()))
     assert worst <= 1e-6, worst
@@ -123,8 +129,9 @@ np.savez(sys.argv[2], *out)
 """
 
 
-def test_the_three_families_in_one_process_equal_each_alone(exported_tiny, exported_tiny_2_5,
-                                                            tmp_path_factory, tmp_path):
+def test_the_three_families_in_one_process_equal_each_alone(
+    exported_tiny, exported_tiny_2_5, tmp_path_factory, tmp_path
+):
     """ColQwen2, ColQwen2.5 and ColQwen3 loaded side by side share no state: each family alone in
     a fresh process, then all three in this one with their calls interleaved, give the same
     arrays."""
@@ -134,8 +141,11 @@ def test_the_three_families_in_one_process_equal_each_alone(exported_tiny, expor
     import colembed
     from colembed_export.families.qwen3.reference import QUERIES, reference_pages
 
-    folders = {"colqwen2": exported_tiny.folder, "colqwen2.5": exported_tiny_2_5.folder,
-               "colqwen3": exported(tmp_path_factory, "tiny-3")}
+    folders = {
+        "colqwen2": exported_tiny.folder,
+        "colqwen2.5": exported_tiny_2_5.folder,
+        "colqwen3": exported(tmp_path_factory, "tiny-3"),
+    }
     alone = {}
     for family, folder in folders.items():
         out = tmp_path / f"{family}.npz"
@@ -179,8 +189,9 @@ def test_variants_pass_their_gates_and_run(tmp_path_factory):
             assert cosine.mean() > 0.95, (name, cosine.mean())
 
 
-def test_an_index_takes_colqwen3_pages_and_refuses_another_family(exported_tiny, tmp_path,
-                                                                  tmp_path_factory):
+def test_an_index_takes_colqwen3_pages_and_refuses_another_family(
+    exported_tiny, tmp_path, tmp_path_factory
+):
     """The index's dims and grids come from the model (320-wide vectors, 32-px tokens); an index
     of ColQwen3 pages refuses a ColQwen2 model."""
     import colembed
@@ -213,17 +224,30 @@ def test_a_folder_saved_by_the_reference_exports_as_its_source(tmp_path, tmp_pat
 
     saved = tmp_path / "saved"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run([str(reference_python()), "-m", "colembed_export.families.qwen3.reference", "--save",
-                    str(checkpoint(tmp_path_factory, "tiny-3")), str(saved)], check=True, env=env)
+    subprocess.run(
+        [
+            str(reference_python()),
+            "-m",
+            "colembed_export.families.qwen3.reference",
+            "--save",
+            str(checkpoint(tmp_path_factory, "tiny-3")),
+            str(saved),
+        ],
+        check=True,
+        env=env,
+    )
     assert not (saved / "preprocessor_config.json").exists()
     assert "image_processor" in json.loads((saved / "processor_config.json").read_text())
-    assert isinstance(json.loads((saved / "tokenizer_config.json").read_text())
-                      ["extra_special_tokens"], list)
+    assert isinstance(
+        json.loads((saved / "tokenizer_config.json").read_text())["extra_special_tokens"], list
+    )
     export_model(saved, tmp_path / "model", random_weights=True)
     again = colembed.load(tmp_path / "model")
     source = colembed.load(exported(tmp_path_factory, "tiny-3"))
     pages, queries = reference_pages()[:3], list(QUERIES)
-    for got, want in zip(again.embed_images(pages) + again.embed_queries(queries),
-                         source.embed_images(pages) + source.embed_queries(queries)):
+    for got, want in zip(
+        again.embed_images(pages) + again.embed_queries(queries),
+        source.embed_images(pages) + source.embed_queries(queries),
+    ):
         assert got.shape == want.shape
         np.testing.assert_allclose(got, want, atol=1e-6)

@@ -34,24 +34,41 @@ PLAIN_NAME = "colqwen3"
 COLQWEN3_NAMES = (*TOMORO_NAMES, PLAIN_NAME)
 # Queries whose text TomoroAI's processor changes (surrounding whitespace of several kinds) and
 # ones it does not.
-QUERIES = ("What was the revenue in 2023?", "  spaces around  ", "\ttab and newline\n",
-           "表格中的数字是多少？", "")
+QUERIES = (
+    "What was the revenue in 2023?",
+    "  spaces around  ",
+    "\ttab and newline\n",
+    "表格中的数字是多少？",
+    "",
+)
 
 
 def tomoro_checkpoint(tmp_path_factory):
     from colembed_export.testing.tiny_qwen3 import to_tomoro_layout
 
     source = checkpoint(tmp_path_factory, "tiny-3")
-    return build_once(tmp_path_factory, "qwen3-tomoro",
-                      lambda folder: to_tomoro_layout(source, folder / "tomoro")) / "tomoro"
+    return (
+        build_once(
+            tmp_path_factory,
+            "qwen3-tomoro",
+            lambda folder: to_tomoro_layout(source, folder / "tomoro"),
+        )
+        / "tomoro"
+    )
 
 
 def tomoro_exported(tmp_path_factory):
     from colembed_export.pipeline.exporter import export_model
 
     folder = tomoro_checkpoint(tmp_path_factory)
-    return build_once(tmp_path_factory, "qwen3-tomoro-export",
-                      lambda out: export_model(folder, out / "model", random_weights=True)) / "model"
+    return (
+        build_once(
+            tmp_path_factory,
+            "qwen3-tomoro-export",
+            lambda out: export_model(folder, out / "model", random_weights=True),
+        )
+        / "model"
+    )
 
 
 class TomoroReference:
@@ -66,27 +83,39 @@ class TomoroReference:
         config = json.loads((folder / "config.json").read_text())
         image = json.loads((folder / "preprocessor_config.json").read_text())
         vlm_config = Qwen3VLConfig(
-            text_config=config["text_config"], vision_config=config["vision_config"],
-            image_token_id=config["image_token_id"], video_token_id=config["video_token_id"],
+            text_config=config["text_config"],
+            vision_config=config["vision_config"],
+            image_token_id=config["image_token_id"],
+            video_token_id=config["video_token_id"],
             vision_start_token_id=config["vision_start_token_id"],
             vision_end_token_id=config["vision_end_token_id"],
-            tie_word_embeddings=config["text_config"].get("tie_word_embeddings", False))
+            tie_word_embeddings=config["text_config"].get("tie_word_embeddings", False),
+        )
         self.vlm = AutoModelForImageTextToText.from_config(vlm_config).to(torch.float32).eval()
         weights = load_file(str(folder / "model.safetensors"))
-        self.vlm.load_state_dict({k[len("vlm."):]: v for k, v in weights.items()
-                                  if k.startswith("vlm.")}, strict=True)
+        self.vlm.load_state_dict(
+            {k[len("vlm.") :]: v for k, v in weights.items() if k.startswith("vlm.")}, strict=True
+        )
         self.proj = torch.nn.Linear(vlm_config.text_config.hidden_size, config["embed_dim"])
-        self.proj.load_state_dict({"weight": weights["embedding_proj_layer.weight"],
-                                   "bias": weights["embedding_proj_layer.bias"]})
+        self.proj.load_state_dict(
+            {
+                "weight": weights["embedding_proj_layer.weight"],
+                "bias": weights["embedding_proj_layer.bias"],
+            }
+        )
         # Their `from_pretrained(max_num_visual_tokens=1280)` sets the longest edge; the shortest
         # is the file's `size.shortest_edge`, which 4.57.1's slow processor would replace by its
         # default (colembed honours the file: docs/models-colqwen3.md), hence min_pixels here.
         tile = image["patch_size"] * image["merge_size"]
         self.image_processor = Qwen2VLImageProcessor(
-            patch_size=image["patch_size"], merge_size=image["merge_size"],
-            temporal_patch_size=image["temporal_patch_size"], image_mean=image["image_mean"],
-            image_std=image["image_std"], min_pixels=image["size"]["shortest_edge"],
-            max_pixels=1280 * tile * tile)
+            patch_size=image["patch_size"],
+            merge_size=image["merge_size"],
+            temporal_patch_size=image["temporal_patch_size"],
+            image_mean=image["image_mean"],
+            image_std=image["image_std"],
+            min_pixels=image["size"]["shortest_edge"],
+            max_pixels=1280 * tile * tile,
+        )
         self.tokenizer = Qwen2TokenizerFast.from_pretrained(folder)
         self.tokenizer.padding_side = "left"
 
@@ -122,12 +151,19 @@ class TomoroReference:
 
         images = [self._rgb(image) for image in images]
         found = self.image_processor(images=images, return_tensors="pt")
-        merge = self.image_processor.merge_size ** 2
-        prompts = [UPSTREAM_PAGE_PROMPT.replace("<|image_pad|>", "<|image_pad|>" * int(g.prod() // merge))
-                   for g in found["image_grid_thw"]]
+        merge = self.image_processor.merge_size**2
+        prompts = [
+            UPSTREAM_PAGE_PROMPT.replace("<|image_pad|>", "<|image_pad|>" * int(g.prod() // merge))
+            for g in found["image_grid_thw"]
+        ]
         batch = dict(self.tokenizer(prompts, padding="longest", return_tensors="pt"))
-        return self._embed({**batch, "pixel_values": found["pixel_values"],
-                            "image_grid_thw": found["image_grid_thw"]})
+        return self._embed(
+            {
+                **batch,
+                "pixel_values": found["pixel_values"],
+                "image_grid_thw": found["image_grid_thw"],
+            }
+        )
 
 
 def test_the_replica_is_tomoros_layout(tmp_path_factory):
@@ -164,15 +200,19 @@ def test_tomoros_page_prompt_is_prefix_plus_suffix(tmp_path_factory, tmp_path):
     would drop the suffix), and a stated suffix is used."""
     import shutil
 
-    from colembed_export.families.preprocess_config import UPSTREAM_PAGE_PROMPT, read_preprocess_config
+    from colembed_export.families.preprocess_config import (
+        UPSTREAM_PAGE_PROMPT,
+        read_preprocess_config,
+    )
 
     folder = shutil.copytree(tomoro_checkpoint(tmp_path_factory), tmp_path / "with-processor")
     assert read_preprocess_config(folder).page_prompt == UPSTREAM_PAGE_PROMPT
     prefix = "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Describe the image."
     (folder / "processor_config.json").write_text(json.dumps({"visual_prompt_prefix": prefix}))
     assert read_preprocess_config(folder).page_prompt == UPSTREAM_PAGE_PROMPT
-    (folder / "processor_config.json").write_text(json.dumps(
-        {"visual_prompt_prefix": prefix, "visual_prompt_suffix": "<|im_end|>"}))
+    (folder / "processor_config.json").write_text(
+        json.dumps({"visual_prompt_prefix": prefix, "visual_prompt_suffix": "<|im_end|>"})
+    )
     assert read_preprocess_config(folder).page_prompt == prefix + "<|im_end|>"
 
 
@@ -260,14 +300,16 @@ def test_the_exported_tomoro_layout_gives_tomoros_embeddings(tmp_path_factory):
     oracle = TomoroReference(tomoro_checkpoint(tmp_path_factory))
     pages = reference_pages()
     figures = {}
-    for i, (got, want) in enumerate(zip(model.embed_queries(list(QUERIES)),
-                                        oracle.queries(list(QUERIES)))):
+    for i, (got, want) in enumerate(
+        zip(model.embed_queries(list(QUERIES)), oracle.queries(list(QUERIES)))
+    ):
         assert got.shape == want.shape, QUERIES[i]
         figures[f"query {i} batched"] = np.abs(got - want).max()
         (alone,) = model.embed_queries([QUERIES[i]])
         figures[f"query {i}"] = np.abs(alone - oracle.queries([QUERIES[i]])[0]).max()
-    for i, (got, want) in enumerate(zip(model.embed_images(pages[:4], batch_size=4),
-                                        oracle.pages(pages[:4]))):
+    for i, (got, want) in enumerate(
+        zip(model.embed_images(pages[:4], batch_size=4), oracle.pages(pages[:4]))
+    ):
         assert got.shape == want.shape
         figures[f"page {i} batched"] = np.abs(got - want).max()
     for i, page in enumerate(pages):
@@ -317,8 +359,9 @@ def test_the_exported_tomoro_layout_gives_colpali_engines_embeddings(tmp_path_fa
 
 
 @pytest.mark.slow
-def test_an_index_refuses_a_model_of_another_family_by_name(exported_tiny, tmp_path,
-                                                            tmp_path_factory):
+def test_an_index_refuses_a_model_of_another_family_by_name(
+    exported_tiny, tmp_path, tmp_path_factory
+):
     """A ColQwen3 index (320-dim pages) opened with a ColQwen2 model (128-dim) is refused with an
     error naming both widths and the family, whether it holds pages or is still empty."""
     import colembed
@@ -334,8 +377,11 @@ def test_an_index_refuses_a_model_of_another_family_by_name(exported_tiny, tmp_p
         index.add([tmp_path / "page.png"])
         assert len(index) == 1
     for name in ("db", "empty"):
-        with pytest.raises(ModelMismatchError, match=r"holds 320-dim page vectors.*ColQwen2 model "
-                                                     r".* makes 128-dim ones.*another model family"):
+        with pytest.raises(
+            ModelMismatchError,
+            match=r"holds 320-dim page vectors.*ColQwen2 model "
+            r".* makes 128-dim ones.*another model family",
+        ):
             Index(tmp_path / name, model=qwen2)
     with Index(tmp_path / "db", model=qwen3) as index:  # the refusal left the index usable
         assert len(index) == 1
@@ -353,7 +399,7 @@ def test_both_tomoro_models_are_named():
 
 
 def test_colqwen3_is_the_4b_under_its_family_name():
-    """"colqwen3" is the same entry as TomoroAI's 4B (any case): one cache folder, one export
+    """ "colqwen3" is the same entry as TomoroAI's 4B (any case): one cache folder, one export
     command, listed to FastEmbed under both names with the entry's width."""
     from colembed import registry
     from colembed.fastembed import LateInteractionMultimodalEmbedding
@@ -370,12 +416,15 @@ def test_colqwen3_is_the_4b_under_its_family_name():
     assert LateInteractionMultimodalEmbedding.get_embedding_size(PLAIN_NAME) == 320
 
 
-@pytest.mark.parametrize("aliases, error", [
-    (["colqwen2"], "unique"),  # another entry's name
-    (["colqwen3", "COLQWEN3"], "unique"),
-    (["../evil"], "not a plain name"),
-    ("colqwen3", "must be a list"),
-])
+@pytest.mark.parametrize(
+    "aliases, error",
+    [
+        (["colqwen2"], "unique"),  # another entry's name
+        (["colqwen3", "COLQWEN3"], "unique"),
+        (["../evil"], "not a plain name"),
+        ("colqwen3", "must be a list"),
+    ],
+)
 def test_an_alias_that_clashes_or_could_leave_the_cache_is_refused(tmp_path, aliases, error):
     import colembed
     from colembed import registry
@@ -391,8 +440,9 @@ def test_an_alias_that_clashes_or_could_leave_the_cache_is_refused(tmp_path, ali
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", COLQWEN3_NAMES)
-def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, tmp_path,
-                                                        monkeypatch):
+def test_fastembed_by_name_is_colembed_load_bit_for_bit(
+    name, tmp_path_factory, tmp_path, monkeypatch
+):
     """`LateInteractionMultimodalEmbedding(name)` and `colembed.load(name)`, both found in the
     cache under the name, give `colembed.load(folder)`'s vectors exactly."""
     import colembed
@@ -414,8 +464,10 @@ def test_fastembed_by_name_is_colembed_load_bit_for_bit(name, tmp_path_factory, 
     assert fe.embedding_size == 320
     by_name = colembed.load(name)
     assert fe.model.model.folder == by_name.folder == cached
-    for got in (list(fe.embed_text(queries)) + list(fe.embed_image(pages)),
-                list(by_name.embed_queries(queries)) + list(by_name.embed_images(pages))):
+    for got in (
+        list(fe.embed_text(queries)) + list(fe.embed_image(pages)),
+        list(by_name.embed_queries(queries)) + list(by_name.embed_images(pages)),
+    ):
         assert len(got) == len(want)
         for g, w in zip(got, want):
             np.testing.assert_array_equal(g, w)

@@ -27,8 +27,14 @@ ALL = ("int8", "int4", "fp16")
 def stress_checkpoint(tmp_path_factory):
     from colembed_export.testing.tiny_qwen3 import build_stress_checkpoint_3
 
-    return build_once(tmp_path_factory, "qwen3-stress", lambda folder: build_stress_checkpoint_3(
-        folder / "tiny-3-stress", "tiny-3")) / "tiny-3-stress"
+    return (
+        build_once(
+            tmp_path_factory,
+            "qwen3-stress",
+            lambda folder: build_stress_checkpoint_3(folder / "tiny-3-stress", "tiny-3"),
+        )
+        / "tiny-3-stress"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -36,9 +42,12 @@ def stress_variants_3(tmp_path_factory):
     """The stress checkpoint exported with all three variants (check on), gated as ColQwen2's."""
     from colembed_export.pipeline.exporter import export_model
 
-    return export_model(stress_checkpoint(tmp_path_factory),
-                        tmp_path_factory.mktemp("variants-3") / "tiny-3-stress",
-                        variants=list(ALL), random_weights=True)
+    return export_model(
+        stress_checkpoint(tmp_path_factory),
+        tmp_path_factory.mktemp("variants-3") / "tiny-3-stress",
+        variants=list(ALL),
+        random_weights=True,
+    )
 
 
 @pytest.mark.slow
@@ -55,10 +64,16 @@ def test_stress_checkpoint_carries_the_traits(tmp_path_factory):
     processor, _ = reference_processor_qwen3(folder)
     backbone = model.vlm.model
     layers, blocks = [], []
-    hooks = [layer.register_forward_hook(lambda m, a, out: layers.append(out[0] if isinstance(
-        out, tuple) else out)) for layer in backbone.language_model.layers]
-    hooks += [block.register_forward_hook(lambda m, a, out: blocks.append(float(out.abs().max())))
-              for block in backbone.visual.blocks]
+    hooks = [
+        layer.register_forward_hook(
+            lambda m, a, out: layers.append(out[0] if isinstance(out, tuple) else out)
+        )
+        for layer in backbone.language_model.layers
+    ]
+    hooks += [
+        block.register_forward_hook(lambda m, a, out: blocks.append(float(out.abs().max())))
+        for block in backbone.visual.blocks
+    ]
     with torch.no_grad():
         model(**processor.process_queries(["What was the revenue in 2023?"]))
         page = processor.process_images(sample_pages()[:1])
@@ -94,22 +109,27 @@ def test_the_gate_set_reaches_the_query_bound(stress_variants_3):
     assert bound == 1280 + 11
     for name in ALL:
         figures = stress_variants_3.manifest.checks[name]
-        for label in (f"query: sentence repeated to {bound} tokens",
-                      f"query in a mixed batch: sentence repeated to {bound} tokens"):
+        for label in (
+            f"query: sentence repeated to {bound} tokens",
+            f"query in a mixed batch: sentence repeated to {bound} tokens",
+        ):
             assert figures["items"][label]["tokens"] == bound, label
         assert figures["items"]["query: sentence repeated to 450 tokens"]["tokens"] >= 450
         assert figures["buckets"]["queries 257+ tokens"]["mean"] >= V.GATES[name].mean_cosine
 
 
 @pytest.mark.slow  # runs the exporter
-def test_exporter_refuses_a_variant_that_fails_only_long_queries(tmp_path_factory, tmp_path,
-                                                                  monkeypatch):
+def test_exporter_refuses_a_variant_that_fails_only_long_queries(
+    tmp_path_factory, tmp_path, monkeypatch
+):
     """On ColQwen3's graphs (DeepStack input and all) a variant right on every short query and page
     but wrong past 300 tokens is refused, naming the long queries; the folder is written
     without it (the checked fp32 graphs only)."""
     from colembed.errors import ExportError
     from colembed_export.pipeline.exporter import export_model
-    from tests.export.variants.test_variants import _break_tokens_past  # flips every vector past a position
+    from tests.export.variants.test_variants import (
+        _break_tokens_past,
+    )  # flips every vector past a position
 
     made = V.make_graph
 
@@ -122,8 +142,13 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tmp_path_factor
     monkeypatch.setattr(V, "make_graph", broken)
     out = tmp_path / "model"
     with pytest.raises(ExportError) as refused:
-        export_model(stress_checkpoint(tmp_path_factory), out, check=False, variants=["int8"],
-                     int8_weight_passes=1)  # one code forced: no two-code attempt to judge too
+        export_model(
+            stress_checkpoint(tmp_path_factory),
+            out,
+            check=False,
+            variants=["int8"],
+            int8_weight_passes=1,
+        )  # one code forced: no two-code attempt to judge too
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
     below = message.split("below it:")[1].split("\n")[0].split(" (mean ")[0]  # the items named
@@ -135,19 +160,24 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(tmp_path_factor
 
 
 @pytest.mark.slow  # runs the exporter (fp32 only: the refusal comes before any variant)
-def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(tmp_path_factory, tmp_path,
-                                                                    monkeypatch):
+def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(
+    tmp_path_factory, tmp_path, monkeypatch
+):
     """Through the real fp32 graphs: when the ranking set's pages are one page (nothing to tell
     apart), judging any variant is refused with what fp32 did, before any variant runs."""
     from colembed.errors import ExportError
     from colembed_export.pipeline.exporter import export_model
 
-    folder = export_model(stress_checkpoint(tmp_path_factory), tmp_path / "fp32", check=False,
-                          random_weights=True).folder
+    folder = export_model(
+        stress_checkpoint(tmp_path_factory), tmp_path / "fp32", check=False, random_weights=True
+    ).folder
     pages, queries = E.ranking_set()
     monkeypatch.setattr(E, "ranking_set", lambda: ([pages[0]] * len(pages), queries))
-    with pytest.raises(ExportError, match=r"clear-winner queries under fp32 \(< 16\).*do not "
-                                          r"tell these pages apart"):
+    with pytest.raises(
+        ExportError,
+        match=r"clear-winner queries under fp32 \(< 16\).*do not "
+        r"tell these pages apart",
+    ):
         E.evaluate_variants(folder, ["int8"], V.GATES)
 
 
