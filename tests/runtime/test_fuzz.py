@@ -503,7 +503,8 @@ def test_any_parquet_part_is_read_or_refused_naming_the_file(tmp_path_factory, d
             lambda v: pa.array(v, type=pa.list_(pa.list_(pa.float32())))
         ),
         st.lists(st.text(max_size=5), min_size=rows, max_size=rows).map(pa.array),
-        st.lists(st.integers(), min_size=rows, max_size=rows).map(pa.array),
+        # a Parquet integer column is at most 64 bits: what a file can hold
+        st.lists(st.integers(-(2**63), 2**63 - 1), min_size=rows, max_size=rows).map(pa.array),
     )
     names = data.draw(
         st.lists(
