@@ -1,8 +1,8 @@
 """Question: Does int8 vision attention beat fp32 MultiHeadAttention on a CPU?
-Answer: not reliably: 0.64x fp32 MHA's time quiet on one CPU, at par under load; fp32 kept
+Answer: not reliably: best int8 form 0.64x fp32 MHA's time on VNNI, at par under load; fp32 kept
 Note: benchmarks/results/experiments/attention-int8.md
 
-Does int8 vision attention pay on this CPU? One Qwen2-VL-2B vision attention, many ways, interleaved.
+One Qwen2-VL-2B vision attention, many ways, interleaved.
 
     python -m benchmarks.experiments.attention_int8                 # letter page: 2,976 patches
     python -m benchmarks.experiments.attention_int8 --tokens 1024 --rounds 7
@@ -19,9 +19,9 @@ MatMulInteger. This times one block's attention on the shapes of a letter page (
   int8 row's difference splits into "unfused" and "int8";
 - "int8 QK^T and PV": the same unfused chain with both products in MatMulInteger: Q per (head,
   token) row in uint8 around 128, K per (head, key token) and V per (head, channel) in 7-bit int8
-  (u8 x s8 pair sums must fit 16 bits on AVX2 without VNNI, see export/variants/quantise.py), softmax in
-  fp32, the probabilities per row in uint8 (scale row max / 255), every scale applied after the
-  integer product;
+  (u8 x s8 pair sums must fit 16 bits on AVX2 without VNNI, see export/variants/quantise.py),
+  softmax in fp32, the probabilities per row in uint8 (scale row max / 255), every scale applied
+  after the integer product;
 - the forms that avoid extra passes over the 16 x T x T score tensor (VNNI: u8 x s8 sums are
   exact, so K and V use 8 bits), all with Q, K per head in one scale each (Q uint8 around 128, K
   int8) so that QK^T is ONE MatMulIntegerToFloat (scores written once, scales applied in the

@@ -7,17 +7,17 @@ Peak memory of loading a colpali-layout ColQwen2.5 base and merging a LoRA adapt
     python -m benchmarks.experiments.merge_memory --workdir /tmp/merge-mem --clean
     python -m benchmarks.experiments.merge_memory --loader-file OLD.py ...   # another loader
 
-The step `colembed export ADAPTER` runs before the export proper (export/families/qwen2_5/adapter.py): the base in
-colpali-engine's layout is loaded as an fp32 `ColQwen2ForRetrieval` and peft merges the adapter
-into it. bench_export.py measures the export of a transformers-layout checkpoint only; this
-measures what comes first. The checkpoint: Qwen2.5-VL-3B widths (the published 3B bases'), random
-weights, reduced depth (`--vision-depth`, `--text-layers`), written in the pre-4.52 colpali layout
-as fp32 (the published 3B bases are bf16: a bf16 base would cost the old loader a further half
-copy); the adapter: LoRA r 32 / alpha 32 with nomic-ai's target regex over the language model and
-custom_text_proj (docs/models-colqwen2_5.md). Each measurement runs in a fresh child process; the
-figure is that step's own peak RSS (VmHWM reset at its start, colembed_export.measure) against the
-checkpoint's fp32 weights. `--loader-file` swaps in another `export/families/qwen2_5/checkpoint.py` (e.g. the
-previous commit's) for an A/B in one run.
+The step `colembed export ADAPTER` runs before the export proper
+(export/families/qwen2_5/adapter.py): the base in colpali-engine's layout is loaded as an fp32
+`ColQwen2ForRetrieval` and peft merges the adapter into it. bench_export.py measures the export of a
+transformers-layout checkpoint only; this measures what comes first. The checkpoint: Qwen2.5-VL-3B
+widths (the published 3B bases'), random weights, reduced depth (`--vision-depth`, `--text-layers`),
+written in the pre-4.52 colpali layout as fp32 (the published 3B bases are bf16: a bf16 base would
+cost the old loader a further half copy); the adapter: LoRA r 32 / alpha 32 with nomic-ai's target
+regex over the language model and custom_text_proj (docs/models-colqwen2_5.md). Each measurement
+runs in a fresh child process; the figure is that step's own peak RSS (VmHWM reset at its start,
+colembed_export.measure) against the checkpoint's fp32 weights. `--loader-file` swaps in another
+`export/families/qwen2_5/checkpoint.py` (e.g. the previous commit's) for an A/B in one run.
 
 Writes benchmarks/results/experiments/merge-memory.{md,json} (or --results).
 """

@@ -1,6 +1,6 @@
 """Question: How far apart are the two candidate ColQwen2.5 references on one set of weights?
-Answer: float rounding only (<= 6e-8 a token); the tests pin one, docs name which
-Note: docs/reference-colqwen2_5.md
+Answer: padding side only: real-token embeddings within 6e-8; ids and pixels equal
+Note: none kept (answer recorded in docs/reference-colqwen2_5.md, "Measured differences")
 
 Measure how the two candidate ColQwen2.5 references differ, on the same tiny random weights.
 

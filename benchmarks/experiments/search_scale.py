@@ -1,13 +1,13 @@
-"""Question: Which search plan keeps a local answer's page at sizes no store was built for?
-Answer: no result kept; the default plan rests on a 10,000-page store's run (this note)
-Note: benchmarks/results/experiments/search-local-10k.md
+"""Question: Do the search plans keep a local answer's page at 100,000 pages, replayed in numpy?
+Answer: no replay result kept; real 100k stores: two-stage 100% of exact's needles, mean-gated 42%
+Note: none kept (answer recorded in docs/search.md, "Trade-off")
 
 The search plans at a size no store was built for here: every stage computed in numpy.
 
     python -m benchmarks.experiments.search_scale --pages 100000 --workers 2   # ~30 min on 2 cores
 
-Why: on this shared 2-core machine a Qdrant Edge store fills at ~8-60 pages/s (bench_index.py),
-so 100,000 local-answer pages (benchmarks/shared/local_answer.py) do not fit a session. The plans are
+Why: on this shared 2-core machine a Qdrant Edge store fills at ~8-60 pages/s (bench_index.py), so
+100,000 local-answer pages (benchmarks/shared/local_answer.py) do not fit a session. The plans are
 simple enough to replay exactly without a store: per page the generator's vectors give the exact
 MaxSim of each query, the `mean` vector's score, the rows / cols MaxSim, and the token stage's
 centroid score (colembed.index.tokens, the code Edge runs). A plan's result is the exact rerank of

@@ -1,18 +1,20 @@
 """Question: Can the export extra move to transformers 5.x without losing ColQwen2's parity?
-Answer: no: pages differ by up to 1.3e-3 a token on 5.x, ten times the parity bound
-Note: docs/reference-colqwen3.md
+Answer: no: pages differ by up to 1.3e-3 a token on 5.x, ten times the 1e-4 parity bound
+Note: none kept (answer recorded in docs/reference-colqwen3.md, export environment section)
 
 Can the export extra move to transformers 5.x? ColQwen2 on 5.x against the pinned 4.57.1.
 
-    python -m benchmarks.experiments.transformers5_colqwen2 --reference-python .venv-qwen3-reference/bin/python
+    python -m benchmarks.experiments.transformers5_colqwen2 \
+        --reference-python .venv-qwen3-reference/bin/python
 
-The same tiny random-weight ColQwen2 checkpoint (`colembed_export.testing.tiny_qwen2`, preset `tiny`) and the
-same processor outputs (ids, pixels, grids from 4.57.1's ColQwen2Processor on the export check's
-sample pages and queries) go through `ColQwen2ForRetrieval` of the installed transformers (4.57.1,
-this interpreter) and of the reference environment's (5.x, `--reference-python`, the one
-`tests/fixtures/qwen3.py` creates). Printed: max abs difference per item on real tokens.
-Only the model differs between the two runs, not the inputs. The checkpoint's `mlp_ratio` is
-written as an int: 5.x's strict config refuses the float 2.0 the 4.57.1 builder writes.
+The same tiny random-weight ColQwen2 checkpoint (`colembed_export.testing.tiny_qwen2`, preset
+`tiny`) and the same processor outputs (ids, pixels, grids from 4.57.1's ColQwen2Processor on the
+export check's sample pages and queries) go through `ColQwen2ForRetrieval` of the installed
+transformers (4.57.1, this interpreter) and of the reference environment's (5.x,
+`--reference-python`, the one `tests/fixtures/qwen3.py` creates). Printed: max abs difference per
+item on real tokens. Only the model differs between the two runs, not the inputs. The checkpoint's
+`mlp_ratio` is written as an int: 5.x's strict config refuses the float 2.0 the 4.57.1 builder
+writes.
 """
 
 from __future__ import annotations

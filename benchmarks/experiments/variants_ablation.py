@@ -1,10 +1,11 @@
 """Question: Which int8 MatMuls cost the page fidelity?
-Answer: no group kept fp32 lifts the worst page to 0.95: the error is spread over every MatMul
+Answer: none alone: no group kept fp32 lifts the worst page to min 0.95 (best 0.939): error spread
 Note: benchmarks/results/experiments/variants-ablation-2b-heldout.md
 
 Which int8 MatMuls cost the page fidelity: the text graph in int8 with groups of MatMuls kept fp32.
 
-    python -m benchmarks.experiments.variants_ablation FP32_FOLDER [--pages "sample page 2,smallest"]
+    python -m benchmarks.experiments.variants_ablation FP32_FOLDER \
+        [--pages "sample page 2,smallest"]
 
 The vision graph stays fp32 in every arm (so the text graph's share of the error is isolated).
 Each arm writes the text graph with the int8 recipe's decisions (SmoothQuant factors and fp32

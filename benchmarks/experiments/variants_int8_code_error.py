@@ -1,5 +1,5 @@
 """Question: How large is one int8 row MatMul's error per code split and with two codes?
-Answer: ~1.3-1.5% relative at one code; the even split of the code range is best
+Answer: 1.3-2.1% relative at one code, least at the even split (90/90); two codes halve it
 Note: benchmarks/results/experiments/variants-int8-code-error.md
 
 One int8 "row" MatMul's rounding error for each exact code split and with two codes per weight.

@@ -1,5 +1,5 @@
 """Question: Where does int8's error arise, MatMul by MatMul?
-Answer: every MatMul alone stays >= 0.999 a token: the error builds up over depth
+Answer: nowhere alone: every MatMul's own per-token cosine is >= 0.9994; the loss adds up over depth
 Note: benchmarks/results/experiments/variants-matmul-error-2b-heldout.md
 
 Where int8's error arises: each weight-MatMul's int8 output against fp32, on the same input.

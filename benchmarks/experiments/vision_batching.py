@@ -1,11 +1,11 @@
 """Question: Does batching same-grid pages through the image graph pay?
 Answer: no: no CPU time saved, ~0.85 GB more peak memory per extra letter page
-Note: CHANGELOG.md
+Note: none kept (answer recorded in benchmarks/README.md, "What the design rests on")
 
 Does batching same-grid pages through the image graph pay? (It decides `model._vision_features`.)
 
-    python -m benchmarks.experiments.vision_batching            # letter pages, 256- and 64-token pages
-    python -m benchmarks.experiments.vision_batching --tokens 0 # letter pages only
+    python -m benchmarks.experiments.vision_batching             # letter, 256- and 64-token pages
+    python -m benchmarks.experiments.vision_batching --tokens 0  # letter pages only
 
 A random-weight checkpoint with Qwen2-VL-2B widths (1280 wide, 16 heads; 2 vision layers, 1
 language layer: only the image graph is timed) is built and exported once into `--workdir`. Each
