@@ -439,3 +439,21 @@ def test_the_centroid_scan_ranks_only_the_pages_a_filter_allows(tmp_path, small_
         found += hits[0].id == points[target].id
     assert found == len(allowed)
     store.close()
+
+
+def test_a_filter_used_again_after_writes_follows_them(tmp_path):
+    """A filter's page listing (and the id filter and scan positions made from it) is kept for
+    the next search with the same filter until a write: pages moved out of it or added to it
+    since must be left out and found, in two-stage search, as in a fresh store."""
+    store = open_store(tmp_path / "db", dim=DIM)
+    points = _local_answer_points(110)
+    store.upsert(points[:100])
+    where = parse({"tenant": 3})
+    query = points[3].vectors[PAGE_VECTOR][2:5]
+    (hits,) = store.search([query], 20, "two-stage", where)
+    assert {h.id for h in hits} == {points[i].id for i in range(3, 100, 10)}
+    store.set_payload([points[3].id], {META_FIELD: {"tenant": 4}})
+    store.upsert(points[100:])
+    (hits,) = store.search([query], 20, "two-stage", where)
+    assert {h.id for h in hits} == {points[i].id for i in range(13, 110, 10)}
+    store.close()
