@@ -296,17 +296,18 @@ def _print_added(result, total, args, where: str = "") -> None:
 
 
 def _cmd_index(args) -> int:
+    if (args.meta or args.meta_file) and (args.ray is not None or args.from_parquet):
+        raise UsageError(
+            "--meta and --meta-file apply to `colembed index PATH...` "
+            "(set metadata afterwards with `colembed meta`)"
+        )
     if args.ray is not None:
         return _cmd_index_ray(args)
     if args.actors is not None or args.parquet is not None:
         raise UsageError("--actors and --parquet need --ray")
     if args.from_parquet:
         return _cmd_index_parquet(args)
-    metadata = _assignments(args.meta) if args.meta else None
-    if metadata and (args.ray is not None or args.from_parquet):
-        raise UsageError(
-            "--meta applies to `colembed index PATH...` (set it afterwards with `colembed meta`)"
-        )
+    metadata = _index_metadata(args)
     with _open_index(args, create=True) as index:
         result = index.add(
             args.paths,
@@ -318,7 +319,35 @@ def _cmd_index(args) -> int:
         )
         total = len(index)
     _print_added(result, total, args)
+    table = getattr(metadata, "table", None)
+    if table is not None and table.unused() and not args.json:
+        unused = table.unused()
+        print(
+            f"warning: {len(unused)} row(s) of {_shown(str(table.source))} name no file "
+            f"indexed by this run: {', '.join(_shown(u) for u in unused[:5])}"
+            + (" ..." if len(unused) > 5 else ""),
+            file=sys.stderr,
+        )
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+def _index_metadata(args):
+    """`--meta` (every file's) and `--meta-file` (each row its file's, over `--meta`) as
+    `Index.add`'s `metadata=`; the table is read and checked whole before the index opens."""
+    fixed = _assignments(args.meta) if args.meta else None
+    if not args.meta_file:
+        return fixed
+    from .index.metadata import MetadataTable, check_metadata, merged
+
+    table = MetadataTable.read(args.meta_file)
+    base = check_metadata(fixed) if fixed else {}
+
+    def of_path(path: str):
+        row = table(path)
+        return merged(base, row) if row is not None else (dict(base) or None)
+
+    of_path.table = table
+    return of_path
 
 
 def _cmd_index_parquet(args) -> int:
@@ -635,6 +664,13 @@ def _add_index_commands(sub) -> None:
         metavar="KEY=VALUE",
         help="metadata stored with every page of the files given (repeatable; a "
         "number, true/false or text; filter with search --where)",
+    )
+    index.add_argument(
+        "--meta-file",
+        metavar="FILE",
+        help="metadata per file from a metadata.jsonl / metadata.csv (Hugging Face "
+        "datasets' image-folder layout: a file_name column, relative to the "
+        "file's folder, and one column a key); its values win over --meta's",
     )
     index.add_argument(
         "--pool-factor",

@@ -22,6 +22,7 @@ from .errors import (
 )
 from .index import Hit, Index
 from .maps import SimilarityMap
+from .metadata import MetadataError, MetadataTable
 from .records import AddResult, FileReport, ModelIdentity
 from .store import DEFAULT_SEARCH_MODE, SEARCH_MODES
 
@@ -35,6 +36,8 @@ __all__ = [
     "IndexBusyError",
     "IndexNotFoundError",
     "ModelIdentity",
+    "MetadataError",
+    "MetadataTable",
     "ModelMismatchError",
     "OldIndexWarning",
     "SEARCH_MODES",

@@ -14,14 +14,24 @@ the file and the key:
   so a stored `true` could never be matched there (store "yes" / "no", or 1 / 0);
 - at most MAX_KEYS keys and MAX_JSON_BYTES of JSON a page (the payload of every hit carries it).
 
+A metadata file (`MetadataTable`, `colembed index --meta-file`) follows the layout of Hugging Face
+`datasets`' image folders: `metadata.jsonl` (one JSON object a line) or `metadata.csv` (a header
+row), each row naming its file in `file_name`, relative to the metadata file's folder; the other
+columns are that file's metadata. It is read only when named: a file found in a corpus could
+otherwise give itself the metadata a filter grants access by.
+
 Standard library only.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
+import os
 import re
+from pathlib import Path, PurePath
 from typing import Any, Callable, Mapping
 
 from ..errors import InputError
@@ -32,6 +42,8 @@ MAX_KEYS = 64
 MAX_STRING_CHARS = 1024
 MAX_LIST_ITEMS = 64
 MAX_JSON_BYTES = 8 << 10
+MAX_TABLE_BYTES = 256 << 20  # a metadata file: ~1M rows of a few keys
+FILE_NAME = "file_name"  # the column naming a row's file (Hugging Face datasets' name)
 INT64 = 1 << 63
 # `where=`'s own names (where.py) and every field colembed writes in a payload: a metadata key of
 # one of these names would read as the built-in one in a filter, so it is refused.
@@ -188,3 +200,122 @@ def parse_value(raw: str) -> Any:
     if value is None or isinstance(value, (dict, list)):
         return raw
     return value
+
+
+class MetadataTable:
+    """A metadata file's rows as `Index.add`'s `metadata=` function: the metadata of a file's
+    path (str) or None. `read(path)` checks every row before anything is stored and raises
+    MetadataError naming the file and line; `unused()` lists the rows no file asked for."""
+
+    def __init__(self, source: Path, rows: dict[str, dict[str, Any]]):
+        self.source = source
+        self.rows = rows  # absolute path (the metadata file's folder, resolved, + file_name)
+        self._asked: set[str] = set()
+
+    @classmethod
+    def read(cls, path: str | os.PathLike) -> "MetadataTable":
+        source = Path(path).expanduser()
+        kind = source.suffix.lower()
+        if kind not in (".jsonl", ".csv"):
+            raise MetadataError(
+                f"{source}: a metadata file is .jsonl (a JSON object a line) or .csv "
+                f"(a header row with a {FILE_NAME!r} column), not {kind or 'no suffix'!r}"
+            )
+        try:
+            with open(source, "rb") as f:
+                data = f.read(MAX_TABLE_BYTES + 1)
+        except OSError as e:
+            raise MetadataError(f"{source}: cannot read the metadata file: {e}") from None
+        if len(data) > MAX_TABLE_BYTES:
+            raise MetadataError(
+                f"{source}: over the limit of {MAX_TABLE_BYTES >> 20} MiB for a metadata file"
+            )
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise MetadataError(f"{source}: not UTF-8 text (byte {e.start})") from None
+        folder = source.resolve().parent
+        parsed = _jsonl_rows(text, source) if kind == ".jsonl" else _csv_rows(text, source)
+        rows: dict[str, dict[str, Any]] = {}
+        first_line: dict[str, int] = {}
+        for line, row in parsed:
+            at = f"{source} line {line}"
+            name = row.pop(FILE_NAME, None)
+            target = folder / _relative_name(name, at)
+            key = str(target)
+            if key in rows:
+                raise MetadataError(
+                    f"{at}: {name!r} is named again (first on line {first_line[key]})"
+                )
+            rows[key] = check_metadata(row, at)
+            first_line[key] = line
+        return cls(source, rows)
+
+    def __call__(self, path: str) -> dict[str, Any] | None:
+        for key in (path, str(Path(path).resolve())):
+            if key in self.rows:
+                self._asked.add(key)
+                return dict(self.rows[key])
+        return None
+
+    def unused(self) -> list[str]:
+        """The rows' files that no `__call__` asked for (not found, or not under the paths
+        indexed), in the file's order."""
+        return [key for key in self.rows if key not in self._asked]
+
+
+def _relative_name(name: Any, at: str) -> PurePath:
+    if not isinstance(name, str) or not name.strip():
+        raise MetadataError(f"{at}: no {FILE_NAME!r} (the file this row is about)")
+    rel = PurePath(name)  # this system's own separators; "/" everywhere
+    if rel.anchor or ".." in rel.parts or "\0" in name:
+        raise MetadataError(
+            f"{at}: {FILE_NAME} {name!r} must be a path inside the metadata file's folder"
+        )
+    return rel
+
+
+def _jsonl_rows(text: str, source: Path):
+    for line, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except (ValueError, RecursionError) as e:
+            raise MetadataError(f"{source} line {line}: not JSON: {e}") from None
+        if not isinstance(row, dict):
+            raise MetadataError(
+                f"{source} line {line}: a row is a JSON object, got {type(row).__name__}"
+            )
+        yield line, row
+
+
+def _csv_rows(text: str, source: Path):
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        header = next(reader, None)
+        if header is None or FILE_NAME not in header:
+            raise MetadataError(
+                f"{source}: the first row names the columns, {FILE_NAME!r} among them"
+            )
+        if len(set(header)) != len(header):
+            raise MetadataError(f"{source}: a column is named twice in the header")
+        for row in reader:
+            line = reader.line_num
+            if not any(cell.strip() for cell in row):
+                continue
+            if len(row) != len(header):
+                raise MetadataError(
+                    f"{source} line {line}: {len(row)} cells, the header has {len(header)}"
+                )
+            # An empty cell is a key the file does not have; a value reads as `--meta`'s does.
+            yield (
+                line,
+                {
+                    key: cell if key == FILE_NAME else parse_value(cell)
+                    for key, cell in zip(header, row)
+                    if cell.strip() or key == FILE_NAME
+                },
+            )
+    except csv.Error as e:
+        raise MetadataError(f"{source} line {reader.line_num}: not CSV: {e}") from None
