@@ -632,14 +632,14 @@ class MaxSimScorer:
         for first, docs in _iter_blocks(documents, q.dim, block):
             lengths = np.array([len(d) for d in docs], dtype=np.int64)
             floor = _reference_floor(lengths, reference_batch_size) if reference_padding else None
-            out = np.empty((q.count, len(docs)), dtype=np.float32)
+            pages = _Block(docs, lengths, floor, first, budget, buffers)
             # NaN/inf in a page is detected and named by the kernels; an fp32 overflow of a row
             # sum only triggers the exact check. numpy's warnings would be noise.
             with np.errstate(over="ignore", invalid="ignore"):
                 if use_onnx:
-                    self._onnx_block(q, docs, lengths, floor, first, budget, out, buffers)
+                    out = self._onnx_block(q, pages)
                 else:
-                    _numpy_block(q, docs, lengths, floor, first, budget, out, buffers)
+                    out = _numpy_block(q, pages)
             yield first, out
 
     def backend_for(self, queries: Any, backend: str = "auto") -> str:
@@ -655,20 +655,13 @@ class MaxSimScorer:
             return "onnx"
         return "numpy"
 
-    def _onnx_block(
-        self,
-        q: _Queries,
-        docs: list[np.ndarray],
-        lengths: np.ndarray,
-        floor: np.ndarray | None,
-        first: int,
-        budget: int,
-        out: np.ndarray,
-        buffers: dict[str, np.ndarray],
-    ) -> None:
+    def _onnx_block(self, q: _Queries, pages: _Block) -> np.ndarray:
         """Pages sorted by length (little padding), padded in chunks under the budget, one graph
         run per chunk and query group. The reference's zero rows become one extra real zero row
         per floored page."""
+        docs, lengths, floor = pages.docs, pages.lengths, pages.floor
+        first, budget = pages.first, pages.budget
+        out = np.empty((q.count, len(docs)), dtype=np.float32)
         dim, itemsize = q.dim, self._doc_dtype.itemsize
         need = lengths + floor if floor is not None else lengths  # rows fed per page
         order = np.argsort(need, kind="stable")
@@ -687,39 +680,33 @@ class MaxSimScorer:
             token_mask = np.ones((len(rows), 1), dtype=np.int64)
             per_row = page_row + 4 * len(rows)
             chunks = [order[c] for c in _chunks_by_rows(need[order], budget, per_row, padded=True)]
+
             # Pad chunk k+1 on a helper thread while onnxruntime scores chunk k (both release
-            # the GIL); the copy is memory-bound, the graph mostly GEMM.
-            with ThreadPoolExecutor(max_workers=1) as helper:
-                pending = helper.submit(
-                    _pad_chunk,
+            # the GIL); the copy is memory-bound, the graph mostly GEMM. Two buffers alternate.
+            def pad_chunk(k: int):
+                return _pad_chunk(
                     docs,
-                    chunks[0],
+                    chunks[k],
                     lengths,
                     need,
                     dim,
                     self._doc_dtype,
-                    buffers,
-                    "pad0",
+                    pages.buffers,
+                    f"pad{k % 2}",
                 )
+
+            with ThreadPoolExecutor(max_workers=1) as helper:
+                pending = helper.submit(pad_chunk, 0)
                 for k, idx in enumerate(chunks):
                     pad, mask, sums = pending.result()
                     if k + 1 < len(chunks):
-                        pending = helper.submit(
-                            _pad_chunk,
-                            docs,
-                            chunks[k + 1],
-                            lengths,
-                            need,
-                            dim,
-                            self._doc_dtype,
-                            buffers,
-                            f"pad{(k + 1) % 2}",
-                        )
+                        pending = helper.submit(pad_chunk, k + 1)
                     _check_pages_finite(sums, docs, idx, first)
                     maxima = self._session.run(
                         None, self._contract.feeds(token_queries, token_mask, pad, mask)
                     )[0]  # (rows, pages)
                     out[a:b, idx] = np.add.reduceat(maxima, rel, axis=0)
+        return out
 
 
 def _pad_chunk(
@@ -753,16 +740,24 @@ def _pad_chunk(
     return pad, mask, probes
 
 
-def _numpy_block(
-    q: _Queries,
-    docs: list[np.ndarray],
-    lengths: np.ndarray,
-    floor: np.ndarray | None,
-    first: int,
-    budget: int,
-    out: np.ndarray,
-    buffers: dict[str, np.ndarray],
-) -> None:
+@dataclass(frozen=True)
+class _Block:
+    """A block of pages as the kernels score it: the pages, their lengths, the reference's
+    floored row counts (or None), the index of the first page, the memory budget in bytes and
+    the scratch buffers kept from block to block."""
+
+    docs: list[np.ndarray]
+    lengths: np.ndarray
+    floor: np.ndarray | None
+    first: int
+    budget: int
+    buffers: dict[str, np.ndarray]
+
+
+def _numpy_block(q: _Queries, pages: _Block) -> np.ndarray:
+    docs, lengths, floor = pages.docs, pages.lengths, pages.floor
+    first, budget = pages.first, pages.budget
+    out = np.empty((q.count, len(docs)), dtype=np.float32)
     page_row = 4 * q.dim  # the stacked copy of a page row
     workers = _page_workers()
     # on the worker threads every worker holds its own similarity scratch: a share of the budget
@@ -788,8 +783,9 @@ def _numpy_block(
                 docs[chunk],
                 floor[chunk] if floor is not None else None,
                 first + chunk.start,
-                buffers,
+                pages.buffers,
             )
+    return out
 
 
 def _max_group_rows(budget: int, longest_page: int, page_row_bytes: int) -> int:
