@@ -405,13 +405,17 @@ class EdgeStore(Store):
 
     def file_paths(self) -> list[str]:
         """The distinct stored paths (a `path` glob is matched against them)."""
-        return self._cached_paths(
-            lambda: {
-                p["path"]
-                for _, p in self._scroll_payloads(qe.PayloadSelector.Include(["path"]), whole=False)
-                if isinstance(p.get("path"), str)
-            }
-        )
+        return self._cached_paths(self._stored_paths)
+
+    def _stored_paths(self) -> set[str]:
+        """Every point's `path`, read alone (Qdrant Edge reads a payload field by itself)."""
+        only_path = qe.PayloadSelector.Include(["path"])
+        return {
+            p["path"]
+            for records in self.payload_pages(SCROLL_PAGE, "list pages", selector=only_path)
+            for _, p in records
+            if isinstance(p.get("path"), str)
+        }
 
     def has_tokens(self) -> bool:
         """Whether this folder holds a current token table; says once when it does not."""
@@ -626,39 +630,20 @@ class EdgeStore(Store):
         with _edge_errors("count pages", self.folder):
             return int(self.shard.count(qe.CountRequest(exact=True)))
 
-    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
-        return self._scroll_payloads(qe.PayloadSelector.Exclude(list(BULKY_FIELDS)))
-
-    def _scroll_payloads(self, selector, whole: bool = True) -> list[tuple[str, dict[str, Any]]]:
-        """(id, payload) of every page, the payload as `selector` picks it; `whole`: the
-        selector reads whole payloads, so one that does not fit the schema is skipped (a part
-        of a payload cannot be judged whole)."""
-        out: list[tuple[str, dict[str, Any]]] = []
-        offset = None
-        while True:
-            with _edge_errors("list pages", self.folder):
-                records, offset = self.shard.scroll(
-                    qe.ScrollRequest(
-                        offset=offset, limit=SCROLL_PAGE, with_payload=selector, with_vector=False
-                    )
+    def payload_page(
+        self, offset: Any, limit: int, doing: str, selector: Any = None
+    ) -> tuple[list[tuple[str, dict[str, Any]]], Any]:
+        """`Store.payload_page`; `selector` reads other fields than the default's (a part of a
+        payload: the caller cannot judge it against the schema)."""
+        if selector is None:
+            selector = qe.PayloadSelector.Exclude(list(BULKY_FIELDS))
+        with _edge_errors(doing, self.folder):
+            records, offset = self.shard.scroll(
+                qe.ScrollRequest(
+                    offset=offset, limit=limit, with_payload=selector, with_vector=False
                 )
-            read = ((str(r.id), dict(r.payload or {})) for r in records)
-            out.extend(self.readable_payloads(read) if whole else read)
-            if offset is None:
-                return out
-
-    def any_payload(self) -> dict[str, Any] | None:
-        offset = None
-        while (
-            True
-        ):  # the first stored page whose payload fits the schema (the first, nearly always)
-            with _edge_errors("read a page", self.folder):
-                records, offset = self.shard.scroll(
-                    qe.ScrollRequest(offset=offset, limit=16, with_payload=True)
-                )
-            good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
-            if good or offset is None:
-                return good[0][1] if good else None
+            )
+        return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def search(
         self,

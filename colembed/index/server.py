@@ -35,7 +35,7 @@ from .schema import (
 )
 from .errors import IndexNotFoundError, StoreError
 from .plan import HYBRID_CANDIDATES, RRF_K, Stage, stage_query
-from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .store import INDEXED_FIELDS, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
 from .where import Where
 
 
@@ -207,33 +207,17 @@ class ServerStore(Store):
         with _client_errors("count pages", self.location):
             return int(self.client.count(self.collection, exact=True).count)
 
-    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
-        out: list[tuple[str, dict[str, Any]]] = []
-        offset = None
-        while True:
-            with _client_errors("list pages", self.location):
-                records, offset = self.client.scroll(
-                    self.collection,
-                    limit=SCROLL_PAGE,
-                    offset=offset,
-                    with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)),
-                )
-            out.extend(self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records))
-            if offset is None:
-                return out
-
-    def any_payload(self) -> dict[str, Any] | None:
-        offset = None
-        while (
-            True
-        ):  # the first stored page whose payload fits the schema (the first, nearly always)
-            with _client_errors("read a page", self.location):
-                records, offset = self.client.scroll(
-                    self.collection, limit=16, offset=offset, with_payload=True
-                )
-            good = self.readable_payloads((str(r.id), dict(r.payload or {})) for r in records)
-            if good or offset is None:
-                return good[0][1] if good else None
+    def payload_page(
+        self, offset: Any, limit: int, doing: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], Any]:
+        with _client_errors(doing, self.location):
+            records, offset = self.client.scroll(
+                self.collection,
+                limit=limit,
+                offset=offset,
+                with_payload=models.PayloadSelectorExclude(exclude=list(BULKY_FIELDS)),
+            )
+        return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
     def search(
         self,

@@ -177,12 +177,39 @@ class Store(ABC):
     def count(self) -> int: ...
 
     @abstractmethod
-    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
-        """(id, payload) of every point, without `schema.BULKY_FIELDS` (the page text)."""
+    def payload_page(
+        self, offset: Any, limit: int, doing: str
+    ) -> tuple[list[tuple[str, dict[str, Any]]], Any]:
+        """Up to `limit` (id, payload) in Qdrant's order from `offset` (None: the first), without
+        `schema.BULKY_FIELDS`, and the offset of the next (None after the last); a failure
+        raises StoreError saying what it was `doing`."""
 
-    @abstractmethod
+    def payload_pages(self, limit: int, doing: str, **options: Any):
+        """`payload_page` after `payload_page`, from the first point to the last."""
+        offset = None
+        while True:
+            records, offset = self.payload_page(offset, limit, doing, **options)
+            yield records
+            if offset is None:
+                return
+
+    def payloads(self) -> list[tuple[str, dict[str, Any]]]:
+        """(id, payload) of every point whose payload fits the schema, without
+        `schema.BULKY_FIELDS` (the page text)."""
+        return [
+            record
+            for records in self.payload_pages(SCROLL_PAGE, "list pages")
+            for record in self.readable_payloads(records)
+        ]
+
     def any_payload(self) -> dict[str, Any] | None:
-        """The payload of one stored point (None when empty): the index's model identity."""
+        """The payload of one stored point that fits the schema (None when there is none): the
+        index's model identity. Nearly always the first point's."""
+        for records in self.payload_pages(16, "read a page"):
+            good = self.readable_payloads(records)
+            if good:
+                return good[0][1]
+        return None
 
     @abstractmethod
     def search(

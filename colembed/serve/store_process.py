@@ -49,6 +49,7 @@ CALLS = frozenset(
         "count",
         "payloads",
         "any_payload",
+        "payload_page",
         "search",
         "points",
         "page_vectors",
@@ -178,6 +179,9 @@ class ChildStore(Store):
 
     def any_payload(self) -> dict[str, Any] | None:
         return self._call("any_payload")
+
+    def payload_page(self, offset: Any, limit: int, doing: str):
+        return self._call("payload_page", offset, limit, doing)
 
     def search(
         self, queries: Sequence[np.ndarray], k: int, mode: str, where=None, texts=None
