@@ -60,7 +60,7 @@ from .schema import (
     PagePoint,
     image_tokens,
 )
-from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, as_point
 from .where import Where
 from .tokens import CENTROIDS, COMPACTING, SET_ASIDE, TokenTable, page_centroids
 
@@ -645,24 +645,13 @@ class EdgeStore(Store):
             )
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
-    def search(
-        self,
-        queries: Sequence[np.ndarray],
-        k: int,
-        mode: str,
-        where: Where | None = None,
-        texts: Sequence[str] | None = None,
-    ) -> list[list[StoredHit]]:
-        """`Store.search`; `where` holds in every stage: the centroid scan ranks only the pages
-        it allows (listed by Qdrant: `allowed_ids`), the other stages and the exact rerank
-        filter in Qdrant, by those pages' ids once listed. "hybrid": the two-stage result's best HYBRID_CANDIDATES and the BM25
-        search's, fused by RRF in the same request."""
-        check_mode(mode)
-        self.check_hybrid(mode, texts, len(queries))
-        queries = [np.asarray(q, dtype=np.float32) for q in queries]
-        where = self.resolve_where(where)
-        if where is not None and where.matches_nothing():
-            return [[] for _ in queries]
+    def search_points(
+        self, queries: list[np.ndarray], k: int, mode: str, where: Where | None, texts
+    ) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """`Store.search_points`; `where` holds in every stage: the centroid scan ranks only
+        the pages it allows (listed by Qdrant: `allowed_ids`), the other stages and the exact
+        rerank filter in Qdrant, by those pages' ids once listed. "hybrid": the two-stage
+        result's best HYBRID_CANDIDATES and the BM25 search's, fused by RRF in one request."""
         stages = (
             []
             if mode == "exact"
@@ -693,11 +682,7 @@ class EdgeStore(Store):
         with _edge_errors("search", self.folder):
             results = self.shard.query_batch(qe.QueryBatchRequest(requests))
         return [
-            [
-                StoredHit(str(p.id), float(p.score), dict(p.payload or {}))
-                for p in points
-                if self.readable(str(p.id), dict(p.payload or {}))
-            ]
+            [(str(p.id), float(p.score), dict(p.payload or {})) for p in points]
             for points in results
         ]
 

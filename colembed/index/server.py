@@ -35,7 +35,7 @@ from .schema import (
 )
 from .errors import IndexNotFoundError, StoreError
 from .plan import HYBRID_CANDIDATES, RRF_K, Stage, stage_query
-from .store import INDEXED_FIELDS, UPSERT_BATCH, Store, StoredHit, as_point, check_mode
+from .store import INDEXED_FIELDS, UPSERT_BATCH, Store, as_point
 from .where import Where
 
 
@@ -219,39 +219,20 @@ class ServerStore(Store):
             )
         return [(str(r.id), dict(r.payload or {})) for r in records], offset
 
-    def search(
-        self,
-        queries: Sequence[np.ndarray],
-        k: int,
-        mode: str,
-        where: Where | None = None,
-        texts: Sequence[str] | None = None,
-    ) -> list[list[StoredHit]]:
-        """`Store.search`; `where` filters in every prefetch stage and the exact rerank.
+    def search_points(
+        self, queries: list[np.ndarray], k: int, mode: str, where: Where | None, texts
+    ) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """`Store.search_points`; `where` filters in every prefetch stage and the exact rerank.
         "hybrid": the two-stage result and the BM25 search fused by RRF (edge.py alike)."""
-        check_mode(mode)
-        self.check_hybrid(mode, texts, len(queries))
-        where = self.resolve_where(where)
-        if where is not None and where.matches_nothing():
-            return [[] for _ in queries]
         flt = client_filter(where)
         if mode == "hybrid":
-            requests = [
-                self._hybrid(np.asarray(q, dtype=np.float32), text, k, flt)
-                for q, text in zip(queries, texts)
-            ]
+            requests = [self._hybrid(q, text, k, flt) for q, text in zip(queries, texts)]
         else:
-            requests = [
-                self._request(np.asarray(q, dtype=np.float32), k, mode, flt) for q in queries
-            ]
+            requests = [self._request(q, k, mode, flt) for q in queries]
         with _client_errors("search", self.location):
             responses = self.client.query_batch_points(self.collection, requests=requests)
         return [
-            [
-                StoredHit(str(p.id), float(p.score), dict(p.payload or {}))
-                for p in r.points
-                if self.readable(str(p.id), dict(p.payload or {}))
-            ]
+            [(str(p.id), float(p.score), dict(p.payload or {})) for p in r.points]
             for r in responses
         ]
 

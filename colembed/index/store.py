@@ -211,18 +211,39 @@ class Store(ABC):
                 return good[0][1]
         return None
 
-    @abstractmethod
     def search(
         self,
         queries: Sequence[np.ndarray],
         k: int,
         mode: str,
-        where: Where | None = None,
+        where: Any = None,
         texts: Sequence[str] | None = None,
     ) -> list[list[StoredHit]]:
         """Per query (a (tokens, dim) float32 array), the k best pages by MaxSim among those
-        `where` (where.py) allows, in every stage of the plan; "hybrid" also needs the queries'
-        `texts` (their lexical terms)."""
+        `where` (where.py, either form) allows, in every stage of the plan; "hybrid" also needs
+        the queries' `texts` (their lexical terms). A hit whose payload does not fit the schema
+        is skipped (`readable`)."""
+        check_mode(mode)
+        self.check_hybrid(mode, texts, len(queries))
+        queries = [np.asarray(q, dtype=np.float32) for q in queries]
+        where = self.resolve_where(where)
+        if where is not None and where.matches_nothing():
+            return [[] for _ in queries]
+        return [
+            [
+                StoredHit(pid, score, payload)
+                for pid, score, payload in found
+                if self.readable(pid, payload)
+            ]
+            for found in self.search_points(queries, k, mode, where, texts)
+        ]
+
+    @abstractmethod
+    def search_points(
+        self, queries: list[np.ndarray], k: int, mode: str, where: Where | None, texts
+    ) -> list[list[tuple[str, float, dict[str, Any]]]]:
+        """`search` after its checks (`where` resolved, allowing some pages): per query the
+        (id, score, payload) Qdrant returned, best first."""
 
     def lexical_terms(self, point: PagePoint) -> tuple[list[int], list[float]] | None:
         """The point's BM25 terms (lexical.py) when this collection stores them and the page

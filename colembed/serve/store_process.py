@@ -38,7 +38,7 @@ import numpy as np
 
 from ..index.backends import open_store
 from ..index.errors import StoreError
-from ..index.store import Store, StoredHit
+from ..index.store import Store
 from ..index.schema import PagePoint
 
 # The store's methods the child answers; anything else is refused there.
@@ -50,7 +50,7 @@ CALLS = frozenset(
         "payloads",
         "any_payload",
         "payload_page",
-        "search",
+        "search_points",
         "points",
         "page_vectors",
         "flush",
@@ -115,6 +115,7 @@ class ChildStore(Store):
         self.location, self.schema, self.dim = value["location"], value["schema"], value["dim"]
         self.upgrade_hint = value["upgrade_hint"]
         self.has_lexical = value.get("has_lexical", False)
+        self.lexical_hint = value.get("lexical_hint", self.lexical_hint)
         self._free: list[Connection] = []
         self._connections: list[Connection] = []
         self._lock = threading.Lock()
@@ -183,12 +184,8 @@ class ChildStore(Store):
     def payload_page(self, offset: Any, limit: int, doing: str):
         return self._call("payload_page", offset, limit, doing)
 
-    def search(
-        self, queries: Sequence[np.ndarray], k: int, mode: str, where=None, texts=None
-    ) -> list[list[StoredHit]]:
-        return self._call(
-            "search", [np.asarray(q, dtype=np.float32) for q in queries], k, mode, where, texts
-        )
+    def search_points(self, queries: list[np.ndarray], k: int, mode: str, where, texts):
+        return self._call("search_points", queries, k, mode, where, texts)
 
     def set_payload(self, ids: Sequence[str], payload: dict[str, Any]) -> None:
         self._call("set_payload", list(ids), payload)
@@ -271,6 +268,7 @@ def _child_main() -> None:
             "dim": store.dim,
             "upgrade_hint": store.upgrade_hint,
             "has_lexical": store.has_lexical,
+            "lexical_hint": store.lexical_hint,
         },
     )
     threading.Thread(
