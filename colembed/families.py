@@ -380,18 +380,17 @@ COLQWEN2 = Family(
     ),
     attention_kind=FULL,
 )
+# Qwen2.5-VL's names, which Qwen3-VL kept: `hidden_size` the tower's width, the gated MLP's width.
+QWEN2_5_VL_VISION_NAMES = VisionConfigNames(
+    width="hidden_size", merger_out="out_hidden_size", mlp="intermediate_size", mlp_is_ratio=False
+)
 COLQWEN2_5 = Family(
     name="colqwen2.5",
     display_name="ColQwen2.5",
     backbone="qwen2_5_vl",
     # transformers' retrieval layout, and colpali-engine's published one (a bare qwen2_5_vl config)
     checkpoint_layouts=(("colqwen2", "qwen2_5_vl"), ("qwen2_5_vl", None)),
-    vision_names=VisionConfigNames(
-        width="hidden_size",
-        merger_out="out_hidden_size",
-        mlp="intermediate_size",
-        mlp_is_ratio=False,
-    ),
+    vision_names=QWEN2_5_VL_VISION_NAMES,
     attention_kind=WINDOWED,
 )
 COLQWEN3 = Family(
@@ -401,12 +400,7 @@ COLQWEN3 = Family(
     # colpali-engine 0.3.18's layout: a bare qwen3_vl config (`architectures: ["ColQwen3"]`);
     # TomoroAI's remote code: a `colqwen3` config, a Qwen3VLConfig subclass (not nested)
     checkpoint_layouts=(("qwen3_vl", None), ("colqwen3", None)),
-    vision_names=VisionConfigNames(
-        width="hidden_size",
-        merger_out="out_hidden_size",
-        mlp="intermediate_size",
-        mlp_is_ratio=False,
-    ),
+    vision_names=QWEN2_5_VL_VISION_NAMES,
     attention_kind=FULL,
     default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
     vision_extras=True,
