@@ -158,16 +158,12 @@ def open_image(source, *, index: int | None = None, item=None) -> Image.Image:
             index=index,
             item=item,
         ) from e
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
     except FileNotFoundError as e:
         raise ImageError(
             f"no such file: {item if item is not None else source}", index=index, item=item
         ) from e
-    except DECODER_ERRORS as e:
-        raise ImageError(
-            f"cannot decode image: {type(e).__name__}: {e}", index=index, item=item
-        ) from e
+    except (Image.DecompressionBombError, *DECODER_ERRORS) as e:
+        raise _decoding_error(e, index=index, item=item) from e
     try:
         check_pixels(image.size, index=index, item=item)
     except ImageError:
@@ -254,12 +250,16 @@ def _decoded_rgb(image: Image.Image, transparency: str, *, index: int, item) -> 
     try:
         image.load()
         return to_rgb(image, transparency)
-    except Image.DecompressionBombError as e:
-        raise ImageError(f"decompression bomb refused: {e}", index=index, item=item) from e
-    except DECODER_ERRORS as e:
-        raise ImageError(
-            f"cannot decode image: {type(e).__name__}: {e}", index=index, item=item
-        ) from e
+    except (Image.DecompressionBombError, *DECODER_ERRORS) as e:
+        raise _decoding_error(e, index=index, item=item) from e
+
+
+def _decoding_error(e: Exception, *, index: int | None, item) -> ImageError:
+    """A decoder's failure (PIL's bomb check, or DECODER_ERRORS) as the ImageError naming the
+    item."""
+    if isinstance(e, Image.DecompressionBombError):
+        return ImageError(f"decompression bomb refused: {e}", index=index, item=item)
+    return ImageError(f"cannot decode image: {type(e).__name__}: {e}", index=index, item=item)
 
 
 # -- sizes ---------------------------------------------------------------------------------------
