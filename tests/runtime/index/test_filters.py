@@ -26,16 +26,9 @@ from colembed.index.metadata import (
 from colembed.index.schema import META_FIELD, PAGE_VECTOR, make_point
 from colembed.index.where import FilterError, from_strings, parse
 from colembed.model import PageLayout
+from tests.fixtures.stores import DIM, unit_page
 
-DIM = 16
 STORES = ["edge", "client-local"]
-
-
-def _page(i: int):
-    rng = np.random.default_rng(i)
-    layout = PageLayout(grid_rows=3, grid_cols=4, image_start=2, num_tokens=17, token_px=28)
-    v = rng.standard_normal((layout.num_tokens, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True), layout
 
 
 def _meta(i: int) -> dict:
@@ -50,7 +43,7 @@ def _meta(i: int) -> dict:
 def _points(n: int):
     return [
         make_point(
-            *_page(i),
+            *unit_page(i),
             {
                 "path": f"/docs/{'a' if i % 4 else 'b'}/{i // 3}.pdf",
                 "page": i % 3 + 1,
