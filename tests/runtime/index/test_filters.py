@@ -100,19 +100,18 @@ def _query(points, target: int, noise: float = 0.3) -> np.ndarray:
 
 # -------------------------------------------------------------------------- the grammar
 def test_the_two_forms_of_a_filter_mean_the_same():
-    cli = from_strings(
-        [
-            "lang=en",
-            "year>=2020",
-            "year<2025",
-            "tag in a,b",
-            "page=2..5",
-            "kind!=draft",
-            "folder=/data/reports",
-            "path=*.pdf",
-            "n=3",
-        ]
-    )
+    strings = [
+        "lang=en",
+        "year>=2020",
+        "year<2025",
+        "tag in a,b",
+        "page=2..5",
+        "kind!=draft",
+        "folder=/data/reports",
+        "path=*.pdf",
+        "n=3",
+    ]
+    cli = from_strings(strings)
     assert cli == {
         "lang": "en",
         "year": {"gte": 2020, "lt": 2025},
@@ -123,19 +122,7 @@ def test_the_two_forms_of_a_filter_mean_the_same():
         "path": "*.pdf",
         "n": 3,
     }
-    assert parse(cli) == parse(
-        [
-            "lang=en",
-            "year>=2020",
-            "year<2025",
-            "tag in a,b",
-            "page=2..5",
-            "kind!=draft",
-            "folder=/data/reports",
-            "path=*.pdf",
-            "n=3",
-        ]
-    )
+    assert parse(cli) == parse(strings)
     where = parse({"folder": "rel/dir", "file": ["x.pdf"], "page": 3, "score": 0.5})
     kinds = {(c.key, c.kind) for c in where.conditions}
     assert kinds == {("path", "prefix"), ("path", "any"), ("page", "eq"), ("meta.score", "range")}
