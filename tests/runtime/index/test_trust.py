@@ -23,6 +23,7 @@ import colembed
 from colembed.cli import _parse, main
 from colembed.index import Index, IndexBusyError, IndexNotFoundError, ModelMismatchError, StoreError
 from colembed.index.records import ModelIdentity
+from tests.fixtures.commands import quiet_index_flags
 from tests.fixtures.documents import write_pdf
 
 TOKENS = 64
@@ -334,22 +335,6 @@ def test_an_unwritable_folder_is_a_clear_error(tmp_path, small_model, monkeypatc
         Index(tmp_path / "db", model=small_model)
 
 
-def _tiny_index_flags(db, exported_tiny, batch_size: int) -> list[str]:
-    """`colembed index` flags for `db`: the tiny model at TOKENS image tokens, quiet, pages
-    embedded `batch_size` at a time."""
-    return [
-        "--db",
-        str(db),
-        "--model",
-        str(exported_tiny.folder),
-        "--max-image-tokens",
-        str(TOKENS),
-        "--quiet",
-        "--batch-size",
-        str(batch_size),
-    ]
-
-
 def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
     seen = []
     model_type = type(colembed.load(exported_tiny.folder, max_image_tokens=TOKENS))
@@ -361,7 +346,18 @@ def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
 
     monkeypatch.setattr(model_type, "embed_pages", embed_pages)
     pdf = write_pdf(tmp_path / "a.pdf", [str(n) for n in range(5)])
-    assert main(["index", str(pdf), *_tiny_index_flags(tmp_path / "db", exported_tiny, 2)]) == 0
+    assert (
+        main(
+            [
+                "index",
+                str(pdf),
+                *quiet_index_flags(
+                    tmp_path / "db", exported_tiny.folder, TOKENS, "--batch-size", "2"
+                ),
+            ]
+        )
+        == 0
+    )
     assert set(seen) == {2}
 
 
@@ -382,7 +378,7 @@ def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(
         return real(self, images, *args, **kwargs)
 
     monkeypatch.setattr(model_type, "embed_pages", embed_pages)
-    common = _tiny_index_flags(tmp_path / "db", exported_tiny, 1)
+    common = quiet_index_flags(tmp_path / "db", exported_tiny.folder, TOKENS, "--batch-size", "1")
     assert main(["index", str(docs), *common]) == 130
     err = capsys.readouterr().err
     assert "resume by re-running" in err and "Traceback" not in err
