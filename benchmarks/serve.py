@@ -40,8 +40,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
@@ -52,17 +50,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 from benchmarks.shared.common import QUERY_WORDS, machine_info, markdown_header, tiny_folder  # noqa: E402
+from benchmarks.shared.served import free_port, start_server  # noqa: E402
 from benchmarks.shared.synthetic_pages import synthetic_page  # noqa: E402
 
 K = 5
 SEARCH_SHARE, EMBED_SHARE = 0.70, 0.28  # the rest: over-limit requests (422)
 FILES_PAGES = 10  # synthetic pages per synthetic file
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_index(folder: Path, model_folder: Path, pages: int) -> None:
@@ -151,40 +144,6 @@ def slope_mib_per_min(windows: list[dict], key: str) -> float | None:
         return None
     t, v = np.array(points).T
     return float(np.polyfit(t / 60, v, 1)[0])
-
-
-def start_server(
-    db: Path, model: Path, port: int, log: Path, extra: tuple[str, ...] = ()
-) -> subprocess.Popen:
-    command = [
-        sys.executable,
-        "-m",
-        "colembed.cli",
-        "serve",
-        "--db",
-        str(db),
-        "--model",
-        str(model),
-        "--port",
-        str(port),
-        *extra,
-    ]
-    with open(log, "w") as stream:  # uvicorn's log (an access line per request): a file, not a pipe
-        proc = subprocess.Popen(command, stdout=stream, stderr=subprocess.STDOUT)
-    import httpx
-
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit("server did not start")
 
 
 def pct(values, p) -> float | None:

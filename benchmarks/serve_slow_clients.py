@@ -45,16 +45,11 @@ from benchmarks.shared.common import (
     tiny_folder,
     write_results,
 )
+from benchmarks.shared.served import free_port, start_server
 
 HERE = Path(__file__).resolve().parent
 
 HEAD = b"GET /healthz HTTP/1.1\r\nHost: x\r\n"  # a head that never ends
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def build_index(db: Path, model: Path, docs: Path) -> None:
@@ -83,41 +78,6 @@ def build_index(db: Path, model: Path, docs: Path) -> None:
             ],
             check=True,
         )
-
-
-def start_server(db: Path, model: Path, port: int, log: Path) -> subprocess.Popen:
-    import httpx
-
-    with open(log, "w") as stream:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "colembed.cli",
-                "serve",
-                "--db",
-                str(db),
-                "--model",
-                str(model),
-                "--port",
-                str(port),
-                "--quiet",
-            ],
-            stdout=stream,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    proc.kill()
-    raise SystemExit("server did not start")
 
 
 class Attacker(threading.Thread):
@@ -319,7 +279,7 @@ def main() -> None:
     build_index(db, model, work / "docs")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = start_server(db, model, port, work / "server.log")
+    proc = start_server(db, model, port, work / "server.log", ("--quiet",))
     try:
         results = {
             "seconds": args.seconds,

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.index.long_run import bench_point
+from benchmarks.index.stores import bench_point
 from benchmarks.shared.common import markdown_table, results_markdown, write_results
 from benchmarks.shared.local_answer import local_queries
 from benchmarks.shared.synthetic_pages import unit

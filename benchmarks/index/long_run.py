@@ -24,9 +24,8 @@ import threading
 import time
 from pathlib import Path
 
-from colembed.layout import BASE_VARIANT
-from benchmarks.shared.common import load_caveat, markdown_header
-from benchmarks.index.stores import DIM, K, disk_mib, page_of, peak_rss_mib, queries_of
+from benchmarks.shared.common import load_line, markdown_header
+from benchmarks.index.stores import DIM, K, bench_point, disk_mib, peak_rss_mib, queries_of
 
 
 class DiskSampler(threading.Thread):
@@ -49,32 +48,21 @@ def wal_mib(folder: Path) -> float:
     return disk_mib(folder / "shard" / "wal")
 
 
-def bench_point(data: str, i: int, pool_factor: int = 1):
-    """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF);
-    `pool_factor` > 1: its image tokens hierarchically pooled, as `Index(pool_factor=)` stores
-    them (make_point)."""
-    from colembed.index.schema import make_point
+FLUSH_SETTINGS = (
+    "FLUSH_FRACTION",
+    "FLUSH_MIN_PAGES",
+    "FLUSH_MAX_PAGES",
+    "FLUSH_SECONDS",
+    "FLUSH_MAX_LOG_BYTES",
+)
 
-    vectors, layout = page_of(data, i)
-    return make_point(
-        vectors,
-        layout,
-        {
-            "path": f"/docs/{i // 10}.pdf",
-            "page": i % 10 + 1,
-            "pages": 10,
-            "sha256": f"{i // 10:064x}",
-            "width": 683,
-            "height": 883,
-            "model": "synthetic",
-            "variant": BASE_VARIANT,
-            "manifest_sha256": "0" * 64,
-            "schema": 1,
-            "model_source": "synthetic",
-            "serial": i,
-            "pool_factor": pool_factor,
-        },
-    )
+
+def flush_cadence() -> dict:
+    """The Edge store's flush settings as this process has them, recorded beside each long run
+    (a run's log size and reopen time depend on them)."""
+    from colembed.index import edge
+
+    return {name: getattr(edge, name) for name in FLUSH_SETTINGS}
 
 
 # ------------------------------------------------------------------------------------ long runs
@@ -190,8 +178,6 @@ def long_run(
     `pool_factor` > 1: the pages stored hierarchically pooled (bench_point)."""
     import signal
 
-    from colembed.index import edge
-
     if folder.exists():
         raise SystemExit(f"{folder}: exists; the long run builds a new index (remove it first)")
     sampler = DiskSampler(folder)
@@ -274,16 +260,7 @@ def long_run(
         "final_leg": legs[-1],
         "kills": kills,
         "reopen": sub("reopen", pages, folder, tuple(extra)),
-        "cadence": {
-            k: getattr(edge, k)
-            for k in (
-                "FLUSH_FRACTION",
-                "FLUSH_MIN_PAGES",
-                "FLUSH_MAX_PAGES",
-                "FLUSH_SECONDS",
-                "FLUSH_MAX_LOG_BYTES",
-            )
-        },
+        "cadence": flush_cadence(),
     }
     if queries:
         result["queries"] = {
@@ -298,8 +275,6 @@ def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) 
     wrote to stderr (each written once that kill's reopens were measured)."""
     import ast
 
-    from colembed.index import edge
-
     kills = [
         ast.literal_eval(line[5:])
         for line in log.read_text().splitlines()
@@ -311,16 +286,7 @@ def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) 
         "kills": kills,
         "stopped": stopped,
         "command": command,
-        "cadence": {
-            k: getattr(edge, k)
-            for k in (
-                "FLUSH_FRACTION",
-                "FLUSH_MIN_PAGES",
-                "FLUSH_MAX_PAGES",
-                "FLUSH_SECONDS",
-                "FLUSH_MAX_LOG_BYTES",
-            )
-        },
+        "cadence": flush_cadence(),
     }
 
 
@@ -331,8 +297,7 @@ def long_markdown(r: dict) -> str:
         "",
         markdown_header(r["machine"]),
         "",
-        f"Load average before / after: {r['load_before']} / {r['load_after']} on "
-        f"{os.cpu_count()} cores" + load_caveat(r),
+        load_line(r),
         "",
         "One build through `Store.upsert` (64 pages a call, `bench_point` payloads; the "
         "store's own flush cadence), SIGKILLed at each kill point and resumed from what "

@@ -4,12 +4,11 @@ ratios, and the ingest stages; `write_results` puts them (and the JSON) under re
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shared.common import load_caveat, markdown_header
+from benchmarks.shared.common import load_line, markdown_header
 from benchmarks.index.ingest import INGEST_ROUNDS
 from benchmarks.index.stores import EDGE_BACKENDS, K
 
@@ -36,8 +35,7 @@ def markdown(results: dict) -> str:
         markdown_header(results["machine"]),
         "",
         *stores,
-        f"Load average before / after: {results.get('load_before')} / "
-        f"{results.get('load_after')} on {os.cpu_count()} cores" + load_caveat(results),
+        load_line(results),
         "",
     ]
     for key, by_store in (results.get("pooling") or {}).items():

@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-from benchmarks.shared.common import load_caveat  # noqa: E402
+from benchmarks.shared.common import load_line  # noqa: E402
 from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
 
 K = 10
@@ -502,8 +502,7 @@ def markdown(r: dict) -> str:
         "",
         markdown_header(r["machine"]),
         "",
-        f"Load average before / after: {r['load_before']} / {r['load_after']} on "
-        f"{os.cpu_count()} cores" + load_caveat(r) + (f" {r['note']}" if r.get("note") else ""),
+        load_line(r) + (f" {r['note']}" if r.get("note") else ""),
         "",
         f"Local-answer pages (benchmarks/shared/local_answer.py), {r['needle_queries']} needle "
         "queries (the page a query was drawn from is its needle). Exact's top 10 is computed "

@@ -101,40 +101,46 @@ def queries_of(data: str, pages: int, count: int) -> tuple[list[np.ndarray], np.
     return synthetic_queries(pages, count), query_targets(pages, count)
 
 
+def bench_point(data: str, i: int, pool_factor: int = 1):
+    """Page i of a data set as the point `Index.add` would store (payload of a 10-page PDF);
+    `pool_factor` > 1: its image tokens hierarchically pooled, as `Index(pool_factor=)` stores
+    them (make_point)."""
+    from colembed.index.schema import make_point
+
+    vectors, layout = page_of(data, i)
+    return make_point(
+        vectors,
+        layout,
+        {
+            "path": f"/docs/{i // 10}.pdf",
+            "page": i % 10 + 1,
+            "pages": 10,
+            "sha256": f"{i // 10:064x}",
+            "width": 683,
+            "height": 883,
+            "model": "synthetic",
+            "variant": BASE_VARIANT,
+            "manifest_sha256": "0" * 64,
+            "schema": 1,
+            "model_source": "synthetic",
+            "serial": i,
+            "pool_factor": pool_factor,
+        },
+    )
+
+
 def worker_build(
     backend: str, pages: int, folder: Path, data: str = "page-wide", pool_factor: int = 1
 ) -> dict:
     """Insert `pages` pages into a new store in `folder` (one subprocess); `pool_factor` > 1
     stores them hierarchically pooled (colembed/index/pooling.py, as `Index(pool_factor=)`)."""
-    from colembed.index.schema import make_point
     from colembed.index.backends import open_store
 
     store = open_store(folder, dim=DIM, local=backend == "client-local")
     t = time.perf_counter()
     batch = []
     for i in range(pages):
-        vectors, layout = page_of(data, i)
-        batch.append(
-            make_point(
-                vectors,
-                layout,
-                {
-                    "path": f"/docs/{i // 10}.pdf",
-                    "page": i % 10 + 1,
-                    "pages": 10,
-                    "sha256": f"{i // 10:064x}",
-                    "width": 683,
-                    "height": 883,
-                    "model": "synthetic",
-                    "variant": BASE_VARIANT,
-                    "manifest_sha256": "0" * 64,
-                    "schema": 1,
-                    "model_source": "synthetic",
-                    "serial": i,
-                    "pool_factor": pool_factor,
-                },
-            )
-        )
+        batch.append(bench_point(data, i, pool_factor))
         if len(batch) == 64:
             store.upsert(batch)
             batch = []

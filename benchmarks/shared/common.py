@@ -13,7 +13,7 @@
 - `Worker`: a long-lived interpreter that answers JSON commands line by line, so two runtimes (two
   versions of colembed, or colembed and torch) stay loaded side by side and one driver can time them
   interleaved (A B A B ...) on the same machine state;
-- `markdown_table`, `timed`, `spread`, `load_caveat`: the table and timing conventions;
+- `markdown_table`, `timed`, `spread`, `load_caveat`, `load_line`: the table and timing conventions;
 - `results_markdown`, `write_results`: a results file pair (NAME.md with the machine header,
   NAME.json with the machine facts), written the same way by every benchmark that uses them.
 
@@ -194,6 +194,15 @@ def load_caveat(results: dict) -> str:
     return (
         " (other processes held the cores during the run: absolute times are inflated and "
         "matter less than the ratios between rows of one table)."
+    )
+
+
+def load_line(results: dict) -> str:
+    """The results' header line on machine load: the load averages before and after the run,
+    this machine's core count and `load_caveat`, so a reader weighs the times against them."""
+    return (
+        f"Load average before / after: {results.get('load_before')} / "
+        f"{results.get('load_after')} on {os.cpu_count()} cores" + load_caveat(results)
     )
 
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from benchmarks.shared.synthetic_pages import DIM, PROMPT_HEAD, PROMPT_ROWS, shared_rows, unit
+from benchmarks.shared.synthetic_pages import DIM, framed_page, shared_rows, unit
 
 TOPICS = 2000  # shared topic vocabulary
 BLOCKS = (3, 7)  # blocks per page: 3..6
@@ -69,8 +69,6 @@ def _blocks(rng, rows: int, cols: int) -> list[tuple[int, int, int, int]]:
 def local_page(i: int):
     """(vectors (tokens, 128) float32, layout, blocks) of page i, deterministic in i; `blocks` is
     a list of (r0, c0, height, width, topic)."""
-    from colembed.model import PageLayout
-
     rng = np.random.default_rng(9_000_011 + i)
     rows, cols = int(rng.integers(26, 31)), int(rng.integers(25, 30))
     offset = PAGE_OFFSET * rng.standard_normal(DIM) / np.sqrt(DIM)
@@ -91,17 +89,7 @@ def local_page(i: int):
         )
         grid[r0 : r0 + h, c0 : c0 + w] = text
         blocks.append((r0, c0, h, w, topic))
-    prompt, _ = shared_rows()
-    head = prompt[:PROMPT_HEAD] + 0.05 * rng.standard_normal((PROMPT_HEAD, DIM))
-    tail = prompt[PROMPT_HEAD:] + 0.05 * rng.standard_normal((PROMPT_ROWS - PROMPT_HEAD, DIM))
-    vectors = np.concatenate([unit(head), unit(grid.reshape(-1, DIM)), unit(tail)])
-    layout = PageLayout(
-        grid_rows=rows,
-        grid_cols=cols,
-        image_start=PROMPT_HEAD,
-        num_tokens=len(vectors),
-        token_px=28,
-    )
+    vectors, layout = framed_page(grid, rng)
     return vectors, layout, blocks
 
 

@@ -40,19 +40,13 @@ def shared_rows(seed: int = 12345) -> tuple[np.ndarray, np.ndarray]:
     )
 
 
-def synthetic_page(i: int):
-    """(vectors (rows, 128) float32, layout) of page i: deterministic in i."""
+def framed_page(grid: np.ndarray, rng: np.random.Generator):
+    """(vectors, layout) of a page whose image tokens are `grid` (rows, cols, DIM): the prompt
+    rows every page carries (shared_rows, each jittered by `rng`) before and after it, as the
+    model lays out a page; every row L2-normalised."""
     from colembed.model import PageLayout
 
-    rng = np.random.default_rng(1_000_003 + i)
-    rows, cols = int(rng.integers(26, 31)), int(rng.integers(25, 30))
-    topic = rng.standard_normal(DIM)
-    anchors = rng.standard_normal((REGIONS, DIM)) * 1.5
-    centres = rng.uniform(0, 1, (REGIONS, 2)) * (rows, cols)
-    rr, cc = np.mgrid[0:rows, 0:cols]
-    dist = (rr[..., None] - centres[:, 0]) ** 2 + (cc[..., None] - centres[:, 1]) ** 2
-    weights = np.exp(-dist / (2 * (0.15 * max(rows, cols)) ** 2))
-    grid = 0.5 * topic + weights @ anchors + 0.5 * rng.standard_normal((rows, cols, DIM))
+    rows, cols = grid.shape[:2]
     prompt, _ = shared_rows()
     head = prompt[:PROMPT_HEAD] + 0.05 * rng.standard_normal((PROMPT_HEAD, DIM))
     tail = prompt[PROMPT_HEAD:] + 0.05 * rng.standard_normal((PROMPT_ROWS - PROMPT_HEAD, DIM))
@@ -65,6 +59,20 @@ def synthetic_page(i: int):
         token_px=28,
     )
     return vectors, layout
+
+
+def synthetic_page(i: int):
+    """(vectors (rows, 128) float32, layout) of page i: deterministic in i."""
+    rng = np.random.default_rng(1_000_003 + i)
+    rows, cols = int(rng.integers(26, 31)), int(rng.integers(25, 30))
+    topic = rng.standard_normal(DIM)
+    anchors = rng.standard_normal((REGIONS, DIM)) * 1.5
+    centres = rng.uniform(0, 1, (REGIONS, 2)) * (rows, cols)
+    rr, cc = np.mgrid[0:rows, 0:cols]
+    dist = (rr[..., None] - centres[:, 0]) ** 2 + (cc[..., None] - centres[:, 1]) ** 2
+    weights = np.exp(-dist / (2 * (0.15 * max(rows, cols)) ** 2))
+    grid = 0.5 * topic + weights @ anchors + 0.5 * rng.standard_normal((rows, cols, DIM))
+    return framed_page(grid, rng)
 
 
 def query_targets(n_pages: int, count: int, seed: int = 7) -> np.ndarray:

@@ -23,6 +23,7 @@ import pytest
 import colembed
 from colembed.cli import main
 from colembed.index import DiskFullError, Index, StoreError, edge
+from tests.fixtures.commands import quiet_index_flags
 from tests.fixtures.documents import write_pdf
 
 TOKENS = 64
@@ -273,15 +274,7 @@ def test_a_full_disk_stops_clearly_keeps_the_pages_and_the_next_run_resumes(
     for n in range(20):
         write_pdf(docs / f"doc{n:02d}.pdf", [f"doc {n} page {i}" for i in range(5)])
     db = mount / "db"
-    common = [
-        "--db",
-        str(db),
-        "--model",
-        str(exported_tiny.folder),
-        "--max-image-tokens",
-        str(TOKENS),
-        "--quiet",
-    ]
+    common = quiet_index_flags(db, exported_tiny.folder, TOKENS)
     assert main(["index", str(docs), *common]) == 1
     err = capsys.readouterr().err
     assert f"{db}: the disk is full" in err and "MB free" in err and "run the same command" in err

@@ -26,16 +26,9 @@ from colembed.index.metadata import (
 from colembed.index.schema import META_FIELD, PAGE_VECTOR, make_point
 from colembed.index.where import FilterError, from_strings, parse
 from colembed.model import PageLayout
+from tests.fixtures.stores import DIM, unit_page
 
-DIM = 16
 STORES = ["edge", "client-local"]
-
-
-def _page(i: int):
-    rng = np.random.default_rng(i)
-    layout = PageLayout(grid_rows=3, grid_cols=4, image_start=2, num_tokens=17, token_px=28)
-    v = rng.standard_normal((layout.num_tokens, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True), layout
 
 
 def _meta(i: int) -> dict:
@@ -50,7 +43,7 @@ def _meta(i: int) -> dict:
 def _points(n: int):
     return [
         make_point(
-            *_page(i),
+            *unit_page(i),
             {
                 "path": f"/docs/{'a' if i % 4 else 'b'}/{i // 3}.pdf",
                 "page": i % 3 + 1,
@@ -107,19 +100,18 @@ def _query(points, target: int, noise: float = 0.3) -> np.ndarray:
 
 # -------------------------------------------------------------------------- the grammar
 def test_the_two_forms_of_a_filter_mean_the_same():
-    cli = from_strings(
-        [
-            "lang=en",
-            "year>=2020",
-            "year<2025",
-            "tag in a,b",
-            "page=2..5",
-            "kind!=draft",
-            "folder=/data/reports",
-            "path=*.pdf",
-            "n=3",
-        ]
-    )
+    strings = [
+        "lang=en",
+        "year>=2020",
+        "year<2025",
+        "tag in a,b",
+        "page=2..5",
+        "kind!=draft",
+        "folder=/data/reports",
+        "path=*.pdf",
+        "n=3",
+    ]
+    cli = from_strings(strings)
     assert cli == {
         "lang": "en",
         "year": {"gte": 2020, "lt": 2025},
@@ -130,19 +122,7 @@ def test_the_two_forms_of_a_filter_mean_the_same():
         "path": "*.pdf",
         "n": 3,
     }
-    assert parse(cli) == parse(
-        [
-            "lang=en",
-            "year>=2020",
-            "year<2025",
-            "tag in a,b",
-            "page=2..5",
-            "kind!=draft",
-            "folder=/data/reports",
-            "path=*.pdf",
-            "n=3",
-        ]
-    )
+    assert parse(cli) == parse(strings)
     where = parse({"folder": "rel/dir", "file": ["x.pdf"], "page": 3, "score": 0.5})
     kinds = {(c.key, c.kind) for c in where.conditions}
     assert kinds == {("path", "prefix"), ("path", "any"), ("page", "eq"), ("meta.score", "range")}

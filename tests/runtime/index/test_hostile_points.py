@@ -17,19 +17,13 @@ from colembed.cli import main
 from colembed.errors import InputError
 from colembed.index import Index, ModelMismatchError, open_store
 from colembed.index.embedded import EmbeddedPage
-from colembed.index.schema import SCHEMA_VERSION, make_point, point_id
+from colembed.index.schema import make_point, point_id
 from colembed.model import PageLayout
 from tests.fixtures.documents import write_pdf
+from tests.fixtures.stores import IDENTITY
 
 DIM, ROWS, COLS, START = 16, 3, 4, 2
 TOKENS = 64
-IDENTITY = {
-    "model": "m",
-    "variant": "fp32",
-    "manifest_sha256": "h",
-    "schema": SCHEMA_VERSION,
-    "model_source": "/m",
-}
 LAYOUT = PageLayout(
     grid_rows=ROWS, grid_cols=COLS, image_start=START, num_tokens=START + ROWS * COLS, token_px=28
 )

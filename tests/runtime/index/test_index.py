@@ -21,6 +21,7 @@ from colembed.index.schema import make_point
 from colembed.index.sources import Document, render_scale
 from colembed.preprocess.images import resized_grid
 from tests.fixtures.documents import bad_folder, good_folder, page, write_pdf
+from tests.fixtures.stores import make_index  # noqa: F401  (a fixture)
 
 TOKENS = 64
 
@@ -101,16 +102,6 @@ def test_pdf_pages_render_at_the_models_pixel_budget(tmp_path, small_model):
 
 
 # ------------------------------------------------------------------------------------ indexing
-@pytest.fixture(params=["edge", "client-local"])
-def make_index(request, tmp_path, small_model):
-    def make(**kwargs):
-        return Index(
-            tmp_path / "db", model=small_model, local=request.param == "client-local", **kwargs
-        )
-
-    return make
-
-
 def test_add_search_skip_remove(tmp_path, make_index):
     docs = good_folder(tmp_path / "docs")
     index = make_index()

@@ -30,37 +30,17 @@ from colembed.index.schema import (
 from colembed.index import OldIndexWarning, open_store
 from colembed.index.errors import StoreError
 from colembed.index.plan import two_stage_plan
-from colembed.model import PageLayout
+from tests.fixtures.stores import DIM, one_page_payload, unit_page
 from tests.fixtures.documents import page
 
-DIM = 16
 STORES = ["edge", "client-local"]
-
-
-def _page(i: int):
-    rng = np.random.default_rng(i)
-    layout = PageLayout(grid_rows=3, grid_cols=4, image_start=2, num_tokens=17, token_px=28)
-    v = rng.standard_normal((layout.num_tokens, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True), layout
 
 
 def _points(n: int):
     return [
         make_point(
-            *_page(i),
-            {
-                "path": f"/docs/{i}.pdf",
-                "page": 1,
-                "pages": 1,
-                "sha256": f"{i:064x}",
-                "width": 112,
-                "height": 84,
-                "model": "m",
-                "variant": "fp32",
-                "manifest_sha256": "h",
-                "schema": 2,
-                "model_source": "/m",
-            },
+            *unit_page(i),
+            one_page_payload(i, 112, 84, schema=2),
         )
         for i in range(n)
     ]
@@ -79,7 +59,7 @@ def small_plan(monkeypatch):
 
 
 def test_mean_vector_is_the_mean_of_the_image_rows():
-    vectors, layout = _page(0)
+    vectors, layout = unit_page(0)
     np.testing.assert_allclose(mean_vector(vectors, layout), vectors[2:14].mean(0), rtol=1e-6)
     assert set(_points(1)[0].vectors) == set(ALL_VECTORS)
 

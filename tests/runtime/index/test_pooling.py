@@ -32,11 +32,11 @@ from colembed.index.schema import (
     MEAN_VECTOR,
     PAGE_VECTOR,
     ROWS_VECTOR,
-    SCHEMA_VERSION,
     make_point,
 )
 from colembed.model import PageLayout
 from tests.fixtures.documents import good_folder
+from tests.fixtures.stores import IDENTITY, one_page_payload
 
 DIM = 16
 ROWS, COLS, START, TAIL = 6, 6, 2, 3
@@ -70,26 +70,10 @@ LAYOUT = PageLayout(
     num_tokens=START + ROWS * COLS + TAIL,
     token_px=28,
 )
-IDENTITY = {
-    "model": "m",
-    "variant": "fp32",
-    "manifest_sha256": "h",
-    "schema": SCHEMA_VERSION,
-    "model_source": "/m",
-}
 
 
 def _payload(i: int, **identity) -> dict:
-    return {
-        "path": f"/docs/{i}.pdf",
-        "page": 1,
-        "pages": 1,
-        "sha256": f"{i:064x}",
-        "width": 168,
-        "height": 168,
-        **IDENTITY,
-        **identity,
-    }
+    return one_page_payload(i, 168, 168, **identity)
 
 
 # ------------------------------------------------------------------------------- the pooler

@@ -21,6 +21,7 @@ from colembed.index.metadata import MetadataError
 from colembed.index.schema import MAX_TEXT_BYTES, TEXT_FIELD
 from colembed.index.where import FilterError
 from tests.fixtures.documents import page, write_pdf, write_text_pdf
+from tests.fixtures.stores import make_index  # noqa: F401  (a fixture)
 
 TOKENS = 64
 PAGES = [
@@ -44,16 +45,6 @@ def docs(tmp_path) -> Path:
     write_pdf(folder / "hr" / "scan.pdf", ["scanned 1", "scanned 2"])  # pixels, no text layer
     page("photo").save(folder / "hr" / "photo.png")
     return folder
-
-
-@pytest.fixture(params=["edge", "client-local"])
-def make_index(request, tmp_path, small_model):
-    def make(**kwargs):
-        return Index(
-            tmp_path / "db", model=small_model, local=request.param == "client-local", **kwargs
-        )
-
-    return make
 
 
 def _all(index: Index, **kwargs):

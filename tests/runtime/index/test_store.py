@@ -19,19 +19,9 @@ from colembed.index.schema import (
     pooled_vectors,
 )
 from colembed.index import ModelMismatchError, StoreError, open_store
-from colembed.model import PageLayout
+from tests.fixtures.stores import DIM, unit_page
 
-DIM = 16
 STORES = ["edge", "client-local"]
-
-
-def _page(i: int, rows: int = 3, cols: int = 4):
-    rng = np.random.default_rng(i)
-    layout = PageLayout(
-        grid_rows=rows, grid_cols=cols, image_start=2, num_tokens=2 + rows * cols + 3, token_px=28
-    )
-    v = rng.standard_normal((layout.num_tokens, DIM)).astype(np.float32)
-    return v / np.linalg.norm(v, axis=1, keepdims=True), layout
 
 
 def _payload(i: int) -> dict:
@@ -51,7 +41,7 @@ def _payload(i: int) -> dict:
 
 
 def _points(n: int):
-    return [make_point(*_page(i), _payload(i)) for i in range(n)]
+    return [make_point(*unit_page(i), _payload(i)) for i in range(n)]
 
 
 def _maxsim(q: np.ndarray, page: np.ndarray) -> float:
@@ -70,7 +60,7 @@ def test_a_line_of_text_survives_row_pooling_but_not_column_pooling():
     """What the rows / cols stages are for: a line of text (one grid row of like tokens) keeps
     its full match after row pooling and is diluted by column pooling; the prompt tokens,
     which belong to no grid cell, reach both stages unchanged."""
-    vectors, layout = _page(0, rows=4, cols=6)
+    vectors, layout = unit_page(0, rows=4, cols=6)
     line = np.random.default_rng(7).standard_normal(DIM).astype(np.float32)
     line /= np.linalg.norm(line)
     first = layout.image_start + layout.grid_cols  # grid row 1
@@ -89,13 +79,13 @@ def test_a_line_of_text_survives_row_pooling_but_not_column_pooling():
 
 
 def test_point_ids_are_deterministic_and_depend_on_content_page_and_path():
-    a = make_point(*_page(0), _payload(0))
-    assert a.id == make_point(*_page(0), _payload(0)).id
-    assert a.id != make_point(*_page(0), dict(_payload(0), sha256="f" * 64)).id
-    assert a.id != make_point(*_page(0), dict(_payload(0), page=2)).id
-    assert a.id != make_point(*_page(0), dict(_payload(0), path="/elsewhere.pdf")).id
+    a = make_point(*unit_page(0), _payload(0))
+    assert a.id == make_point(*unit_page(0), _payload(0)).id
+    assert a.id != make_point(*unit_page(0), dict(_payload(0), sha256="f" * 64)).id
+    assert a.id != make_point(*unit_page(0), dict(_payload(0), page=2)).id
+    assert a.id != make_point(*unit_page(0), dict(_payload(0), path="/elsewhere.pdf")).id
     with pytest.raises(ValueError, match="lacks"):
-        make_point(*_page(0), {"path": "/x"})
+        make_point(*unit_page(0), {"path": "/x"})
 
 
 def test_store_roundtrip_exact_scores_and_two_stage(store_factory):
@@ -109,7 +99,7 @@ def test_store_roundtrip_exact_scores_and_two_stage(store_factory):
     stored = store.page_vectors([p.id for p in points])
     for p in points:  # float16 storage
         np.testing.assert_allclose(stored[p.id], p.vectors[PAGE_VECTOR], atol=1e-3)
-    queries = [_page(100 + i, 1, 5)[0] for i in range(3)]
+    queries = [unit_page(100 + i, 1, 5)[0] for i in range(3)]
     exact = store.search(queries, 5, "exact")
     for q, hits in zip(queries, exact):  # float16 storage: scores move by ~1e-4 of a score
         expected = sorted((_maxsim(q, stored[p.id]) for p in points), reverse=True)[:5]
@@ -160,7 +150,7 @@ def test_both_stores_declare_the_same_schema(tmp_path):
         multi = params[name].multivector_config
         assert (multi.comparator.name if multi else None) == (None if name == "mean" else "MAX_SIM")
     points = _points(12)  # Edge's side of the schema, by what it answers: the same as the client's
-    queries = [_page(200 + i, 1, 5)[0] for i in range(3)]
+    queries = [unit_page(200 + i, 1, 5)[0] for i in range(3)]
     for store in (edge, local):
         store.upsert(points)
     for mode in ("exact", "two-stage"):

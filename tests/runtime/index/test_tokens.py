@@ -25,6 +25,7 @@ from colembed.index.backends import open_store
 from colembed.index.errors import ModelMismatchError, OldIndexWarning, StoreError
 from colembed.index.tokens import TokenTable, centroid_scores, page_centroids
 from colembed.model import PageLayout
+from tests.fixtures.stores import IDENTITY as STORE_IDENTITY, one_page_payload
 
 DIM = 16
 ROWS, COLS, START = 6, 6, 2
@@ -63,19 +64,7 @@ LAYOUT = PageLayout(
 
 
 def _payload(i: int) -> dict:
-    return {
-        "path": f"/docs/{i}.pdf",
-        "page": 1,
-        "pages": 1,
-        "sha256": f"{i:064x}",
-        "width": 168,
-        "height": 168,
-        "model": "m",
-        "variant": "fp32",
-        "manifest_sha256": "h",
-        "schema": 2,
-        "model_source": "/m",
-    }
+    return one_page_payload(i, 168, 168, schema=2)
 
 
 @pytest.fixture
@@ -272,13 +261,7 @@ def test_a_mostly_dead_table_is_compacted_on_open_and_a_killed_compaction_undone
     store.close()
 
 
-IDENTITY = {
-    "model": "m",
-    "variant": "fp32",
-    "manifest_sha256": "h",
-    "schema": 2,
-    "model_source": "/m",
-}
+IDENTITY = dict(STORE_IDENTITY, schema=2)
 
 
 def test_add_embedded_stores_pages_as_add_would_and_names_a_bad_one(tmp_path):

@@ -23,6 +23,7 @@ import colembed
 from colembed.cli import _parse, main
 from colembed.index import Index, IndexBusyError, IndexNotFoundError, ModelMismatchError, StoreError
 from colembed.index.records import ModelIdentity
+from tests.fixtures.commands import quiet_index_flags
 from tests.fixtures.documents import write_pdf
 
 TOKENS = 64
@@ -350,15 +351,9 @@ def test_batch_size_is_used_without_ray(tmp_path, exported_tiny, monkeypatch):
             [
                 "index",
                 str(pdf),
-                "--db",
-                str(tmp_path / "db"),
-                "--model",
-                str(exported_tiny.folder),
-                "--max-image-tokens",
-                str(TOKENS),
-                "--quiet",
-                "--batch-size",
-                "2",
+                *quiet_index_flags(
+                    tmp_path / "db", exported_tiny.folder, TOKENS, "--batch-size", "2"
+                ),
             ]
         )
         == 0
@@ -383,17 +378,7 @@ def test_ctrl_c_stops_cleanly_keeps_the_pages_and_a_rerun_finishes(
         return real(self, images, *args, **kwargs)
 
     monkeypatch.setattr(model_type, "embed_pages", embed_pages)
-    common = [
-        "--db",
-        str(tmp_path / "db"),
-        "--model",
-        str(exported_tiny.folder),
-        "--max-image-tokens",
-        str(TOKENS),
-        "--quiet",
-        "--batch-size",
-        "1",
-    ]
+    common = quiet_index_flags(tmp_path / "db", exported_tiny.folder, TOKENS, "--batch-size", "1")
     assert main(["index", str(docs), *common]) == 130
     err = capsys.readouterr().err
     assert "resume by re-running" in err and "Traceback" not in err

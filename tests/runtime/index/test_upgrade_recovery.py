@@ -21,6 +21,7 @@ from colembed.index.edge import upgrade_index
 from colembed.index.schema import make_point
 from colembed.model import PageLayout
 from colembed.safe_fs import STAGING_MARKER
+from tests.fixtures.stores import one_page_payload
 
 DIM, ROWS, COLS, START = 16, 2, 3, 1
 N_PAGES = 6
@@ -39,19 +40,7 @@ def _points():
             make_point(
                 x,
                 LAYOUT,
-                {
-                    "path": f"/docs/{i}.pdf",
-                    "page": 1,
-                    "pages": 1,
-                    "sha256": f"{i:064x}",
-                    "width": 84,
-                    "height": 56,
-                    "model": "m",
-                    "variant": "fp32",
-                    "manifest_sha256": "h",
-                    "schema": 2,
-                    "model_source": "/m",
-                },
+                one_page_payload(i, 84, 56, schema=2),
             )
         )
     return out

@@ -24,7 +24,8 @@ import time
 import numpy as np
 import pytest
 
-from tests.fixtures.documents import page, write_pdf
+from tests.fixtures.documents import write_pdf
+from tests.fixtures.served import index_one_page
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -213,11 +214,7 @@ time.sleep(600)
 def test_the_store_process_closes_the_folder_when_the_server_is_gone(tmp_path, small_model):
     """A server killed with SIGKILL runs no shutdown: its store process sees its lifeline end,
     closes the index and exits, so the folder's lock is free for the next server."""
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    page("one").save(docs / "one.png")
-    with Index(tmp_path / "db", model=small_model) as index:
-        index.add([docs], progress=False)
+    index_one_page(tmp_path, small_model)
     server = subprocess.Popen(
         [sys.executable, "-c", CHILD_SCRIPT, str(tmp_path / "db")],
         stdout=subprocess.PIPE,

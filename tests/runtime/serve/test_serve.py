@@ -20,6 +20,7 @@ from PIL import Image
 import colembed
 from colembed.index.schema import SCHEMA_VERSION
 from tests.fixtures.documents import bad_folder, good_folder, page, write_pdf
+from tests.fixtures.served import index_one_page, start_serve
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -593,51 +594,21 @@ def test_colembed_serve_runs_and_shuts_down_gracefully(tmp_path, exported_tiny, 
     """The command as users run it: a process of its own, the key from the environment; SIGTERM
     stops it after closing the index (its lock is free for the next process)."""
     import signal
-    import socket
-    import subprocess
-    import sys
 
     import httpx
 
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    page("one").save(docs / "one.png")
-    with Index(tmp_path / "db", model=small_model) as index:
-        index.add([docs], progress=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    docs = index_one_page(tmp_path, small_model)
     log = tmp_path / "server.log"
-    env = dict(os.environ, COLEMBED_API_KEY=KEY)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "colembed.cli",
-                "serve",
-                "--db",
-                str(tmp_path / "db"),
-                "--port",
-                str(port),
-                "--max-k",
-                "7",
-                "--allow-root",
-                str(docs),
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
+    proc, url = start_serve(
+        tmp_path / "db",
+        log,
+        "--max-k",
+        "7",
+        "--allow-root",
+        str(docs),
+        env=dict(os.environ, COLEMBED_API_KEY=KEY),
+    )
     try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         info = httpx.get(url + "/v1/info", headers=AUTH).json()
         assert info["pages"] == 1 and info["limits"]["max_k"] == 7 and info["roots"] == ["docs"]
         assert httpx.get(url + "/v1/info").status_code == 401

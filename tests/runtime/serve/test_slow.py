@@ -17,7 +17,6 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.fixtures.documents import page
+from tests.fixtures.served import index_one_page, start_serve
 
 pytest.importorskip("fastapi")
 import httpx  # noqa: E402
@@ -220,39 +220,10 @@ def running(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_a_killed_server_leaves_no_render_workers(tmp_path, small_model):
-    docs = tmp_path / "docs"
-    docs.mkdir()
-    page("one").save(docs / "one.png")
-    with Index(tmp_path / "db", model=small_model) as index:
-        index.add([docs], progress=False)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    url = f"http://127.0.0.1:{port}"
-    with open(tmp_path / "server.log", "w") as log:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "colembed.cli",
-                "serve",
-                "--db",
-                str(tmp_path / "db"),
-                "--port",
-                str(port),
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
+    index_one_page(tmp_path, small_model)
     children = {}
+    proc, url = start_serve(tmp_path / "db", tmp_path / "server.log")
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
         hit = httpx.post(url + "/v1/search", json={"query": "one"}, timeout=WAIT_S).json()[
             "results"
         ][0]["hits"][0]
