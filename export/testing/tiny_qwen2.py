@@ -352,36 +352,50 @@ def offset_residual(
     return offset, [(n, s, i * offset) for i, (n, s) in enumerate(zip(norms, sigmas)) if i]
 
 
-def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
-    import math
-
-    visual = model.vlm.model.visual
-    dim = visual.config.embed_dim
-    channels, others, grid, patches = vision_probe(visual, dim, traits, side=4)
-    typical = visual.patch_embed(patches).abs().median()
-    scale = float(traits.vision_typical / typical)  # LayerNorm is scale-invariant: same function
-    visual.patch_embed.proj.weight.mul_(scale)
+def scale_vision_stream(
+    visual: Any,
+    patches: Any,
+    traits: StressTraits,
+    embedding: Sequence[Any],
+    writers: Callable[[Any], Sequence[Any]],
+) -> float:
+    """Scale the vision residual stream to `traits.vision_typical` per element on the probe: the
+    `embedding` parameters and the weight and bias of each block's `writers(block)` are multiplied
+    by one factor, returned. The norms reading the stream are scale-invariant, so the tower still
+    computes the same function."""
+    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
+    for param in embedding:
+        param.mul_(scale)
     for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.fc2):
+        for linear in writers(block):
             linear.weight.mul_(scale)
             linear.bias.mul_(scale)
-    offset, seen_by = offset_residual(
-        visual,
-        patches,
-        grid,
-        channels,
-        traits.vision_peak,
-        lambda block: (block.attn.proj, block.mlp.fc2),
-    )
-    # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by 2*O/dim and
-    # its std grows; weight and bias of the other channels undo both, the offset channels get a
-    # small weight, as a trained model's norms do for their massive channels.
+    return scale
+
+
+def inject_vision_traits(
+    visual: Any,
+    dim: int,
+    traits: StressTraits,
+    *,
+    side: int,
+    writers: Callable[[Any], Sequence[Any]],
+    compensate: Callable[[Any, float, float, list[int], list[int]], None],
+    edit_blocks: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
+    """The vision traits of a Qwen2-VL-style tower of width `dim` (`StressTraits`), measured on a
+    `side` x `side`-patch probe: the stream scaled (`scale_vision_stream`), then
+    `edit_blocks(visual)` if given (what a family adds inside its blocks), the offset channels
+    written through each block's `writers` (`offset_residual`), `compensate(norm, sigma, seen,
+    offset channels, other channels)` for each norm after the first, the image features scaled
+    to `feature_peak`. Returns what was set, for the folder's record."""
+    channels, others, grid, patches = vision_probe(visual, dim, traits, side)
+    scale = scale_vision_stream(visual, patches, traits, [visual.patch_embed.proj.weight], writers)
+    if edit_blocks is not None:
+        edit_blocks(visual)
+    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak, writers)
     for norm, sigma, seen in seen_by:
-        full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
-        weight = norm.weight[others].clone()
-        norm.bias[others] += weight * (2 * seen / dim) / sigma
-        norm.weight[others] = weight * full / sigma
-        norm.weight[channels] = traits.small_norm_weight
+        compensate(norm, sigma, seen, channels, others)
     factor = scale_features(visual, patches, grid, traits.feature_peak)
     return {
         "vision_offset_channels": channels,
@@ -389,6 +403,32 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
         "vision_offset_per_sublayer": offset,
         "feature_scale": factor,
     }
+
+
+def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+    import math
+
+    visual = model.vlm.model.visual
+    dim = visual.config.embed_dim
+
+    def compensate(norm: Any, sigma: float, seen: float, channels: list, others: list) -> None:
+        # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by
+        # 2*O/dim and its std grows; weight and bias of the other channels undo both, the offset
+        # channels get a small weight, as a trained model's norms do for their massive channels.
+        full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
+        weight = norm.weight[others].clone()
+        norm.bias[others] += weight * (2 * seen / dim) / sigma
+        norm.weight[others] = weight * full / sigma
+        norm.weight[channels] = traits.small_norm_weight
+
+    return inject_vision_traits(
+        visual,
+        dim,
+        traits,
+        side=4,
+        writers=lambda block: (block.attn.proj, block.mlp.fc2),
+        compensate=compensate,
+    )
 
 
 def build_stress_checkpoint(

@@ -46,10 +46,8 @@ from .tiny_qwen2 import (
     StressTraits,
     build_config,
     inject_text_traits,
-    offset_residual,
+    inject_vision_traits,
     save_processor,
-    scale_features,
-    vision_probe,
 )
 
 PATCH_SIZE = 14
@@ -239,39 +237,35 @@ def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[s
 
     visual = model.vlm.model.visual
     dim = visual.config.hidden_size
-    channels, others, grid, patches = vision_probe(visual, dim, traits, side=8)
-    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
-    visual.patch_embed.proj.weight.mul_(scale)  # RMSNorm is scale-invariant: same function
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.down_proj):
-            linear.weight.mul_(scale)
-            linear.bias.mul_(scale)
-        c = traits.mlp_channel(block.mlp.gate_proj.out_features)
-        root = math.sqrt(traits.mlp_peak)  # silu(root) * root ~ mlp_peak on every token
-        for linear in (block.mlp.gate_proj, block.mlp.up_proj):
-            linear.weight[c].zero_()
-            linear.bias[c] = root
-        column = block.mlp.down_proj.weight[:, c]
-        column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
-    offset, seen_by = offset_residual(
-        visual,
-        patches,
-        grid,
-        channels,
-        traits.vision_peak,
-        lambda block: (block.attn.proj, block.mlp.down_proj),
-    )
-    # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo it,
-    # the offset channels get a small weight (as trained norms do for their massive channels).
-    for norm, sigma, seen in seen_by:
+
+    def add_mlp_outliers(visual: Any) -> None:
+        for block in visual.blocks:
+            c = traits.mlp_channel(block.mlp.gate_proj.out_features)
+            root = math.sqrt(traits.mlp_peak)  # silu(root) * root ~ mlp_peak on every token
+            for linear in (block.mlp.gate_proj, block.mlp.up_proj):
+                linear.weight[c].zero_()
+                linear.bias[c] = root
+            column = block.mlp.down_proj.weight[:, c]
+            column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
+
+    def compensate(norm: Any, sigma: float, seen: float, channels: list, others: list) -> None:
+        # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo
+        # it, the offset channels get a small weight (as trained norms do for their massive
+        # channels).
         norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
         norm.weight[channels] = traits.small_norm_weight
-    factor = scale_features(visual, patches, grid, traits.feature_peak)
+
+    report = inject_vision_traits(
+        visual,
+        dim,
+        traits,
+        side=8,
+        writers=lambda block: (block.attn.proj, block.mlp.down_proj),
+        compensate=compensate,
+        edit_blocks=add_mlp_outliers,
+    )
     return {
-        "vision_offset_channels": channels,
-        "vision_scale": scale,
-        "vision_offset_per_sublayer": offset,
-        "feature_scale": factor,
+        **report,
         "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features),
     }
 

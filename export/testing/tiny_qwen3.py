@@ -37,7 +37,7 @@ from .shared import (
     stress_edit,
     write_tiny_info,
 )
-from .tiny_qwen2 import StressTraits, norm_input_std, vision_probe
+from .tiny_qwen2 import StressTraits, norm_input_std, scale_vision_stream, vision_probe
 
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -308,6 +308,11 @@ def _inject_text_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]
     }
 
 
+def _stream_writers_3(block: Any) -> tuple[Any, Any]:
+    """The Linears of a Qwen3-VL vision block whose output is added to the residual stream."""
+    return block.attn.proj, block.mlp.linear_fc2
+
+
 def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
     """A vision residual stream at `vision_typical` per element with two channels offset past
     fp16's range (`vision_peak`) through the biases of every block's attention output and MLP
@@ -319,20 +324,14 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
     visual = backbone.visual
     dim = visual.config.hidden_size
     channels, _, grid, patches = vision_probe(visual, dim, traits, side=8)
-    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
-    for module in (visual.patch_embed.proj, visual.pos_embed):  # LayerNorm is scale-invariant
-        for param in module.parameters():
-            param.mul_(scale)
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.linear_fc2):
-            linear.weight.mul_(scale)
-            linear.bias.mul_(scale)
+    embedding = [*visual.patch_embed.proj.parameters(), *visual.pos_embed.parameters()]
+    scale = scale_vision_stream(visual, patches, traits, embedding, _stream_writers_3)
     offset = traits.vision_peak / (2 * len(visual.blocks))
     norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.norm]
     deepstack = list(zip(visual.deepstack_visual_indexes, visual.deepstack_merger_list))
     sigmas = norm_input_std(visual, patches, grid, norms + [m.norm for _, m in deepstack])
     for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.linear_fc2):
+        for linear in _stream_writers_3(block):
             linear.bias[channels] += offset
     # sublayers written before each norm: block i's norm1 sees 2i, norm2 2i + 1, the merger all;
     # the DeepStack merger after block `index` sees 2 (index + 1)
