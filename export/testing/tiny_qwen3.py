@@ -21,22 +21,23 @@ anything.
 from __future__ import annotations
 
 import json
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from typing import Any, Callable
 
-from .tiny_qwen2 import (
+from .shared import (
     TINY_INFO,
-    TOKENIZER_FILES,
-    StressTraits,
-    norm_input_std,
+    apply_edit,
+    copy_tokenizer_files,
+    language_model_sizes,
+    make_folder,
     perturb_vectors,
-    qwen_tokenizer_dir,
-    vision_probe,
+    resolve_preset,
+    stress_edit,
     write_tiny_info,
 )
+from .tiny_qwen2 import StressTraits, norm_input_std, scale_vision_stream, vision_probe
 
 PATCH_SIZE = 16
 MERGE_SIZE = 2
@@ -147,12 +148,7 @@ def build_vlm_config(spec: Qwen3Spec):
     spec.check()
     return Qwen3VLConfig(
         text_config={
-            "vocab_size": spec.vocab_size,
-            "hidden_size": spec.text_hidden,
-            "intermediate_size": spec.text_intermediate,
-            "num_hidden_layers": spec.text_layers,
-            "num_attention_heads": spec.text_heads,
-            "num_key_value_heads": spec.text_kv_heads,
+            **language_model_sizes(spec),
             "head_dim": spec.text_head_dim,
             "rms_norm_eps": 1e-6,
             "rope_theta": spec.rope_theta,
@@ -212,9 +208,7 @@ def colpali_config_json(spec: Qwen3Spec) -> dict:
 def save_processor_files(out: Path, *, min_pixels: int, max_pixels: int) -> None:
     """The real Qwen tokenizer files (byte-identical) and a Qwen3-VL image processor config with
     explicit pixel bounds (both spellings agree, so every transformers version reads the same)."""
-    tokenizer_dir = qwen_tokenizer_dir()
-    for name in TOKENIZER_FILES:
-        shutil.copyfile(tokenizer_dir / name, out / name)
+    copy_tokenizer_files(out)
     (out / "preprocessor_config.json").write_text(
         json.dumps(
             {
@@ -261,18 +255,14 @@ def build_checkpoint_3(
     from safetensors.torch import save_file
     from transformers import Qwen3VLModel
 
-    spec = PRESETS_3[spec] if isinstance(spec, str) else spec
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    spec = resolve_preset(spec, PRESETS_3, "ColQwen3")
+    out = make_folder(out_dir)
     torch.manual_seed(seed)
     backbone = Qwen3VLModel(build_vlm_config(spec)).to(torch.float32).eval()
     projection = torch.nn.Linear(spec.text_hidden, EMBEDDING_DIM)
     holder = torch.nn.ModuleDict({"backbone": backbone, "projection": projection})
     perturb_vectors(holder, seed)
-    edited = None
-    if edit is not None:
-        with torch.no_grad():
-            edited = edit(backbone)
+    edited = apply_edit(edit, backbone)
     tensors = {f"model.{k}": v.contiguous() for k, v in backbone.state_dict().items()}
     tensors.update(
         {f"model.custom_text_proj.{k}": v.contiguous() for k, v in projection.state_dict().items()}
@@ -318,6 +308,11 @@ def _inject_text_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]
     }
 
 
+def _stream_writers_3(block: Any) -> tuple[Any, Any]:
+    """The Linears of a Qwen3-VL vision block whose output is added to the residual stream."""
+    return block.attn.proj, block.mlp.linear_fc2
+
+
 def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
     """A vision residual stream at `vision_typical` per element with two channels offset past
     fp16's range (`vision_peak`) through the biases of every block's attention output and MLP
@@ -329,20 +324,14 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
     visual = backbone.visual
     dim = visual.config.hidden_size
     channels, _, grid, patches = vision_probe(visual, dim, traits, side=8)
-    scale = float(traits.vision_typical / visual.patch_embed(patches).abs().median())
-    for module in (visual.patch_embed.proj, visual.pos_embed):  # LayerNorm is scale-invariant
-        for param in module.parameters():
-            param.mul_(scale)
-    for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.linear_fc2):
-            linear.weight.mul_(scale)
-            linear.bias.mul_(scale)
+    embedding = [*visual.patch_embed.proj.parameters(), *visual.pos_embed.parameters()]
+    scale = scale_vision_stream(visual, patches, traits, embedding, _stream_writers_3)
     offset = traits.vision_peak / (2 * len(visual.blocks))
     norms = [n for b in visual.blocks for n in (b.norm1, b.norm2)] + [visual.merger.norm]
     deepstack = list(zip(visual.deepstack_visual_indexes, visual.deepstack_merger_list))
     sigmas = norm_input_std(visual, patches, grid, norms + [m.norm for _, m in deepstack])
     for block in visual.blocks:
-        for linear in (block.attn.proj, block.mlp.linear_fc2):
+        for linear in _stream_writers_3(block):
             linear.bias[channels] += offset
     # sublayers written before each norm: block i's norm1 sees 2i, norm2 2i + 1, the merger all;
     # the DeepStack merger after block `index` sees 2 (index + 1)
@@ -379,6 +368,18 @@ def _inject_vision_traits_3(backbone: Any, traits: StressTraits) -> dict[str, An
     }
 
 
+def _inject_traits_3(backbone: Any, traits: StressTraits) -> dict[str, Any]:
+    """The vision traits, then the text traits; the image tokens carry the massive text channels
+    too (the merger's output bias), set after the features are scaled."""
+    vision = _inject_vision_traits_3(backbone, traits)
+    text = _inject_text_traits_3(backbone, traits)
+    bias = backbone.visual.merger.linear_fc2.bias
+    first, second = text["text_massive_channels"]
+    bias[first] += text["text_massive_value"]
+    bias[second] -= text["text_massive_value"]
+    return {**text, **vision}
+
+
 def build_stress_checkpoint_3(
     out_dir: str | Path,
     spec: Qwen3Spec | str = "tiny-3",
@@ -388,18 +389,8 @@ def build_stress_checkpoint_3(
 ) -> Path:
     """`build_checkpoint_3` plus trained-model activation traits (`StressTraits`, export/testing/tiny_qwen2.py:
     what they imitate and their limits), placed where Qwen3-VL's modules allow
-    (`_inject_text_traits_3`, `_inject_vision_traits_3`). The image tokens carry the massive text
-    channels too (the merger's output bias), set after the features are scaled."""
-
-    def edit(backbone: Any) -> dict[str, Any]:
-        vision = _inject_vision_traits_3(backbone, traits)
-        text = _inject_text_traits_3(backbone, traits)
-        bias = backbone.visual.merger.linear_fc2.bias
-        first, second = text["text_massive_channels"]
-        bias[first] += text["text_massive_value"]
-        bias[second] -= text["text_massive_value"]
-        return {**asdict(traits), **text, **vision}
-
+    (`_inject_traits_3`)."""
+    edit = stress_edit(traits, _inject_traits_3)
     return build_checkpoint_3(out_dir, spec, seed=seed, edit=edit)
 
 
@@ -427,8 +418,7 @@ def to_tomoro_layout(src: str | Path, dst: str | Path, *, lm_head_seed: int = 3)
 
     from ..families.qwen3.layouts import COLPALI, TOMORO
 
-    src, out = Path(src), Path(dst)
-    out.mkdir(parents=True, exist_ok=True)
+    src, out = Path(src), make_folder(dst)
     info = json.loads((src / TINY_INFO).read_text())
     spec = Qwen3Spec(
         **{

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs.edits import ONNX_DOMAINS, _const_float, _swap_in, release
+from ..graphs.edits import ONNX_DOMAINS, _const_float, _swap_in, add_initializer, release
 
 
 def _attribute(node: Any, name: str, default: Any) -> Any:
@@ -49,16 +49,9 @@ def gemms_as_matmuls(model: Any) -> int:
         ):
             continue
         if _attribute(node, "transB", 0):
-            name = f"{w.name}_t"
             matrix = np.array(weight.T, order="C")  # a copy: the mapping is released below
             del weight  # no view of the memory-mapped weight may outlive it
-            weight_value = ir.Value(
-                name=name,
-                shape=ir.Shape(matrix.shape),
-                type=ir.TensorType(ir.DataType.FLOAT),
-                const_value=ir.tensor(matrix, name=name),
-            )
-            graph.register_initializer(weight_value)
+            weight_value = add_initializer(graph, f"{w.name}_t", matrix)
             if len(w.uses()) == 1:
                 release(w)
         else:

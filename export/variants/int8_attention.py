@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graphs.edits import _swap_in
+from ..graphs.edits import _swap_in, add_initializer
 
 MS_DOMAIN = "com.microsoft"
 # QuantizeLinear's and MatMulIntegerToFloat's codes: Q uint8 with zero point 128 (peak 127), the
@@ -75,19 +75,9 @@ class _Consts:
         self.values: dict[str, Any] = {}
 
     def __call__(self, name: str, value: Any, dtype: Any = np.int64) -> Any:
-        import onnx_ir as ir
-
         name = f"int8_attention_{name}"
         if name not in self.values:
-            array = np.array(value, dtype)
-            v = ir.Value(
-                name=name,
-                shape=ir.Shape(array.shape),
-                type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-                const_value=ir.tensor(array, name=name),
-            )
-            self.graph.register_initializer(v)
-            self.values[name] = v
+            self.values[name] = add_initializer(self.graph, name, np.array(value, dtype))
         return self.values[name]
 
 

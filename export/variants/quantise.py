@@ -36,7 +36,7 @@ import numpy as np
 from colembed.errors import ExportError
 from colembed.layout import BASE_VARIANT
 
-from ..graphs.edits import release
+from ..graphs.edits import add_initializer, release
 
 SCHEMES = ("tensor", "row", BASE_VARIANT)  # BASE_VARIANT: the MatMul stays in fp32
 INT8_PEAK = 127  # symmetric: -127..127 (the -128 code unused, as onnxruntime's QInt8 weights)
@@ -96,16 +96,7 @@ class _Builder:
         self.graph = graph
 
     def init(self, name: str, array: np.ndarray) -> Any:
-        import onnx_ir as ir
-
-        value = ir.Value(
-            name=name,
-            shape=ir.Shape(array.shape),
-            type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-            const_value=ir.tensor(array, name=name),
-        )
-        self.graph.register_initializer(value)
-        return value
+        return add_initializer(self.graph, name, array)
 
     @staticmethod
     def node(

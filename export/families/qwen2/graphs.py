@@ -444,23 +444,38 @@ class TextGraph(nn.Module):
             for attn in attns:
                 del attn.forward
 
-    def forward(self, input_ids, attention_mask, position_ids, image_feature_index, image_features):
-        embeds = self.language_model.embed_tokens(input_ids)
-        # Row 0 is a placeholder so that a text-only batch (zero feature rows) gathers validly.
-        table = torch.cat([image_features.new_zeros(1, image_features.shape[-1]), image_features])
-        placed = table[image_feature_index]
-        embeds = torch.where((image_feature_index > 0).unsqueeze(-1), placed, embeds)
-        with self.fused_attention():
-            hidden = self.language_model(
-                inputs_embeds=embeds,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=False,
-                return_dict=True,
-            ).last_hidden_state
+    def hidden_states(self, embeds, attention_mask, position_ids, **extra_inputs):
+        """The language model's last hidden state over `embeds`, without a cache; `extra_inputs`
+        (a family's additional inputs) are passed to it as they are."""
+        return self.language_model(
+            inputs_embeds=embeds,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=False,
+            return_dict=True,
+            **extra_inputs,
+        ).last_hidden_state
+
+    def normalised_embeddings(self, hidden, attention_mask):
+        """Each token's projection, L2-normalised, and zero where the mask is 0 (padding)."""
         proj = self.projection(hidden)
         proj = proj / proj.norm(dim=-1, keepdim=True)
         return proj * attention_mask.unsqueeze(-1).to(proj.dtype)
+
+    def forward(self, input_ids, attention_mask, position_ids, image_feature_index, image_features):
+        embeds = self.language_model.embed_tokens(input_ids)
+        placed = place_rows(image_features, image_feature_index)
+        embeds = torch.where((image_feature_index > 0).unsqueeze(-1), placed, embeds)
+        with self.fused_attention():
+            hidden = self.hidden_states(embeds, attention_mask, position_ids)
+        return self.normalised_embeddings(hidden, attention_mask)
+
+
+def place_rows(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """rows[index - 1] per token, zeros where index is 0 (row 0 is a placeholder, so a text-only
+    batch with zero rows gathers validly)."""
+    table = torch.cat([rows.new_zeros(1, rows.shape[-1]), rows])
+    return table[index]
 
 
 def example_grid(preprocess, attention) -> tuple[int, int, int]:

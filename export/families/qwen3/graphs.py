@@ -31,7 +31,7 @@ import types
 import torch
 from torch import nn
 
-from ..qwen2.graphs import ImageGraph, TextGraph
+from ..qwen2.graphs import ImageGraph, TextGraph, place_rows
 
 
 class DeepStackImageGraph(ImageGraph):
@@ -96,32 +96,21 @@ class DeepStackTextGraph(TextGraph):
         embeds = self.language_model.embed_tokens(input_ids)
         is_image = image_feature_index > 0
         embeds = torch.where(
-            is_image.unsqueeze(-1), _place(image_features, image_feature_index), embeds
+            is_image.unsqueeze(-1), place_rows(image_features, image_feature_index), embeds
         )
         placed = [
-            _place(deepstack_features[k], image_feature_index)
+            place_rows(deepstack_features[k], image_feature_index)
             for k in range(deepstack_features.shape[0])
         ]
         with self._placed_deepstack(), self.fused_attention():
-            hidden = self.language_model(
-                inputs_embeds=embeds,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                use_cache=False,
-                return_dict=True,
+            hidden = self.hidden_states(
+                embeds,
+                attention_mask,
+                position_ids,
                 visual_pos_masks=is_image,
                 deepstack_visual_embeds=placed,
-            ).last_hidden_state
-        proj = self.projection(hidden)
-        proj = proj / proj.norm(dim=-1, keepdim=True)
-        return proj * attention_mask.unsqueeze(-1).to(proj.dtype)
-
-
-def _place(rows: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """rows[index - 1] per token, zeros where index is 0 (row 0 is a placeholder, so a text-only
-    batch with zero rows gathers validly)."""
-    table = torch.cat([rows.new_zeros(1, rows.shape[-1]), rows])
-    return table[index]
+            )
+        return self.normalised_embeddings(hidden, attention_mask)
 
 
 __all__ = ["DeepStackImageGraph", "DeepStackTextGraph"]
