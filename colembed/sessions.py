@@ -99,7 +99,18 @@ def openvino_installed() -> bool:
 
 
 def physical_cores() -> int:
-    """Physical cores (hyper-threads share one core's FPUs, so matmul-bound work uses these)."""
+    """Physical cores this process may run on (hyper-threads share one core's FPUs, so
+    matmul-bound work uses these): the machine's, at most the CPUs its affinity allows (a
+    `taskset`, a container's cpuset, a pinned worker), since threads beyond those only queue."""
+    cores = _machine_physical_cores()
+    try:
+        allowed = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # no affinity on this system (macOS, Windows)
+        return cores
+    return max(1, min(cores, allowed))
+
+
+def _machine_physical_cores() -> int:
     try:
         cores = set()
         with open("/proc/cpuinfo") as f:
