@@ -91,23 +91,6 @@ def schedule(items: list) -> list:
     return [item for file_items in ordered + light for item in file_items]
 
 
-def pytest_configure(config):
-    """Each xdist worker runs on its own share of the CPUs: two workers whose onnxruntime and
-    torch each start a thread per core would otherwise run twice the threads the machine has,
-    and spinning intra-op threads then wait on each other. Set before torch is imported
-    (OMP_NUM_THREADS); colembed's sessions read the affinity (sessions.physical_cores)."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    if not worker.startswith("gw") or workers < 2 or not hasattr(os, "sched_setaffinity"):
-        return
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < workers:
-        return
-    share = cpus[int(worker[2:]) % workers :: workers]
-    os.sched_setaffinity(0, share)
-    os.environ["OMP_NUM_THREADS"] = str(len(share))
-
-
 def pytest_collection_modifyitems(items):
     for item in items:
         if EXPORTING_FIXTURES & set(getattr(item, "fixturenames", ())):

@@ -5,6 +5,8 @@ only an unusually large query run shrinks the arena (page runs and ordinary runs
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -146,3 +148,20 @@ def test_threads_spin_within_a_run_and_not_between_runs():
     want = np.einsum("ij,jk->ik", x, weight, optimize=False)
     for _ in range(3):
         np.testing.assert_allclose(session.run({"x": x})[0], want, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity here")
+def test_sessions_start_no_more_threads_than_the_cpus_allowed(exported_tiny):
+    """A process pinned to one CPU (taskset, a container's cpuset) gets one intra-op thread, not
+    one per physical core of the machine."""
+    from colembed.sessions import physical_cores
+
+    before = os.sched_getaffinity(0)
+    try:
+        os.sched_setaffinity(0, {min(before)})
+        assert physical_cores() == 1
+        model = colembed.load(exported_tiny.folder)
+        assert model._preprocess_threads == 1
+    finally:
+        os.sched_setaffinity(0, before)
+    assert 1 <= physical_cores() <= len(before)
