@@ -307,7 +307,7 @@ def _cmd_index(args) -> int:
         raise UsageError("--actors and --parquet need --ray")
     if args.from_parquet:
         return _cmd_index_parquet(args)
-    metadata = _index_metadata(args)
+    metadata, table = _index_metadata(args)
     with _open_index(args, create=True) as index:
         result = index.add(
             args.paths,
@@ -319,9 +319,8 @@ def _cmd_index(args) -> int:
         )
         total = len(index)
     _print_added(result, total, args)
-    table = getattr(metadata, "table", None)
-    if table is not None and table.unused() and not args.json:
-        unused = table.unused()
+    unused = table.unused() if table is not None else []
+    if unused and not args.json:
         print(
             f"warning: {len(unused)} row(s) of {_shown(str(table.source))} name no file "
             f"indexed by this run: {', '.join(_shown(u) for u in unused[:5])}"
@@ -332,11 +331,12 @@ def _cmd_index(args) -> int:
 
 
 def _index_metadata(args):
-    """`--meta` (every file's) and `--meta-file` (each row its file's, over `--meta`) as
-    `Index.add`'s `metadata=`; the table is read and checked whole before the index opens."""
+    """(`Index.add`'s `metadata=`, the metadata table or None) of `--meta` (every file's) and
+    `--meta-file` (each row its file's, over `--meta`); the table is read and checked whole
+    before the index opens."""
     fixed = _assignments(args.meta) if args.meta else None
     if not args.meta_file:
-        return fixed
+        return fixed, None
     from .index.metadata import MetadataTable, check_metadata, merged
 
     table = MetadataTable.read(args.meta_file)
@@ -346,8 +346,7 @@ def _index_metadata(args):
         row = table(path)
         return merged(base, row) if row is not None else (dict(base) or None)
 
-    of_path.table = table
-    return of_path
+    return of_path, table
 
 
 def _cmd_index_parquet(args) -> int:
