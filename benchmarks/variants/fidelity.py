@@ -53,6 +53,7 @@ CONFIGS = {
     "tiny-stress": ("tiny", None, None, "stress"),
     "tiny-heldout": ("tiny", None, None, "heldout"),
     "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
+    "2b-stress": ("qwen2-vl-2b", 1, 2, "stress"),
     "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
     # ColQwen2.5 (Qwen2.5-VL: windowed vision attention, RMSNorm + gated-MLP vision blocks),
     # export/testing/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
