@@ -2,14 +2,19 @@
 Answer: layer 1's attention scores (spread ~6000 logits): int8's ~1% error flips its argmax
 Note: benchmarks/results/variants/variants-int8-pages-2b-heldout.md
 
-    python -m benchmarks.experiments.variants_int8_trace FP32_FOLDER [--pages NAMES] [--arm ARM]
+    python -m benchmarks.experiments.variants_int8_trace FP32_FOLDER [--pages NAMES] \
+        [--all | --summary | --scores] [--keep q_proj,k_proj] [--passes 2] [--recipe fp16] \
+        [--vision]
 
 Writes the int8 text graph of an fp32 export folder with the exporter's recipe (or an arm of
-it), records the fp32 text graph's feeds for gate pages (vision fp32), then runs both text
-graphs with every intermediate tensor exposed and compares each tensor the two graphs share
-(everything but the rewritten MatMuls) per token: cosine and relative error, for the image
-tokens and the text tokens apart. The first node where the text tokens' cosine falls is where
-the error arises; the int8 MatMuls' outputs are compared through the nodes that read them.
+it: `--keep` module paths left fp32, `--passes` weight codes, `--recipe fp16`), records the
+fp32 text graph's feeds for gate pages (vision fp32; `--vision`: the int8 vision graph's
+features feed the variant's text graph), then runs both text graphs with every intermediate
+tensor exposed and compares each tensor the two graphs share (everything but the rewritten
+MatMuls) per token: cosine and relative error, for the image tokens and the text tokens apart.
+The first node where the text tokens' cosine falls is where the error arises. `--summary`: the
+final embeddings only; `--scores`: the fp32 attention scores' spread and top-1/top-2 gaps.
+The variant graphs are written into FP32_FOLDER (`--out`, text.trace.onnx; vision.trace.onnx).
 """
 
 from __future__ import annotations
