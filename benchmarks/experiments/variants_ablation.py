@@ -75,12 +75,7 @@ def write_arm(
 
     for node in matmuls:
         path = module_path(node)
-        kept = any(k in path for k in keep)
-        if kept and node.name in factors:  # an fp32 MatMul still needs its smoothed weight
-            w = node.inputs[1]
-            w.const_value = ir.tensor(
-                w.const_value.numpy() * factors[node.name][:, None], name=w.name
-            )
+        kept = any(k in path for k in keep)  # quantise_matmuls smooths a kept MatMul's weight
         schemes[node.name] = (
             BASE_VARIANT if kept else "row"
         )  # quantise.SCHEMES: BASE_VARIANT keeps fp32

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from colembed.layout import BASE_VARIANT
+from colembed.layout import BASE_VARIANT, MANIFEST_NAME
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
@@ -53,6 +53,7 @@ CONFIGS = {
     "tiny-stress": ("tiny", None, None, "stress"),
     "tiny-heldout": ("tiny", None, None, "heldout"),
     "2b-random": ("qwen2-vl-2b", 1, 2, "random"),
+    "2b-stress": ("qwen2-vl-2b", 1, 2, "stress"),
     "2b-heldout": ("qwen2-vl-2b", 1, 2, "heldout"),
     # ColQwen2.5 (Qwen2.5-VL: windowed vision attention, RMSNorm + gated-MLP vision blocks),
     # export/testing/tiny_qwen2_5.py; its stress traits add the gated vision MLP's 2e5 intermediate.
@@ -132,7 +133,7 @@ def build(config: str, root: Path) -> Path:
 
     preset, depth, layers, kind = CONFIGS[config]
     folder = root / f"{config}-fp32"
-    if (folder / "manifest.json").is_file():
+    if (folder / MANIFEST_NAME).is_file():
         return folder
     checkpoint = root / f"{config}-checkpoint"
     if not (checkpoint / "config.json").is_file():
@@ -183,7 +184,7 @@ def measure(
     import shutil
 
     from colembed import safe_fs
-    from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
+    from colembed.manifest import Manifest, read_manifest
     from colembed_export.variants.gates import evaluate_variants
     from colembed_export.measure import StepMeter
     from colembed.integrity import describe_file

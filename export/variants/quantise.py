@@ -249,13 +249,17 @@ def quantise_matmuls(
         if scheme not in SCHEMES:
             raise ExportError(f"{node.name}: unknown int8 activation scheme {scheme!r}")
         counts[scheme] += 1
-        if scheme == BASE_VARIANT:
-            continue
         x, w = node.inputs
+        factors = (smoothing or {}).get(node.name)
+        if scheme == BASE_VARIANT:  # an fp32 MatMul behind a smoothed norm takes its factors too
+            if factors is not None:
+                w.const_value = ir.tensor(
+                    _const_float(w) * factors[:, None].astype(np.float32), name=w.name
+                )
+            continue
         array = _const_float(w)
         if array is None or array.ndim != 2:
             raise ExportError(f"{node.name}: int8 needs a constant 2-D fp32 weight")
-        factors = (smoothing or {}).get(node.name)
         source = array if factors is None else array * factors[:, None].astype(np.float32)
         split = (outliers or {}).get(node.name) if scheme == "row" else None
         split = None if split is None or not len(split) else np.asarray(split, np.int64)

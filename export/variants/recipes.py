@@ -378,6 +378,7 @@ def quantize_int8(
     activation_levels: int | None = None,
     weight_passes: int = 1,
     attention: bool | None = None,
+    keep: Sequence[str] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
@@ -385,7 +386,8 @@ def quantize_int8(
     `weight_levels` / `activation_levels` default to quantise.WEIGHT_PEAK / ACTIVATION_PEAK,
     read when called (benchmarks/variants/fidelity.py --int8-levels measures other pairs).
     `weight_passes`: int8 codes per weight (1 or 2: INT8_RECIPES). `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
-    products in int8 (int8_attention.py)."""
+    products in int8 (int8_attention.py). `keep`: module-path fragments whose MatMuls stay fp32
+    (their weights still take the smoothing factors; no recipe keeps any, measurements do)."""
     import numpy as np
     import onnx_ir as ir
 
@@ -421,13 +423,16 @@ def quantize_int8(
                 found = outlier_channels(profiles)
                 if found.size:
                     outliers[node.name] = found
+    schemes = {
+        n.name: BASE_VARIANT if any(k in module_path(n) for k in keep) else scheme for n in matmuls
+    }
     levels = {
         "weights": weight_levels or quantise.WEIGHT_PEAK,
         "activations": activation_levels or quantise.ACTIVATION_PEAK,
     }
     counts = quantise.quantise_matmuls(
         model,
-        {n.name: scheme for n in matmuls},
+        schemes,
         factors,
         outliers=outliers,
         weight_levels=levels["weights"],
@@ -442,6 +447,15 @@ def quantize_int8(
         "int8_attentions": attentions,
         "smoothed": len(factors),
         "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()},
+        **(
+            {
+                "fp32_matmuls": sorted(
+                    paths[n.name] for n in matmuls if schemes[n.name] == BASE_VARIANT
+                )
+            }
+            if keep
+            else {}
+        ),
     }
 
 

@@ -125,3 +125,25 @@ def test_calibration_probes_read_weights_unpacked_and_measure_the_same(calibrati
     packed = G.channel_maxima(src, names, feeds["text"])
     for name in names:
         np.testing.assert_allclose(unpacked[name], packed[name], rtol=1e-5)
+
+
+def test_matmuls_kept_fp32_behind_a_smoothed_norm_keep_the_fp32_function(calibrations, tmp_path):
+    """A MatMul the int8 recipe leaves fp32 (`quantize_int8(keep=)`) still reads its norm's output
+    divided by the SmoothQuant factors, so its weight takes them too: with every MatMul kept, the
+    graph computes the exported function."""
+    from colembed.sessions import Session
+    from colembed_export.graphs.edits import finish
+    from colembed_export.variants.recipes import quantize_int8
+    from colembed_export.variants.write import save_graph
+
+    folder, calibration = calibrations["exported_tiny"]
+    src = folder / _graph(folder, "text")
+    model, info = quantize_int8(src, tmp_path, calibration=calibration["text"], keep=("",))
+    assert info["smoothed"] > 0 and info["int8_matmuls"]["row"] == 0
+    assert len(info["fp32_matmuls"]) == info["int8_matmuls"]["fp32"] > 0
+    finish(model)
+    save_graph(model, tmp_path, "text.kept.onnx", external=False)
+    feeds = calibration["text"][0]
+    (want,) = Session(src, threads=1).run(feeds)
+    (got,) = Session(tmp_path / "text.kept.onnx", threads=1).run(feeds)
+    assert np.abs(got - want).max() < 1e-4
