@@ -14,9 +14,10 @@ loop and every op is one DirectML registers:
   block diagonal at block size b and E the strictly-lower blocks joining pairs of them,
   (D^-1 + E)^-1 = D - D E D exactly (E D E = 0), six levels from b = 1 to 64;
 - across chunks, the state recurrence S_i = d_i S_{i-1} + K_i^T (U_i - W_i S_{i-1}) is affine,
-  S_i = M_i S_{i-1} + C_i, so every chunk's incoming state comes from an inclusive scan of the
-  (M, C) pairs by doubling (Hillis-Steele): `scan_levels` levels serve up to
-  64 * 2**scan_levels tokens; a longer input is refused by the caller (`max_tokens`).
+  S_i = M_i S_{i-1} + C_i: the pairs of GROUP consecutive chunks are composed (a fixed, unrolled
+  sequence), the groups' pairs scanned by doubling (Hillis-Steele), and each group's incoming
+  state carried through its chunks (`chunk_states`). `scan_levels` levels serve up to
+  64 * GROUP * 2**scan_levels tokens (`max_tokens`; a longer input is refused).
 Each chunk's output is then the reference's: Q_i S_{i-1} + A_i (U_i - W_i S_{i-1}).
 benchmarks/results/experiments/qwen3_5-delta-rule.md measures the distance and the time.
 """
@@ -28,12 +29,13 @@ import torch.nn.functional as F
 from torch import nn
 
 CHUNK = 64  # the reference's chunk size (torch_chunk_gated_delta_rule's default)
-SCAN_LEVELS = 7  # 64 * 2**7 = 8192 tokens
+GROUP = 4  # chunks composed in sequence before the scan
+SCAN_LEVELS = 6  # groups of 4 chunks: 64 * 4 * 2**6 = 16,384 tokens
 
 
 def max_tokens(scan_levels: int = SCAN_LEVELS) -> int:
     """The longest sequence a layer with `scan_levels` scan levels computes exactly."""
-    return CHUNK * 2**scan_levels
+    return CHUNK * GROUP * 2**scan_levels
 
 
 def _l2norm(x: torch.Tensor) -> torch.Tensor:
@@ -65,6 +67,38 @@ def unit_lower_inverse(strict_lower: torch.Tensor, masks: list[torch.Tensor]) ->
     return inverse
 
 
+def chunk_states(transition: torch.Tensor, offset: torch.Tensor, scan_levels: int) -> torch.Tensor:
+    """The state entering each chunk, S_{i-1}, of S_i = M_i S_{i-1} + C_i with S_0 = 0.
+
+    transition (B, H, n, dk, dk), offset (B, H, n, dk, dv), n a multiple of GROUP. Chunks are
+    taken GROUP at a time: each group's pair is composed in sequence, the groups' pairs scanned
+    by doubling (`scan_levels` levels, each a product per group), and each group's incoming state
+    carried through its chunks in sequence.
+    """
+    batch, heads, _, k_dim, v_dim = offset.shape
+    eye = torch.eye(k_dim, dtype=transition.dtype)
+    transition = transition.reshape(batch, heads, -1, GROUP, k_dim, k_dim)
+    offset = offset.reshape(batch, heads, -1, GROUP, k_dim, v_dim)
+    groups = transition.shape[2]
+
+    group_m, group_c = transition[:, :, :, 0], offset[:, :, :, 0]
+    for j in range(1, GROUP):
+        group_c = transition[:, :, :, j] @ group_c + offset[:, :, :, j]
+        group_m = transition[:, :, :, j] @ group_m
+    for level in range(scan_levels):
+        shift = 2**level
+        ones = eye.expand(batch, heads, shift, k_dim, k_dim)
+        zeros = offset.new_zeros(1, 1, 1, 1, 1).expand(batch, heads, shift, k_dim, v_dim)
+        group_c = group_m @ torch.cat([zeros, group_c], 2)[:, :, :groups] + group_c
+        if level + 1 < scan_levels:
+            group_m = group_m @ torch.cat([ones, group_m], 2)[:, :, :groups]
+    zero = offset.new_zeros(1, 1, 1, 1, 1).expand(batch, heads, 1, k_dim, v_dim)
+    states = [torch.cat([zero, group_c], 2)[:, :, :groups]]
+    for j in range(1, GROUP):
+        states.append(transition[:, :, :, j - 1] @ states[-1] + offset[:, :, :, j - 1])
+    return torch.stack(states, dim=3).reshape(batch, heads, -1, k_dim, v_dim)
+
+
 def gated_delta_rule(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -90,7 +124,10 @@ def gated_delta_rule(
     key = _l2norm(key)
     query = query * k_dim**-0.5
 
-    pad = (CHUNK - length % CHUNK) % CHUNK
+    # Whole groups of chunks (padding tokens come after every real one, so they change none);
+    # the pad without Mod, which DirectML has none of for int64.
+    span = CHUNK * GROUP
+    pad = (length + span - 1) // span * span - length
     query, key, value = (F.pad(x, (0, 0, 0, pad)) for x in (query, key, value))
     beta, decay = (F.pad(x, (0, pad)) for x in (beta, decay))
     v_beta = value * beta.unsqueeze(-1)
@@ -120,18 +157,8 @@ def gated_delta_rule(
     key_t = key.transpose(-1, -2)
     eye = torch.eye(k_dim, dtype=torch.float32)
     transition = chunk_decay * eye - key_t @ k_cumdecay
-    state = key_t @ new_values
-    heads, chunks = state.shape[1], state.shape[2]
-    for level in range(scan_levels):
-        shift = 2**level
-        ones = eye.expand(batch, heads, shift, k_dim, k_dim)
-        zeros = torch.zeros_like(state[:, :, :1]).expand(-1, -1, shift, -1, -1)
-        earlier_state = torch.cat([zeros, state], dim=2)[:, :, :chunks]
-        state = transition @ earlier_state + state
-        if level + 1 < scan_levels:
-            earlier = torch.cat([ones, transition], dim=2)[:, :, :chunks]
-            transition = transition @ earlier
-    incoming = torch.cat([torch.zeros_like(state[:, :, :1]), state], dim=2)[:, :, :chunks]
+    offset = key_t @ new_values
+    incoming = chunk_states(transition, offset, scan_levels)
 
     v_new = new_values - k_cumdecay @ incoming
     out = query @ incoming + intra @ v_new
@@ -213,6 +240,11 @@ class GatedDeltaNet(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         batch, length, _ = hidden_states.shape
+        if not torch.compiler.is_exporting() and length > max_tokens(self.scan_levels):
+            raise ValueError(
+                f"{length} tokens: this layer computes at most {max_tokens(self.scan_levels)} "
+                f"exactly ({self.scan_levels} scan levels)"
+            )
         hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
         mixed = self.in_proj_qkv(hidden_states).transpose(1, 2)
         mixed = F.conv1d(
