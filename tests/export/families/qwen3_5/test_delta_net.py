@@ -164,11 +164,22 @@ def _reference_outputs(layer, cases, tmp_path):
         return [out[f"out{i}"] for i in range(len(cases))]
 
 
+def _padded_on_the_left(hidden, mask):
+    """The right-padded batch with each row's padding moved before its real tokens."""
+    hidden, mask = hidden.copy(), mask.copy()
+    for row in range(len(mask)):
+        real = int(mask[row].sum())
+        hidden[row] = np.concatenate([hidden[row, real:], hidden[row, :real]])
+        mask[row] = np.concatenate([mask[row, real:], mask[row, :real]])
+    return hidden, mask
+
+
 @pytest.mark.heavy("qwen3")
 @pytest.mark.slow
 def test_the_layer_is_transformers_qwen3_5_gated_delta_net(tmp_path):
     """The same weights and right-padded batches through transformers 5.24's layer (its torch
-    path, no cache): every real token within 1e-5."""
+    path, no cache): every real token within 1e-5. The reference given the batch padded on the
+    left (colpali-engine's side) gives its real tokens the same outputs."""
     layer = tiny_layer()
     rng = np.random.default_rng(0)
     cases = []
@@ -177,12 +188,15 @@ def test_the_layer_is_transformers_qwen3_5_gated_delta_net(tmp_path):
         mask = np.ones((2, length), np.int64)
         mask[1, max(1, length // 2) :] = 0
         cases.append((hidden, mask))
-    reference = _reference_outputs(layer, cases, tmp_path)
-    for (hidden, mask), expected in zip(cases, reference):
+    left = [_padded_on_the_left(hidden, mask) for hidden, mask in cases]
+    reference = _reference_outputs(layer, cases + left, tmp_path)
+    for i, (hidden, mask) in enumerate(cases):
         with torch.no_grad():
             found = layer(torch.from_numpy(hidden), torch.from_numpy(mask)).numpy()
         real = mask.astype(bool)
-        assert np.abs(found[real] - expected[real]).max() < 1e-5, hidden.shape
+        assert np.abs(found[real] - reference[i][real]).max() < 1e-5, hidden.shape
+        left_mask = left[i][1].astype(bool)
+        assert np.abs(found[real] - reference[len(cases) + i][left_mask]).max() < 1e-5
 
 
 @pytest.mark.slow
