@@ -36,11 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from benchmarks.shared.common import load_average, machine_info, write_results
+from benchmarks.shared.machine import markdown_header
 
-from benchmarks.shared.common import load_average, machine_info, write_results  # noqa: E402
-from benchmarks.shared.machine import markdown_header  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
 
 WIDTHS = {
     # Qwen3.5-0.8B's published text config (docs/reference-colqwen3_5.md lists the sources).
