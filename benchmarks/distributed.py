@@ -39,8 +39,9 @@ from benchmarks.shared.common import (  # noqa: E402
     load_caveat,
     machine_info,
     make_pdfs,
-    markdown_header,
+    results_markdown,
     rss_mib,
+    write_note,
 )
 
 from colembed.layout import BASE_VARIANT  # noqa: E402
@@ -289,10 +290,6 @@ def projection(r: dict, nodes: tuple[int, ...] = (1, 10, 100, 1000)) -> list[str
 def markdown(results: dict) -> str:
     r = results["bench"]
     lines = [
-        "# Distributed indexing benchmark (colembed.distributed on Ray Data)",
-        "",
-        markdown_header(results["machine"]),
-        "",
         f"Model: {r['model']} ({r['image_tokens_per_page']} tokens per letter page). "
         f"{r['pages']} PDF pages into a new Qdrant Edge folder, then again (all skipped); "
         f"batch size {r['batch_size']}; mean of {r['rounds']} rounds. Per page = (job - "
@@ -350,7 +347,11 @@ def markdown(results: dict) -> str:
         *projection(r),
         "",
     ]
-    return "\n".join(lines)
+    return results_markdown(
+        "Distributed indexing benchmark (colembed.distributed on Ray Data)",
+        results["machine"],
+        lines,
+    )
 
 
 def main() -> None:
@@ -366,7 +367,7 @@ def main() -> None:
     out = HERE / "results" / "distributed"
     if args.markdown_only:
         results = json.loads((out / "distributed.json").read_text())
-        (out / "distributed.md").write_text(markdown(results) + "\n")
+        (out / "distributed.md").write_text(markdown(results))
         return
     results = {"machine": machine_info(), "load_before": load_average()}
     with tempfile.TemporaryDirectory(prefix="colembed-bench-distributed-") as tmp:
@@ -374,9 +375,7 @@ def main() -> None:
         model_dir = Path(args.model) if args.model else build_tiny(scratch)
         results["bench"] = bench(model_dir, scratch, args.files, args.pages, args.rounds)
     results["load_after"] = load_average()
-    (out / "distributed.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "distributed.md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(out / "distributed", results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -37,6 +36,7 @@ from benchmarks.shared.common import (
     load_average,
     machine_info,
     markdown_table,
+    median_seconds,
     results_markdown,
     run_json_subprocess,
     write_results,
@@ -77,13 +77,7 @@ def record_feeds(folder: Path, out: Path) -> list[str]:
 
 
 def _time(run, feeds, repeats: int) -> float:
-    run(feeds)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(feeds)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(lambda: run(feeds), repeats, warm_up=True)
 
 
 def worker(job: dict[str, Any]) -> dict[str, Any]:

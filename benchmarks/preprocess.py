@@ -37,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 import numpy as np  # noqa: E402
 from PIL import Image, ImageDraw  # noqa: E402
 
+from benchmarks.shared.common import median_seconds  # noqa: E402
 from benchmarks.shared.machine import load_average, machine_info  # noqa: E402
 
 REPO = HERE.parent
@@ -153,12 +154,7 @@ def resize_only(obj, size: tuple[int, int], rounds: int) -> float:
         image = Image.open(io.BytesIO(obj)).convert("RGB") if isinstance(obj, bytes) else obj
         image.resize(size, Image.Resampling.BICUBIC)
 
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(step, rounds)
 
 
 def alternate(reference_fn, colembed_fn, rounds: int) -> tuple[float, float]:

@@ -36,7 +36,6 @@ Writes benchmarks/results/serve/serve.{md,json} (--quick: serve-quick.*).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -49,7 +48,13 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-from benchmarks.shared.common import QUERY_WORDS, machine_info, markdown_header, tiny_folder  # noqa: E402
+from benchmarks.shared.common import (  # noqa: E402
+    QUERY_WORDS,
+    machine_info,
+    markdown_header,
+    tiny_folder,
+    write_note,
+)
 from benchmarks.shared.served import free_port, start_server  # noqa: E402
 from benchmarks.shared.synthetic_pages import synthetic_page  # noqa: E402
 
@@ -555,10 +560,7 @@ def main() -> None:
         if proc.poll() is None:
             proc.kill()
     name = "serve-quick" if args.quick else "serve"
-    out = HERE / "results" / "serve"
-    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / f"{name}.md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(HERE / "results" / "serve" / name, results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
 from benchmarks.shared.common import budget_page, letter_page, machine_info  # noqa: E402,F401  (re-exported)
+from benchmarks.shared.common import write_note  # noqa: E402
 from benchmarks.shared.embed_models import (  # noqa: E402
     GATE_MISSES,
     INT8_BASELINE,
@@ -306,10 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     results["elapsed_s"] = time.perf_counter() - started
     args.out.mkdir(parents=True, exist_ok=True)
     stem = RESULT_STEMS[args.family] + ("-full" if args.full else "")
-    (args.out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    table = markdown(results)
-    (args.out / f"{stem}.md").write_text(table)
-    print(table)
+    write_note(args.out / stem, results, markdown(results))
     progress(f"wrote {args.out / stem}.json and {stem}.md")
     return 0
 

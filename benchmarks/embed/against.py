@@ -33,7 +33,6 @@ does not model the full depth's share of attention, see `--full`).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import subprocess
@@ -53,6 +52,7 @@ from benchmarks.shared.common import (
     serve,
     spread,
     timed,
+    write_note,
 )
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
@@ -297,10 +297,7 @@ def run_against(args, ckpt: Path, folder: Path, work: Path, progress) -> int:
         "fail" if any(v["verdict"] == "fail" for v in results["versus"].values()) else "pass"
     )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "embed-against.json").write_text(json.dumps(results, indent=1) + "\n")
-    table = markdown(results)
-    (args.out / "embed-against.md").write_text(table)
-    print(table)
+    write_note(args.out / "embed-against", results, markdown(results))
     return 0 if results["verdict"] == "pass" else 1
 
 

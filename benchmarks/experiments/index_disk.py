@@ -39,13 +39,18 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
+from benchmarks.shared.machine import (  # noqa: E402
+    DiskSampler,
+    disk_mib,
+    load_average,
+    machine_info,
+    markdown_header,
+)
 
 from colembed.layout import BASE_VARIANT  # noqa: E402
 
@@ -56,31 +61,8 @@ BATCH = 4  # pages per upsert, as the indexer's writer hands them
 RESULTS = Path(__file__).resolve().parents[1] / "results" / "experiments"
 
 
-def allocated(folder: Path) -> int:
-    """Bytes allocated on disk under `folder` (st_blocks: sparse files count what they hold)."""
-    total = 0
-    for root, _, files in os.walk(folder):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_blocks * 512
-            except OSError:
-                pass
-    return total
-
-
-def wal_bytes(folder: Path) -> int:
-    return allocated(folder / "shard" / "wal")
-
-
-class Sampler(threading.Thread):
-    def __init__(self, folder: Path, every: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.folder, self.every, self.peak, self.done = folder, every, 0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            self.peak = max(self.peak, allocated(self.folder))
-            time.sleep(self.every)
+def wal_mib(folder: Path) -> float:
+    return disk_mib(folder / "shard" / "wal")
 
 
 def pages(start: int, count: int, seed: int = 0):
@@ -141,7 +123,7 @@ def write(folder: Path, total: int, *, cadence: bool, report_every: int = 0) -> 
         flush_times.append(time.perf_counter() - t)
 
     store.flush = timed_flush
-    sampler = Sampler(folder)
+    sampler = DiskSampler(folder, every=0.25)
     sampler.start()
     start = time.perf_counter()
     for lo in range(0, total, BATCH):
@@ -149,11 +131,11 @@ def write(folder: Path, total: int, *, cadence: bool, report_every: int = 0) -> 
         if report_every and (lo + BATCH) % report_every == 0:
             print(f"stored {lo + BATCH}", flush=True)
     wrote = time.perf_counter() - start
-    before_final = allocated(folder)
+    before_final = disk_mib(folder)
     store.close()
     sampler.done.set()
     sampler.join()
-    final = allocated(folder)
+    final = disk_mib(folder)
     return {
         "pages": total,
         "cadence": cadence,
@@ -163,8 +145,8 @@ def write(folder: Path, total: int, *, cadence: bool, report_every: int = 0) -> 
         "flush_s_median": round(float(np.median(flush_times)), 3) if flush_times else None,
         "flush_s_max": round(max(flush_times), 3) if flush_times else None,
         "flush_s_total": round(sum(flush_times), 1),
-        "peak_disk_mb": round(max(sampler.peak, before_final) / 2**20),
-        "final_disk_mb": round(final / 2**20),
+        "peak_disk_mb": round(max(sampler.peak, before_final)),
+        "final_disk_mb": round(final),
         "peak_over_final": round(max(sampler.peak, before_final) / final, 2),
     }
 
@@ -195,11 +177,11 @@ def killed_run(folder: Path, total: int) -> dict:
             os.kill(child.pid, signal.SIGKILL)
             break
     child.wait()
-    wal = wal_bytes(folder)
+    wal = wal_mib(folder)
     seconds, count = reopen_seconds(folder)
     return {
         "killed_after_pages": total // 2,
-        "wal_left_mb": round(wal / 2**20),
+        "wal_left_mb": round(wal),
         "reopen_s": round(seconds, 2),
         "pages_after_reopen": count,
     }
@@ -228,7 +210,7 @@ def main() -> None:
     clean = write(base / "cadence", args.pages, cadence=True)
     clean["reopen_s"], _ = reopen_seconds(base / "cadence")
     clean["reopen_s"] = round(clean["reopen_s"], 2)
-    clean["wal_after_close_mb"] = round(wal_bytes(base / "cadence") / 2**20)
+    clean["wal_after_close_mb"] = round(wal_mib(base / "cadence"))
     runs.append(clean)
     load.append(load_average())
     killed = killed_run(base / "killed", args.pages)

@@ -28,14 +28,14 @@ Writes benchmarks/results/muvera-candidates-<pages>.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
+from benchmarks.shared.common import load_line, results_markdown, write_note  # noqa: E402
+from benchmarks.shared.machine import load_average, machine_info  # noqa: E402
 
 QUERIES = 40
 K = 10
@@ -153,20 +153,13 @@ def main() -> None:
         },
     }
     out = HERE / "results" / "experiments" / f"muvera-candidates-{args.pages}"
-    out.with_suffix(".json").write_text(json.dumps(results, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(out, results, markdown(results))
 
 
 def markdown(r: dict) -> str:
     base = r["exact_needle_at_10"]
     lines = [
-        "# MUVERA vs the token-centroid candidate stage",
-        "",
-        markdown_header(r["machine"]),
-        "",
-        f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 "
-        "cores (under concurrent load: read the times as same-run ratios).",
+        load_line(r),
         "",
         f"{r['pages']:,} local-answer pages (benchmarks/shared/local_answer.py), {r['queries']} "
         f"queries, {r['candidates']} candidates a stage (twice that alone), exact MaxSim "
@@ -194,7 +187,7 @@ def markdown(r: dict) -> str:
         f"| MUVERA FDE (float32) | {b['muvera']:,} | {t['muvera']:.1f} | {m['muvera']:.1f} |",
         f"| mean (128 float32) | {b['mean']:,} | {t['mean']:.1f} | - |",
     ]
-    return "\n".join(lines)
+    return results_markdown("MUVERA vs the token-centroid candidate stage", r["machine"], lines)
 
 
 if __name__ == "__main__":

@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-from benchmarks.shared.common import load_caveat, spread  # noqa: E402
-from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
+from benchmarks.shared.common import load_line, results_markdown, spread, write_note  # noqa: E402
+from benchmarks.shared.machine import load_average, machine_info  # noqa: E402
 
 K, DIM = 16, 128
 
@@ -172,13 +172,7 @@ def bench_reopen(folders: list[Path], rounds: int) -> dict:
 
 def markdown(r: dict) -> str:
     lines = [
-        f"# Search parts: {r['title']}",
-        "",
-        markdown_header(r["machine"]),
-        "",
-        f"Load average before / after: {r['load_before']} / {r['load_after']} on 2 cores"
-        + load_caveat(r)
-        + (f" {r['note']}" if r.get("note") else ""),
+        load_line(r) + (f" {r['note']}" if r.get("note") else ""),
         "",
         "Medians over the rounds (min-max in brackets); contenders interleaved in every round.",
         "",
@@ -229,7 +223,7 @@ def markdown(r: dict) -> str:
                 f"{cell('first_query_ms')} | {cell('second_query_ms')} |"
             )
         lines.append("")
-    return "\n".join(lines)
+    return results_markdown(f"Search parts: {r['title']}", r["machine"], lines)
 
 
 def main() -> None:
@@ -258,11 +252,7 @@ def main() -> None:
     if args.reopen:
         results["reopen"] = bench_reopen(args.reopen, args.rounds)
     results["load_after"] = load_average()
-    (HERE / "results" / "experiments" / f"{args.out}.json").write_text(
-        json.dumps(results, indent=2) + "\n"
-    )
-    (HERE / "results" / "experiments" / f"{args.out}.md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(HERE / "results" / "experiments" / args.out, results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ Writes benchmarks/results/experiments/search-scale-<pages>.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
+from benchmarks.shared.common import write_note  # noqa: E402
 from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
 
 QUERIES = 40
@@ -220,11 +220,7 @@ def main() -> None:
         results.update(evaluate(out, args.pages, starts))
     results["load_after"] = load_average()
     name = f"search-scale-{args.pages // 1000}k"
-    (HERE / "results" / "experiments" / f"{name}.json").write_text(
-        json.dumps(results, indent=2) + "\n"
-    )
-    (HERE / "results" / "experiments" / f"{name}.md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(HERE / "results" / "experiments" / name, results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -24,8 +24,6 @@ import argparse
 import shutil
 from pathlib import Path
 
-import numpy as np
-
 from colembed.layout import BASE_VARIANT
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
@@ -44,9 +42,9 @@ def write_arm(
 
     from colembed.integrity import describe_file
     from colembed.manifest import MANIFEST_NAME, Manifest, read_manifest
-    from colembed_export.graphs.edits import finish, smoothing_factors
+    from colembed_export.graphs.edits import finish
     from colembed_export.variants.quantise import quantise_matmuls
-    from colembed_export.variants.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
+    from colembed_export.variants.recipes import row_calibration, weight_matmuls
     from colembed_export.variants.write import save_graph
 
     # The arm's graph is written into the fp32 folder itself (onnx_ir refuses hard-linked external
@@ -57,19 +55,7 @@ def write_arm(
     src = fp32 / "text.onnx"
     model = ir.load(src)
     matmuls = weight_matmuls(model)
-    factors = smoothing_factors(
-        model,
-        src,
-        calibration,
-        alpha=SMOOTHING_ALPHA,
-        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
-    )
-    outliers = {}
-    for node in matmuls:
-        s = factors.get(node.name)
-        found = outlier_channels([p if s is None else p / s for p in per_feed[node.inputs[0].name]])
-        if found.size:
-            outliers[node.name] = found
+    factors, outliers = row_calibration(model, src, matmuls, calibration, per_feed)
     schemes = {}
     from colembed_export.graphs.edits import module_path
 
@@ -140,7 +126,7 @@ def main() -> int:
     from colembed_export.variants.gates import calibration_feeds, gate_pages, token_cosines
     from colembed_export.graphs.edits import channel_maxima_per_feed
     from colembed_export.variants.recipes import weight_matmuls
-    from benchmarks.shared.common import machine_info, results_markdown, write_results
+    from benchmarks.shared.common import machine_info, report_results
 
     import onnx_ir as ir
 
@@ -193,12 +179,8 @@ def main() -> int:
         f"{r['worst_token']} / {r['tokens']} |"
         for r in rows
     ]
-    text = results_markdown(
-        "int8 text graph, vision fp32: which MatMuls cost the pages", info, lines
-    )
-    print(text)
-    if args.results:
-        write_results(args.results, text, info, {"rows": rows})
+    title = "int8 text graph, vision fp32: which MatMuls cost the pages"
+    report_results(title, info, lines, args.results, {"rows": rows})
     return 0
 
 

@@ -51,7 +51,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", help="path without extension")
     args = parser.parse_args()
-    from benchmarks.shared.common import machine_info, results_markdown, write_results
+    from benchmarks.shared.common import machine_info, report_results
 
     rng = np.random.default_rng(0)
     rows = []
@@ -82,7 +82,7 @@ def main() -> int:
         f"{r['relative_error']:.4f} | {r['cosine_loss']:.2e} |"
         for r in rows
     ]
-    text = results_markdown(
+    report_results(
         "int8 row scheme: one MatMul's rounding error per code split",
         machine_info(),
         [
@@ -91,10 +91,9 @@ def main() -> int:
             "",
         ]
         + lines,
+        args.results,
+        {"rows": rows},
     )
-    print(text)
-    if args.results:
-        write_results(args.results, text, machine_info(), {"rows": rows})
     return 0
 
 

@@ -96,27 +96,17 @@ def matmul_errors(
     """Per MatMul and item: min per-token cosine of the emulated int8 product to fp32's."""
     import onnx_ir as ir
 
-    from colembed_export.graphs.edits import (
-        _probe,
-        channel_maxima_per_feed,
-        module_path,
-        smoothing_factors,
-    )
+    from colembed_export.graphs.edits import _probe, channel_maxima_per_feed, module_path
     from colembed_export.variants.quantise import WEIGHT_PEAK
-    from colembed_export.variants.recipes import SMOOTHING_ALPHA, outlier_channels, weight_matmuls
+    from colembed_export.variants.recipes import row_calibration, weight_matmuls
 
     src = folder / f"{role}.onnx"
     model = ir.load(src)
     matmuls = weight_matmuls(model)
     inputs = sorted({n.inputs[0].name for n in matmuls})
     per_feed = channel_maxima_per_feed(src, inputs, calibration)
-    factors = smoothing_factors(
-        model,
-        src,
-        calibration,
-        alpha=SMOOTHING_ALPHA,
-        maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
-    )
+    factors, outliers = row_calibration(model, src, matmuls, calibration, per_feed)
+    none = np.zeros(0, dtype=np.intp)
     rows = []
     with _probe(src, lambda graph: list(inputs)) as (session, outs):
         for item, feed in zip(names, feeds):
@@ -129,8 +119,7 @@ def matmul_errors(
                 x = x.reshape(-1, x.shape[-1])
                 w = node.inputs[1].const_value.numpy()
                 s = factors.get(node.name)
-                profiles = [p if s is None else p / s for p in per_feed[node.inputs[0].name]]
-                found = outlier_channels(profiles)
+                found = outliers.get(node.name, none)
                 want = x.astype(np.float64) @ w.astype(np.float64)
                 got = emulated_int8(x, w, s, found, WEIGHT_PEAK)
                 cos = row_cosines(got, want)
@@ -176,7 +165,7 @@ def main() -> int:
 
     import colembed
     from colembed_export.variants.gates import calibration_feeds, gate_pages, gate_queries
-    from benchmarks.shared.common import machine_info, results_markdown, write_results
+    from benchmarks.shared.common import machine_info, report_results
 
     info = machine_info()
     reference = colembed.load(args.folder, verify=False)
@@ -213,12 +202,8 @@ def main() -> int:
             f"{r['worst_kind']} {r['worst_token']} | {r.get('min_image', float('nan')):.5f} | "
             f"{r.get('min_text', float('nan')):.5f} | {r['outliers']} / {r['depth']} |"
         )
-    text = results_markdown(
-        "int8 local error per MatMul (emulated recipe vs fp32, same fp32 input)", info, lines
-    )
-    print(text)
-    if args.results:
-        write_results(args.results, text, info, {"rows": rows})
+    title = "int8 local error per MatMul (emulated recipe vs fp32, same fp32 input)"
+    report_results(title, info, lines, args.results, {"rows": rows})
     return 0
 
 

@@ -53,7 +53,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import colembed
-    from benchmarks.shared.common import machine_info, results_markdown, write_results
+    from benchmarks.shared.common import machine_info, report_results
 
     info = machine_info()
     arms = dict(a.split("=", 1) for a in args.arms)
@@ -109,10 +109,8 @@ def main() -> int:
         "other round), one warm-up each.",
         "",
     ] + lines
-    text = results_markdown("int8 recipes side by side: page and query time", info, body)
-    print(text)
-    if args.results:
-        write_results(args.results, text, info, {"times": times, "arms": arms})
+    title = "int8 recipes side by side: page and query time"
+    report_results(title, info, body, args.results, {"times": times, "arms": arms})
     return 0
 
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
 
+from benchmarks.shared.common import write_note  # noqa: E402
 from benchmarks.shared.machine import machine_info, markdown_header  # noqa: E402
 
 from colembed.layout import BASE_VARIANT  # noqa: E402
@@ -312,9 +313,7 @@ def main() -> int:
     result["family"] = args.family
     result["int8_gate_mean"] = args.int8_gate_mean
     Path(results).parent.mkdir(parents=True, exist_ok=True)
-    Path(results + ".json").write_text(json.dumps({"machine": info, **result}, indent=2) + "\n")
-    Path(results + ".md").write_text(markdown(info, result, widths))
-    print(markdown(info, result, widths))
+    write_note(results, {"machine": info, **result}, markdown(info, result, widths))
     if args.clean:
         safe_fs.remove_tree(workdir, owner=safe_fs.is_work_folder)
     return 0

@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-from benchmarks.shared.common import BENCH_WORKDIR, load_average, machine_info  # noqa: E402
+from benchmarks.shared.common import BENCH_WORKDIR, load_average, machine_info, write_note  # noqa: E402
 from benchmarks.index.ingest import INGEST_MODELS, bench_ingest  # noqa: E402
 from benchmarks.index.long_run import (  # noqa: E402
     long_from_log,
@@ -205,9 +205,7 @@ def long_main(args) -> None:
     name = f"index-long-{pages // 1000}k" if pages % 1000 == 0 else f"index-long-{pages}"
     if (args.pool_factor or [1])[0] > 1:
         name += f"-pool{args.pool_factor[0]}"
-    (HERE / "results" / "index" / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (HERE / "results" / "index" / f"{name}.md").write_text(long_markdown(result))
-    print(long_markdown(result))
+    write_note(HERE / "results" / "index" / name, result, long_markdown(result))
 
 
 def main() -> None:

@@ -20,28 +20,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
-from benchmarks.shared.common import load_line, markdown_header
+from benchmarks.shared.common import load_line, results_markdown
+from benchmarks.shared.machine import DiskSampler
 from benchmarks.index.stores import DIM, K, bench_point, disk_mib, peak_rss_mib, queries_of
-
-
-class DiskSampler(threading.Thread):
-    """The most disk (allocated blocks, MiB) a folder held, sampled every `every` seconds."""
-
-    def __init__(self, folder: Path, every: float = 1.0) -> None:
-        super().__init__(daemon=True)
-        self.folder, self.every, self.peak, self.done = folder, every, 0.0, threading.Event()
-
-    def run(self) -> None:
-        while not self.done.is_set():
-            try:
-                self.peak = max(self.peak, disk_mib(self.folder))
-            except OSError:  # a file Edge removed between listing and stat
-                pass
-            time.sleep(self.every)
 
 
 def wal_mib(folder: Path) -> float:
@@ -292,11 +276,8 @@ def long_from_log(log: Path, command: str, pages: int, data: str, stopped: str) 
 
 def long_markdown(r: dict) -> str:
     how = "killed and resumed" if r["kills"] else "one uninterrupted build"
+    title = f"Long index run: {r['pages']:,} pages ({r['set']} set), {how}"
     lines = [
-        f"# Long index run: {r['pages']:,} pages ({r['set']} set), {how}",
-        "",
-        markdown_header(r["machine"]),
-        "",
         load_line(r),
         "",
         "One build through `Store.upsert` (64 pages a call, `bench_point` payloads; the "
@@ -372,4 +353,4 @@ def long_markdown(r: dict) -> str:
             f"{100 * n['edge-two-stage']:.0f}%, exact {100 * n['edge-exact']:.0f}%; "
             f"recall@10 vs exact {two['recall_at_10']:.3f}.",
         ]
-    return "\n".join(lines) + "\n"
+    return results_markdown(title, r["machine"], lines)

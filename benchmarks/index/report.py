@@ -3,12 +3,11 @@ ratios, and the ingest stages; `write_results` puts them (and the JSON) under re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.shared.common import load_line, markdown_header
+from benchmarks.shared.common import load_line, results_markdown, write_note
 from benchmarks.index.ingest import INGEST_ROUNDS
 from benchmarks.index.stores import EDGE_BACKENDS, K
 
@@ -30,10 +29,6 @@ def markdown(results: dict) -> str:
     )
     title = "Index store benchmark" if results["stores"] else "Indexing throughput benchmark"
     lines = [
-        f"# {title}",
-        "",
-        markdown_header(results["machine"]),
-        "",
         *stores,
         load_line(results),
         "",
@@ -77,7 +72,7 @@ def markdown(results: dict) -> str:
         lines += ["", *quality_markdown(by_backend), ""]
     for name, i in (results.get("ingest") or {}).items():
         lines += ingest_markdown(name, i)
-    return "\n".join(lines)
+    return results_markdown(title, results["machine"], lines)
 
 
 def pooling_markdown(by_store: dict) -> list[str]:
@@ -196,7 +191,4 @@ def ingest_markdown(name: str, i: dict) -> list[str]:
 
 def write_results(results: dict, name: str) -> None:
     """results/NAME.json and results/NAME.md (the table printed too)."""
-    out = RESULTS
-    (out / f"{name}.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / f"{name}.md").write_text(markdown(results) + "\n")
-    print(markdown(results))
+    write_note(RESULTS / name, results, markdown(results))

@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 
 HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
-from benchmarks.shared.common import load_line  # noqa: E402
-from benchmarks.shared.machine import load_average, machine_info, markdown_header  # noqa: E402
+from benchmarks.shared.common import load_line, results_markdown, write_note  # noqa: E402
+from benchmarks.shared.machine import load_average, machine_info  # noqa: E402
 
 K = 10
 DATA = "local"
@@ -498,10 +498,6 @@ def _how_to_read(r: dict) -> list[str]:
 
 def markdown(r: dict) -> str:
     lines = [
-        f"# Search at scale: {r['title']}",
-        "",
-        markdown_header(r["machine"]),
-        "",
         load_line(r) + (f" {r['note']}" if r.get("note") else ""),
         "",
         f"Local-answer pages (benchmarks/shared/local_answer.py), {r['needle_queries']} needle "
@@ -599,7 +595,7 @@ def markdown(r: dict) -> str:
             f"- generated exact: {', '.join(f'{int(k):,} pages {v:.0f} s' for k, v in gen.items())}"
             " (0: cached from an earlier run)"
         )
-    return "\n".join(lines) + "\n"
+    return results_markdown(f"Search at scale: {r['title']}", r["machine"], lines)
 
 
 def main() -> None:
@@ -685,11 +681,7 @@ def main() -> None:
     if args.exact_only:
         print(json.dumps({k: v for k, v in results.items() if k != "machine"}, indent=1)[:3000])
         return
-    (HERE / "results" / "index" / f"{args.out}.json").write_text(
-        json.dumps(results, indent=2) + "\n"
-    )
-    (HERE / "results" / "index" / f"{args.out}.md").write_text(markdown(results))
-    print(markdown(results))
+    write_note(HERE / "results" / "index" / args.out, results, markdown(results))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.shared.common import rss_mib
+from benchmarks.shared.machine import disk_mib
 from colembed.layout import BASE_VARIANT
 from benchmarks.shared.synthetic_pages import DIM, query_targets, synthetic_page, synthetic_queries
 
@@ -71,11 +72,6 @@ def _timed_queries(search, queries: list[np.ndarray], pages: int, slow: bool = F
         "q16_p50_ms": q(sixteen, 50),
         "q16_p90_ms": q(sixteen, 90),
     }
-
-
-def disk_mib(folder: Path) -> float:
-    """Blocks really used (Edge preallocates sparse files: their apparent size is far larger)."""
-    return sum(f.stat().st_blocks * 512 for f in folder.rglob("*") if f.is_file()) / 2**20
 
 
 def peak_rss_mib() -> float:

@@ -13,9 +13,11 @@
 - `Worker`: a long-lived interpreter that answers JSON commands line by line, so two runtimes (two
   versions of colembed, or colembed and torch) stay loaded side by side and one driver can time them
   interleaved (A B A B ...) on the same machine state;
-- `markdown_table`, `timed`, `spread`, `load_caveat`, `load_line`: the table and timing conventions;
+- `markdown_table`, `timed`, `median_seconds`, `spread`, `load_caveat`, `load_line`: the table and timing conventions;
 - `results_markdown`, `write_results`: a results file pair (NAME.md with the machine header,
-  NAME.json with the machine facts), written the same way by every benchmark that uses them.
+  NAME.json with the machine facts), written the same way by every benchmark that uses them;
+  `report_results`: the page printed and, given a path, the pair written; `write_note`: the pair
+  from a run's own dict (its "machine" inside) and its page.
 
 Imports only the standard library at module level (the documents import numpy and PIL when made).
 """
@@ -171,6 +173,13 @@ def timed(fn: Callable[[], Any]) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def median_seconds(fn: Callable[[], Any], rounds: int, *, warm_up: bool = False) -> float:
+    """Median wall seconds of `rounds` calls of `fn`, after one untimed call with `warm_up`."""
+    if warm_up:
+        fn()
+    return statistics.median([timed(fn) for _ in range(rounds)])
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
@@ -331,11 +340,35 @@ def results_markdown(title: str, info: dict[str, Any], body: Sequence[str]) -> s
     return "\n".join([f"# {title}", "", markdown_header(info), "", *body]).rstrip("\n") + "\n"
 
 
-def write_results(stem: str | Path, text: str, info: dict[str, Any], data: dict[str, Any]) -> None:
-    """`stem`.md (`text`, from `results_markdown`) and `stem`.json ({"machine": info, **data});
-    `stem` is the path without extension (benchmarks/results/NAME). One home for the pair's
-    shape, so a results file always carries the machine facts its figures were taken on."""
+def write_note(stem: str | Path, results: dict[str, Any], text: str, *, echo: bool = True) -> None:
+    """A run's result note: `stem`.json (`results`, the run's dict with its "machine" facts) and
+    `stem`.md (`text`, ending in one newline), `text` printed too unless not `echo`; `stem` is the
+    path without extension (benchmarks/results/<suite>/NAME). One home for the pair's shape, so a
+    results file always carries the machine facts its figures were taken on."""
+    text = text.rstrip("\n") + "\n"
     Path(f"{stem}.md").write_text(text)
-    Path(f"{stem}.json").write_text(
-        json.dumps({"machine": info, **data}, indent=1, default=str) + "\n"
-    )
+    Path(f"{stem}.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    if echo:
+        print(text, end="")
+
+
+def write_results(stem: str | Path, text: str, info: dict[str, Any], data: dict[str, Any]) -> None:
+    """`write_note` of `data` with the machine facts `info` (from `machine_info`), not printed;
+    `text` from `results_markdown`."""
+    write_note(stem, {"machine": info, **data}, text, echo=False)
+
+
+def report_results(
+    title: str,
+    info: dict[str, Any],
+    body: Sequence[str],
+    stem: str | Path | None,
+    data: dict[str, Any],
+) -> str:
+    """A run's results page (`results_markdown`) printed and, with a `stem`, written with `data`
+    as the file pair (`write_results`); returns the page."""
+    text = results_markdown(title, info, body)
+    print(text)
+    if stem:
+        write_results(stem, text, info, data)
+    return text

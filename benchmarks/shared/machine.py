@@ -3,7 +3,7 @@
 Shared by the benchmarks (bench_embed.py, bench_scoring.py and bench_preprocess.py import it with
 `from benchmarks.shared.machine import machine_info, ...`) so that every
 results file describes its machine the same way. Also the load-average and peak-RSS readers the
-benchmarks use. Linux-first (/proc); on other systems the fields it cannot read are None. Imports
+benchmarks use, and the disk a folder holds (`disk_mib`, `DiskSampler`). Linux-first (/proc); on other systems the fields it cannot read are None. Imports
 only the standard library; versions are read from installed distributions without importing them,
 and the OpenBLAS build is asked of the library the process has already loaded (numpy's).
 """
@@ -18,6 +18,8 @@ import platform
 import shlex
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -237,6 +239,33 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
+
+
+def disk_mib(folder: Path) -> float:
+    """Disk blocks really allocated under `folder`, in MiB (st_blocks: Qdrant Edge's WAL and
+    segment files are sparse, their apparent size far larger); a file removed between listing and
+    stat counts nothing."""
+    total = 0
+    for root, _, files in os.walk(folder):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_blocks * 512
+            except OSError:
+                pass
+    return total / 2**20
+
+
+class DiskSampler(threading.Thread):
+    """The most disk (`disk_mib`) a folder held, sampled every `every` seconds until `done` is set."""
+
+    def __init__(self, folder: Path, every: float = 1.0) -> None:
+        super().__init__(daemon=True)
+        self.folder, self.every, self.peak, self.done = folder, every, 0.0, threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            self.peak = max(self.peak, disk_mib(self.folder))
+            time.sleep(self.every)
 
 
 if __name__ == "__main__":

@@ -191,7 +191,7 @@ def main() -> int:
         child(args.child, args.folder, variants, args.out)
         return 0
 
-    from benchmarks.shared.common import machine_info, results_markdown, write_results
+    from benchmarks.shared.common import machine_info, report_results
 
     info = machine_info()
     weights = sum(
@@ -221,14 +221,13 @@ def main() -> int:
             env={**os.environ, **ARMS[arm][0]},
         )
         runs.append(json.loads(out.read_text()))
-    text = results_markdown(
+    report_results(
         "The variant gate's memory per model and part, by arm",
         info,
         markdown(info, args.folder, weights, runs),
+        args.results,
+        {"folder": str(args.folder), "runs": runs},
     )
-    print(text)
-    if args.results:
-        write_results(args.results, text, info, {"folder": str(args.folder), "runs": runs})
     return 0
 
 

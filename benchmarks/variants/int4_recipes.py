@@ -218,7 +218,7 @@ def main() -> int:
     parser.add_argument("--results", help="path without extension")
     args = parser.parse_args()
     if args.weight_error:
-        from benchmarks.shared.common import machine_info, results_markdown, write_results
+        from benchmarks.shared.common import machine_info, report_results
 
         info = machine_info()
         rows = weight_error()
@@ -236,10 +236,8 @@ def main() -> int:
             f"{r['bits_per_weight']:.2f} | {r['relative_error']:.4f} | {r['cosine']:.6f} |"
             for r in rows
         ]
-        text = results_markdown("MatMulNBits block formats: one MatMul's weight error", info, lines)
-        if args.results:
-            write_results(args.results, text, info, {"rows": rows})
-        print(text)
+        title = "MatMulNBits block formats: one MatMul's weight error"
+        report_results(title, info, lines, args.results, {"rows": rows})
         return 0
     if not args.arm:
         parser.error("--arm is required (or --weight-error)")

@@ -23,11 +23,13 @@ def open_store(
     collection: str | None = None,
     local: bool = False,
     create: bool = True,
+    edge_store: Callable[..., Store] | None = None,
 ) -> Store:
     """An embedded Qdrant Edge store in the folder `location` (default), a Qdrant server at `url`,
     or qdrant-client's local mode in the folder `location` (`local=True`: slow, for checks).
     A new collection is created only with `create` and a `dim`; otherwise a missing one raises
-    `IndexNotFoundError` (search and reopening never create an index)."""
+    `IndexNotFoundError` (search and reopening never create an index). `edge_store(folder, dim=)`
+    opens an Edge folder instead of `EdgeStore` (the server's `ChildStore`: in a child process)."""
     if url is not None:
         from .server import ServerStore
 
@@ -40,9 +42,11 @@ def open_store(
         from .server import ServerStore
 
         return ServerStore(path=Path(location), dim=dim if create else None, collection=collection)
-    from .edge import EdgeStore
+    if edge_store is None:
+        from .edge import EdgeStore
 
-    return EdgeStore(Path(location), dim=dim if create else None)
+        edge_store = EdgeStore
+    return edge_store(Path(location), dim=dim if create else None)
 
 
 def upgrade_index(location: str | os.PathLike, progress: Callable[[int, int], None] | None = None):

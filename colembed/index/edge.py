@@ -61,7 +61,7 @@ from .schema import (
     image_tokens,
 )
 from .store import INDEXED_FIELDS, SCROLL_PAGE, UPSERT_BATCH, Store, as_point
-from .where import Where
+from .where import QdrantTerms, Where, to_qdrant
 from .tokens import CENTROIDS, COMPACTING, SET_ASIDE, TokenTable, page_centroids
 
 META_FILE = "colembed_index.json"
@@ -228,32 +228,18 @@ def _prefetch(
     )
 
 
+_EDGE_TERMS = QdrantTerms(
+    equal=lambda key, value: qe.FieldCondition(key, match=qe.MatchValue(value)),
+    one_of=lambda key, values: qe.FieldCondition(key, match=qe.MatchAny(values)),
+    within=lambda key, bounds: qe.FieldCondition(key, range=qe.RangeFloat(**bounds)),
+    prefix=lambda key, text: qe.FieldCondition(key, match=qe.MatchPrefix(text)),
+    combine=qe.Filter,
+)
+
+
 def edge_filter(where: Where | None) -> qe.Filter | None:
     """A checked filter (where.py) as Qdrant Edge's `Filter` (globs resolved by the store)."""
-    if not where:
-        return None
-    must: list[Any] = []
-    must_not: list[Any] = []
-    for c in where.conditions:
-        if c.kind == "eq":
-            must.append(qe.FieldCondition(c.key, match=qe.MatchValue(c.value)))
-        elif c.kind in ("any", "none"):
-            (must if c.kind == "any" else must_not).append(_any_of(c.key, c.value))
-        elif c.kind == "range":
-            must.append(qe.FieldCondition(c.key, range=qe.RangeFloat(**c.value)))
-        elif c.kind == "prefix":
-            must.append(qe.FieldCondition(c.key, match=qe.MatchPrefix(c.value)))
-        else:
-            raise StoreError(f"filter condition {c.kind!r} on {c.key!r} was not resolved")
-    return qe.Filter(must=must or None, must_not=must_not or None)
-
-
-def _any_of(key: str, values: Sequence[Any]) -> Any:
-    """Equal to any of `values`: one MatchAny when they are all strings or all ints (what it
-    takes), else one MatchValue each, any of which may hold."""
-    if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
-        return qe.FieldCondition(key, match=qe.MatchAny(list(values)))
-    return qe.Filter(should=[qe.FieldCondition(key, match=qe.MatchValue(v)) for v in values])
+    return to_qdrant(where, _EDGE_TERMS)
 
 
 class EdgeStore(Store):
@@ -872,11 +858,7 @@ def _upgrade_in_place(old: EdgeStore, progress) -> int:
     new_folder.mkdir()
     _write_upgrade_marker(new_folder)
     try:
-        new = EdgeStore(new_folder, dim=old.dim)
-        try:
-            copied = _copy_points(old, new, progress)
-        finally:
-            new.close()
+        copied = _copy_points(old, new_folder, progress)
         with _edge_errors("close the shard", folder):
             old.shard.flush()
             old.shard.close()
@@ -991,11 +973,7 @@ def upgrade_index(folder: Path, progress: Callable[[int, int], None] | None = No
         else:
             staging = staging_folder(folder, UPGRADE_PURPOSE)
             try:
-                new = EdgeStore(staging, dim=old.dim)
-                try:
-                    copied = _copy_points(old, new, progress)
-                finally:
-                    new.close()
+                copied = _copy_points(old, staging, progress)
                 _swap(old, staging)
             except OSError as e:
                 discard_staging(staging)  # nothing to do once the swap has moved it
@@ -1093,14 +1071,22 @@ def _swap(old: EdgeStore, staging: Path) -> None:
     commit_folder(staging, old.folder, replaceable=_is_index_folder)
 
 
-def _copy_points(old: EdgeStore, new: EdgeStore, progress) -> int:
-    ids = [pid for pid, _ in old.payloads()]
-    for lo in range(0, len(ids), SCROLL_PAGE):
-        points = old.points(ids[lo : lo + SCROLL_PAGE]).values()
-        new.upsert([PagePoint(p.id, p.vectors, dict(p.payload, schema=new.schema)) for p in points])
-        if progress is not None:
-            progress(min(lo + SCROLL_PAGE, len(ids)), len(ids))
-    new.flush()
-    if new.count() != len(ids):
-        raise StoreError(f"{old.folder}: upgrade copied {new.count()} of {len(ids)} pages")
+def _copy_points(old: EdgeStore, folder: Path, progress) -> int:
+    """Every point of `old` into a new shard of the current schema in `folder`, closed after;
+    returns how many (all of them, or StoreError)."""
+    new = EdgeStore(folder, dim=old.dim)
+    try:
+        ids = [pid for pid, _ in old.payloads()]
+        for lo in range(0, len(ids), SCROLL_PAGE):
+            points = old.points(ids[lo : lo + SCROLL_PAGE]).values()
+            new.upsert(
+                [PagePoint(p.id, p.vectors, dict(p.payload, schema=new.schema)) for p in points]
+            )
+            if progress is not None:
+                progress(min(lo + SCROLL_PAGE, len(ids)), len(ids))
+        new.flush()
+        if new.count() != len(ids):
+            raise StoreError(f"{old.folder}: upgrade copied {new.count()} of {len(ids)} pages")
+    finally:
+        new.close()
     return len(ids)

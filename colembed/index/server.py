@@ -36,7 +36,7 @@ from .schema import (
 from .errors import IndexNotFoundError, StoreError
 from .plan import HYBRID_CANDIDATES, RRF_K, Stage, stage_query
 from .store import INDEXED_FIELDS, UPSERT_BATCH, Store, as_point
-from .where import Where
+from .where import QdrantTerms, Where, to_qdrant
 
 
 @contextlib.contextmanager
@@ -75,32 +75,18 @@ def _prefetch(
     )
 
 
+_CLIENT_TERMS = QdrantTerms(
+    equal=lambda key, value: models.FieldCondition(key=key, match=models.MatchValue(value=value)),
+    one_of=lambda key, values: models.FieldCondition(key=key, match=models.MatchAny(any=values)),
+    within=lambda key, bounds: models.FieldCondition(key=key, range=models.Range(**bounds)),
+    prefix=lambda key, text: models.FieldCondition(key=key, match=models.MatchPrefix(prefix=text)),
+    combine=models.Filter,
+)
+
+
 def client_filter(where: Where | None) -> models.Filter | None:
     """A checked filter (where.py) as qdrant-client's `Filter` (globs resolved by the store)."""
-    if not where:
-        return None
-    must: list[Any] = []
-    must_not: list[Any] = []
-    for c in where.conditions:
-        if c.kind == "eq":
-            must.append(models.FieldCondition(key=c.key, match=models.MatchValue(value=c.value)))
-        elif c.kind in ("any", "none"):
-            (must if c.kind == "any" else must_not).append(_any_of(c.key, c.value))
-        elif c.kind == "range":
-            must.append(models.FieldCondition(key=c.key, range=models.Range(**c.value)))
-        elif c.kind == "prefix":
-            must.append(models.FieldCondition(key=c.key, match=models.MatchPrefix(prefix=c.value)))
-        else:
-            raise StoreError(f"filter condition {c.kind!r} on {c.key!r} was not resolved")
-    return models.Filter(must=must or None, must_not=must_not or None)
-
-
-def _any_of(key: str, values) -> Any:
-    if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
-        return models.FieldCondition(key=key, match=models.MatchAny(any=list(values)))
-    return models.Filter(
-        should=[models.FieldCondition(key=key, match=models.MatchValue(value=v)) for v in values]
-    )
+    return to_qdrant(where, _CLIENT_TERMS)
 
 
 class ServerStore(Store):

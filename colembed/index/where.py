@@ -18,7 +18,8 @@ Command-line form (`colembed search --where`, repeatable, all hold; the search p
 `lang in en,fr`, `page=2..5`, `folder=reports/2024`, `path=*.pdf`.
 
 `parse` checks a filter and turns it into `Condition`s on payload keys (`path`, `page`,
-`meta.<key>`), which edge.py and server.py translate into their client's `Filter`; a bad filter is
+`meta.<key>`); `to_qdrant` turns those into a Qdrant `Filter` with the constructors of the store's
+client (`QdrantTerms`: edge.py and server.py each declare theirs); a bad filter is
 a `FilterError` naming the key. File and folder names are resolved against the current folder as
 `Index.add` stores them; a glob is matched against the stored paths (`Condition.kind == "glob"`:
 the store lists its paths once per write and turns the glob into the matching ones).
@@ -33,9 +34,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import InputError
+from .errors import StoreError
 from .metadata import FILTER_NAMES, KEY_PATTERN, MAX_LIST_ITEMS, parse_value
 from .schema import META_FIELD
 
@@ -90,6 +92,47 @@ class Where:
 
     def has_glob(self) -> bool:
         return any(c.kind == "glob" for c in self.conditions)
+
+
+@dataclass(frozen=True)
+class QdrantTerms:
+    """One Qdrant client's filter constructors, for `to_qdrant`: Qdrant Edge's (edge.py) and
+    qdrant-client's (server.py) build the same filter from differently spelled classes."""
+
+    equal: Callable[[str, Any], Any]  # (key, value): a MatchValue condition
+    one_of: Callable[[str, list[Any]], Any]  # (key, values): a MatchAny condition
+    within: Callable[[str, dict[str, float]], Any]  # (key, RANGE_OPS bounds): a range condition
+    prefix: Callable[[str, str], Any]  # (key, text): a MatchPrefix condition
+    combine: Callable[..., Any]  # Filter(must=, must_not=, should=)
+
+
+def to_qdrant(where: Where | None, terms: QdrantTerms) -> Any:
+    """A checked filter as a Qdrant `Filter` built with `terms`; None for no filter. The store
+    resolves globs first (`Where.resolved`): one left is a StoreError."""
+    if not where:
+        return None
+    must: list[Any] = []
+    must_not: list[Any] = []
+    for c in where.conditions:
+        if c.kind == "eq":
+            must.append(terms.equal(c.key, c.value))
+        elif c.kind in ("any", "none"):
+            (must if c.kind == "any" else must_not).append(_any_of(terms, c.key, c.value))
+        elif c.kind == "range":
+            must.append(terms.within(c.key, c.value))
+        elif c.kind == "prefix":
+            must.append(terms.prefix(c.key, c.value))
+        else:
+            raise StoreError(f"filter condition {c.kind!r} on {c.key!r} was not resolved")
+    return terms.combine(must=must or None, must_not=must_not or None)
+
+
+def _any_of(terms: QdrantTerms, key: str, values: Sequence[Any]) -> Any:
+    """Equal to any of `values`: one MatchAny when they are all strings or all ints (what it
+    takes), else one MatchValue each, any of which may hold."""
+    if all(isinstance(v, str) for v in values) or all(isinstance(v, int) for v in values):
+        return terms.one_of(key, list(values))
+    return terms.combine(should=[terms.equal(key, v) for v in values])
 
 
 def parse(where: Mapping[str, Any] | Sequence[str] | str | Where | None) -> Where | None:

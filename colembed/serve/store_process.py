@@ -61,28 +61,10 @@ CALLS = frozenset(
 )
 
 
-def open_store_in_child(
-    location=None,
-    *,
-    url: str | None = None,
-    api_key: str | None = None,
-    dim: int | None = None,
-    collection: str | None = None,
-    local: bool = False,
-    create: bool = True,
-) -> Store:
-    """`backends.open_store`, with an Edge folder opened in a child process (`ChildStore`)."""
-    if url is not None or local or location is None:
-        return open_store(
-            location,
-            url=url,
-            api_key=api_key,
-            dim=dim,
-            collection=collection,
-            local=local,
-            create=create,
-        )
-    return ChildStore(Path(location), dim=dim if create else None)
+def open_store_in_child(location=None, **options: Any) -> Store:
+    """`backends.open_store` (the same arguments), with an Edge folder opened in a child process
+    (`ChildStore`)."""
+    return open_store(location, edge_store=ChildStore, **options)
 
 
 class ChildStore(Store):

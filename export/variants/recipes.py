@@ -367,6 +367,38 @@ def outlier_channels(
     return np.sort(found)
 
 
+def row_calibration(
+    model: Any,
+    src: Path,
+    matmuls: Sequence[Any],
+    calibration: Sequence[dict[str, Any]],
+    per_feed: dict[str, list[Any]],
+    *,
+    alpha: float | None = SMOOTHING_ALPHA,
+    outliers: bool = True,
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """What the calibration feeds decide for the int8 `matmuls` of `model` (read from `src`):
+    SmoothQuant's factors {MatMul name: s} (`smoothing_factors`: the norms before them divided by
+    s in place; none when `alpha` is None) and, with `outliers`, the input channels each MatMul
+    keeps fp32 (`outlier_channels` of its input's smoothed profiles; only MatMuls that have any).
+    `per_feed`: `channel_maxima_per_feed` of the MatMuls' inputs on `calibration`."""
+    import numpy as np
+
+    from ..graphs.edits import smoothing_factors
+
+    factors: dict[str, Any] = {}
+    if alpha is not None:
+        maxima = {k: np.max(v, axis=0) for k, v in per_feed.items()}
+        factors = smoothing_factors(model, src, calibration, alpha=alpha, maxima=maxima)
+    kept: dict[str, Any] = {}
+    for node in matmuls if outliers else ():
+        s = factors.get(node.name)
+        found = outlier_channels([p if s is None else p / s for p in per_feed[node.inputs[0].name]])
+        if found.size:
+            kept[node.name] = found
+    return factors, kept
+
+
 def quantize_int8(
     src: Path,
     work: Path | None = None,
@@ -388,11 +420,10 @@ def quantize_int8(
     `weight_passes`: int8 codes per weight (1 or 2: INT8_RECIPES). `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
     products in int8 (int8_attention.py). `keep`: module-path fragments whose MatMuls stay fp32
     (their weights still take the smoothing factors; no recipe keeps any, measurements do)."""
-    import numpy as np
     import onnx_ir as ir
 
     from .gemm_as_matmul import gemms_as_matmuls
-    from ..graphs.edits import channel_maxima_per_feed, module_path, smoothing_factors
+    from ..graphs.edits import channel_maxima_per_feed, module_path
     from . import quantise
 
     model = ir.load(src)
@@ -408,21 +439,9 @@ def quantize_int8(
     if calibration:
         inputs = sorted({n.inputs[0].name for n in matmuls})
         per_feed = channel_maxima_per_feed(src, inputs, calibration)
-        if alpha is not None:
-            factors = smoothing_factors(
-                model,
-                src,
-                calibration,
-                alpha=alpha,
-                maxima={k: np.max(v, axis=0) for k, v in per_feed.items()},
-            )
-        if scheme == "row":
-            for node in matmuls:
-                s = factors.get(node.name)
-                profiles = [p if s is None else p / s for p in per_feed[node.inputs[0].name]]
-                found = outlier_channels(profiles)
-                if found.size:
-                    outliers[node.name] = found
+        factors, outliers = row_calibration(
+            model, src, matmuls, calibration, per_feed, alpha=alpha, outliers=scheme == "row"
+        )
     schemes = {
         n.name: BASE_VARIANT if any(k in module_path(n) for k in keep) else scheme for n in matmuls
     }
