@@ -27,8 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +36,8 @@ import numpy as np
 
 from benchmarks.shared.common import load_average, machine_info, write_results
 from benchmarks.shared.machine import markdown_header
+from colembed_export.testing.reference_env import run_reference
+from colembed_export.testing.tiny_qwen3_5 import random_delta_net
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -63,28 +63,6 @@ WIDTHS = {
         rms_norm_eps=1e-6,
     ),
 }
-
-
-def random_layer(config: dict, seed: int, scale: float):
-    """The layer with random weights: projections ~ N(0, scale), conv ~ N(0, 0.2), A uniform in
-    (0.01, 16) as transformers initialises it, dt_bias and the norm weight around 1."""
-    import torch
-
-    from colembed_export.families.qwen3_5.delta_net import GatedDeltaNet
-
-    torch.manual_seed(seed)
-    layer = GatedDeltaNet.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name == "A_log":
-                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
-            elif name in ("dt_bias", "norm.weight"):
-                p.copy_(1 + 0.5 * torch.randn_like(p))
-            elif name == "conv1d.weight":
-                p.normal_(0, 0.2)
-            else:
-                p.normal_(0, scale)
-    return layer
 
 
 def export_layer(layer, path: Path) -> None:
@@ -155,7 +133,7 @@ def main() -> int:
 
     torch.set_num_threads(args.threads)
     config = WIDTHS[args.widths]
-    layer = random_layer(config, seed=0, scale=args.scale)
+    layer = random_delta_net(config, seed=0, scale=args.scale)
     load_before = load_average()
     work = Path(tempfile.mkdtemp(prefix="qwen3_5-delta-"))
     graph = work / "delta_net.onnx"
@@ -187,23 +165,18 @@ def main() -> int:
         timing_feed[f"mask{j}"] = np.ones((1, length), np.int64)
         timing_feed[f"time{j}"] = np.array(args.repeats)
         timed[length] = (j, states)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["OMP_NUM_THREADS"] = str(args.threads)
+    threads = {"OMP_NUM_THREADS": str(args.threads)}
 
     def reference_run(data: dict, name: str):
         inp, out = work / f"{name}-in.npz", work / f"{name}-out.npz"
         np.savez(inp, **data)
-        subprocess.run(
-            [
-                args.reference_python,
-                "-m",
-                "colembed_export.families.qwen3_5.reference",
-                "layer",
-                str(inp),
-                str(out),
-            ],
-            check=True,
-            env=env,
+        run_reference(
+            "colembed_export.families.qwen3_5.reference",
+            "layer",
+            inp,
+            out,
+            python=args.reference_python,
+            env=threads,
         )
         return np.load(out)
 

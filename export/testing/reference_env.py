@@ -75,3 +75,16 @@ def reference_python() -> Path:
             _pip(python, "--no-deps", "-e", str(REPO))
             ready.write_text("\n".join(REFERENCE_PACKAGES + REFERENCE_NO_DEPS) + "\n")
     return python
+
+
+def run_reference(
+    module: str, *args: str, python: str | Path | None = None, env: dict | None = None
+) -> None:
+    """`python -m module *args` in the pinned reference's environment (`reference_python()` unless
+    `python` names another interpreter). `PYTHONPATH` is left out: a folder on it would put this
+    environment's packages (transformers 4.57.1) ahead of the reference's own."""
+    run_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run_env.update(env or {})
+    subprocess.run(
+        [str(python or reference_python()), "-m", module, *map(str, args)], check=True, env=run_env
+    )

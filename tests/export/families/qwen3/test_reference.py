@@ -1,6 +1,6 @@
 """ColQwen3 against its pinned reference: colpali-engine 0.3.18 ColQwen3 on transformers 5.24.
 
-The reference runs in its own environment (`tests.fixtures.qwen3.reference_python`); its ids, pixels,
+The reference runs in its own environment (`colembed_export.testing.reference_env`); its ids, pixels,
 grids, positions and embeddings are compared with colembed's numpy preprocessing (bit for bit),
 with the export environment's model (transformers 4.57.1's Qwen3VLModel, `checkpoint_qwen3`) and
 with the exported folder through colembed's runtime (per token, <= 1e-4), alone and batched, on
@@ -214,27 +214,18 @@ def test_a_folder_saved_by_the_reference_exports_as_its_source(tmp_path, tmp_pat
     processor_config.json, no preprocessor_config.json; `extra_special_tokens` as a list) exports,
     and the export embeds exactly as the folder it was saved from."""
     import json
-    import os
-    import subprocess
 
     import colembed
     from colembed_export.pipeline.exporter import export_model
     from colembed_export.families.qwen3.reference import QUERIES, reference_pages
-    from tests.fixtures.qwen3 import reference_python
+    from colembed_export.testing.reference_env import run_reference
 
     saved = tmp_path / "saved"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run(
-        [
-            str(reference_python()),
-            "-m",
-            "colembed_export.families.qwen3.reference",
-            "--save",
-            str(checkpoint(tmp_path_factory, "tiny-3")),
-            str(saved),
-        ],
-        check=True,
-        env=env,
+    run_reference(
+        "colembed_export.families.qwen3.reference",
+        "--save",
+        checkpoint(tmp_path_factory, "tiny-3"),
+        saved,
     )
     assert not (saved / "preprocessor_config.json").exists()
     assert "image_processor" in json.loads((saved / "processor_config.json").read_text())

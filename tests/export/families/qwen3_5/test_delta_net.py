@@ -7,14 +7,13 @@ and long sequences are measured in benchmarks/results/experiments/qwen3_5-delta-
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
+from colembed_export.testing.tiny_qwen3_5 import random_delta_net  # noqa: E402
 from colembed_export.families.qwen3_5.delta_net import (  # noqa: E402
     CHUNK,
     GROUP,
@@ -39,21 +38,7 @@ LENGTHS = (1, 7, 63, 64, 65, 200)
 
 
 def tiny_layer(seed: int = 0, scan_levels: int = 3) -> GatedDeltaNet:
-    torch.manual_seed(seed)
-    layer = GatedDeltaNet.from_config(TINY, scan_levels=scan_levels).eval()
-    with torch.no_grad():
-        for name, p in layer.named_parameters():
-            if name == "A_log":
-                p.copy_(torch.empty_like(p).uniform_(0.01, 16).log())
-            elif name in ("dt_bias", "norm.weight"):
-                p.copy_(1 + 0.5 * torch.randn_like(p))
-            elif name == "conv1d.weight":
-                p.normal_(0, 0.2)
-            else:
-                # Projections' outputs of std ~0.7, as N(0, 0.02) weights give at Qwen3.5-0.8B's
-                # width (the measurement's setting).
-                p.normal_(0, 0.1)
-    return layer
+    return random_delta_net(TINY, seed=seed, scan_levels=scan_levels)
 
 
 def recurrence(query, key, value, decay, beta):
@@ -140,25 +125,18 @@ def test_right_padding_does_not_change_real_tokens():
 
 
 def _reference_outputs(layer, cases, tmp_path):
-    from colembed_export.testing.reference_env import reference_python
+    from colembed_export.testing.reference_env import run_reference
 
     feed = {"config": json.dumps(TINY)}
     feed.update({f"w.{k}": v.numpy() for k, v in layer.state_dict().items()})
     for i, (hidden, mask) in enumerate(cases):
         feed[f"hidden{i}"], feed[f"mask{i}"] = hidden, mask
     np.savez(tmp_path / "in.npz", **feed)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run(
-        [
-            str(reference_python()),
-            "-m",
-            "colembed_export.families.qwen3_5.reference",
-            "layer",
-            str(tmp_path / "in.npz"),
-            str(tmp_path / "out.npz"),
-        ],
-        check=True,
-        env=env,
+    run_reference(
+        "colembed_export.families.qwen3_5.reference",
+        "layer",
+        tmp_path / "in.npz",
+        tmp_path / "out.npz",
     )
     with np.load(tmp_path / "out.npz") as out:
         return [out[f"out{i}"] for i in range(len(cases))]

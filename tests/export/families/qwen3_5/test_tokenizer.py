@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import random
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -114,7 +112,7 @@ def test_ids_are_tiktokens(tokenizer):
 @pytest.mark.heavy("qwen3")
 @pytest.mark.slow
 def test_ids_are_transformers_qwen3_5_tokenizers(tokenizer, tmp_path):
-    from colembed_export.testing.reference_env import reference_python
+    from colembed_export.testing.reference_env import run_reference
 
     texts = _strings()
     job = {
@@ -123,18 +121,11 @@ def test_ids_are_transformers_qwen3_5_tokenizers(tokenizer, tmp_path):
         "texts": texts,
     }
     (tmp_path / "job.json").write_text(json.dumps(job), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run(
-        [
-            str(reference_python()),
-            "-m",
-            "colembed_export.families.qwen3_5.reference",
-            "tokenizer",
-            str(tmp_path / "job.json"),
-            str(tmp_path / "ids.json"),
-        ],
-        check=True,
-        env=env,
+    run_reference(
+        "colembed_export.families.qwen3_5.reference",
+        "tokenizer",
+        tmp_path / "job.json",
+        tmp_path / "ids.json",
     )
     expected = json.loads((tmp_path / "ids.json").read_text(encoding="utf-8"))
     assert len(expected) == len(texts)
