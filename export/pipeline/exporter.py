@@ -4,10 +4,11 @@ What differs per family (loader, image graph, what the reference needs) is decla
 `families.py` over `colembed.families`; every step below is one code path for all families.
 
 In steps, each a function readable and callable alone (as optimum's export-then-validate):
-resolve -> load -> reference outputs -> export graphs -> scorer -> processor files -> verify ->
-variants -> commit. `export_model` only sequences them, measures each (time, peak RSS) and frees
-what the next no longer needs: the torch model is gone before onnxruntime loads the graphs, so the
-two never hold the weights at once.
+resolve -> stand-in model (where the graph weights are streamed, `streamed_weights.py`) -> load
+and reference outputs (with the check, or where they are not streamed) -> export graphs -> scorer
+-> processor files -> verify -> variants -> commit. `export_model` only sequences them, measures
+each (time, peak RSS) and frees what the next no longer needs: the torch model is gone before
+onnxruntime loads the graphs, so the two never hold the weights at once.
 
 The folder is assembled in a marked staging folder beside the destination and moved into place
 only after every check passes (`colembed.safe_fs`), so a failed or interrupted export never leaves
