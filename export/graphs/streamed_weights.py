@@ -66,8 +66,8 @@ def streaming_applies(folder: Path, family: Any) -> str | None:
 
 class CheckpointTensors:
     """The safetensors tensors of a checkpoint folder (one file or shards with their index), read
-    one at a time: each read maps its shard (`safe_open`), copies the one tensor out and unmaps
-    it, so the pages read do not stay counted in this process's memory."""
+    one at a time through `safe_open`: a tensor read keeps only its own pages mapped, and only
+    while it is alive, so the pages read do not stay counted in this process's memory."""
 
     def __init__(self, folder: Path) -> None:
         self.folder = Path(folder)
@@ -96,11 +96,13 @@ class CheckpointTensors:
             return tuple(view.get_shape()), view.get_dtype()
 
     def read(self, name: str):
-        """`name` as an fp32 torch tensor of its own (widened exactly from F16 / BF16)."""
+        """`name` as an fp32 torch tensor (widened exactly from F16 / BF16). An F32 tensor stays
+        backed by the shard's pages (mapped for this tensor alone, unmapped when it is dropped):
+        written out, it costs no copy."""
         import torch
 
         with self._open(self.shard_of[name]) as f:
-            return f.get_tensor(name).to(torch.float32, copy=True)
+            return f.get_tensor(name).to(torch.float32)
 
 
 def _names_by_parameter(model: Any) -> dict[int, list[str]]:
