@@ -207,7 +207,10 @@ def main() -> int:
         done.write_text(json.dumps(results[-1], indent=2) + "\n")
         if not check:  # only the checked pair is compared; the disk holds two exports, not four
             safe_fs.remove_tree(out, owner=is_export_folder)
-    same = same_graphs(outs[(False, True)], outs[(True, True)])
+    compared = workdir / "same.json"  # kept: the two exports may be deleted to free the disk
+    if not compared.is_file():
+        compared.write_text(json.dumps(same_graphs(outs[(False, True)], outs[(True, True)])))
+    same = json.loads(compared.read_text())
     arch = dataclasses.asdict(spec)
     Path(args.results).parent.mkdir(parents=True, exist_ok=True)
     Path(args.results + ".json").write_text(
