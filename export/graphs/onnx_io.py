@@ -14,7 +14,7 @@ import logging
 import os
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from colembed.contracts import GraphContract
 from colembed.errors import ExportError
@@ -110,12 +110,15 @@ def export_graph(
     opset: int = OPSET,
     external_data: bool | None = None,
     translations: dict | None = None,
+    before_save: Callable[[Any], Any] | None = None,
 ) -> dict[str, Any]:
     """Export `module` to `path` per `contract`; returns what the manifest records about it.
 
     `external_data=None` decides by size; `translations` maps custom torch ops to ONNX functions.
     The weights go straight from the torch tensors to disk; the in-memory graph is released before
-    returning. Raises ExportError with the exporter's message when torch cannot export the module.
+    returning. `before_save(model)` may swap the traced onnx_ir model's initializers for lazy ones
+    (streamed_weights.py) just before it is written. Raises ExportError with the exporter's
+    message when torch cannot export the module.
     """
     import onnx
     import onnx_ir as ir
@@ -128,6 +131,8 @@ def export_graph(
     model = program.model
     cleared = clear_reshape_allowzero(model)
     norms = fusable_rms_norms(model)
+    if before_save is not None:
+        before_save(model)
     for stale in (path, path.with_name(path.name + DATA_SUFFIX)):
         if stale.exists():
             stale.unlink()

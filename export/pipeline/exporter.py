@@ -4,10 +4,11 @@ What differs per family (loader, image graph, what the reference needs) is decla
 `families.py` over `colembed.families`; every step below is one code path for all families.
 
 In steps, each a function readable and callable alone (as optimum's export-then-validate):
-resolve -> load -> reference outputs -> export graphs -> scorer -> processor files -> verify ->
-variants -> commit. `export_model` only sequences them, measures each (time, peak RSS) and frees
-what the next no longer needs: the torch model is gone before onnxruntime loads the graphs, so the
-two never hold the weights at once.
+resolve -> stand-in model (where the graph weights are streamed, `streamed_weights.py`) -> load
+and reference outputs (with the check, or where they are not streamed) -> export graphs -> scorer
+-> processor files -> verify -> variants -> commit. `export_model` only sequences them, measures
+each (time, peak RSS) and frees what the next no longer needs: the torch model is gone before
+onnxruntime loads the graphs, so the two never hold the weights at once.
 
 The folder is assembled in a marked staging folder beside the destination and moved into place
 only after every check passes (`colembed.safe_fs`), so a failed or interrupted export never leaves
@@ -21,6 +22,7 @@ import logging
 import os
 import shutil
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -55,6 +57,7 @@ from .destination import check_destination, is_export_folder
 from ..families import ExportFamily, export_family
 from ..measure import StepMeter
 from ..graphs.onnx_io import export_graph
+from ..graphs.streamed_weights import StandInModel, streaming_applies
 from ..families.preprocess_config import read_preprocess_config
 
 log = logging.getLogger("colembed_export")
@@ -106,8 +109,13 @@ def resolve(
 def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
     """The strict fp32 torch model and the facts the graphs and the manifest are built from."""
     model = family.load(folder)
+    return model, model_facts(model.config, folder, family)
+
+
+def model_facts(config: Any, folder: Path, family: ExportFamily) -> ModelFacts:
+    """What the graphs and the manifest need from a model's `ColQwen2Config` (a loaded model's or
+    a stand-in's: no weight is read)."""
     preprocess = read_preprocess_config(folder)
-    config = model.config
     text_hidden = config.vlm_config.text_config.hidden_size
     vision_config = config.vlm_config.vision_config.to_dict()
     merged = family.family.merger_width(vision_config, folder / "config.json")
@@ -126,7 +134,7 @@ def load(folder: Path, family: ExportFamily) -> tuple[Any, ModelFacts]:
         extras=extras,
     )
     attention = family.family.vision_attention(vision_config, folder / "config.json")
-    return model, ModelFacts(
+    return ModelFacts(
         preprocess=preprocess,
         contracts=contracts,
         architecture=architecture_facts(config, family.family),
@@ -146,12 +154,17 @@ def export_graphs(
     opset: int,
     external_data: bool | None,
     meter: StepMeter,
+    standin: Any = None,
 ) -> dict[str, GraphEntry]:
-    """The image and text graphs, one at a time, each from a fresh load, written straight to disk.
+    """The image and text graphs, one at a time, written straight to disk.
 
-    The weights are memory-mapped from the safetensors file: pages once read stay resident until
-    the whole model is freed (dropping a submodule releases nothing). A fresh load per graph keeps
-    only that graph's weights resident (benchmarks/results/export/export.md).
+    With `standin` (a `streamed_weights.StandInModel`) both graphs are traced from it and each
+    weight is written from the checkpoint file one tensor at a time (streamed_weights.py): memory
+    holds the graph being traced, not the weights. Without it (checkpoints `streaming_applies`
+    refuses) each graph is traced from a fresh load: the weights are memory-mapped from the
+    safetensors file and pages once read stay resident until the whole model is freed (dropping a
+    submodule releases nothing), so a fresh load per graph keeps only that graph's weights
+    resident (benchmarks/results/export/export.md).
     """
     import torch
 
@@ -160,20 +173,24 @@ def export_graphs(
     graphs: dict[str, GraphEntry] = {}
     for role, wrapper in (("vision", family.image_graph), ("text", family.text_graph_of)):
         with meter.step(f"export the {role} graph"), torch.no_grad():
-            model = family.load(folder)
+            model = standin.model if standin is not None else family.load(folder)
             args = example_inputs(
                 model, facts.preprocess, facts.vision_attention, facts.vision_extras
             )[role]
+            module = wrapper(model).eval()
             info = export_graph(
-                wrapper(model).eval(),
+                module,
                 args,
                 facts.contracts[role],
                 staging / GRAPH_FILES[role],
                 opset=opset,
                 external_data=external_data,
                 translations=ONNX_TRANSLATIONS,
+                before_save=(
+                    None if standin is None else partial(standin.stream_initializers, graph=module)
+                ),
             )
-            del model
+            del model, module
         graphs[role] = GraphEntry(
             file=info["file"],
             data_file=info["data_file"],
@@ -325,6 +342,7 @@ def export_model(
     progress: Callable[[str], None] | None = None,
     base: str | os.PathLike | None = None,
     source_label: str | None = None,
+    stream_weights: bool = True,
 ) -> ExportReport:
     """Export a ColQwen2-family checkpoint to a colembed model folder: transformers
     `ColQwen2ForRetrieval` over Qwen2-VL or Qwen2.5-VL, or colpali-engine's ColQwen2.5 layout.
@@ -345,6 +363,10 @@ def export_model(
     manifest (test and benchmark checkpoints say so; it is never guessed). A PEFT LoRA adapter
     folder (vidore/colqwen2.5-v0.2's form) is merged into its base first (`base`, else the
     adapter's own base path; adapter.py); `source_label` is what the manifest names as the source.
+    The graphs' weights are written from the checkpoint one tensor at a time where
+    `streamed_weights.streaming_applies` allows it (`stream_weights=False`: the whole fp32 model
+    loaded per graph instead; the same bytes either way); the check (`check`) still loads the
+    whole model once for the torch reference.
     """
     options = dict(locals())  # the call's arguments, handed on when an adapter is merged first
     say = progress or log.info
@@ -368,14 +390,26 @@ def export_model(
     folder = resolved.checkpoint.folder
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
-        with meter.step("load the checkpoint and run the torch reference"):
-            model, facts = load(folder, resolved.family)
-            reference = None
-            if check:
-                reference = resolved.family.run_reference(
-                    resolved.family.prepare_reference(model), folder
-                )
-            del model  # each step below loads what it needs: no two steps share resident weights
+        standin = facts = reference = None
+        unstreamed = (
+            streaming_applies(folder, resolved.family) if stream_weights else "stream_weights=False"
+        )
+        if unstreamed is None:
+            with meter.step("check the checkpoint's tensors and build the stand-in model"):
+                standin = StandInModel(folder)
+                facts = model_facts(standin.model.config, folder, resolved.family)
+            say("graph weights: streamed from the checkpoint, one tensor at a time")
+        else:
+            say(f"graph weights: from the whole loaded model ({unstreamed})")
+        if check or standin is None:
+            with meter.step("load the checkpoint and run the torch reference"):
+                model, facts = load(folder, resolved.family)
+                if check:
+                    reference = resolved.family.run_reference(
+                        resolved.family.prepare_reference(model), folder
+                    )
+                # each step below loads what it needs: no two steps share resident weights
+                del model
         graphs = export_graphs(
             folder,
             resolved.family,
@@ -384,7 +418,9 @@ def export_model(
             opset=opset,
             external_data=external_data,
             meter=meter,
+            standin=standin,
         )
+        del standin
         with meter.step("write the scorer and copy the processor files"):
             scorer = write_scorer(staging)
             copy_processor_files(folder, staging)

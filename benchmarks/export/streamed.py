@@ -1,0 +1,231 @@
+"""Peak memory and time of the export with streamed graph weights against the whole-model path.
+
+    nice python -m benchmarks.export.streamed                     # Qwen2-VL-2B, full depth
+    python -m benchmarks.export.streamed --vision-depth 2 --text-layers 2 --results /tmp/s
+
+The checkpoint is random, written tensor by tensor into safetensors shards
+(`colembed_export.testing.sharded`: never in memory whole), in a work folder this script makes
+(`--workdir`, reused by a later run, which also skips the exports already measured there:
+`model-*.json`; `--clean` deletes it at the end). Each export runs in a
+process of its own (`export_model` with `stream_weights` on or off, the check on or off), so each
+process's peak is that export's alone: the largest of the exporter's per-step peaks (StepMeter: RSS
+high-water mark reset at each step, and peak anonymous memory; the reset also resets `ru_maxrss`,
+so `/usr/bin/time -v` would report only the last steps' peak). The two paths' graphs are
+compared byte for byte (every `.onnx_data` file, and the `.onnx` files' initializers).
+
+Writes benchmarks/results/export/streamed.{md,json} (`--results` elsewhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.shared.machine import load_average, machine_info, markdown_header
+from colembed.layout import BASE_VARIANT
+
+HERE = Path(__file__).resolve().parents[1]  # the benchmarks folder
+RESULTS = HERE / "results" / "export" / "streamed"
+# (stream_weights, check): the whole-model path first, as users have had it
+RUNS = ((False, True), (True, True), (False, False), (True, False))
+
+
+def label(stream: bool, check: bool) -> str:
+    return f"{'streamed' if stream else 'whole model'}, check {'on' if check else 'off'}"
+
+
+def child(checkpoint: Path, out: Path, stream: bool, check: bool) -> dict:
+    """One export in this process; its report as JSON-able data."""
+    from colembed_export.pipeline.exporter import export_model
+
+    start = time.perf_counter()
+    report = export_model(
+        checkpoint,
+        out,
+        random_weights=True,
+        overwrite=True,
+        check=check,
+        stream_weights=stream,
+        progress=lambda m: print(f"[export] {m}", file=sys.stderr, flush=True),
+    )
+    seconds = time.perf_counter() - start
+    return {
+        "stream_weights": stream,
+        "check": check,
+        "seconds": round(seconds, 1),
+        # the largest step peak: the exporter resets the kernel's mark at each step, which
+        # resets ru_maxrss (and `/usr/bin/time -v`'s figure) too
+        "process_peak_rss_gb": max(s["peak_rss_gb"] for s in report.steps),
+        "steps": report.steps,
+        "max_abs_diff": (report.check.get(BASE_VARIANT) or {}).get("max_abs_diff"),
+    }
+
+
+def run_child(checkpoint: Path, out: Path, stream: bool, check: bool) -> dict:
+    load = load_average()
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.export.streamed",
+        "--child",
+        str(checkpoint),
+        str(out),
+        str(int(stream)),
+        str(int(check)),
+    ]
+    done = subprocess.run(command, check=True, stdout=subprocess.PIPE, text=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result["load_average_at_start"] = load
+    return result
+
+
+def initializers(path: Path) -> dict[str, bytes]:
+    import onnx
+
+    model = onnx.load(str(path), load_external_data=False)
+    return {i.name: i.SerializeToString() for i in model.graph.initializer}
+
+
+def same_bytes(a: Path, b: Path, chunk: int = 1 << 24) -> bool:
+    """Two files equal byte for byte, read a chunk at a time (each may be several GB)."""
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(chunk), fb.read(chunk)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def same_graphs(a: Path, b: Path) -> dict[str, bool]:
+    """Per graph file: its external data byte for byte, its initializer records (names, shapes,
+    offsets into the data) equal."""
+    found = {}
+    for path in sorted(a.glob("*.onnx_data")):
+        found[path.name] = same_bytes(path, b / path.name)
+    for name in ("vision.onnx", "text.onnx"):
+        found[f"{name} initializers"] = initializers(a / name) == initializers(b / name)
+    return found
+
+
+def markdown(info: dict, results: list[dict], weights_gb: float, same: dict, arch: dict) -> str:
+    lines = [
+        "# Export with streamed graph weights: peak memory and time",
+        "",
+        markdown_header(info),
+        "",
+        f"Checkpoint: random weights written tensor by tensor into safetensors shards, "
+        f"Qwen2-VL-2B widths, {arch['vision_depth']} vision blocks + {arch['text_layers']} "
+        f"text layers, {weights_gb:.2f} GB of fp32 weights. Each export in a process of its own.",
+        "",
+        "| path | check | wall min | process peak RSS GB | largest step peak anon GB | "
+        "load at start |",
+        "|---|---|---:|---:|---:|---|",
+    ]
+    for r in results:
+        anon = max((s.get("peak_anon_gb") or 0) for s in r["steps"])
+        lines.append(
+            f"| {'streamed' if r['stream_weights'] else 'whole model'} | "
+            f"{'on' if r['check'] else 'off'} | {r['seconds'] / 60:.1f} | "
+            f"{r['process_peak_rss_gb']:.2f} | {anon:.2f} | "
+            f"{', '.join(f'{x:.1f}' for x in r['load_average_at_start'] or [])} |"
+        )
+    lines += ["", "Per step (peak RSS GB / peak anonymous GB / seconds):", ""]
+    steps = list(dict.fromkeys(s["step"] for r in results for s in r["steps"]))
+    lines += [
+        "| step | " + " | ".join(label(r["stream_weights"], r["check"]) for r in results) + " |",
+        "|---|" + "---:|" * len(results),
+    ]
+    for step in steps:
+        cells = []
+        for r in results:
+            s = next((s for s in r["steps"] if s["step"] == step), None)
+            cells.append(
+                "-"
+                if s is None
+                else f"{s['peak_rss_gb']:.2f} / {s.get('peak_anon_gb') or 0:.2f} / "
+                f"{s['seconds']:.0f}"
+            )
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Graphs of the two paths (check on), byte for byte: "
+        + ", ".join(f"{k} {'identical' if v else 'DIFFERENT'}" for k, v in same.items())
+        + ".",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--vision-depth", type=int, default=32)
+    parser.add_argument("--text-layers", type=int, default=28)
+    parser.add_argument("--workdir", default="/tmp/colembed-bench-export-streamed")
+    parser.add_argument("--clean", action="store_true", help="delete the work folder at the end")
+    parser.add_argument("--results", default=str(RESULTS), help="path without extension")
+    args = parser.parse_args()
+    if args.child:
+        checkpoint, out, stream, check = args.child
+        print(json.dumps(child(Path(checkpoint), Path(out), stream == "1", check == "1")))
+        return 0
+
+    import dataclasses
+
+    from colembed import safe_fs
+    from colembed_export.pipeline.destination import is_export_folder
+    from colembed_export.testing.sharded import build_sharded_checkpoint
+    from colembed_export.testing.tiny_qwen2 import PRESETS
+
+    info = machine_info()
+    workdir = safe_fs.make_work_folder(args.workdir, "bench_export_streamed")
+    spec = dataclasses.replace(
+        PRESETS["qwen2-vl-2b"], vision_depth=args.vision_depth, text_layers=args.text_layers
+    )
+    checkpoint = workdir / f"qwen2-vl-2b-v{spec.vision_depth}-t{spec.text_layers}-sharded"
+    if not (checkpoint / "config.json").is_file():
+        start = time.perf_counter()
+        build_sharded_checkpoint(checkpoint, spec, seed=0)
+        print(f"built {checkpoint} in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    weights = sum(p.stat().st_size for p in checkpoint.glob("*.safetensors")) / 1e9
+    results, outs = [], {}
+    for stream, check in RUNS:
+        out = workdir / f"model-{'streamed' if stream else 'whole'}-{int(check)}"
+        outs[(stream, check)] = out
+        done = out.with_name(out.name + ".json")  # a run already measured is not run again
+        if done.is_file():
+            results.append(json.loads(done.read_text()))
+            continue
+        print(f"--- {label(stream, check)}", file=sys.stderr, flush=True)
+        results.append(run_child(checkpoint, out, stream, check))
+        done.write_text(json.dumps(results[-1], indent=2) + "\n")
+        if not check:  # only the checked pair is compared; the disk holds two exports, not four
+            safe_fs.remove_tree(out, owner=is_export_folder)
+    compared = workdir / "same.json"  # kept: the two exports may be deleted to free the disk
+    if not compared.is_file():
+        compared.write_text(json.dumps(same_graphs(outs[(False, True)], outs[(True, True)])))
+    same = json.loads(compared.read_text())
+    arch = dataclasses.asdict(spec)
+    Path(args.results).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.results + ".json").write_text(
+        json.dumps(
+            {"machine": info, "weights_gb": weights, "same": same, "runs": results}, indent=2
+        )
+        + "\n"
+    )
+    text = markdown(info, results, weights, same, arch)
+    Path(args.results + ".md").write_text(text)
+    print(text)
+    if args.clean:
+        safe_fs.remove_tree(workdir, owner=safe_fs.is_work_folder)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
