@@ -259,9 +259,14 @@ def main(argv: list[str] | None = None) -> int:
                 "family": args.family,
             }
     for variant in args.variants:
-        jobs[variant] = {"runtime": "colembed", "variant": variant, "folder": str(folder)}
-        if not args.full:  # the accuracy set: 100 pages would take hours at full depth
-            jobs[variant]["embeddings_out"] = str(work / f"emb-{variant}.npz")
+        # the embeddings for the accuracy figures: the timed letter page and 16 queries, and the
+        # retrieval set (none at full depth: 100 pages would take hours)
+        jobs[variant] = {
+            "runtime": "colembed",
+            "variant": variant,
+            "folder": str(folder),
+            "embeddings_out": str(work / f"emb-{variant}.npz"),
+        }
         if variant == "int8" and args.int8_baseline:
             jobs[INT8_BASELINE] = {
                 "runtime": "colembed",

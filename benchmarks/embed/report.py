@@ -142,7 +142,7 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if ref is None:
         return out
-    fp32_scores = maxsim_scores(ref["rq"], ref["rp"])
+    fp32_scores = maxsim_scores(ref["rq"], ref["rp"]) if ref["rp"] else None
     for name in names:
         got = load(name)
         if got is None:
@@ -153,9 +153,10 @@ def accuracy(work: Path, names: list[str]) -> dict[str, Any]:
             got["q"] + got["rq"],
             ref["q"] + ref["rq"],
         )
-        figures["top5"] = topk_agreement(
-            maxsim_scores(got["rq"], got["rp"]), fp32_scores, k=5, tie=0.005
-        )
+        if fp32_scores is not None:
+            figures["top5"] = topk_agreement(
+                maxsim_scores(got["rq"], got["rp"]), fp32_scores, k=5, tie=0.005
+            )
         out[name] = figures
     return out
 
@@ -213,10 +214,14 @@ def markdown(results: dict[str, Any]) -> str:
         )
     acc = results.get("accuracy", {})
     if acc:
+        pages = s.get("retrieval_pages", 100)
+        retrieval = (
+            f"{pages}-page synthetic retrieval set with 20 queries" if pages else "no retrieval set"
+        )
         lines += [
             "",
-            "Accuracy against colembed fp32 (letter page, 16 queries, 100-page synthetic "
-            "retrieval set with 20 queries; random weights: necessary, not sufficient)",
+            f"Accuracy against colembed fp32 (letter page, 16 queries, {retrieval}; random "
+            "weights: necessary, not sufficient)",
             "",
             "| variant | mean token cosine | min token cosine | top-5 same set | "
             "top-5 within 0.5% ties | gate |",
@@ -230,8 +235,12 @@ def markdown(results: dict[str, Any]) -> str:
             ok = "-" if gate is None else ("pass" if not gate.misses(a) else "MISS")
             lines.append(
                 f"| {name} | {a['mean_cosine']:.5f} | {a['min_cosine']:.5f} | "
-                f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
-                f"| {ok} |"
+                + (
+                    f"{100 * a['top5']['same_set']:.0f}% | {100 * a['top5']['within_ties']:.0f}% "
+                    if "top5" in a
+                    else "- | - "
+                )
+                + f"| {ok} |"
             )
     lines += target_markdown(rows)
     lines += compiled_markdown(rows)

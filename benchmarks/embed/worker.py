@@ -170,9 +170,11 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("embeddings_out"):
         from benchmarks.shared.retrieval import synthetic_retrieval_set
 
-        pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
-        retrieval_pages = model.embed_images(pages, batch_size=8)
-        retrieval_queries = model.embed_queries(texts)
+        retrieval_pages, retrieval_queries = [], []
+        if job["retrieval_pages"]:
+            pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
+            retrieval_pages = model.embed_images(pages, batch_size=8)
+            retrieval_queries = model.embed_queries(texts)
         np.savez(
             job["embeddings_out"],
             **{
