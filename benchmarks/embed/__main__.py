@@ -87,7 +87,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--vision-depth", type=int, help="vision layers (real: 32; default 4)")
     parser.add_argument("--text-layers", type=int, help="language layers (real: 28; default 4)")
-    parser.add_argument("--variants", default="fp32,int8,int4,fp16")
+    parser.add_argument(
+        "--variants",
+        help="the colembed variants timed (default fp32,int8,int4,fp16; with --full fp32,int8); "
+        "the OpenVINO variants (openvino, openvino-bf16, openvino-int8) run on OpenVINO",
+    )
+    parser.add_argument(
+        "--int8-weight-passes",
+        type=int,
+        choices=(1, 2),
+        help="force the exporter's int8 recipe (one or two codes per weight) instead of its "
+        "fallback (one code, two when the gate refuses one)",
+    )
+    parser.add_argument(
+        "--page-repeats", type=int, help="timed pages per runtime (after a warm-up)"
+    )
+    parser.add_argument("--query-repeats", type=int, help="timed single queries per runtime")
+    parser.add_argument(
+        "--no-budget-page",
+        action="store_true",
+        help="time the letter page only, not the same page at the 256-token budget",
+    )
     parser.add_argument("--no-torch", action="store_true", help="skip the torch reference")
     parser.add_argument(
         "--no-bf16",
@@ -102,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         "eager fp32, torch bf16 SDPA, colembed fp32 and int8, each in its own "
         "process, best of 2 pages / 3 queries; no accuracy set, no optimiser "
         "(~15 min on 2 quiet cores, ~10 GB: run it under a memory lock on a "
-        "shared machine); writes results/embed/embed-full.*",
+        "shared machine); --variants adds others; writes results/embed/embed-full.*",
     )
     parser.add_argument("--no-optimiser", action="store_true", help="skip the optimiser report")
     parser.add_argument(
@@ -174,13 +194,13 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or physical_cores()
     if args.full:
         args.vision_depth, args.text_layers = args.vision_depth or 32, args.text_layers or 28
-        args.variants, args.no_optimiser = "fp32,int8", True
+        args.variants, args.no_optimiser = args.variants or "fp32,int8", True
     shallow = args.quick or args.against
     args.vision_depth = args.vision_depth or (2 if shallow else 4)
     args.text_layers = args.text_layers or (2 if shallow else 4)
     args.threads = threads
     args.variants = [BASE_VARIANT] + [
-        v for v in args.variants.split(",") if v and v != BASE_VARIANT
+        v for v in (args.variants or "fp32,int8,int4,fp16").split(",") if v and v != BASE_VARIANT
     ]
     repeats = (
         {"page_repeats": 2, "query_repeats": 3, "batch_repeats": 1, "retrieval_pages": 0}
@@ -189,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.quick
         else {"page_repeats": 5, "query_repeats": 40, "batch_repeats": 5, "retrieval_pages": 100}
     )
+    if args.page_repeats:
+        repeats["page_repeats"] = args.page_repeats
+    if args.query_repeats:
+        repeats["query_repeats"] = args.query_repeats
     work = args.workdir.expanduser()
     work.mkdir(parents=True, exist_ok=True)
 
@@ -236,9 +260,14 @@ def main(argv: list[str] | None = None) -> int:
                 "family": args.family,
             }
     for variant in args.variants:
-        jobs[variant] = {"runtime": "colembed", "variant": variant, "folder": str(folder)}
-        if not args.full:  # the accuracy set: 100 pages would take hours at full depth
-            jobs[variant]["embeddings_out"] = str(work / f"emb-{variant}.npz")
+        # the embeddings for the accuracy figures: the timed letter page and 16 queries, and the
+        # retrieval set (none at full depth: 100 pages would take hours)
+        jobs[variant] = {
+            "runtime": "colembed",
+            "variant": variant,
+            "folder": str(folder),
+            "embeddings_out": str(work / f"emb-{variant}.npz"),
+        }
         if variant == "int8" and args.int8_baseline:
             jobs[INT8_BASELINE] = {
                 "runtime": "colembed",
@@ -253,13 +282,21 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_mem_arena": False,
         }
     rows: dict[str, dict[str, Any]] = {}
-    for name, job in jobs.items():
+    # torch bf16 runs last: on a CPU without bf16 arithmetic it takes the longest by far (minutes a
+    # page at full depth), and the other rows are then in even if it is stopped; the table keeps
+    # the jobs' order
+    last = ["torch-bf16"] if "torch-bf16" in jobs else []
+    for name in [n for n in jobs if n not in last] + last:
+        job = jobs[name]
         progress(f"running {name}")
-        job.update(repeats, threads=threads, profile=args.profile)
+        job.update(
+            repeats, threads=threads, profile=args.profile, budget_page=not args.no_budget_page
+        )
         stale = job.get("embeddings_out")
         if stale and Path(stale).exists():
             Path(stale).unlink()
-        rows[name] = spawn(job, timeout=3600) | {
+        # a full-depth torch bf16 page takes minutes where the CPU has no bf16 arithmetic
+        rows[name] = spawn(job, timeout=4 * 3600 if args.full else 3600) | {
             "runtime": job["runtime"],
             "variant": job["variant"],
         }
@@ -272,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['query_latency_s']['median'] * 1e3:.0f} ms, 16 queries "
                 f"{r['batch16_s']['median']:.2f} s"
             )
+    rows = {name: rows[name] for name in jobs}
     # Peaks again at the end: a busy machine understates a single measurement; keep the best.
     again = gemm_peaks(threads)
     peaks["fp32_gflops_runs"] = [peaks["fp32_gflops"], again["fp32_gflops"]]
@@ -287,6 +325,8 @@ def main(argv: list[str] | None = None) -> int:
             "threads": threads,
             "quick": args.quick,
             "stress": args.stress,
+            "budget_page": not args.no_budget_page,
+            "int8_weight_passes": args.int8_weight_passes,
             **repeats,
             "family": args.family,
             "workdir": str(work),

@@ -76,6 +76,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     base = rss_mib()
     start = time.perf_counter()
+    openvino = False  # the runtime is OpenVINO (an openvino* variant)
     if job["runtime"] == "torch":
         from benchmarks.embed.torch_reference import TorchRuntime
 
@@ -113,6 +114,19 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         "rss_after_load_mib": after_load["rss"],
         "peak_rss_load_mib": after_load["peak"],
     }
+    if openvino:
+        # what OpenVINO compiled, not what was asked: a bf16 request compiles f32 on a CPU
+        # without bf16 arithmetic
+        result["openvino_compiled"] = {
+            role: {
+                "INFERENCE_PRECISION_HINT": session.precision,
+                "EXECUTION_MODE_HINT": session.compiled.get_property("EXECUTION_MODE_HINT").name,
+                "DYNAMIC_QUANTIZATION_GROUP_SIZE": int(
+                    session.compiled.get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE")
+                ),
+            }
+            for role, session in model._sessions.items()
+        }
 
     def timed_runs(fn, repeats):
         fn()  # warm-up: first-run allocations, kernel selection
@@ -124,10 +138,15 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     result["budget_image_tokens"] = image_tokens(small, config)
     times = timed_runs(lambda: model.embed_images([page]), job["page_repeats"])
     result["page_s"] = {"median": statistics.median(times), "min": min(times), "all": times}
-    budget = model.embed_images([small])
-    result["budget_rows"] = int(budget[0].shape[0])
-    times = timed_runs(lambda: model.embed_images([small]), job["page_repeats"])
-    result["budget_page_s"] = {"median": statistics.median(times), "min": min(times), "all": times}
+    if job.get("budget_page", True):
+        budget = model.embed_images([small])
+        result["budget_rows"] = int(budget[0].shape[0])
+        times = timed_runs(lambda: model.embed_images([small]), job["page_repeats"])
+        result["budget_page_s"] = {
+            "median": statistics.median(times),
+            "min": min(times),
+            "all": times,
+        }
 
     queries = QUERIES[:16]
     model.embed_queries(queries[:1])
@@ -135,6 +154,7 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
         _timed(lambda q=q: model.embed_queries([q])) for q in (QUERIES * 4)[: job["query_repeats"]]
     ]
     result["query_latency_s"] = {
+        "all": latencies,
         "median": statistics.median(latencies),
         "p90": float(np.percentile(latencies, 90)),
         "min": min(latencies),
@@ -150,9 +170,11 @@ def run_worker(job: dict[str, Any]) -> dict[str, Any]:
     if job.get("embeddings_out"):
         from benchmarks.shared.retrieval import synthetic_retrieval_set
 
-        pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
-        retrieval_pages = model.embed_images(pages, batch_size=8)
-        retrieval_queries = model.embed_queries(texts)
+        retrieval_pages, retrieval_queries = [], []
+        if job["retrieval_pages"]:
+            pages, texts = synthetic_retrieval_set(job["retrieval_pages"], 20)
+            retrieval_pages = model.embed_images(pages, batch_size=8)
+            retrieval_queries = model.embed_queries(texts)
         np.savez(
             job["embeddings_out"],
             **{

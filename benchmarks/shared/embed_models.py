@@ -76,7 +76,14 @@ def prepare_model(args, work: Path, progress, *, stress: bool = False) -> tuple[
         progress(f"exporting {tag} with variants {variants}")
         start = time.perf_counter()
         try:
-            export_model(ckpt, folder, overwrite=True, variants=variants, progress=progress)
+            export_model(
+                ckpt,
+                folder,
+                overwrite=True,
+                variants=variants,
+                int8_weight_passes=getattr(args, "int8_weight_passes", None),
+                progress=progress,
+            )
         except VariantsRefused as e:
             # A variant that misses its accuracy gate is a result, not a crash: the folder is
             # written with the others; record the refusal and benchmark what was written.

@@ -80,7 +80,8 @@ def test_an_export_is_reused_only_by_the_exporter_source_that_wrote_it(
 
     exports = []
 
-    def record(ckpt, folder, *, overwrite, variants, progress):
+    def record(ckpt, folder, *, overwrite, variants, int8_weight_passes, progress):
+        assert int8_weight_passes is None  # the exporter's own int8 fallback unless forced
         # the real exporter refuses to replace a folder holding anything it did not write
         assert not folder.exists() or [p.name for p in folder.iterdir()] == [
             embed_models.MANIFEST_NAME

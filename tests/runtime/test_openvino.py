@@ -301,6 +301,41 @@ def test_reduced_precision_variants_gated_on_openvino(colqwen2_openvino):
         assert results[name]["mean_cosine"] >= 0.99 and results[name]["min_cosine"] >= 0.95
 
 
+def test_openvino_int8_weights_reach_nncf_by_reference(exported_tiny, monkeypatch):
+    """NNCF gets the graph with its weights left in the external data file (read from there as
+    it compresses them), never serialised into the ModelProto: protobuf cannot serialise one above
+    2 GiB, and a 2B graph at full depth holds 2.7 GB (image) and 6.2 GB (text) of weights. The
+    compressed graph is the same: int8 weights before every weight MatMul."""
+    import nncf
+    import onnx
+
+    from colembed_export.graphs.openvino_form import openvino_int8_graph
+
+    def external(proto):
+        """Names of the initializers whose bytes are in an external data file."""
+        return {
+            t.name for t in proto.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+        }
+
+    src = exported_tiny.folder / "vision.onnx"
+    in_file = external(onnx.load(src, load_external_data=False))
+    assert in_file  # the fixture's large weights are in vision.onnx_data
+    handed = []
+    compress = nncf.compress_weights
+
+    def spy(model, **kwargs):
+        handed.append(external(model))
+        return compress(model, **kwargs)
+
+    monkeypatch.setattr(nncf, "compress_weights", spy)
+    model, figures = openvino_int8_graph(src)
+    assert handed == [in_file]
+    assert figures["openvino_int8_weights"] > 0
+    dequantized = [n for n in model.graph if n.op_type == "DequantizeLinear"]
+    assert len(dequantized) == figures["openvino_int8_weights"]
+    assert all(n.inputs[0].const_value.dtype.name in ("UINT8", "INT8") for n in dequantized)
+
+
 # ----------------------------------------------------------------------- provider selection
 def test_provider_names_and_options():
     assert resolve_providers("openvino") == [OPENVINO]
