@@ -16,6 +16,8 @@ from colembed_export.variants import gates as E
 from colembed_export.graphs import edits as G
 from colembed_export.variants import recipes as R
 from colembed_export.variants import write as V
+from colembed.layout import BASE_VARIANT
+from tests.fixtures.builds import variant_step
 
 pytestmark = pytest.mark.heavy("tiny-variants")
 
@@ -370,60 +372,67 @@ def test_ranking_set_has_clear_winners_and_agreement_can_fail(exported_variants)
 
 
 # ------------------------------------------------------------------------------ gate failure
-@pytest.mark.slow  # runs the exporter
+# The refusals below run the exporter's variant step alone over a staging copy of the session
+# export's fp32 graphs (`variant_step`): the fp32 graphs are the same whoever traces them, and
+# tracing them is most of an export's time. What the exporter itself does with a refusal (the
+# steps before it, the folder committed and named in the error, no staging left) is
+# test_exporter_refuses_a_variant_that_fails_only_long_queries's, through `export_model` whole.
 def test_missed_gate_raises_and_writes_the_folder_without_the_variant(
-    tiny_checkpoint, tmp_path, monkeypatch
+    exported_variants, tmp_path, monkeypatch
 ):
     from colembed.errors import ExportError
-    from colembed_export.pipeline.exporter import export_model
 
     impossible = V.VariantSpec("int8", V.VARIANTS["int8"].recipes, V.Gate(mean_cosine=1.5))
     monkeypatch.setitem(V.VARIANTS, "int8", impossible)
-    out = tmp_path / "model"
+    staging = tmp_path / "model"
     with pytest.raises(ExportError, match=r"int8: mean cosine 0\.99\d+ < 1\.5") as refused:
-        export_model(tiny_checkpoint, out, check=False, variants=["int8"])
+        variant_step(exported_variants.folder, staging, ["int8"])
     # (a spec without a fallback: one attempt) The refusal carries what was measured up to it (bench_export.py reports a refused variant).
     assert refused.value.checks["int8"]["mean_cosine"] < 1.5
     assert "buckets" in refused.value.checks["int8"]
     steps = [s["step"] for s in refused.value.steps]
-    assert "export the text graph" in steps and "variants: gate set through int8" in steps
-    assert_written_without(refused.value, out, refused=["int8"], kept=[])  # no staging left
+    assert "variants: gate set through int8" in steps
+    assert_left_without(refused.value, staging, refused=["int8"], kept=[])  # no staging left
 
 
-@pytest.mark.slow  # runs the exporter (fp32 graphs only: the refusal comes before any variant)
 def test_an_unjudgeable_ranking_is_refused_before_any_variant_is_made(
-    tiny_checkpoint, tmp_path, monkeypatch
+    exported_variants, tmp_path, monkeypatch
 ):
     """fp32's gate-set run comes first: when its ranking set has too few clear winners, no variant
     graph is made (at 4B size that was 9 minutes of graphs that could never be written)."""
     from colembed.errors import ExportError
-    from colembed_export.pipeline.exporter import export_model
 
     pages, queries = E.ranking_set()
     monkeypatch.setattr(E, "ranking_set", lambda: ([pages[0]] * len(pages), queries))
     made = []
     monkeypatch.setattr(V, "make_graph", lambda *a, **k: made.append(a) or 1 / 0)
-    out = tmp_path / "model"
+    staging = tmp_path / "model"
     with pytest.raises(ExportError, match=r"clear-winner queries under fp32 \(< 16\)") as refused:
-        export_model(tiny_checkpoint, out, check=False, variants=["int8", "fp16"])
+        variant_step(exported_variants.folder, staging, ["int8", "fp16"])
     assert made == []
     steps = [s["step"] for s in refused.value.steps]
     assert "variants: gate set through fp32" in steps
     assert not any(s.startswith("variants: make") for s in steps)
     assert "no variant was made (int8, fp16)" in str(refused.value)
-    assert_written_without(refused.value, out, refused=["int8", "fp16"], kept=[])
+    assert_left_without(refused.value, staging, refused=["int8", "fp16"], kept=[])
 
 
 def assert_written_without(error, out, *, refused, kept):
-    """A refusal keeps what passed: the folder holds the checked fp32 graphs and the `kept`
-    variants (listed, loadable, with their checks), no file of a `refused` one, no staging
-    folder; the error names the folder."""
+    """A refusal through `export_model` keeps what passed: the error names the folder it wrote,
+    which holds what `assert_left_without` says, and no staging folder is left beside it."""
+    assert error.written == out
+    assert f"written without them: {out} ({', '.join([BASE_VARIANT, *kept])})" in str(error)
+    assert_left_without(error, out, refused=refused, kept=kept)
+
+
+def assert_left_without(error, out, *, refused, kept):
+    """A refusal keeps what passed: `out` holds the checked fp32 graphs and the `kept` variants
+    (listed, loadable, with their checks), no file of a `refused` one, and nothing is left beside
+    it (no staging or scratch folder)."""
     import colembed
-    from colembed.layout import BASE_VARIANT
     from colembed.manifest import read_manifest
 
-    assert error.written == out and error.refused == refused and error.kept == kept
-    assert f"written without them: {out} ({', '.join([BASE_VARIANT, *kept])})" in str(error)
+    assert error.refused == refused and error.kept == kept
     manifest = read_manifest(out)
     assert sorted(manifest.variants) == sorted([BASE_VARIANT, *kept])
     assert sorted(manifest.checks) == sorted([BASE_VARIANT, *kept]) or sorted(
@@ -522,6 +531,9 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(
     assert "query: sentence repeated to 779 tokens" in below and "sample" not in below
     assert "64 tokens" not in below and "221 tokens" not in below
     assert "not written: int8:" in message and "fp16" not in message.split("written without")[0]
+    assert "buckets" in refused.value.checks["int8"]  # what was measured up to the refusal
+    steps = [s["step"] for s in refused.value.steps]  # every step run, the graphs' export too
+    assert "export the text graph" in steps and "variants: gate set through int8" in steps
     assert_written_without(refused.value, out, refused=["int8"], kept=["fp16"])
 
 
@@ -566,15 +578,15 @@ def _break_token_ids(model, ids) -> None:
     graph.outputs[0] = nodes[-1].outputs[0]
 
 
-@pytest.mark.slow  # runs the exporter
-def test_exporter_refuses_a_variant_wrong_only_on_digits(tiny_checkpoint, tmp_path, monkeypatch):
+def test_exporter_refuses_a_variant_wrong_only_on_digits(
+    exported_variants, tiny_checkpoint, tmp_path, monkeypatch
+):
     """The gate holds every kind of query token: a variant right on every word, space,
     punctuation mark and page but wrong on the ten digit tokens is refused, the miss naming the
     digits class and a digit as the worst token; no other class is named."""
     from tokenizers import Tokenizer
 
     from colembed.errors import ExportError
-    from colembed_export.pipeline.exporter import export_model
 
     tokenizer = Tokenizer.from_file(str(tiny_checkpoint / "tokenizer.json"))
     digits = [tokenizer.token_to_id(str(d)) for d in range(10)]
@@ -588,14 +600,8 @@ def test_exporter_refuses_a_variant_wrong_only_on_digits(tiny_checkpoint, tmp_pa
         return model, figures
 
     monkeypatch.setattr(V, "make_graph", broken)
-    with pytest.raises(ExportError) as refused:
-        export_model(
-            tiny_checkpoint,
-            tmp_path / "model",
-            check=False,
-            variants=["int8"],
-            int8_weight_passes=1,
-        )
+    with pytest.raises(ExportError) as refused:  # the variant step alone, as the others above
+        variant_step(exported_variants.folder, tmp_path / "model", ["int8"], int8_weight_passes=1)
     message = str(refused.value)
     classes = [line for line in message.splitlines() if "query tokens of class" in line]
     assert classes and all("class 'digits'" in line for line in classes), message

@@ -5,8 +5,6 @@ query bound, and a variant wrong only on long queries is refused.
 
 The ranking half of the gate judged this checkpoint unjudgeable until the clear-winner test moved
 from the whole score to the other pages' spread (export/variants/gates.py `CLEAR_SPREADS`): this
-
-pytestmark = pytest.mark.heavy("qwen3-stress")
 checkpoint makes every image token of every page nearly the same vector (cosine 0.989 across
 pages, 72 image tokens per ranking page), so the own page's lead, decisive against the other
 pages' spread, is a tiny fraction of the score. The unit tests at the end hold that judgement to
@@ -20,6 +18,8 @@ import pytest
 from colembed_export.variants import gates as E
 from colembed_export.variants import write as V
 from tests.fixtures.builds import build_once
+
+pytestmark = pytest.mark.heavy("qwen3-stress")
 
 ALL = ("int8", "int4", "fp16")
 
@@ -118,59 +118,46 @@ def test_the_gate_set_reaches_the_query_bound(stress_variants_3):
         assert figures["buckets"]["queries 257+ tokens"]["mean"] >= V.GATES[name].mean_cosine
 
 
-@pytest.mark.slow  # runs the exporter
+@pytest.mark.slow
 def test_exporter_refuses_a_variant_that_fails_only_long_queries(
-    tmp_path_factory, tmp_path, monkeypatch
+    stress_variants_3, tmp_path, monkeypatch
 ):
     """On ColQwen3's graphs (DeepStack input and all) a variant right on every short query and page
-    but wrong past 300 tokens is refused, naming the long queries; the folder is written
-    without it (the checked fp32 graphs only)."""
+    but wrong past 300 tokens is refused, naming the long queries; the folder is left without it
+    (the checked fp32 graphs only). The exporter's variant step alone over a copy of the module's
+    fp32 graphs (`variant_step`); the exporter's own handling of a refusal is ColQwen2's
+    (tests/export/variants/test_variants.py), the same code for every family."""
     from colembed.errors import ExportError
-    from colembed_export.pipeline.exporter import export_model
-    from tests.export.variants.test_variants import (
-        _break_tokens_past,
-    )  # flips every vector past a position
+    from tests.export.variants.test_variants import _break_tokens_past, assert_left_without
+    from tests.fixtures.builds import variant_step
 
     made = V.make_graph
 
     def broken(recipe, src, work, calibration):
         model, figures = made(recipe, src, work, calibration)
         if src.name.startswith("text"):
-            _break_tokens_past(model, 300)
+            _break_tokens_past(model, 300)  # flips every vector past a position
         return model, figures
 
     monkeypatch.setattr(V, "make_graph", broken)
     out = tmp_path / "model"
-    with pytest.raises(ExportError) as refused:
-        export_model(
-            stress_checkpoint(tmp_path_factory),
-            out,
-            check=False,
-            variants=["int8"],
-            int8_weight_passes=1,
-        )  # one code forced: no two-code attempt to judge too
+    with pytest.raises(ExportError) as refused:  # one code forced: no two-code attempt to judge
+        variant_step(stress_variants_3.folder, out, ["int8"], int8_weight_passes=1)
     message = str(refused.value)
     assert "int8: min cosine -" in message and "sentence repeated to 450 tokens" in message
     below = message.split("below it:")[1].split("\n")[0].split(" (mean ")[0]  # the items named
     assert "query: sentence repeated to 1291 tokens" in below and "sample" not in below
     assert "repeated to 64 tokens" not in below and "repeated to 221 tokens" not in below
-    from tests.export.variants.test_variants import assert_written_without
-
-    assert_written_without(refused.value, out, refused=["int8"], kept=[])
+    assert_left_without(refused.value, out, refused=["int8"], kept=[])
 
 
-@pytest.mark.slow  # runs the exporter (fp32 only: the refusal comes before any variant)
-def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(
-    tmp_path_factory, tmp_path, monkeypatch
-):
-    """Through the real fp32 graphs: when the ranking set's pages are one page (nothing to tell
-    apart), judging any variant is refused with what fp32 did, before any variant runs."""
+@pytest.mark.slow
+def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(stress_variants_3, monkeypatch):
+    """Through the real fp32 graphs (the module's export; the gate reads the folder, writes
+    nothing): when the ranking set's pages are one page (nothing to tell apart), judging any
+    variant is refused with what fp32 did, before any variant runs."""
     from colembed.errors import ExportError
-    from colembed_export.pipeline.exporter import export_model
 
-    folder = export_model(
-        stress_checkpoint(tmp_path_factory), tmp_path / "fp32", check=False, random_weights=True
-    ).folder
     pages, queries = E.ranking_set()
     monkeypatch.setattr(E, "ranking_set", lambda: ([pages[0]] * len(pages), queries))
     with pytest.raises(
@@ -178,7 +165,7 @@ def test_a_ranking_set_fp32_cannot_tell_apart_is_refused_naming_why(
         match=r"clear-winner queries under fp32 \(< 16\).*do not "
         r"tell these pages apart",
     ):
-        E.evaluate_variants(folder, ["int8"], V.GATES)
+        E.evaluate_variants(stress_variants_3.folder, ["int8"], V.GATES)
 
 
 # ------------------------------------------------------------------ the clear-winner judgement
