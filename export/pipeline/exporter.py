@@ -396,7 +396,7 @@ def export_model(
         )
         if unstreamed is None:
             with meter.step("check the checkpoint's tensors and build the stand-in model"):
-                standin = StandInModel(folder)
+                standin = StandInModel(folder, resolved.family)
                 facts = model_facts(standin.model.config, folder, resolved.family)
             say("graph weights: streamed from the checkpoint, one tensor at a time")
         else:
