@@ -73,6 +73,7 @@ def _cmd_export(args) -> int:
         int8_weight_passes=args.int8_weight_passes,
         progress=_progress,
         base=args.base,
+        max_memory=args.max_memory,
     )
     check = report.check.get(BASE_VARIANT)
     if check:
@@ -882,6 +883,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-check",
         action="store_true",
         help="skip the onnxruntime-vs-torch check (not recommended)",
+    )
+    export.add_argument(
+        "--max-memory",
+        type=float,
+        metavar="GB",
+        help="refuse, before any work, an export whose plan (printed first: each step's "
+        "expected peak) needs more than GB (default: the memory available now)",
     )
     export.add_argument(
         "--overwrite",

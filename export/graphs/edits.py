@@ -12,6 +12,10 @@
   SimplifiedLayerNormalization kernel instead of seven); the exporter applies it to every graph.
 - `finish`: onnx_ir's stable topological sort (the converters append nodes) and the one
   `Reshape(allowzero)` cleaner (`reshape_allowzero.py`), before saving.
+- `spilled_initializers`: inside it, each initializer `add_initializer` makes (a quantised or
+  fp16 weight) goes to a scratch file as soon as it is made and is read back one at a time when
+  the graph is saved, so a variant's new weights never accumulate in memory: the writer holds
+  the graph and one weight, whatever the model's size.
 This module imports onnx_ir and numpy; onnxruntime only for calibration.
 """
 
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
@@ -77,15 +82,63 @@ def _const_float(value: Any) -> np.ndarray | None:
     return value.const_value.numpy()
 
 
-def add_initializer(graph: Any, name: str, array: np.ndarray) -> Any:
-    """Register `array` as the graph initializer `name` (dtype and shape its own); return it."""
+# (scratch file, smallest array spilled) while `spilled_initializers` is active
+_SPILL: contextvars.ContextVar[tuple[Path, int] | None] = contextvars.ContextVar(
+    "colembed_spill", default=None
+)
+SPILL_BYTES = 1 << 20  # smaller arrays (scales, biases, zero points) stay in memory
+
+
+@contextlib.contextmanager
+def spilled_initializers(scratch: Path, min_bytes: int = SPILL_BYTES) -> Iterator[Path]:
+    """Within: `add_initializer` writes each array of `min_bytes` or more to the file `scratch`
+    at once and registers a lazy read of it (onnx_ir's `LazyTensor`, evaluated when the graph is
+    saved and dropped once written). The file is removed on exit: save the graph inside."""
+    scratch = Path(scratch)
+    scratch.write_bytes(b"")
+    token = _SPILL.set((scratch, min_bytes))
+    try:
+        yield scratch
+    finally:
+        _SPILL.reset(token)
+        scratch.unlink(missing_ok=True)
+
+
+def _spilled(array: np.ndarray, name: str, scratch: Path) -> Any:
+    """`array` appended to `scratch`, as a lazy tensor reading it back."""
     import onnx_ir as ir
 
+    array = np.asarray(array, order="C")  # (ascontiguousarray would make a 0-d array 1-d)
+    dtype, shape = array.dtype, array.shape
+    with open(scratch, "ab") as f:
+        offset = f.tell()
+        array.tofile(f)
+
+    def read():
+        data = np.fromfile(scratch, dtype=dtype, count=array_size, offset=offset)
+        return ir.tensor(data.reshape(shape), name=name)
+
+    array_size = int(array.size)
+    return ir.LazyTensor(
+        read, dtype=ir.DataType.from_numpy(dtype), shape=ir.Shape(shape), name=name
+    )
+
+
+def add_initializer(graph: Any, name: str, array: np.ndarray) -> Any:
+    """Register `array` as the graph initializer `name` (dtype and shape its own); return it.
+    Inside `spilled_initializers` a large one is written to the scratch file and read lazily."""
+    import onnx_ir as ir
+
+    spill = _SPILL.get()
+    if spill is not None and array.nbytes >= spill[1]:
+        const = _spilled(array, name, spill[0])
+    else:
+        const = ir.tensor(array, name=name)
     value = ir.Value(
         name=name,
         shape=ir.Shape(array.shape),
         type=ir.TensorType(ir.DataType.from_numpy(array.dtype)),
-        const_value=ir.tensor(array, name=name),
+        const_value=const,
     )
     graph.register_initializer(value)
     return value

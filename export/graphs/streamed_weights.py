@@ -1,7 +1,9 @@
 """Graph weights written tensor by tensor from the memory-mapped checkpoint, never the whole model.
 
-The graphs are traced from a *stand-in* model: the checkpoint's own `ColQwen2ForRetrieval` built
-from its config, whose weight matrices (every 2-D parameter: the linear layers and the token
+The graphs are traced from a *stand-in* model: the very module the family's loader builds from the
+checkpoint's config (transformers' `ColQwen2ForRetrieval` for ColQwen2 and ColQwen2.5 in either
+layout; the ColQwen3 retrieval module over 4.57.1's `Qwen3VLModel`, DeepStack mergers included),
+whose weight matrices (every 2-D parameter: the linear layers and the token
 embedding, nearly all the bytes) are uninitialised `torch.empty` tensors of the real shapes and
 dtype. Nothing writes into them, so the kernel gives them no pages: the trace costs the activations
 and the graph, not the weights. The other parameters (norms, biases, the patch convolution; a few
@@ -11,7 +13,8 @@ built (the patch convolution becomes a matrix) and the exporter's rewrites may r
 After the trace each initializer is mapped back to the checkpoint: the exporter hands a stand-in
 over as the very tensor (a torch parameter) or as a transposed view of it (the optimiser folds
 `Linear`'s transpose into a numpy view of the same memory), so the initializer's memory names its
-stand-in, the stand-in's parameter name names the checkpoint tensor, and the view's strides give
+stand-in, the stand-in's parameter name names the checkpoint tensor (through the layout's key map:
+`checkpoint_tensors`), and the view's strides give
 the axis order. Each such initializer becomes an `onnx_ir.LazyTensor` that reads its tensor from
 the safetensors shard, widens it to fp32 (exact for F32, F16 and BF16: what the strict loader's
 `dtype=torch.float32` does), applies the axis order and is dropped once `ir.save` has written it:
@@ -24,7 +27,10 @@ other than F32 / F16 / BF16; a tensor the model does not have; a stand-in the gr
 form other than itself or a transpose (a slice, a copy, a folded product), which this writer could
 not reproduce from the file.
 
-`streaming_applies` is the one place that decides which checkpoints take this path.
+Every served family and layout streams; `streaming_applies` is the one place that decides, and
+says why a checkpoint does not (no safetensors weights: a `.bin` checkpoint; `stream_weights=False`
+asks for the whole-model path). A LoRA adapter is merged into its base in memory first
+(`families/qwen2_5/adapter.py`): the merged model is exported from that folder of safetensors.
 """
 
 from __future__ import annotations
@@ -47,52 +53,44 @@ class StreamedWeightsError(ExportError):
 
 
 def streaming_applies(folder: Path, family: Any) -> str | None:
-    """None when `folder`'s graph weights can be streamed, else why today's path (the whole fp32
-    model loaded per graph) is taken: the checkpoint loads as transformers' `ColQwen2ForRetrieval`
-    from safetensors (ColQwen2; ColQwen2.5 in transformers' layout). colpali-engine's ColQwen2.5
-    layout and ColQwen3's layouts are loaded through their own key maps, not streamed yet."""
-    name = family.family.name
-    if name not in ("colqwen2", "colqwen2.5"):
-        return f"{name} checkpoints are loaded through their own layout"
-    if name == "colqwen2.5":
-        from ..families.qwen2_5.checkpoint import checkpoint_layout
-
-        if checkpoint_layout(folder) != "transformers":
-            return "colpali-engine's ColQwen2.5 layout is loaded through its own key map"
-    if not ((folder / SHARD_INDEX).is_file() or (folder / SINGLE_FILE).is_file()):
+    """None when `folder`'s graph weights can be streamed, else why the whole fp32 model is loaded
+    per graph instead. Every family and layout colembed exports streams (`checkpoint_tensors` maps
+    each one's keys); what cannot is a checkpoint without safetensors weights."""
+    if not ((folder / SHARD_INDEX).is_file() or any(folder.glob("*.safetensors"))):
         return f"no {SINGLE_FILE} or {SHARD_INDEX}"
     return None
 
 
 class CheckpointTensors:
-    """The safetensors tensors of a checkpoint folder (one file or shards with their index), read
-    one at a time through `safe_open`: a tensor read keeps only its own pages mapped, and only
-    while it is alive, so the pages read do not stay counted in this process's memory."""
+    """The safetensors tensors of a checkpoint folder by their name in the model (`where`: name ->
+    (file, key in that file)), read one at a time through `safe_open`: a tensor read keeps only
+    its own pages mapped, and only while it is alive, so the pages read do not stay counted in
+    this process's memory. Without `where`, transformers' layout: the shard index's or the single
+    file's keys are the model's names."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, where: dict[str, tuple[Path, str]] | None = None) -> None:
         self.folder = Path(folder)
-        index = self.folder / SHARD_INDEX
-        if index.is_file():
-            try:
-                self.shard_of = dict(json.loads(index.read_text())["weight_map"])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-                raise StreamedWeightsError(f"{index}: not a safetensors shard index ({e})") from e
-        else:
-            with self._open(SINGLE_FILE) as f:
-                self.shard_of = {k: SINGLE_FILE for k in f.keys()}
+        if where is None:
+            where = {name: (self.folder / shard, name) for name, shard in _shards(self.folder)}
+        self.where = dict(where)
 
-    def _open(self, shard: str):
+    @property
+    def shard_of(self) -> dict[str, tuple[Path, str]]:  # the names, for membership tests
+        return self.where
+
+    def _open(self, name: str):
         from safetensors import safe_open
 
-        path = self.folder / shard
-        if not path.is_file():
+        path, key = self.where[name]
+        if not Path(path).is_file():
             raise StreamedWeightsError(f"{path}: a shard the checkpoint names is missing")
-        return safe_open(path, framework="pt")
+        return safe_open(path, framework="pt"), key
 
     def describe(self, name: str) -> tuple[tuple[int, ...], str]:
         """(shape, safetensors dtype string) of `name`, without reading its data."""
-        with self._open(self.shard_of[name]) as f:
-            view = f.get_slice(name)
+        opened, key = self._open(name)
+        with opened as f:
+            view = f.get_slice(key)
             return tuple(view.get_shape()), view.get_dtype()
 
     def read(self, name: str):
@@ -101,8 +99,77 @@ class CheckpointTensors:
         written out, it costs no copy."""
         import torch
 
-        with self._open(self.shard_of[name]) as f:
-            return f.get_tensor(name).to(torch.float32)
+        opened, key = self._open(name)
+        with opened as f:
+            return f.get_tensor(key).to(torch.float32)
+
+
+def _shards(folder: Path) -> list[tuple[str, str]]:
+    """(tensor, shard file name) of transformers' layout: the shard index or the single file."""
+    from safetensors import safe_open
+
+    index = folder / SHARD_INDEX
+    if index.is_file():
+        try:
+            return list(dict(json.loads(index.read_text())["weight_map"]).items())
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+            raise StreamedWeightsError(f"{index}: not a safetensors shard index ({e})") from e
+    if not (folder / SINGLE_FILE).is_file():
+        raise StreamedWeightsError(f"{folder}: no {SINGLE_FILE} or {SHARD_INDEX}")
+    with safe_open(folder / SINGLE_FILE, framework="pt") as f:
+        return [(k, SINGLE_FILE) for k in f.keys()]
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """A checkpoint's model with its parameters on the meta device (no memory; buffers computed),
+    its tensors by model name, and the parameters that may be absent from the file because no
+    embedding reads them (colpali-engine's headless ColQwen2.5: an untied LM head)."""
+
+    model: Any
+    tensors: CheckpointTensors
+    optional: frozenset[str] = frozenset()
+
+
+def checkpoint_tensors(folder: Path, family: Any) -> Skeleton:
+    """The stand-in's skeleton per family and layout: the module the family's loader fills, built
+    empty, and the layout's key map (each layout's loader module owns its names)."""
+    import torch
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval
+    from transformers.integrations.accelerate import init_empty_weights
+
+    from colembed.errors import ModelFolderError
+
+    folder = Path(folder)
+    name = family.family.name
+    if name == "colqwen3":
+        from ..families.qwen3.checkpoint import build_colqwen3, read_checkpoint
+
+        checkpoint = read_checkpoint(folder)
+        model = build_colqwen3(folder, checkpoint, empty=True)
+        return Skeleton(model, CheckpointTensors(folder, checkpoint.locations()))
+    if name == "colqwen2.5":
+        from ..families.qwen2_5.checkpoint import (
+            build_colpali_layout,
+            checkpoint_layout,
+            colpali_tensor_locations,
+        )
+
+        if checkpoint_layout(folder) == "colpali":
+            try:
+                where = colpali_tensor_locations(folder)
+                model = build_colpali_layout(folder, where, empty=True)
+            except ModelFolderError as e:
+                raise StreamedWeightsError(f"{folder}: {e}") from e
+            model.tie_weights()  # a stored head of tied embeddings is the table's second name
+            return Skeleton(
+                model, CheckpointTensors(folder, where), frozenset({"vlm.lm_head.weight"})
+            )
+    config = ColQwen2Config.from_pretrained(folder)
+    with init_empty_weights(include_buffers=False):  # parameters on meta, buffers computed
+        model = ColQwen2ForRetrieval._from_config(config, dtype=torch.float32)
+    model.tie_weights()  # as `from_pretrained` does: a tied tensor is stored under one name
+    return Skeleton(model, CheckpointTensors(folder))
 
 
 def _names_by_parameter(model: Any) -> dict[int, list[str]]:
@@ -113,10 +180,13 @@ def _names_by_parameter(model: Any) -> dict[int, list[str]]:
     return names
 
 
-def checkpoint_names(model: Any, tensors: CheckpointTensors) -> dict[int, str]:
+def checkpoint_names(
+    model: Any, tensors: CheckpointTensors, optional: frozenset[str] = frozenset()
+) -> dict[int, str]:
     """The checkpoint tensor of each parameter of `model` (by id), after checking every tensor:
-    present, of the parameter's shape, of a dtype that widens exactly to fp32; every checkpoint
-    tensor a parameter of the model. Raises StreamedWeightsError listing every offender by name."""
+    present (or named in `optional`: then left out), of the parameter's shape, of a dtype that
+    widens exactly to fp32; every checkpoint tensor a parameter of the model. Raises
+    StreamedWeightsError listing every offender by name."""
     problems: list[str] = []
     found: dict[int, str] = {}
     claimed: set[str] = set()
@@ -126,7 +196,8 @@ def checkpoint_names(model: Any, tensors: CheckpointTensors) -> dict[int, str]:
         present = [n for n in names if n in tensors.shard_of]
         claimed.update(present)
         if not present:
-            problems.append(f"missing {names[0]}")
+            if not optional.intersection(names):
+                problems.append(f"missing {names[0]}")
             continue
         name = present[0]
         shape, dtype = tensors.describe(name)
@@ -161,23 +232,23 @@ class StandIn:
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     nbytes: int
+    absent: bool = False  # an optional parameter the checkpoint does not store
 
 
 class StandInModel:
     """The checkpoint's model with stand-ins for its weight matrices (module docstring), and the
     checkpoint it maps them to. `model` is what the graph wrappers are built on."""
 
-    def __init__(self, folder: Path, tensors: CheckpointTensors | None = None) -> None:
-        import torch
-        from transformers import ColQwen2Config, ColQwen2ForRetrieval
-        from transformers.integrations.accelerate import init_empty_weights
+    def __init__(self, folder: Path, family: Any = None) -> None:
+        if family is None:
+            from ..families import export_family
+            from ..families.checkpoint import check_architecture
 
-        self.tensors = tensors or CheckpointTensors(folder)
-        config = ColQwen2Config.from_pretrained(folder)
-        with init_empty_weights(include_buffers=False):  # parameters on meta, buffers computed
-            model = ColQwen2ForRetrieval._from_config(config, dtype=torch.float32)
-        model.tie_weights()  # as `from_pretrained` does: a tied tensor is stored under one name
-        names = checkpoint_names(model, self.tensors)
+            family = export_family(check_architecture(Path(folder)).name)
+        skeleton = checkpoint_tensors(Path(folder), family)
+        self.tensors, model = skeleton.tensors, skeleton.model
+        names = checkpoint_names(model, self.tensors, skeleton.optional)
+        all_names = _names_by_parameter(model)
         self.standins: dict[int, StandIn] = {}  # data pointer -> stand-in
         replaced: dict[int, Any] = {}
         for module in model.modules():
@@ -185,17 +256,24 @@ class StandInModel:
                 if param is None:
                     continue
                 if id(param) not in replaced:
-                    replaced[id(param)] = self._materialise(param, names[id(param)])
+                    name = names.get(id(param))
+                    replaced[id(param)] = self._materialise(param, name, all_names[id(param)][0])
                 module._parameters[key] = replaced[id(param)]
         self.model = model.eval()
 
-    def _materialise(self, param: Any, name: str):
+    def _materialise(self, param: Any, name: str | None, model_name: str):
+        """A stand-in for a 2-D parameter or an absent optional one (`name` None: the graph must
+        not read it), else the checkpoint's tensor read whole."""
         import torch
 
-        if param.ndim == 2:
+        if param.ndim == 2 or name is None:
             value = torch.empty(tuple(param.shape), dtype=torch.float32)
             self.standins[value.data_ptr()] = StandIn(
-                name, tuple(value.shape), tuple(value.stride()), value.numel() * 4
+                name or model_name,
+                tuple(value.shape),
+                tuple(value.stride()),
+                value.numel() * 4,
+                absent=name is None,
             )
         else:
             value = self.tensors.read(name)
@@ -273,10 +351,14 @@ class StandInModel:
             if found is None:
                 continue
             standin, order = found
+            if standin.absent:
+                raise StreamedWeightsError(
+                    f"the graph reads {standin.name}, which the checkpoint does not store"
+                )
             value.const_value = self._lazy(value, standin, order)
             streamed[value.name] = standin.name
         used = {p.data_ptr() for p in graph.parameters()}
-        unread = sorted(s.name for ptr, s in self.standins.items() if ptr in used)
+        unread = sorted(s.name for ptr, s in self.standins.items() if ptr in used and not s.absent)
         missing = sorted(set(unread) - set(streamed.values()))
         if missing:
             raise StreamedWeightsError(
@@ -289,8 +371,10 @@ class StandInModel:
 __all__ = [
     "CheckpointTensors",
     "StandInModel",
+    "Skeleton",
     "StreamedWeightsError",
     "WIDENED_DTYPES",
     "checkpoint_names",
+    "checkpoint_tensors",
     "streaming_applies",
 ]

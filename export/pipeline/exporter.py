@@ -54,6 +54,7 @@ from ..constants import (
     SCORER_OPSET,
 )
 from .destination import check_destination, is_export_folder
+from .plan import check_plan, plan_export
 from ..families import ExportFamily, export_family
 from ..measure import StepMeter
 from ..graphs.onnx_io import export_graph
@@ -343,6 +344,7 @@ def export_model(
     base: str | os.PathLike | None = None,
     source_label: str | None = None,
     stream_weights: bool = True,
+    max_memory: float | None = None,
 ) -> ExportReport:
     """Export a ColQwen2-family checkpoint to a colembed model folder: transformers
     `ColQwen2ForRetrieval` over Qwen2-VL or Qwen2.5-VL, or colpali-engine's ColQwen2.5 layout.
@@ -366,7 +368,10 @@ def export_model(
     The graphs' weights are written from the checkpoint one tensor at a time where
     `streamed_weights.streaming_applies` allows it (`stream_weights=False`: the whole fp32 model
     loaded per graph instead; the same bytes either way); the check (`check`) still loads the
-    whole model once for the torch reference.
+    whole model once for the torch reference. Before any work the memory plan (plan.py) is said
+    through `progress`: each chosen step's expected peak from the checkpoint's tensor sizes; a step
+    over `max_memory` (GB; None: the memory the system has available) refuses the export
+    (`plan.ExportPlanRefused`, naming the step, its figure and what to drop).
     """
     options = dict(locals())  # the call's arguments, handed on when an adapter is merged first
     say = progress or log.info
@@ -388,15 +393,19 @@ def export_model(
     if source_label is not None:
         resolved = replace(resolved, checkpoint=replace(resolved.checkpoint, source=source_label))
     folder = resolved.checkpoint.folder
+    unstreamed = (
+        streaming_applies(folder, resolved.family) if stream_weights else "stream_weights=False"
+    )
+    plan = plan_export(folder, streamed=unstreamed is None, check=check, variants=variants)
+    for line in plan.lines():
+        say(line)
+    check_plan(plan, max_memory)
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
         standin = facts = reference = None
-        unstreamed = (
-            streaming_applies(folder, resolved.family) if stream_weights else "stream_weights=False"
-        )
         if unstreamed is None:
             with meter.step("check the checkpoint's tensors and build the stand-in model"):
-                standin = StandInModel(folder)
+                standin = StandInModel(folder, resolved.family)
                 facts = model_facts(standin.model.config, folder, resolved.family)
             say("graph weights: streamed from the checkpoint, one tensor at a time")
         else:

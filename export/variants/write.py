@@ -107,7 +107,7 @@ class _GraphWriter:
         """Each variant's graph entries for its recipes in `plan` ({variant: {role: recipe}}),
         and per variant what its recipes measured ({figure: {role: value}}, for its gate)."""
         from .gates import calibration_feeds
-        from ..graphs.edits import finish
+        from ..graphs.edits import finish, spilled_initializers
 
         entries: dict[str, dict[str, GraphEntry]] = {}
         measured: dict[str, dict[str, Any]] = {}
@@ -121,22 +121,26 @@ class _GraphWriter:
                             with self.step("variants: record the calibration feeds"):
                                 self.calibration = calibration_feeds(self.staging)
                         self.say(f"writing the {role} graph of the {name} variant ({recipe})")
-                        with self.step(f"variants: make the {role} graph ({recipe})"):
-                            model, figures = make_graph(
-                                recipe,
-                                self.staging / fp32.file,
-                                Path(tmp),
-                                self.calibration[role] if recipe in CALIBRATED_RECIPES else None,
-                            )
-                            cleared = finish(model)
-                        with self.step(f"variants: save the {role} graph ({recipe})"):
-                            file, data_file = save_graph(
-                                model,
-                                self.staging,
-                                f"{role}.{recipe}.onnx",
-                                external=fp32.data_file is not None,
-                            )
-                            del model
+                        # the new weights wait on disk, not in memory, until the graph is saved
+                        with spilled_initializers(Path(tmp) / f"{role}.{recipe}.spill"):
+                            with self.step(f"variants: make the {role} graph ({recipe})"):
+                                model, figures = make_graph(
+                                    recipe,
+                                    self.staging / fp32.file,
+                                    Path(tmp),
+                                    self.calibration[role]
+                                    if recipe in CALIBRATED_RECIPES
+                                    else None,
+                                )
+                                cleared = finish(model)
+                            with self.step(f"variants: save the {role} graph ({recipe})"):
+                                file, data_file = save_graph(
+                                    model,
+                                    self.staging,
+                                    f"{role}.{recipe}.onnx",
+                                    external=fp32.data_file is not None,
+                                )
+                                del model
                         log.info("wrote %s (cleared %d Reshape allowzero)", file, cleared)
                         if recipe in OPENVINO_RECIPES:  # the form must be OpenVINO's exactly
                             from ..graphs.openvino import openvino_problems

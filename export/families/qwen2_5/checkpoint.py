@@ -79,21 +79,9 @@ def _load_colpali_layout(folder: Path):
     model held two or three: 30-37 GB for a 3B base, more than a 24 GB machine has)."""
     import torch
     from safetensors import safe_open
-    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig
-    from transformers.modeling_utils import no_init_weights
 
-    where = _tensor_locations(folder)
-    projection = where.get("embedding_proj_layer.weight")
-    if projection is None:
-        raise ModelFolderError(
-            "no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder
-        )
-    with safe_open(str(projection[0]), "pt") as f:
-        embedding_dim = int(f.get_slice(projection[1]).get_shape()[0])
-    vlm_config = Qwen2_5_VLConfig.from_dict(_config(folder))
-    config = ColQwen2Config(vlm_config=vlm_config, embedding_dim=embedding_dim)
-    with no_init_weights():  # every tensor is overwritten below or refused as missing
-        model = ColQwen2ForRetrieval(config).to(torch.float32)
+    where = colpali_tensor_locations(folder)
+    model = build_colpali_layout(folder, where, empty=False)
     params = model.state_dict()  # shares storage with the model's parameters
     head, table = model.vlm.lm_head.weight, model.vlm.get_input_embeddings().weight
     tied = head.data_ptr() == table.data_ptr()
@@ -128,6 +116,33 @@ def _load_colpali_layout(folder: Path):
     return model.eval()
 
 
+def build_colpali_layout(folder: Path, where: dict[str, tuple[Path, str]], *, empty: bool):
+    """The fp32 `ColQwen2ForRetrieval` of a colpali-layout checkpoint (`where`:
+    `colpali_tensor_locations`), its weights not initialised; with `empty` its parameters are on
+    the meta device (no memory: the streamed export's stand-in), else allocated for the loader to
+    fill. The projection's width is the stored projection's."""
+    import contextlib
+
+    import torch
+    from safetensors import safe_open
+    from transformers import ColQwen2Config, ColQwen2ForRetrieval, Qwen2_5_VLConfig
+    from transformers.integrations.accelerate import init_empty_weights
+    from transformers.modeling_utils import no_init_weights
+
+    projection = where.get("embedding_proj_layer.weight")
+    if projection is None:
+        raise ModelFolderError(
+            "no custom_text_proj weights: a Qwen2.5-VL model, not ColQwen2.5", path=folder
+        )
+    with safe_open(str(projection[0]), "pt") as f:
+        embedding_dim = int(f.get_slice(projection[1]).get_shape()[0])
+    vlm_config = Qwen2_5_VLConfig.from_dict(_config(folder))
+    config = ColQwen2Config(vlm_config=vlm_config, embedding_dim=embedding_dim)
+    context = init_empty_weights(include_buffers=False) if empty else contextlib.nullcontext()
+    with context, no_init_weights():  # every tensor is overwritten or refused as missing
+        return ColQwen2ForRetrieval(config).to(torch.float32)
+
+
 def _weight_files(folder: Path) -> list[Path]:
     """The safetensors files of a single-file or sharded (index.json) checkpoint."""
     if (folder / WEIGHTS_FILE).is_file():
@@ -142,7 +157,7 @@ def _weight_files(folder: Path) -> list[Path]:
     return [inside(folder, shard) for shard in shards]
 
 
-def _tensor_locations(folder: Path) -> dict[str, tuple[Path, str]]:
+def colpali_tensor_locations(folder: Path) -> dict[str, tuple[Path, str]]:
     """`ColQwen2ForRetrieval` name -> (file, colpali-engine key) of every tensor; unknown keys are
     refused (`to_transformers_key`), no tensor is read."""
     from safetensors import safe_open
@@ -172,4 +187,10 @@ def _config(folder: Path) -> dict:
         raise ModelFolderError(f"unreadable config.json: {e}", path=path) from e
 
 
-__all__ = ["checkpoint_layout", "load_colqwen2_5", "to_transformers_names"]
+__all__ = [
+    "build_colpali_layout",
+    "checkpoint_layout",
+    "colpali_tensor_locations",
+    "load_colqwen2_5",
+    "to_transformers_names",
+]

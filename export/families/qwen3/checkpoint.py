@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -185,13 +186,40 @@ def tensor_locations(folder: Path, layout: Qwen3Layout) -> tuple[dict, dict, lis
     return backbone, projection, problems
 
 
-def load_colqwen3(folder: Path):
-    """The checkpoint as a strict fp32 retrieval module (4.57.1's Qwen3VLModel + the projection),
-    loaded tensor by tensor (module docstring)."""
-    import torch
+@dataclass(frozen=True)
+class Qwen3Checkpoint:
+    """A ColQwen3 checkpoint's layout, backbone config and tensor locations, no tensor read.
+    `where`: `Qwen3VLModel` state-dict name -> (file, key); `projection_where`: `weight` /
+    `bias` -> (file, key); `width`, `hidden`: the projection's shape."""
+
+    raw: dict[str, Any]
+    layout: Qwen3Layout
+    vlm_config: Any
+    where: dict[str, tuple[Path, str]]
+    projection_where: dict[str, tuple[Path, str]]
+    width: int
+    hidden: int
+
+    def locations(self) -> dict[str, tuple[Path, str]]:
+        """Every tensor by its name in the retrieval module (`vlm.model.*`,
+        `embedding_proj_layer.*`)."""
+        return {
+            **{f"vlm.model.{name}": at for name, at in self.where.items()},
+            **{f"embedding_proj_layer.{part}": at for part, at in self.projection_where.items()},
+        }
+
+
+def _shape(location: tuple[Path, str]) -> tuple[int, ...]:
     from safetensors import safe_open
-    from transformers import Qwen3VLConfig, Qwen3VLModel
-    from transformers.modeling_utils import no_init_weights
+
+    with safe_open(str(location[0]), "pt") as f:
+        return tuple(f.get_slice(location[1]).get_shape())
+
+
+def read_checkpoint(folder: Path) -> Qwen3Checkpoint:
+    """The layout, config and tensor locations of `folder`; ExportError for an unknown layout,
+    an unnamed or doubled tensor, no projection, or a width the config contradicts."""
+    from transformers import Qwen3VLConfig
 
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
@@ -200,33 +228,63 @@ def load_colqwen3(folder: Path):
     where, projection_where, problems = tensor_locations(folder, layout)
     if problems:
         raise ExportError(f"{folder}: not a {layout.name} checkpoint: " + "; ".join(problems))
-
-    def read(location: tuple[Path, str]):
-        with safe_open(str(location[0]), "pt") as f:  # one tensor per opening (docstring)
-            return f.get_tensor(location[1])
-
-    def shape(location: tuple[Path, str]) -> tuple[int, ...]:
-        with safe_open(str(location[0]), "pt") as f:
-            return tuple(f.get_slice(location[1]).get_shape())
-
-    width, hidden = shape(projection_where["weight"])
+    width, hidden = _shape(projection_where["weight"])
     if layout.dim_key is not None and raw.get(layout.dim_key) != width:
         raise ExportError(
             f"{folder / 'config.json'}: {layout.dim_key} {raw.get(layout.dim_key)!r} "
             f"disagrees with the projection's {width} rows"
         )
     vlm_config = Qwen3VLConfig(**{k: v for k, v in config.items() if k not in _NOT_BACKBONE_CONFIG})
-    with no_init_weights():  # every tensor is overwritten below or refused as missing
-        backbone = Qwen3VLModel(vlm_config).to(torch.float32)
-        projection = torch.nn.Linear(hidden, width, bias="bias" in projection_where)
+    return Qwen3Checkpoint(raw, layout, vlm_config, where, projection_where, width, hidden)
+
+
+def build_colqwen3(folder: Path, checkpoint: Qwen3Checkpoint, *, empty: bool):
+    """The retrieval module of `checkpoint`, fp32, its weights not initialised; with `empty`
+    its parameters are on the meta device (no memory: the streamed export's stand-in), else
+    allocated for the loader to fill. Buffers are computed either way, the vision rotary's
+    from the config's theta."""
+    import contextlib
+
+    import torch
+    from transformers import Qwen3VLModel
+    from transformers.integrations.accelerate import init_empty_weights
+    from transformers.modeling_utils import no_init_weights
+
+    context = init_empty_weights(include_buffers=False) if empty else contextlib.nullcontext()
+    with context, no_init_weights():  # every tensor is overwritten or refused as missing
+        backbone = Qwen3VLModel(checkpoint.vlm_config).to(torch.float32)
+        projection = torch.nn.Linear(
+            checkpoint.hidden, checkpoint.width, bias="bias" in checkpoint.projection_where
+        )
+    _set_vision_rope_theta(backbone, checkpoint.raw, folder)
+    return _retrieval_module(backbone.eval(), projection.eval(), checkpoint.width)
+
+
+def load_colqwen3(folder: Path):
+    """The checkpoint as a strict fp32 retrieval module (4.57.1's Qwen3VLModel + the projection),
+    loaded tensor by tensor (module docstring)."""
+    import torch
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    checkpoint = read_checkpoint(folder)
+    where = checkpoint.where
+
+    def read(location: tuple[Path, str]):
+        with safe_open(str(location[0]), "pt") as f:  # one tensor per opening (docstring)
+            return f.get_tensor(location[1])
+
+    module = build_colqwen3(folder, checkpoint, empty=False)
+    backbone, projection = module.vlm.model, module.embedding_proj_layer
     params = backbone.state_dict()  # shares storage with the parameters
     missing = sorted(k for k in params if k not in where)
     unexpected = sorted(k for k in where if k not in params)
     misfit = [
-        f"{where[k][1]} {shape(where[k])}, expected {tuple(params[k].shape)}"
+        f"{where[k][1]} {_shape(where[k])}, expected {tuple(params[k].shape)}"
         for k in where
-        if k in params and shape(where[k]) != tuple(params[k].shape)
+        if k in params and _shape(where[k]) != tuple(params[k].shape)
     ]
+    problems = []
     if missing:
         problems.append(f"{len(missing)} missing tensor(s): {missing[:10]}")
     if unexpected:
@@ -240,15 +298,22 @@ def load_colqwen3(folder: Path):
             f"{folder}: refusing a partial checkpoint, it would export random "
             "layers: " + "; ".join(problems)
         )
-    _set_vision_rope_theta(backbone, raw, folder)
     with torch.no_grad():
         for name, location in where.items():
             tensor = read(location)
             params[name].copy_(tensor)
             del tensor
-        for part, location in projection_where.items():
+        for part, location in checkpoint.projection_where.items():
             getattr(projection, part).copy_(read(location))
-    return _retrieval_module(backbone.eval(), projection.eval(), width)
+    return module
 
 
-__all__ = ["checkpoint_layout", "load_colqwen3", "normalised_config", "tensor_locations"]
+__all__ = [
+    "Qwen3Checkpoint",
+    "build_colqwen3",
+    "checkpoint_layout",
+    "load_colqwen3",
+    "normalised_config",
+    "read_checkpoint",
+    "tensor_locations",
+]

@@ -3,8 +3,10 @@ as the whole-model path, byte for byte, and every checkpoint tensor that does no
 name.
 
 The equality tests export the graphs both ways from one checkpoint: a tiny ColQwen2 written in
-safetensors shards (`testing/sharded.py`, so the shard index is read too) and the tiny ColQwen2.5
-in transformers' layout (its session export, streamed, against a whole-model export here). Same
+safetensors shards (`testing/sharded.py`, so the shard index is read too), colpali-engine's
+ColQwen2.5 in two shards, and the session exports (streamed) of every other layout against a
+whole-model export here: ColQwen2.5 in transformers' and colpali-engine's layouts, ColQwen3 in
+colpali-engine's and TomoroAI's. Same
 weights in, the same bytes of every initializer and external-data file out, the same nodes, the
 same outputs on onnxruntime.
 """
@@ -123,39 +125,105 @@ def test_streamed_graphs_equal_the_whole_model_export_colqwen2(sharded_tiny, tmp
     assert_same_graphs(whole, streamed, sharded_tiny)
 
 
-def test_the_colqwen2_5_session_export_streamed_equals_the_whole_model_export(
-    exported_tiny_2_5_alt, tmp_path
-):
-    """The session's ColQwen2.5 export (transformers' layout: streamed, weights inline) against
-    the whole-model path on the same checkpoint."""
+def _assert_streamed_export(checkpoint: Path, exported: Path, tmp_path: Path) -> None:
+    """A session export of `checkpoint` (streamed: `streaming_applies`, weights inline) against the
+    whole-model path's graphs of the same checkpoint: the same initializers, byte for byte, and
+    the same nodes."""
     import onnx
 
-    source = Path(exported_tiny_2_5_alt.manifest.model.source)
-    whole = _graphs(source, tmp_path / "whole", stream=False, external_data=None)
+    from colembed_export.families import export_family
+    from colembed_export.families.checkpoint import check_architecture
+    from colembed_export.graphs.streamed_weights import streaming_applies
+
+    assert streaming_applies(checkpoint, export_family(check_architecture(checkpoint).name)) is None
+    whole = _graphs(checkpoint, tmp_path / "whole", stream=False, external_data=None)
     for name in ("vision.onnx", "text.onnx"):
         a = onnx.load(str(whole / name))
-        b = onnx.load(str(exported_tiny_2_5_alt.folder / name))
-        assert [i.SerializeToString() for i in a.graph.initializer] == [
-            i.SerializeToString() for i in b.graph.initializer
-        ], name
+        b = onnx.load(str(exported / name))
+        inits = [i.SerializeToString() for i in a.graph.initializer]
+        assert len(inits) > 0
+        assert inits == [i.SerializeToString() for i in b.graph.initializer], name
         assert _nodes(a) == _nodes(b), name
 
 
+@pytest.mark.parametrize("session_export", ["exported_tiny_2_5_alt", "exported_tiny_2_5"])
+def test_the_colqwen2_5_session_exports_streamed_equal_the_whole_model_export(
+    session_export, request, tmp_path
+):
+    """ColQwen2.5 in transformers' layout (tiny-2.5-alt) and in colpali-engine's (tiny-2.5: the
+    `qwen2_5_vl` config, `custom_text_proj`, keys renamed by the layout's map)."""
+    report = request.getfixturevalue(session_export)
+    _assert_streamed_export(Path(report.manifest.model.source), report.folder, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["colpali", "tomoro"])
+def test_the_colqwen3_session_exports_streamed_equal_the_whole_model_export(
+    layout, tmp_path_factory, tmp_path
+):
+    """ColQwen3 in colpali-engine's bare `qwen3_vl` layout (tiny-3) and in TomoroAI's (the same
+    weights under `vlm.*` / `embedding_proj_layer`, an LM head the export never reads): DeepStack
+    mergers, the position table and the projection's bias all streamed."""
+    from tests.fixtures import qwen3
+
+    if layout == "colpali":
+        checkpoint = qwen3.checkpoint(tmp_path_factory, "tiny-3")
+        exported = qwen3.exported(tmp_path_factory, "tiny-3")
+    else:
+        checkpoint = qwen3.tomoro_checkpoint(tmp_path_factory)
+        exported = qwen3.tomoro_exported(tmp_path_factory)
+    _assert_streamed_export(checkpoint, exported, tmp_path)
+
+
+@pytest.mark.slow
+def test_a_sharded_colpali_checkpoint_streams_and_an_absent_head_is_never_read(
+    tmp_path_factory, tmp_path
+):
+    """colpali-engine's pre-4.52 ColQwen2.5 in two shards with an index streams to the same bytes;
+    0.3.12's headless form of untied embeddings streams without the LM head, and a graph that
+    read the absent head would be refused, not written from an uninitialised stand-in."""
+    import onnx_ir as ir
+
+    from colembed_export.graphs.streamed_weights import StandInModel, StreamedWeightsError
+    from colembed_export.testing.tiny_qwen2_5 import to_colpali_layout
+    from tests.fixtures.qwen2_5 import checkpoint
+
+    source = checkpoint(tmp_path_factory, "tiny-2.5", "transformers")  # untied embeddings
+    folder = to_colpali_layout(source, tmp_path / "sharded", pre_4_52=True, shards=2)
+    assert "lm_head.weight" in (folder / "model.safetensors.index.json").read_text()
+    assert (folder / "model.safetensors.index.json").is_file()
+    whole = _graphs(folder, tmp_path / "whole", stream=False, external_data=True)
+    streamed = _graphs(folder, tmp_path / "streamed", stream=True, external_data=True)
+    assert_same_graphs(whole, streamed, folder)
+
+    standin = StandInModel(to_colpali_layout(source, tmp_path / "headless"))
+    head = standin.model.vlm.lm_head.weight
+    assert head.data_ptr() != standin.model.vlm.get_input_embeddings().weight.data_ptr()
+    value = ir.Value(name="head", const_value=ir.tensor(head.detach().numpy()))
+    graph = ir.Graph([], [], nodes=[], initializers=[value])
+    with pytest.raises(StreamedWeightsError, match="does not store"):
+        standin.stream_initializers(ir.Model(graph, ir_version=10), graph=standin.model.vlm.lm_head)
+
+
 def test_which_checkpoints_are_streamed(tiny_checkpoint, tmp_path, tmp_path_factory):
-    """Streamed: transformers' layout in safetensors; the others keep the whole-model path."""
+    """Every family and layout streams from safetensors; a folder without them does not."""
     from colembed_export.families import export_family
     from colembed_export.graphs.streamed_weights import streaming_applies
+    from tests.fixtures import qwen3
     from tests.fixtures.qwen2_5 import checkpoint
 
     assert streaming_applies(tiny_checkpoint, export_family("colqwen2")) is None
-    for layout, streamed in (("transformers", True), ("colpali", False)):
+    for layout in ("transformers", "colpali"):
         folder = checkpoint(tmp_path_factory, "tiny-2.5", layout)
-        reason = streaming_applies(folder, export_family("colqwen2.5"))
-        assert (reason is None) == streamed, (layout, reason)
+        assert streaming_applies(folder, export_family("colqwen2.5")) is None, layout
+    for folder in (
+        qwen3.checkpoint(tmp_path_factory, "tiny-3"),
+        qwen3.tomoro_checkpoint(tmp_path_factory),
+    ):
+        assert streaming_applies(folder, export_family("colqwen3")) is None, folder
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     assert "model.safetensors" in streaming_applies(no_weights, export_family("colqwen2"))
-    assert "colqwen3" in streaming_applies(tiny_checkpoint, export_family("colqwen3"))
 
 
 def _edited_checkpoint(source: Path, out: Path, edit) -> Path:

@@ -24,8 +24,8 @@ import os
 import numpy as np
 import pytest
 
-from tests.fixtures.builds import PARITY_TOLERANCE, build_once
-from tests.fixtures.qwen3 import checkpoint, reference
+from tests.fixtures.builds import PARITY_TOLERANCE
+from tests.fixtures.qwen3 import checkpoint, reference, tomoro_checkpoint, tomoro_exported
 
 TOMORO_NAMES = ("TomoroAI/tomoro-colqwen3-embed-4b", "TomoroAI/tomoro-colqwen3-embed-8b")
 # The family's plain name: an alias of the checkpoint colpali-engine's ColQwen3 targets (its README
@@ -41,34 +41,6 @@ QUERIES = (
     "表格中的数字是多少？",
     "",
 )
-
-
-def tomoro_checkpoint(tmp_path_factory):
-    from colembed_export.testing.tiny_qwen3 import to_tomoro_layout
-
-    source = checkpoint(tmp_path_factory, "tiny-3")
-    return (
-        build_once(
-            tmp_path_factory,
-            "qwen3-tomoro",
-            lambda folder: to_tomoro_layout(source, folder / "tomoro"),
-        )
-        / "tomoro"
-    )
-
-
-def tomoro_exported(tmp_path_factory):
-    from colembed_export.pipeline.exporter import export_model
-
-    folder = tomoro_checkpoint(tmp_path_factory)
-    return (
-        build_once(
-            tmp_path_factory,
-            "qwen3-tomoro-export",
-            lambda out: export_model(folder, out / "model", random_weights=True),
-        )
-        / "model"
-    )
 
 
 class TomoroReference:
