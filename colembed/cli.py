@@ -889,7 +889,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         metavar="GB",
         help="refuse, before any work, an export whose plan (printed first: each step's "
-        "expected peak) needs more than GB (default: the memory available now)",
+        "expected peak) needs more than GB (default: refuse only when the graphs alone exceed "
+        "the memory available now; warn for a check or variant step over it)",
     )
     export.add_argument(
         "--overwrite",

@@ -399,7 +399,8 @@ def export_model(
     plan = plan_export(folder, streamed=unstreamed is None, check=check, variants=variants)
     for line in plan.lines():
         say(line)
-    check_plan(plan, max_memory)
+    for line in check_plan(plan, max_memory):
+        say(line)
     staging = safe_fs.staging_folder(resolved.out, "colembed export")
     try:
         standin = facts = reference = None

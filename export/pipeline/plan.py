@@ -17,8 +17,11 @@ benchmarks/results/export/streamed.md and export-variants-2b.md:
 
 A step's figure is an estimate (RSS counts mapped file pages the kernel could drop), meant to
 refuse an export that cannot fit before it runs for an hour, not to size a machine to the MB.
-`check_plan` refuses a step over the limit (`--max-memory`, else the memory the system reports
-available) with the step, its figure and what to drop.
+`check_plan` refuses every step over `--max-memory`, naming the step, its figure and what to drop.
+Without `--max-memory` the limit is the memory the system reports available, and only a step no
+option can drop is refused there (the graphs: the machine cannot hold even the largest tensor);
+a droppable step over it is a warning, since the figures are estimates and swap or freed page
+cache may still carry it.
 """
 
 from __future__ import annotations
@@ -147,9 +150,10 @@ def available_memory() -> float | None:
         return None
 
 
-def check_plan(plan: ExportPlan, max_memory_gb: float | None) -> None:
-    """ExportPlanRefused naming every step over the limit (`max_memory_gb`, else the available
-    memory) with its figure and what to drop; nothing when every step fits or no limit is known."""
+def check_plan(plan: ExportPlan, max_memory_gb: float | None) -> list[str]:
+    """ExportPlanRefused naming every step over the limit with its figure and what to drop
+    (module docstring: which steps refuse without `max_memory_gb`); returns the warnings to say
+    for droppable steps over the available memory, [] when every step fits or no limit is known."""
     if max_memory_gb is not None:
         if not max_memory_gb > 0:
             raise ExportError(f"--max-memory {max_memory_gb}: give a size in GB above 0")
@@ -157,11 +161,17 @@ def check_plan(plan: ExportPlan, max_memory_gb: float | None) -> None:
     else:
         limit = available_memory()
         if limit is None:
-            return
+            return []
         source = f"the {limit / GB:.2f} GB this machine has available"
     over = [s for s in plan.steps if s.peak > limit]
     if not over:
-        return
+        return []
+    if max_memory_gb is None and all(s.drop for s in over):
+        return [
+            f"warning: {s.name} may need ~{s.peak / GB:.2f} GB, more than {source} "
+            f"(drop it: {s.drop}; or set a hard limit with --max-memory)"
+            for s in over
+        ]
     lines = [
         f"  {s.name}: ~{s.peak / GB:.2f} GB"
         + (f" (drop it: {s.drop})" if s.drop else " (needed by every export)")

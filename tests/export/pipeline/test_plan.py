@@ -69,3 +69,23 @@ def test_the_cli_prints_the_plan_and_refuses_before_any_work(tiny_checkpoint, tm
     assert "plan: expected peak" in err and "graphs, streamed" in err
     assert "would exceed --max-memory 0.1 GB" in err and "nothing was done" in err
     assert not out.exists() and list(tmp_path.iterdir()) == []  # no staging folder either
+
+
+def test_without_a_limit_only_the_graphs_refuse_and_droppable_steps_warn(monkeypatch):
+    """With no --max-memory the available memory is the limit: a check or variant step over it
+    is a warning naming what drops it; graphs over it refuse."""
+    from colembed_export.pipeline import plan as plan_module
+    from colembed_export.pipeline.plan import GB, ExportPlan, ExportPlanRefused, Step, check_plan
+
+    monkeypatch.setattr(plan_module, "available_memory", lambda: 4 * GB)
+    steps = [
+        Step("graphs, streamed", 1.8 * GB, None),
+        Step("check against the torch model", 10.4 * GB, "--no-check"),
+    ]
+    warnings = check_plan(ExportPlan(9.8 * GB, 0.9 * GB, "embed_tokens.weight", steps), None)
+    assert len(warnings) == 1 and "check against the torch model" in warnings[0]
+    assert "--no-check" in warnings[0] and "4.00 GB" in warnings[0]
+    assert check_plan(ExportPlan(1 * GB, 0.1 * GB, "w", steps[:1]), None) == []
+    whole = [Step("graphs, from the whole loaded model", 10.6 * GB, None)]
+    with pytest.raises(ExportPlanRefused, match="needs a machine with more memory"):
+        check_plan(ExportPlan(9.8 * GB, 0.9 * GB, "embed_tokens.weight", whole), None)
