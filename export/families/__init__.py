@@ -48,6 +48,9 @@ class ExportFamily:
     # does not read itself (None: `ColQwen2Processor.from_pretrained(folder)` reads it); the
     # benchmarks' torch reference then runs `load(folder)`'s model
     reference_processor: Callable[[Path], Any] | None = None
+    # text graph module -> its tracing inputs, when the shared small ones would let the exporter
+    # specialise a size (ColQwen3.5's DeltaNet layers need sequences spanning two chunk groups)
+    text_example_inputs: Callable[[Any], tuple] | None = None
 
     def text_graph_of(self, model: Any):
         from .qwen2.graphs import TextGraph
@@ -129,6 +132,22 @@ def _reference_processor_qwen3(folder: Path):
     from ..pipeline.verify import reference_processor_qwen3
 
     return reference_processor_qwen3(folder)
+
+
+def _load_colqwen3_5(folder: Path):
+    from .qwen3_5.model import load_colqwen3_5
+
+    return load_colqwen3_5(folder)
+
+
+def _qwen3_5_text_graph(model: Any):
+    from .qwen3_5.text import ColQwen3_5TextGraph
+
+    return ColQwen3_5TextGraph(model.text)
+
+
+def _own_example_inputs(graph: Any) -> tuple:
+    return graph.example_inputs()
 
 
 def _load_colqwen2(folder: Path):
