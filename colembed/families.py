@@ -28,6 +28,11 @@ more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor)
 `colqwen3` one (which names no backbone of its own, so `family_of_backbone` reads the declared
 layouts first); what differs between them is the exporter's `layouts_qwen3`.
 
+ColQwen3.5 (Qwen3.5, docs/reference-colqwen3_5.md) has Qwen3-VL's tower without DeepStack:
+`vision_extras` with `deepstack` false (manifest `deepstack_layers` 0, so neither the DeepStack
+output nor its text input exists), colpali-engine's bare `qwen3_5` layout, and its processor's own
+query augmentation token (`query_augmentation_token`).
+
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` / `preprocess.vision_positions` only when a
 family's extra graph inputs are declared or made.
@@ -432,7 +437,7 @@ COLQWEN3_5 = Family(
     transparency="on white",  # its reference runs on transformers 5.x
     query_augmentation_token="<|endoftext|>",  # ColQwen3_5Processor.query_augmentation_token
 )
-FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3)}
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3, COLQWEN3_5)}
 # What a manifest that names no family holds: every folder the first release (format 1 without
 # `family`) wrote, since its exporter refused every backbone but Qwen2-VL.
 LEGACY_FAMILY = COLQWEN2

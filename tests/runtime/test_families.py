@@ -228,13 +228,24 @@ def test_unknown_or_half_declared_family_is_refused(manifest_2_5):
     without = {k: v for k, v in manifest_2_5.items() if k != "family"}
     with pytest.raises(ManifestError, match=r"family: missing"):
         Manifest.from_dict(without)
-    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5", "colqwen3"]
+    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5", "colqwen3", "colqwen3.5"]
     # vision extras exactly for the family declaring them (ColQwen3), refused elsewhere
     extras = {"position_grid_side": 48, "deepstack_layers": 3}
     with pytest.raises(ManifestError, match=r"vision_extras: present for family 'colqwen2.5'"):
         Manifest.from_dict({**manifest_2_5, "vision_extras": extras})
     with pytest.raises(ManifestError, match=r"vision_extras: expected keys"):
         Manifest.from_dict({**manifest_2_5, "vision_extras": {"position_grid_side": 48}})
+    # DeepStack layers exactly for the family whose tower has them
+    for family, layers, has in (("colqwen3", 0, "has"), ("colqwen3.5", 3, "has no")):
+        claimed = {
+            **manifest_2_5,
+            "family": family,
+            "vision_attention": {"kind": "full"},
+            "vision_extras": {"position_grid_side": 48, "deepstack_layers": layers},
+        }
+        message = rf"deepstack_layers: {layers} for family '{family}', whose tower {has} DeepStack"
+        with pytest.raises(ManifestError, match=message):
+            Manifest.from_dict(claimed)
 
 
 def test_a_first_release_folder_loads_as_colqwen2(copy_model_folder):
