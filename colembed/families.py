@@ -28,6 +28,11 @@ more input). Its query prefix default is "" (colpali-engine's ColQwen3Processor)
 `colqwen3` one (which names no backbone of its own, so `family_of_backbone` reads the declared
 layouts first); what differs between them is the exporter's `layouts_qwen3`.
 
+ColQwen3.5 (Qwen3.5, docs/reference-colqwen3_5.md) has Qwen3-VL's tower without DeepStack:
+`vision_extras` with `deepstack` false (manifest `deepstack_layers` 0, so neither the DeepStack
+output nor its text input exists), colpali-engine's bare `qwen3_5` layout, and its processor's own
+query augmentation token (`query_augmentation_token`).
+
 Torch-free: the standard library and colembed's contracts and errors at import (the registry reads
 family names); numpy through `preprocess.windows` / `preprocess.vision_positions` only when a
 family's extra graph inputs are declared or made.
@@ -69,6 +74,8 @@ def _extras_contracts(extras: "VisionExtras | None", text_hidden: int):
     from .preprocess.vision_positions import POSITION_INPUTS
 
     layers = extras.deepstack_layers
+    if not layers:  # a tower without DeepStack (Qwen3.5): positions only
+        return POSITION_INPUTS, (), ()
     return (
         POSITION_INPUTS,
         (
@@ -84,16 +91,17 @@ def _extras_contracts(extras: "VisionExtras | None", text_hidden: int):
 class VisionExtras:
     """What Qwen3-VL's tower adds to Qwen2-VL's (manifest `vision_extras`): a learned position
     table of `position_grid_side`**2 entries, bilinearly interpolated to each grid, and
-    `deepstack_layers` DeepStack features added to the first language layers."""
+    `deepstack_layers` DeepStack features added to the first language layers (0: none, Qwen3.5's
+    tower, whose graphs then have no DeepStack output or input)."""
 
     position_grid_side: int
     deepstack_layers: int
 
     def __post_init__(self) -> None:
-        for name in ("position_grid_side", "deepstack_layers"):
+        for name, least in (("position_grid_side", 1), ("deepstack_layers", 0)):
             value = getattr(self, name)
-            if type(value) is not int or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r:.40}")
+            if type(value) is not int or value < least:
+                raise ValueError(f"{name} must be an int >= {least}, got {value!r:.40}")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -212,7 +220,13 @@ class Family:
     vision_names: VisionConfigNames
     attention_kind: str
     default_query_prefix: str = "Query: "  # when processor_config.json gives none
-    vision_extras: bool = False  # Qwen3-VL: learned positions + DeepStack (`VisionExtras`)
+    vision_extras: bool = False  # Qwen3-VL, Qwen3.5: learned positions (`VisionExtras`)
+    # Whether the tower has DeepStack mergers (Qwen3-VL: `deepstack_visual_indexes` non-empty);
+    # Qwen3.5's tower is Qwen3-VL's without them (the config's list empty or absent).
+    deepstack: bool = False
+    # The query augmentation token when the family's processor declares its own (colpali-engine's
+    # ColQwen3_5Processor: a class constant); None: the tokenizer's pad token, ColQwen2Processor's.
+    query_augmentation_token: str | None = None
     # Whether the family's pinned reference reads the vision rotary base from the config
     # (transformers 5.x: `vision_config.rope_parameters`); 4.57.1's towers fix it at 10000.
     vision_rope_from_config: bool = False
@@ -334,11 +348,12 @@ class Family:
             raise ModelFolderError(
                 f"vision_config.num_position_embeddings {entries} is not a square", path=source
             )
-        layers = vision_config.get("deepstack_visual_indexes")
-        if not isinstance(layers, list) or not layers:
+        layers = vision_config.get("deepstack_visual_indexes", None if self.deepstack else [])
+        if not isinstance(layers, list) or bool(layers) != self.deepstack:
             raise ModelFolderError(
-                "vision_config.deepstack_visual_indexes must be a non-empty "
-                f"list for a {self.name} checkpoint, got {layers!r:.40}",
+                f"vision_config.deepstack_visual_indexes must be a "
+                f"{'non-empty list' if self.deepstack else 'empty list (or absent)'} for a "
+                f"{self.name} checkpoint, got {layers!r:.40}",
                 path=source,
             )
         return VisionExtras(position_grid_side=side, deepstack_layers=len(layers))
@@ -404,10 +419,25 @@ COLQWEN3 = Family(
     attention_kind=FULL,
     default_query_prefix="",  # colpali-engine >= 0.3.13 `BaseVisualRetrieverProcessor.query_prefix`
     vision_extras=True,
+    deepstack=True,
     vision_rope_from_config=True,  # colpali-engine 0.3.18 on transformers 5.x
     transparency="on white",  # its reference runs on transformers 5.x (docs/reference-colqwen3.md)
 )
-FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3)}
+COLQWEN3_5 = Family(
+    name="colqwen3.5",
+    display_name="ColQwen3.5",
+    backbone="qwen3_5",
+    # colpali-engine 0.3.18's layout: a bare qwen3_5 config (`architectures: ["ColQwen3_5"]`)
+    checkpoint_layouts=(("qwen3_5", None),),
+    vision_names=QWEN2_5_VL_VISION_NAMES,
+    attention_kind=FULL,
+    default_query_prefix="",  # colpali-engine's BaseVisualRetrieverProcessor.query_prefix
+    vision_extras=True,  # Qwen3-VL's learned position table, no DeepStack
+    vision_rope_from_config=True,  # transformers 5.x reads vision_config.rope_parameters
+    transparency="on white",  # its reference runs on transformers 5.x
+    query_augmentation_token="<|endoftext|>",  # ColQwen3_5Processor.query_augmentation_token
+)
+FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3, COLQWEN3_5)}
 # What a manifest that names no family holds: every folder the first release (format 1 without
 # `family`) wrote, since its exporter refused every backbone but Qwen2-VL.
 LEGACY_FAMILY = COLQWEN2
@@ -458,6 +488,7 @@ __all__ = [
     "COLQWEN2",
     "COLQWEN2_5",
     "COLQWEN3",
+    "COLQWEN3_5",
     "FAMILIES",
     "VisionExtras",
     "FULL",

@@ -511,6 +511,14 @@ def _inconsistencies(m: Manifest) -> list[str]:
             f"vision_extras: {'missing' if m.vision_extras is None else 'present'} "
             f"for family {m.family!r}"
         )
+    elif m.vision_extras is not None and bool(m.vision_extras.deepstack_layers) != (
+        FAMILIES[m.family].deepstack
+    ):
+        problems.append(
+            f"vision_extras.deepstack_layers: {m.vision_extras.deepstack_layers} for family "
+            f"{m.family!r}, whose tower {'has' if FAMILIES[m.family].deepstack else 'has no'} "
+            "DeepStack"
+        )
     if TOKENIZER_FILE not in m.files:
         problems.append(f"files: {TOKENIZER_FILE} is not described")
     if m.architecture.embedding_dim != m.embedding_dim:

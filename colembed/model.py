@@ -432,7 +432,7 @@ class ColQwenModel:
         letter page in a batch cost ~0.85 GB of peak RSS.
 
         Returns (features, deepstack): deepstack holds each page's (layers, tokens, text width)
-        DeepStack features when the folder has vision extras (ColQwen3), else None.
+        DeepStack features when the folder's vision extras have DeepStack (ColQwen3), else None.
         """
         features, deepstack = [], []
         for page in prepared:
@@ -443,7 +443,8 @@ class ColQwenModel:
             features.append(outs[0][0])
             if len(outs) > 1:
                 deepstack.append(outs[1][0])
-        return features, (deepstack if self.manifest.vision_extras is not None else None)
+        extras = self.manifest.vision_extras
+        return features, (deepstack if extras is not None and extras.deepstack_layers else None)
 
     # ---------------------------------------------------------------------------------- scoring
     @property
@@ -514,7 +515,7 @@ class ColQwenModel:
             table = np.zeros((0, self._text_hidden), dtype=np.float32)
         extra = ()
         extras = self.manifest.vision_extras
-        if extras is not None:
+        if extras is not None and extras.deepstack_layers:
             extra = (
                 np.concatenate(deepstack, axis=1).astype(np.float32, copy=False)
                 if features

@@ -61,6 +61,7 @@ HEAVY_BUILDS = (
     "qwen3",
     "stress",
     "qwen3-stress",
+    "qwen3.5",
     "tiny",
     "demo",
     "ray",

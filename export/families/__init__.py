@@ -18,6 +18,12 @@ ColQwen3 also has its own text graph (`DeepStackTextGraph`: DeepStack's extra in
 reference run for the check (`verify.reference_outputs_qwen3`: colpali-engine's ColQwen3Processor
 semantics with 4.57.1's classes, the tower's first output).
 
+ColQwen3.5 (`qwen3_5.model.load_colqwen3_5`) reuses ColQwen3's image graph with no DeepStack
+layers, its reference run and processor (colpali-engine's ColQwen3_5Processor has ColQwen3's
+prompts and image pipeline), and has its own text graph (`qwen3_5.text.ColQwen3_5TextGraph`:
+colembed's Qwen3.5 stack, traced on its own example inputs, long enough for the DeltaNet layers'
+chunk groups).
+
 Example inputs for tracing come from `graphs.example_inputs`, which sizes the vision grid from the
 folder's vision attention (several windows, every symbolic size distinct).
 
@@ -31,7 +37,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from colembed.errors import ExportError, ModelFolderError
-from colembed.families import COLQWEN2, COLQWEN2_5, COLQWEN3, Family, get_family
+from colembed.families import COLQWEN2, COLQWEN2_5, COLQWEN3, COLQWEN3_5, Family, get_family
 
 
 @dataclass(frozen=True)
@@ -48,6 +54,9 @@ class ExportFamily:
     # does not read itself (None: `ColQwen2Processor.from_pretrained(folder)` reads it); the
     # benchmarks' torch reference then runs `load(folder)`'s model
     reference_processor: Callable[[Path], Any] | None = None
+    # text graph module -> its tracing inputs, when the shared small ones would let the exporter
+    # specialise a size (ColQwen3.5's DeltaNet layers need sequences spanning two chunk groups)
+    text_example_inputs: Callable[[Any], tuple] | None = None
 
     def text_graph_of(self, model: Any):
         from .qwen2.graphs import TextGraph
@@ -131,6 +140,22 @@ def _reference_processor_qwen3(folder: Path):
     return reference_processor_qwen3(folder)
 
 
+def _load_colqwen3_5(folder: Path):
+    from .qwen3_5.model import load_colqwen3_5
+
+    return load_colqwen3_5(folder)
+
+
+def _qwen3_5_text_graph(model: Any):
+    from .qwen3_5.text import ColQwen3_5TextGraph
+
+    return ColQwen3_5TextGraph(model.text)
+
+
+def _own_example_inputs(graph: Any) -> tuple:
+    return graph.example_inputs()
+
+
 def _load_colqwen2(folder: Path):
     from .checkpoint import load_strict
 
@@ -150,6 +175,16 @@ EXPORT_FAMILIES = {
         text_graph=_deepstack_text_graph,
         reference_outputs=_reference_qwen3,
         reference_processor=_reference_processor_qwen3,
+    ),
+    COLQWEN3_5.name: ExportFamily(
+        COLQWEN3_5,
+        _load_colqwen3_5,
+        _deepstack_image_graph,  # with no DeepStack layers: the merged features only
+        _as_is,
+        text_graph=_qwen3_5_text_graph,
+        reference_outputs=_reference_qwen3,
+        reference_processor=_reference_processor_qwen3,
+        text_example_inputs=_own_example_inputs,
     ),
 }
 

@@ -8,8 +8,10 @@ Where each value comes from (what the pinned reference, transformers 4.57.1, rea
   whose processor splits it, `visual_prompt_prefix + visual_prompt_suffix`); when absent, the
   defaults of `ColQwen2Processor.__init__` (or of the layout's processor).
 - `tokenizer_config.json` (else `special_tokens_map.json`): the pad token, which is also the query
-  augmentation token (`ColQwen2Processor.query_augmentation_token`); the image token string
-  (`extra_special_tokens.image_token`, else the processor's default).
+  augmentation token (`ColQwen2Processor.query_augmentation_token`) unless the family's processor
+  declares its own (`Family.query_augmentation_token`, ColQwen3.5's); the image token string
+  (`extra_special_tokens.image_token`, else transformers 5.x's top-level `image_token`, else the
+  processor's default).
 - `tokenizer.json`: the ids of those tokens, looked up by name.
 - `config.json` (`vlm_config` for ColQwen2; a bare Qwen-VL config, as colpali-engine's ColQwen2.5
   stores it, is read as is): `image_token_id` and `vision_start_token_id` (checked against the
@@ -87,6 +89,13 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     tokenizer = _load_tokenizer(folder / TOKENIZER_FILE)
 
     pad_token = _pad_token(tokenizer_config, special_tokens, folder)
+    if family.query_augmentation_token not in (None, pad_token):
+        # the runtime pads with the augmentation token's id (preprocess/text.py checks both)
+        raise ModelFolderError(
+            f"{family.display_name}'s processor appends {family.query_augmentation_token!r} to "
+            f"queries, but the tokenizer's pad token is {pad_token!r}; colembed needs them equal",
+            path=folder / "tokenizer_config.json",
+        )
     image_token = _image_token(tokenizer_config)
     vision_config = model_config.get("vision_config", {})
     _check_supported_pipeline(image_config, preprocessor_path)
@@ -100,7 +109,7 @@ def read_preprocess_config(folder: str | Path) -> PreprocessConfig:
     defaults = UPSTREAM_IMAGE_PROCESSOR_DEFAULTS
     values = dict(
         query_prefix=_value_or(processor_config.get("query_prefix"), family.default_query_prefix),
-        query_augmentation_token=pad_token,
+        query_augmentation_token=_value_or(family.query_augmentation_token, pad_token),
         query_augmentation_count=QUERY_AUGMENTATION_COUNT,
         page_prompt=_page_prompt(processor_config, layout),
         image_token=image_token,
@@ -218,7 +227,8 @@ def _image_token(tokenizer_config: dict) -> str:
     extra = tokenizer_config.get("extra_special_tokens")
     if isinstance(extra, dict) and _token_text(extra.get("image_token")):
         return _token_text(extra["image_token"])  # type: ignore[return-value]
-    return UPSTREAM_IMAGE_TOKEN
+    # transformers 5.x writes the named tokens at the top (`model_specific_special_tokens`)
+    return _token_text(tokenizer_config.get("image_token")) or UPSTREAM_IMAGE_TOKEN
 
 
 def _token_id(tokenizer, token: str, model_config: dict, key: str, folder: Path) -> int:

@@ -179,6 +179,8 @@ def export_graphs(
                 model, facts.preprocess, facts.vision_attention, facts.vision_extras
             )[role]
             module = wrapper(model).eval()
+            if role == "text" and family.text_example_inputs is not None:
+                args = family.text_example_inputs(module)
             info = export_graph(
                 module,
                 args,

@@ -81,10 +81,22 @@ def run_reference(
     module: str, *args: str, python: str | Path | None = None, env: dict | None = None
 ) -> None:
     """`python -m module *args` in the pinned reference's environment (`reference_python()` unless
-    `python` names another interpreter). `PYTHONPATH` is left out: a folder on it would put this
-    environment's packages (transformers 4.57.1) ahead of the reference's own."""
+    `python` names another interpreter), on this checkout's `colembed` and `colembed_export`.
+
+    The caller's `PYTHONPATH` is left out: a folder on it would put this environment's packages
+    (transformers 4.57.1) ahead of the reference's own. In its place goes a folder holding only
+    links to this checkout's two packages, so a reference environment made from another checkout
+    (`COLEMBED_QWEN3_REFERENCE_PYTHON`) runs this one's scripts, not its own."""
+    import tempfile
+
     run_env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    run_env.update(env or {})
-    subprocess.run(
-        [str(python or reference_python()), "-m", module, *map(str, args)], check=True, env=run_env
-    )
+    with tempfile.TemporaryDirectory(prefix="colembed-reference-path-") as folder:
+        for name, source in (("colembed", REPO / "colembed"), ("colembed_export", REPO / "export")):
+            Path(folder, name).symlink_to(source, target_is_directory=True)
+        run_env["PYTHONPATH"] = folder
+        run_env.update(env or {})
+        subprocess.run(
+            [str(python or reference_python()), "-m", module, *map(str, args)],
+            check=True,
+            env=run_env,
+        )

@@ -228,13 +228,24 @@ def test_unknown_or_half_declared_family_is_refused(manifest_2_5):
     without = {k: v for k, v in manifest_2_5.items() if k != "family"}
     with pytest.raises(ManifestError, match=r"family: missing"):
         Manifest.from_dict(without)
-    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5", "colqwen3"]
+    assert sorted(FAMILIES) == ["colqwen2", "colqwen2.5", "colqwen3", "colqwen3.5"]
     # vision extras exactly for the family declaring them (ColQwen3), refused elsewhere
     extras = {"position_grid_side": 48, "deepstack_layers": 3}
     with pytest.raises(ManifestError, match=r"vision_extras: present for family 'colqwen2.5'"):
         Manifest.from_dict({**manifest_2_5, "vision_extras": extras})
     with pytest.raises(ManifestError, match=r"vision_extras: expected keys"):
         Manifest.from_dict({**manifest_2_5, "vision_extras": {"position_grid_side": 48}})
+    # DeepStack layers exactly for the family whose tower has them
+    for family, layers, has in (("colqwen3", 0, "has"), ("colqwen3.5", 3, "has no")):
+        claimed = {
+            **manifest_2_5,
+            "family": family,
+            "vision_attention": {"kind": "full"},
+            "vision_extras": {"position_grid_side": 48, "deepstack_layers": layers},
+        }
+        message = rf"deepstack_layers: {layers} for family '{family}', whose tower {has} DeepStack"
+        with pytest.raises(ManifestError, match=message):
+            Manifest.from_dict(claimed)
 
 
 def test_a_first_release_folder_loads_as_colqwen2(copy_model_folder):
@@ -256,3 +267,27 @@ def test_a_folder_claiming_the_other_family_is_refused(exported_tiny_2_5, tmp_pa
     (folder / MANIFEST_NAME).write_text(json.dumps(data))
     with pytest.raises(ModelFolderError, match=r"not ColQwen2's: inputs \[.*'window_rows'"):
         colembed.load(folder)
+
+
+def test_deepstack_is_declared_per_family():
+    """Qwen3.5's tower is Qwen3-VL's without DeepStack: the same learned position table (two more
+    image-graph inputs), no DeepStack output or text input; each family refuses the other's
+    config, and a VisionExtras may hold zero DeepStack layers only then."""
+    from colembed.families import COLQWEN3, COLQWEN3_5, VisionExtras
+
+    vision = {"num_position_embeddings": 2304}
+    assert COLQWEN3_5.extras(vision) == VisionExtras(48, 0)
+    assert COLQWEN3_5.extras({**vision, "deepstack_visual_indexes": []}) == VisionExtras(48, 0)
+    with pytest.raises(ModelFolderError, match=r"empty list \(or absent\) for a colqwen3.5"):
+        COLQWEN3_5.extras({**vision, "deepstack_visual_indexes": [5]})
+    with pytest.raises(ModelFolderError, match="non-empty list for a colqwen3 checkpoint"):
+        COLQWEN3.extras({**vision, "deepstack_visual_indexes": []})
+    sizes = dict(patch_dim=1536, vision_head_dim=64, text_hidden=256, embedding_dim=128)
+    none = COLQWEN3_5.contracts(**sizes, extras=VisionExtras(48, 0))
+    three = COLQWEN3.contracts(**sizes, extras=VisionExtras(48, 3))
+    assert [s.name for s in none["vision"].outputs] == ["image_features"]
+    assert [s.name for s in none["vision"].inputs] == [s.name for s in three["vision"].inputs]
+    assert [s.name for s in none["text"].inputs] == [s.name for s in three["text"].inputs][:-1]
+    assert COLQWEN3_5.query_augmentation_token == "<|endoftext|>"
+    with pytest.raises(ValueError, match="deepstack_layers must be an int >= 0"):
+        VisionExtras(48, -1)

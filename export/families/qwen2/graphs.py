@@ -541,7 +541,7 @@ def example_inputs(model: nn.Module, preprocess, attention, extras=None) -> dict
     index = torch.zeros(2, 7, dtype=torch.long)
     index[0, 2:5] = torch.arange(1, 4)
     text_args = (ids, mask, positions, index, torch.randn(3, hidden))
-    if extras is not None:
+    if extras is not None and extras.deepstack_layers:
         text_args += (torch.randn(extras.deepstack_layers, 3, hidden),)
     return {
         "vision": example_vision_inputs(preprocess, attention, extras=extras),

@@ -12,7 +12,9 @@ modules:
   would freeze;
 - DeepStack: after each block in `deepstack_visual_indexes` its own merger
   (`deepstack_merger_list`, post-shuffle LayerNorm) merges the hidden state; those features are a
-  second output, (images, layers, merged tokens, text width).
+  second output, (images, layers, merged tokens, text width). A tower whose list is empty
+  (Qwen3.5's: Qwen3-VL's tower without DeepStack, docs/reference-colqwen3_5.md) has the merged
+  features as its only output, as its `VisionExtras` (no DeepStack layers) declares.
 
 `DeepStackTextGraph` is `graphs.TextGraph` plus DeepStack's input: the (layers, rows, width)
 features placed by the same host index as the image features, added to the hidden state after
@@ -63,7 +65,10 @@ class DeepStackImageGraph(ImageGraph):
                     merged = merger(hidden)
                     deepstack.append(merged.reshape(images, -1, merged.shape[-1]))
         merged = self.visual.merger(hidden)
-        return merged.reshape(images, -1, merged.shape[-1]), torch.stack(deepstack, dim=1)
+        merged = merged.reshape(images, -1, merged.shape[-1])
+        if not deepstack:  # a tower without DeepStack (Qwen3.5's): the merged features only
+            return merged
+        return merged, torch.stack(deepstack, dim=1)
 
 
 def _add_at_image_tokens(self, hidden_states, visual_pos_masks, visual_embeds):

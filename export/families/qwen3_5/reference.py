@@ -8,8 +8,16 @@ its own environment (`colembed_export.testing.reference_env`):
 - `tokenizer IN OUT`: transformers' `Qwen3_5Tokenizer` built from a tiktoken ranks file by
   transformers' own converter (IN: `ranks_file`, `specials` [[id, content], ...], `texts`, JSON);
   writes each text's ids to OUT (JSON).
+- `checkpoint IN OUT`: a random-weight colpali-engine `ColQwen3_5` of the config in IN (JSON:
+  `config`, the `Qwen3_5Config` fields, and `seed`), saved by its own `save_pretrained` into the
+  folder OUT (`colembed_export.testing.tiny_qwen3_5.random_weights` gives the scales).
+- `colqwen IN OUT`: colpali-engine's `ColQwen3_5.forward` on the checkpoint folder named in IN
+  (.npz: `checkpoint`; `ids<i>` lists of token ids, each run alone and all in one batch padded on
+  the left with `pad_id`, as colpali-engine pads; `embeds<i>` (B, L, hidden), `mask<i>`,
+  `positions<i>` (3, B, L) run as given); writes `ids<i>`, `ids<i>_batched` (real rows of the
+  left-padded batch) and `injected<i>` (B, L, dim, from `embeds<i>`) to OUT.
 
-Run with `python -m colembed_export.families.qwen3_5.reference layer|tokenizer IN OUT`.
+Run with `python -m colembed_export.families.qwen3_5.reference COMMAND IN OUT`.
 """
 
 from __future__ import annotations
@@ -83,7 +91,66 @@ def run_tokenizer(inp: Path, out: Path) -> None:
     out.write_text(json.dumps(ids), encoding="utf-8")
 
 
+def _colqwen3_5():
+    from colembed_export.families.qwen3.reference import _shim_torchvision_free
+
+    _shim_torchvision_free()
+    from colpali_engine.models import ColQwen3_5
+
+    return ColQwen3_5
+
+
+def make_checkpoint(inp: Path, out: Path) -> None:
+    from transformers import Qwen3_5Config
+
+    from colembed_export.testing.tiny_qwen3_5 import random_weights
+
+    job = json.loads(inp.read_text(encoding="utf-8"))
+    model = _colqwen3_5()(Qwen3_5Config(**job["config"])).eval()
+    random_weights(model, int(job["seed"]))
+    model.save_pretrained(out)
+
+
+def run_colqwen(inp: Path, out: Path) -> None:
+    import numpy as np
+    import torch
+
+    _fallback_only()
+    data = np.load(inp)
+    model = _colqwen3_5().from_pretrained(str(data["checkpoint"]), dtype=torch.float32).eval()
+    pad_id = int(data["pad_id"])
+    found = {}
+    with torch.no_grad():
+        texts = [data[f"ids{i}"] for i in range(sum(k.startswith("ids") for k in data.files))]
+        for i, ids in enumerate(texts):
+            ids = torch.from_numpy(ids)[None]
+            found[f"ids{i}"] = model(input_ids=ids, attention_mask=torch.ones_like(ids))[0].numpy()
+        if texts:
+            length = max(len(t) for t in texts)
+            ids = torch.full((len(texts), length), pad_id, dtype=torch.int64)
+            mask = torch.zeros(len(texts), length, dtype=torch.int64)
+            for i, t in enumerate(texts):
+                ids[i, length - len(t) :], mask[i, length - len(t) :] = torch.from_numpy(t), 1
+            batched = model(input_ids=ids, attention_mask=mask)
+            for i, t in enumerate(texts):
+                found[f"ids{i}_batched"] = batched[i, length - len(t) :].numpy()
+        for i in range(sum(k.startswith("embeds") for k in data.files)):
+            found[f"injected{i}"] = model(
+                inputs_embeds=torch.from_numpy(data[f"embeds{i}"]),
+                attention_mask=torch.from_numpy(data[f"mask{i}"]),
+                position_ids=torch.from_numpy(data[f"positions{i}"]),
+            ).numpy()
+    np.savez(out, **found)
+
+
+COMMANDS = {
+    "layer": run_layer,
+    "tokenizer": run_tokenizer,
+    "checkpoint": make_checkpoint,
+    "colqwen": run_colqwen,
+}
+
 if __name__ == "__main__":
-    if len(sys.argv) != 4 or sys.argv[1] not in ("layer", "tokenizer"):
+    if len(sys.argv) != 4 or sys.argv[1] not in COMMANDS:
         raise SystemExit(__doc__)
-    (run_layer if sys.argv[1] == "layer" else run_tokenizer)(Path(sys.argv[2]), Path(sys.argv[3]))
+    COMMANDS[sys.argv[1]](Path(sys.argv[2]), Path(sys.argv[3]))
