@@ -8,14 +8,14 @@ its own environment (`colembed_export.testing.reference_env`):
 - `tokenizer IN OUT`: transformers' `Qwen3_5Tokenizer` built from a tiktoken ranks file by
   transformers' own converter (IN: `ranks_file`, `specials` [[id, content], ...], `texts`, JSON);
   writes each text's ids to OUT (JSON).
-- `checkpoint IN OUT`: a random-weight colpali-engine `ColQwen3_5` of the config in IN (JSON:
-  `config`, the `Qwen3_5Config` fields, and `seed`), saved by its own `save_pretrained` into the
-  folder OUT (`colembed_export.testing.tiny_qwen3_5.random_weights` gives the scales).
-- `colqwen IN OUT`: colpali-engine's `ColQwen3_5.forward` on the checkpoint folder named in IN
-  (.npz: `checkpoint`; `ids<i>` lists of token ids, each run alone and all in one batch padded on
-  the left with `pad_id`, as colpali-engine pads; `embeds<i>` (B, L, hidden), `mask<i>`,
-  `positions<i>` (3, B, L) run as given); writes `ids<i>`, `ids<i>_batched` (real rows of the
-  left-padded batch) and `injected<i>` (B, L, dim, from `embeds<i>`) to OUT.
+- `colqwen IN OUT`: a random-weight colpali-engine `ColQwen3_5` of IN's `config` (JSON, the
+  `Qwen3_5Config` fields) and `seed`, saved by its own `save_pretrained` into the folder IN's
+  `checkpoint` (`colembed_export.testing.tiny_qwen3_5.random_weights` gives the scales), loaded
+  back by `from_pretrained`, and its `forward` on IN's inputs (.npz): `ids<i>` lists of token
+  ids, each run alone and all in one batch padded on the left with `pad_id`, as colpali-engine
+  pads; `embeds<i>` (B, L, hidden), `mask<i>`, `positions<i>` (3, B, L) run as given. Writes
+  `ids<i>`, `ids<i>_batched` (real rows of the left-padded batch) and `injected<i>` (B, L, dim)
+  to OUT.
 
 Run with `python -m colembed_export.families.qwen3_5.reference COMMAND IN OUT`.
 """
@@ -100,24 +100,21 @@ def _colqwen3_5():
     return ColQwen3_5
 
 
-def make_checkpoint(inp: Path, out: Path) -> None:
-    from transformers import Qwen3_5Config
-
-    from colembed_export.testing.tiny_qwen3_5 import random_weights
-
-    job = json.loads(inp.read_text(encoding="utf-8"))
-    model = _colqwen3_5()(Qwen3_5Config(**job["config"])).eval()
-    random_weights(model, int(job["seed"]))
-    model.save_pretrained(out)
-
-
 def run_colqwen(inp: Path, out: Path) -> None:
     import numpy as np
     import torch
 
+    from transformers import Qwen3_5Config
+
+    from colembed_export.testing.tiny_qwen3_5 import random_weights
+
     _fallback_only()
     data = np.load(inp)
-    model = _colqwen3_5().from_pretrained(str(data["checkpoint"]), dtype=torch.float32).eval()
+    colqwen = _colqwen3_5()
+    built = colqwen(Qwen3_5Config(**json.loads(str(data["config"])))).eval()
+    random_weights(built, int(data["seed"]))
+    built.save_pretrained(str(data["checkpoint"]))
+    model = colqwen.from_pretrained(str(data["checkpoint"]), dtype=torch.float32).eval()
     pad_id = int(data["pad_id"])
     found = {}
     with torch.no_grad():
@@ -146,7 +143,6 @@ def run_colqwen(inp: Path, out: Path) -> None:
 COMMANDS = {
     "layer": run_layer,
     "tokenizer": run_tokenizer,
-    "checkpoint": make_checkpoint,
     "colqwen": run_colqwen,
 }
 

@@ -101,8 +101,8 @@ def rope_settings(text_config: Mapping[str, Any]) -> tuple[float, float, list[in
     theta = params.get("rope_theta", text_config.get("rope_theta"))
     factor = params.get("partial_rotary_factor", text_config.get("partial_rotary_factor"))
     section = params.get("mrope_section", legacy.get("mrope_section"))
-    missing = [n for n, v in (("rope_theta", theta), ("partial_rotary_factor", factor),
-                              ("mrope_section", section)) if v is None]  # fmt: skip
+    found = {"rope_theta": theta, "partial_rotary_factor": factor, "mrope_section": section}
+    missing = [name for name, value in found.items() if value is None]
     if missing:
         raise ValueError(f"the text config has no {', '.join(missing)}")
     return float(theta), float(factor), [int(s) for s in section]
