@@ -234,6 +234,11 @@ class Family:
     # "dropped" (transformers 4.57.1: `convert("RGB")`) or "on white" (transformers 5.x
     # composites a page still carrying a transparency key onto white).
     transparency: str = "dropped"
+    # The longest sequence the family's text graph computes exactly; None: no bound of its own.
+    # Qwen3.5's Gated DeltaNet scan covers 64 x 4 x 2**6 tokens as exported (equal to
+    # colembed_export.families.qwen3_5.delta_net.max_tokens(), held equal by a test); the runtime
+    # refuses a page budget or a page whose prompt is longer, rather than return wrong vectors.
+    max_text_tokens: int | None = None
 
     def _vision_value(self, vision_config: Mapping[str, Any], key: str, source: str) -> int:
         value = vision_config.get(key)
@@ -436,6 +441,7 @@ COLQWEN3_5 = Family(
     vision_rope_from_config=True,  # transformers 5.x reads vision_config.rope_parameters
     transparency="on white",  # its reference runs on transformers 5.x
     query_augmentation_token="<|endoftext|>",  # ColQwen3_5Processor.query_augmentation_token
+    max_text_tokens=16_384,
 )
 FAMILIES: Mapping[str, Family] = {f.name: f for f in (COLQWEN2, COLQWEN2_5, COLQWEN3, COLQWEN3_5)}
 # What a manifest that names no family holds: every folder the first release (format 1 without

@@ -21,7 +21,14 @@ from typing import Any, Iterable, Iterator, Mapping, Sequence
 import numpy as np
 
 from .contracts import GraphContract
-from .errors import GraphOutputError, InputError, InputTypeError, ModelFolderError, ProviderError
+from .errors import (
+    GraphOutputError,
+    ImageError,
+    InputError,
+    InputTypeError,
+    ModelFolderError,
+    ProviderError,
+)
 from .integrity import check_graph_files, verify_files
 from .layout import BASE_VARIANT, GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .families import get_family
@@ -162,6 +169,7 @@ class ColQwenModel:
         self.embedding_size = self.manifest.embedding_dim
         self._text_hidden = self.manifest.architecture.text_hidden
         self.family = get_family(self.manifest.family)
+        self._check_text_bound(self.config.max_image_tokens, item=max_image_tokens)
         self._contracts = self.family.contracts(
             patch_dim=self.config.patch_dim,
             vision_head_dim=self.config.vision_head_dim,
@@ -376,11 +384,13 @@ class ColQwenModel:
                 for offset, obj in enumerate(batch)
             )
         results: list[PreparedImage] = []
-        for outcome in outcomes:
+        for offset, outcome in enumerate(outcomes):
             try:
-                results.append(outcome())
+                page = outcome()
+                self._check_text_bound(page.num_image_tokens, index=start + offset)
             except InputError as e:
                 return results, e
+            results.append(page)
         return results, None
 
     def image_features(self, images: Sequence[Any]) -> list[np.ndarray]:
@@ -391,6 +401,24 @@ class ColQwenModel:
                 for i, o in enumerate(images)
             ]
         )[0]
+
+    def _check_text_bound(
+        self, image_tokens: int, *, index: int | None = None, item: Any = None
+    ) -> None:
+        """InputError when a page of `image_tokens` image tokens makes a prompt longer than the
+        family's text graph computes exactly (`Family.max_text_tokens`)."""
+        bound = self.family.max_text_tokens
+        if bound is None:
+            return
+        prompt = len(self.text_encoder.page_prompt_ids(1)) - 1 + image_tokens
+        if prompt > bound:
+            raise ImageError(
+                f"a page of {image_tokens} image tokens makes a prompt of {prompt} tokens, past "
+                f"the {bound} {self.family.display_name}'s text graph computes exactly; "
+                f"use max_image_tokens <= {bound - prompt + image_tokens}",
+                index=index,
+                item=item,
+            )
 
     def _embed_prepared(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
         features, deepstack = self._vision_features(prepared)

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.export.streamed import same_bytes
+from colembed.layout import BASE_VARIANT
 from benchmarks.shared.machine import load_average, machine_info, markdown_header
 
 HERE = Path(__file__).resolve().parents[1]
@@ -121,7 +122,7 @@ def main() -> int:
     checkpoint = workdir / f"qwen2-vl-2b-v{spec.vision_depth}-t{spec.text_layers}"
     if not (checkpoint / "config.json").is_file():
         build_sharded_checkpoint(checkpoint, spec, seed=0)
-    fp32 = workdir / "fp32"
+    fp32 = workdir / BASE_VARIANT
     if not (fp32 / "colembed_manifest.json").is_file():
         export_model(
             checkpoint, fp32, random_weights=True, overwrite=True, check=False, external_data=True

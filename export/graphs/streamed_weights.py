@@ -52,10 +52,19 @@ class StreamedWeightsError(ExportError):
     """A checkpoint tensor the streamed writer cannot use, or a graph it cannot map back."""
 
 
+# The families whose layouts `checkpoint_tensors` maps. ColQwen3.5's graphs are colembed's own
+# modules filled from the whole state dict (families/qwen3_5/model.py): it loads whole until its
+# key map is written here.
+STREAMED_FAMILIES = ("colqwen2", "colqwen2.5", "colqwen3")
+
+
 def streaming_applies(folder: Path, family: Any) -> str | None:
     """None when `folder`'s graph weights can be streamed, else why the whole fp32 model is loaded
-    per graph instead. Every family and layout colembed exports streams (`checkpoint_tensors` maps
-    each one's keys); what cannot is a checkpoint without safetensors weights."""
+    per graph instead: a family outside `STREAMED_FAMILIES`, or a checkpoint without safetensors
+    weights (every layout of those families streams; `checkpoint_tensors` maps their keys)."""
+    name = family.family.name
+    if name not in STREAMED_FAMILIES:
+        return f"{family.family.display_name}'s weights are not streamed yet"
     if not ((folder / SHARD_INDEX).is_file() or any(folder.glob("*.safetensors"))):
         return f"no {SINGLE_FILE} or {SHARD_INDEX}"
     return None

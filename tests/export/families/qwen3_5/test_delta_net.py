@@ -113,6 +113,14 @@ def test_too_few_scan_levels_is_refused_naming_the_bound():
         layer(hidden, torch.ones(hidden.shape[:2], dtype=torch.int64))
 
 
+def test_the_runtime_bound_is_the_exported_scans():
+    """colembed refuses pages past `Family.max_text_tokens`; the exported layer computes exactly
+    up to `max_tokens()` at its default depth: the two must be one number."""
+    from colembed.families import COLQWEN3_5
+
+    assert COLQWEN3_5.max_text_tokens == max_tokens()
+
+
 def test_right_padding_does_not_change_real_tokens():
     layer = tiny_layer()
     hidden = torch.randn(2, 130, TINY["hidden_size"])

@@ -131,3 +131,18 @@ def test_the_exported_folder_gives_the_references_embeddings(qwen3_5_preset, tmp
         assert np.abs(alone[i] - ref[f"page{i}"]).max() <= TOLERANCE, i
     for i in range(BATCHED_PAGES):
         assert np.abs(batched[i] - ref[f"page{i}_batched"]).max() <= TOLERANCE, i
+
+
+@pytest.mark.slow
+def test_a_page_budget_past_the_text_graphs_bound_is_refused(qwen3_5_preset, tmp_path_factory):
+    """The DeltaNet scan computes `Family.max_text_tokens` tokens exactly: a budget whose page
+    prompt is longer is refused at load, naming the largest budget that fits; that one loads."""
+    import colembed
+    from colembed.errors import ImageError
+
+    folder = exported(tmp_path_factory, qwen3_5_preset)
+    bound = colembed.load(folder).family.max_text_tokens
+    with pytest.raises(ImageError, match=f"past the {bound} ColQwen3.5") as refused:
+        colembed.load(folder, max_image_tokens=bound)
+    fits = int(str(refused.value).rsplit("max_image_tokens <= ", 1)[1])
+    assert colembed.load(folder, max_image_tokens=fits).max_image_tokens == fits
