@@ -277,6 +277,10 @@ class StandInModel:
 
         if param.ndim == 2 or name is None:
             value = torch.empty(tuple(param.shape), dtype=torch.float32)
+            # A distinct first element: fresh pages read as zeros, and the exporter's passes
+            # merge initializers of equal shape and content, which would leave a stand-in
+            # unread. One element touches one page, not the tensor.
+            value.view(-1)[:1] = float(len(self.standins) + 1)
             self.standins[value.data_ptr()] = StandIn(
                 name or model_name,
                 tuple(value.shape),

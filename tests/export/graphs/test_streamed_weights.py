@@ -297,6 +297,25 @@ def test_a_graph_reading_part_of_a_weight_is_refused(tiny_checkpoint):
         standin.stream_initializers(ir.Model(graph, ir_version=10), graph=visual)
 
 
+def test_no_two_stand_ins_hold_equal_contents(tiny_checkpoint, monkeypatch):
+    """Stand-ins are uninitialised memory, often zeros: the exporter's passes merge equal
+    initializers, which would leave one stand-in unread. Each holds a distinct first element,
+    even when the allocator hands out zeroed memory."""
+    import torch
+
+    from colembed_export.graphs.streamed_weights import StandInModel
+
+    empty = torch.empty
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).zero_())
+    standin = StandInModel(tiny_checkpoint)
+    firsts = [
+        float(p.detach().view(-1)[0])
+        for p in standin.model.parameters()
+        if p.data_ptr() in standin.standins
+    ]
+    assert len(firsts) > 10 and len(set(firsts)) == len(firsts)
+
+
 def test_an_unread_weight_is_refused(tiny_checkpoint):
     """Every stand-in of the traced module must be written from the file: one the graph holds
     in another form (a copy, a product) would be written as the stand-in's garbage."""
