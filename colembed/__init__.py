@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from .errors import (
     ColembedError,
+    DimensionError,
     ExportError,
     GraphOutputError,
     ImageError,
@@ -59,6 +60,7 @@ __all__ = [
     "score",
     "top_k",
     "ColembedError",
+    "DimensionError",
     "ExportError",
     "GraphOutputError",
     "ImageError",

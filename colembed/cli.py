@@ -263,6 +263,7 @@ def _open_index(args, *, create: bool, store_opener=None):
         collection=args.collection,
         variant=args.variant,
         max_image_tokens=args.max_image_tokens,
+        dim=args.dim,
         create=create,
         source=getattr(args, "source", None),
         pool_factor=getattr(args, "pool_factor", None),
@@ -411,6 +412,7 @@ def _cmd_index_ray(args) -> int:
         batch_size=args.batch_size,
         variant=args.variant,
         max_image_tokens=args.max_image_tokens,
+        dim=args.dim,
         providers=args.providers,
         dpi=args.dpi,
         source=args.source,
@@ -619,6 +621,12 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
         "--max-image-tokens",
         type=_positive_int,
         help="image tokens per page (default: the index's, the model's for a new one)",
+    )
+    model.add_argument(
+        "--dim",
+        type=_positive_int,
+        help="keep each vector's first DIM components, renormalised (default: the index's, the "
+        "model's full width for a new one); only for models trained with Matryoshka losses",
     )
     model.add_argument(
         "--providers",
@@ -1020,6 +1028,7 @@ def _cmd_eval(args) -> int:
         k=args.k,
         split=args.split,
         work=args.work,
+        dim=args.dim,
         progress=False if args.quiet or args.json else None,
         note=None if args.quiet or args.json else _progress,
     )
@@ -1052,6 +1061,12 @@ def _add_eval_command(sub) -> None:
         type=_positive_int,
         action="append",
         help="image-token budget (repeatable; default: the model's)",
+    )
+    ev.add_argument(
+        "--dim",
+        type=_positive_int,
+        help="keep each vector's first DIM components, renormalised (default: the model's "
+        "full width); only for models trained with Matryoshka losses",
     )
     ev.add_argument(
         "--mode",

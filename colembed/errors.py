@@ -46,6 +46,10 @@ class ManifestError(ModelFolderError):
     """The manifest itself is missing, unreadable, or disagrees with a file it describes."""
 
 
+class DimensionError(ColembedError, ValueError):
+    """A vector width (`dim=`) a model cannot give: not an int from 1 to the model's own width."""
+
+
 class ProviderError(ColembedError, RuntimeError):
     """An execution provider was asked for and cannot be had (no silent CPU fallback)."""
 

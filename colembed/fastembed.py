@@ -34,7 +34,10 @@ What FastEmbed sees (its contract for multimodal late-interaction models):
   `parallel` (None: this process; N: N worker processes; 0: one per CPU), `providers`, `cuda`,
   `device_ids`, `threads`, `enable_cpu_mem_arena`, `local_files_only`, `specific_model_path`,
   `embedding_size` / `get_embedding_size`, `list_supported_models`.
-- colembed's own options pass through as keywords: `variant`, `max_image_tokens`, `verify`.
+- colembed's own options pass through as keywords: `variant`, `max_image_tokens`, `verify`,
+  `dim` (each vector's first `dim` components, renormalised: `colembed.load`'s). With `dim`,
+  this class's `embedding_size` is `dim`; FastEmbed's wrapper reports the model description's
+  width (a class-level lookup), so size a collection by `dim`.
   `providers=["openvino"]` runs the folder's OpenVINO variant (the openvino extra).
 
 Model descriptions come from `models.json` (`colembed.registry`); the folder is found by
@@ -77,6 +80,7 @@ from .errors import InputError
 from .layout import BASE_VARIANT, MANIFEST_NAME, TOKENIZER_FILE, variant_files
 from .integrity import verify_files
 from .manifest import read_manifest
+from .model import check_dim
 from .safe_fs import inside
 from .sessions import CUDA, available_providers, default_openvino_variant
 
@@ -151,6 +155,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         variant: str | None = None,
         max_image_tokens: int | None = None,
         verify: bool = True,
+        dim: int | None = None,
         **kwargs: Any,
     ) -> None:
         unknown = sorted(set(kwargs) - {"local_files_only"})
@@ -160,6 +165,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
         # unnamed: fp32, or on OpenVINO its exact variant (the only exact one it runs)
         variant = variant or default_openvino_variant(providers) or BASE_VARIANT
         self.model_description = self._get_model_description(model_name)
+        self.dim = None if dim is None else check_dim(dim, self.model_description.dim)
         self._entry = registry.get_model(self.model_description.model)
         self.cache_dir = str(registry.default_cache_dir(cache_dir))
         self._specific_model_path = specific_model_path
@@ -202,7 +208,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
     @property
     def embedding_size(self) -> int:
         if self._embedding_size is None:
-            self._embedding_size = self.get_embedding_size(self.model_name)
+            self._embedding_size = self.dim or self.get_embedding_size(self.model_name)
         return self._embedding_size
 
     def load_onnx_model(self) -> None:
@@ -216,6 +222,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             max_image_tokens=self.max_image_tokens,
             verify=not self._verified,
             cpu_mem_arena=self.enable_cpu_mem_arena,
+            dim=self.dim,
         )
         try:
             self.model = colembed.load(self._model_dir, providers=providers, **options)
@@ -359,6 +366,7 @@ class ColQwen2(LateInteractionMultimodalEmbeddingBase):
             "variant": self.variant,
             "max_image_tokens": self.max_image_tokens,
             "verify": not self._verified,
+            "dim": self.dim,
         }
 
     def _embed_in_workers(

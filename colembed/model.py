@@ -22,6 +22,7 @@ import numpy as np
 
 from .contracts import GraphContract
 from .errors import (
+    DimensionError,
     GraphOutputError,
     ImageError,
     InputError,
@@ -146,6 +147,7 @@ class ColQwenModel:
         cpu_mem_arena: bool = True,
         session_config: Mapping[str, str] | None = None,
         execution_order: str = "default",
+        dim: int | None = None,
     ) -> None:
         if verify not in (True, False, "full"):
             raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
@@ -153,6 +155,9 @@ class ColQwenModel:
         if not self.folder.is_dir():
             raise ModelFolderError("not a folder", path=self.folder)
         self.manifest: Manifest = read_manifest(self.folder)
+        # The graphs stay as exported (full width); `dim` truncates their output (`truncate`).
+        self.full_embedding_size = self.manifest.embedding_dim
+        self.embedding_size = check_dim(dim, self.full_embedding_size)
         self.variant = variant
         verify_files(
             self.folder, self.manifest, variant_files(self.manifest, variant), check_hashes=verify
@@ -166,15 +171,19 @@ class ColQwenModel:
         self.text_encoder = TextEncoder.from_file(
             inside(self.folder, TOKENIZER_FILE), self.manifest.preprocess
         )
-        self.embedding_size = self.manifest.embedding_dim
         self._text_hidden = self.manifest.architecture.text_hidden
         self.family = get_family(self.manifest.family)
+        # The page prompt's tokens besides its image tokens, and where the image tokens start:
+        # from the tokenizer once, read for every page (`_check_text_bound`, `_layout`).
+        one = self.text_encoder.page_prompt_ids(1)
+        self._page_prompt_overhead = len(one) - 1
+        self._page_image_start = int(np.flatnonzero(one == self.config.image_token_id)[0])
         self._check_text_bound(self.config.max_image_tokens, item=max_image_tokens)
         self._contracts = self.family.contracts(
             patch_dim=self.config.patch_dim,
             vision_head_dim=self.config.vision_head_dim,
             text_hidden=self._text_hidden,
-            embedding_dim=self.embedding_size,
+            embedding_dim=self.full_embedding_size,
             extras=self.manifest.vision_extras,
         )
         self._provider_request = resolve_providers(
@@ -256,10 +265,15 @@ class ColQwenModel:
 
     def __repr__(self) -> str:
         random = ", random_weights=True" if self.manifest.model.random_weights else ""
+        truncated = (
+            f" (of {self.full_embedding_size})"
+            if self.embedding_size != self.full_embedding_size
+            else ""
+        )
         return (
             f"ColQwenModel(name={self.name!r}, family={self.family.name!r}, "
             f"variant={self.variant!r}, "
-            f"dim={self.embedding_size}, max_image_tokens={self.max_image_tokens}, "
+            f"dim={self.embedding_size}{truncated}, max_image_tokens={self.max_image_tokens}, "
             f"providers={self.providers}{random}, folder='{self.folder}')"
         )
 
@@ -343,12 +357,10 @@ class ColQwenModel:
     def _layout(self, prepared: PreparedImage, num_tokens: int) -> PageLayout:
         _, h, w = prepared.grid_thw
         m = prepared.merge_size
-        one = self.text_encoder.page_prompt_ids(1)  # the prompt's head length, from the tokenizer
-        head = int(np.flatnonzero(one == self.config.image_token_id)[0])
         return PageLayout(
             grid_rows=h // m,
             grid_cols=w // m,
-            image_start=head,
+            image_start=self._page_image_start,
             num_tokens=num_tokens,
             token_px=self.config.resize_factor,
         )
@@ -410,7 +422,7 @@ class ColQwenModel:
         bound = self.family.max_text_tokens
         if bound is None:
             return
-        prompt = len(self.text_encoder.page_prompt_ids(1)) - 1 + image_tokens
+        prompt = self._page_prompt_overhead + image_tokens
         if prompt > bound:
             raise ImageError(
                 f"a page of {image_tokens} image tokens makes a prompt of {prompt} tokens, past "
@@ -553,18 +565,40 @@ class ColQwenModel:
             self._contracts["text"].feeds(input_ids, mask, positions, index, table, *extra),
             self._run_options if shrink_arena else None,
         )
-        if out.ndim != 3 or out.shape[-1] != self.embedding_size:
+        if out.ndim != 3 or out.shape[-1] != self.full_embedding_size:
             raise ModelFolderError(
                 f"the text graph gives {out.shape[-1:]}-wide vectors, the "
-                f"manifest says embedding_dim {self.embedding_size}",
+                f"manifest says embedding_dim {self.full_embedding_size}",
                 path=self.folder / self.manifest.graph(self.variant, "text").file,
             )
         lengths = mask.sum(axis=1)
+        if self.embedding_size != self.full_embedding_size:
+            return [truncate(out[row, :n], self.embedding_size) for row, n in enumerate(lengths)]
         return [np.ascontiguousarray(out[row, :n]) for row, n in enumerate(lengths)]
 
 
 # The old name, kept importable for one release (see CHANGELOG.md).
 ColQwen2Model = ColQwenModel
+
+
+def check_dim(dim: Any, width: int) -> int:
+    """The vector width a model of `width`-dim vectors gives for `dim` (None: its own width);
+    DimensionError unless 1 <= dim <= width."""
+    if dim is None:
+        return width
+    if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or not 1 <= dim <= width:
+        raise DimensionError(f"dim must be an int from 1 to the model's width {width}, got {dim!r}")
+    return int(dim)
+
+
+def truncate(vectors: np.ndarray, dim: int) -> np.ndarray:
+    """Each row's first `dim` components, L2-normalised again: the Matryoshka reading of a
+    model trained so (its first dims carry a usable embedding on their own). A row whose first
+    `dim` components are all zero stays zero (the norm is floored as torch's `normalize`)."""
+    head = np.array(vectors[..., :dim], dtype=np.float32)
+    norms = np.linalg.norm(head, axis=-1, keepdims=True)
+    head /= np.maximum(norms, np.float32(1e-12))
+    return head
 
 
 def _refuse_single(items: Any, what: str) -> None:
@@ -629,6 +663,7 @@ def load(
     cpu_mem_arena: bool = True,
     session_config: Mapping[str, str] | None = None,
     execution_order: str = "default",
+    dim: int | None = None,
 ) -> ColQwenModel:
     """Load an exported colembed model folder, or a model named in models.json ("colqwen2").
 
@@ -650,6 +685,9 @@ def load(
     - `execution_order`: onnxruntime's node order, "default" or "priority" (see
       `colembed.sessions.Session`; the export gate runs fp16 with "priority", so each weight's
       fp32 cast is made next to the MatMul that reads it).
+    - `dim`: keep each vector's first `dim` components, L2-normalised again (pages and queries;
+      1 <= dim <= the model's width; `embedding_size` reports it). The graphs run at full width.
+      Meaningful only for a model trained with Matryoshka losses (docs/runtime.md).
 
     A name is resolved like FastEmbed does (its cache folder, then a published export on the hub,
     see `colembed.registry`); an unknown name that is not a folder is an error naming both.
@@ -678,6 +716,7 @@ def load(
         cpu_mem_arena=cpu_mem_arena,
         session_config=session_config,
         execution_order=execution_order,
+        dim=dim,
     )
 
 

@@ -32,7 +32,7 @@ def index_with_ray(
     """`pipeline.run` on the Ray cluster this process is connected to, else on the one at
     `address` ("auto": the cluster this node belongs to; None or "local": a local Ray started
     and shut down here). Options: actors, batch_size, cpus_per_actor, providers, variant,
-    max_image_tokens, dpi, filesystem (pyarrow), writers, actor_options (Ray actor options, e.g.
+    max_image_tokens, dim, dpi, filesystem (pyarrow), writers, actor_options (Ray actor options, e.g.
     resources). `progress`: Ray Data's progress reports on stderr."""
     import ray
 

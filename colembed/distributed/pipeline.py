@@ -29,6 +29,7 @@ from typing import Any, Iterable
 
 import ray
 
+from ..index.errors import ModelMismatchError
 from ..index.records import (
     AddResult,
     Catalog,
@@ -42,6 +43,7 @@ from ..index.records import (
 from ..index.sources import discover, kind_of
 from ..layout import BASE_VARIANT
 from ..manifest import read_manifest
+from ..model import check_dim
 from .stages import FAILED, FILE, PAGE, PageEmbedder, summary_rows
 from .targets import ParquetTarget, StoreWriter, write_part
 
@@ -54,6 +56,7 @@ def model_identity(
     max_image_tokens: int | None = None,
     dpi: float | None = None,
     schema: int | None = None,
+    dim: int | None = None,
 ) -> dict[str, Any]:
     """The identity `colembed.Index` stamps on every page (`index.records.ModelIdentity`), read
     from the folder without loading it."""
@@ -65,6 +68,7 @@ def model_identity(
         max_image_tokens=max_image_tokens,
         dpi=dpi,
         schema=schema or SCHEMA_VERSION,
+        dim=dim,
     ).payload()
 
 
@@ -103,6 +107,7 @@ def run(
     providers: Any = None,
     variant: str | None = None,
     max_image_tokens: int | None = None,
+    dim: int | None = None,
     dpi: float | None = None,
     filesystem=None,
     writers: int = 1,
@@ -113,17 +118,21 @@ def run(
     """Index `paths` into `target` (a `QdrantTarget` or `ParquetTarget`) on the Ray cluster this
     process is connected to (see `index_with_ray` for starting one). Returns what
     `colembed.Index.add` returns: files added, skipped and failed with their reasons. `variant`,
-    `max_image_tokens` and `dpi` default to the target's own, as `Index` reopens; `source` as
+    `max_image_tokens`, `dim` (`colembed.load`'s) and `dpi` default to the target's own, as
+    `Index` reopens; `source` as
     `Index`'s (replacement touches only that source's pages)."""
     folder = Path(model).expanduser().resolve()
     source = source or default_source()
     manifest = read_manifest(folder)
     documents, result = list_documents(paths, filesystem)
-    stored = target.open(manifest.embedding_dim)
+    check_dim(dim, manifest.embedding_dim)  # a bad dim is refused before the target is touched
+    # the width a new target is made with; an existing one keeps its own
+    stored = target.open(dim or manifest.embedding_dim)
     try:
         built = options_of(stored[0][1] if stored else None)
         variant = variant or built.get("variant") or BASE_VARIANT
         max_image_tokens = max_image_tokens or built.get("max_image_tokens")
+        dim = dim or built.get("dim")
         dpi = dpi if dpi is not None else built.get("dpi")
         identity = ModelIdentity.of_folder(
             folder,
@@ -132,8 +141,16 @@ def run(
             dpi=dpi,
             schema=target.schema,
             pool_factor=built.get("pool_factor", 1),
+            dim=dim,
         )
         identity.check(stored[0][1] if stored else None, target.location)
+        width = getattr(getattr(target, "store", None), "dim", None)  # a Qdrant target's own
+        if width is not None and width != identity.dim:
+            raise ModelMismatchError(
+                f"{target.location}: this index holds {width}-dim page vectors; this run makes "
+                f"{identity.dim}-dim ones (dim {identity.dim}): not comparable. Run it with "
+                f"dim={width}, or use another index"
+            )
         pages = documents and _pipeline(
             documents,
             actors=actors,
@@ -151,6 +168,7 @@ def run(
                     variant=variant,
                     providers=providers,
                     max_image_tokens=max_image_tokens,
+                    dim=dim,
                     threads=max(1, round(cpus_per_actor)),
                 ),
             ),

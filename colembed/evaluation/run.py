@@ -97,10 +97,16 @@ def evaluate(
     work: str | Path | None = None,
     progress: bool | None = False,
     note: Callable[[str], None] | None = None,
+    dim: int | None = None,
 ) -> Report:
     """Score colembed's search on a labelled set (labelled.py's layouts); `model`: a model folder,
-    a registry name or a loaded model. One Row per (variant, budget, mode), the reference first."""
+    a registry name or a loaded model. One Row per (variant, budget, mode), the reference first.
+    `dim`: every setting's vectors truncated to their first `dim` components (`colembed.load`'s;
+    a loaded model carries its own)."""
     from ..index.store import check_mode
+
+    if dim is not None and hasattr(model, "embed_pages"):
+        raise ValueError("dim= applies to a model folder or name; load the model with dim= instead")
 
     if k < 1:
         raise ValueError(f"k must be >= 1, not {k}")
@@ -116,7 +122,7 @@ def evaluate(
     ]
     if work is None:
         with tempfile.TemporaryDirectory(prefix="colembed-eval-") as tmp:
-            return _run(labelled, scored, model, settings, k, Path(tmp), progress, note)
+            return _run(labelled, scored, model, settings, k, Path(tmp), progress, note, dim)
     return _run(
         labelled,
         scored,
@@ -126,6 +132,7 @@ def evaluate(
         _owned_work_folder(Path(work), dataset),
         progress,
         note,
+        dim,
     )
 
 
@@ -216,12 +223,13 @@ def _folder_page_ids(index, folder: Path) -> dict[tuple[Path, int], str]:
     return pages
 
 
-def _index_folder(work: Path, setting: Setting) -> Path:
+def _index_folder(work: Path, setting: Setting, dim: int | None = None) -> Path:
     budget = "model" if setting.max_image_tokens is None else str(setting.max_image_tokens)
-    return work / re.sub(r"[^A-Za-z0-9_.-]", "_", f"index-{setting.variant}-{budget}")
+    width = "" if dim is None else f"-dim{dim}"  # a kept --work folder holds one index per width
+    return work / re.sub(r"[^A-Za-z0-9_.-]", "_", f"index-{setting.variant}-{budget}{width}")
 
 
-def _run(labelled, scored, model, settings, k, work, progress, note) -> Report:
+def _run(labelled, scored, model, settings, k, work, progress, note, dim=None) -> Report:
     from ..index import Index
 
     say = note or (lambda _: None)
@@ -241,9 +249,9 @@ def _run(labelled, scored, model, settings, k, work, progress, note) -> Report:
         kwargs = (
             {}
             if hasattr(model, "embed_pages")
-            else {"variant": variant, "max_image_tokens": budget}
+            else {"variant": variant, "max_image_tokens": budget, "dim": dim}
         )
-        folder = _index_folder(work, Setting(variant, budget, ""))
+        folder = _index_folder(work, Setting(variant, budget, ""), dim)
         say(f"indexing the corpus for {variant}, {budget or 'the model`s'} image tokens: {folder}")
         with Index(folder, model=model, **kwargs) as index:
             result = index.add(files, progress=progress)

@@ -87,7 +87,9 @@ class Index:
     model's own budget for a new index); so does `pool_factor` (1, no pooling, for a new index:
     >= 2 stores each page's image tokens hierarchically pooled to 1/pool_factor as many,
     pooling.py; what that costs in recall, size and speed: docs/index.md). An index refuses a
-    pool factor other than its own (ModelMismatchError). `create=False` opens an existing index only
+    pool factor other than its own (ModelMismatchError). `dim` (`colembed.load`'s: each vector's
+    first `dim` components, renormalised) defaults to the index's; an index refuses another
+    (ModelMismatchError naming both). `create=False` opens an existing index only
     (IndexNotFoundError otherwise: `colembed search` never creates one). `source` names the
     writer (default: $COLEMBED_SOURCE, else the host name): replacing a changed file's pages and
     `prune` touch only pages this source wrote. `store_opener` replaces `backends.open_store`
@@ -108,12 +110,15 @@ class Index:
         source: str | None = None,
         pool_factor: int | None = None,
         store_opener: Callable[..., Any] | None = None,
+        dim: int | None = None,
         **load_options: Any,
     ) -> None:
         self._model_arg = model
         self._pool_factor = None if pool_factor is None else check_pool_factor(pool_factor)
         self._model = model if hasattr(model, "embed_pages") else None
-        self._requested = dict(load_options, variant=variant, max_image_tokens=max_image_tokens)
+        self._requested = dict(
+            load_options, variant=variant, max_image_tokens=max_image_tokens, dim=dim
+        )
         self.source = source or default_source()
         self.store = None  # the model, if loaded before the store is open, has nothing to check
         self._stored: dict[str, Any] = {}  # what the index was built with (records.options_of)
@@ -149,7 +154,8 @@ class Index:
     @property
     def model(self):
         """The model, loaded on first use: `model=` if given, else the folder the index records,
-        with the variant and image budget it was built with unless told otherwise."""
+        with the variant, image budget and vector width (`dim`) it was built with unless told
+        otherwise."""
         if self._model is None:
             stored = self._stored
             source = self._model_arg or stored.get("model_source")
@@ -159,7 +165,7 @@ class Index:
                     "was given (pass model=... / --model)"
                 )
             options = {k: v for k, v in self._requested.items() if v is not None}
-            for k in ("variant", "max_image_tokens"):
+            for k in ("variant", "max_image_tokens", "dim"):
                 if options.get(k) is None and stored.get(k) is not None:
                     options[k] = stored[k]
             import colembed
@@ -206,6 +212,15 @@ class Index:
         if self.store.dim != model.embedding_size:
             stored = self.store.any_payload() or {}
             held = f" by model {stored['model']!r}" if stored.get("model") else ""
+            full = getattr(model, "full_embedding_size", model.embedding_size)
+            if "dim" in stored or model.embedding_size != full:
+                raise ModelMismatchError(
+                    f"{self.store.location}: this index holds {self.store.dim}-dim page "
+                    f"vectors{held} (dim {self.store.dim}); model {model.name!r} is loaded to "
+                    f"make {model.embedding_size}-dim ones (dim {model.embedding_size}, of its "
+                    f"{full}): vectors of another width are not comparable. Open it with "
+                    f"dim={self.store.dim} (or no dim: it keeps its own), or use another index"
+                )
             raise ModelMismatchError(
                 f"{self.store.location}: this index holds {self.store.dim}-dim page vectors{held}; "
                 f"{model.family.display_name} model {model.name!r} makes "

@@ -60,6 +60,7 @@ RESERVED = frozenset(
         "max_image_tokens",
         "render",
         "pool_factor",
+        "dim",
         "token_clusters",
     }
 )

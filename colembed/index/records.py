@@ -2,9 +2,9 @@
 (colembed/distributed). One home per decision, so the two paths cannot drift apart:
 
 - `ModelIdentity`: everything that changes a page's vectors (model, export, variant, image-token
-  budget, render policy, schema), stamped on every page, and `check(stored)`: an index refuses a
-  run whose vectors would differ, naming both sides (mixed budgets bias MaxSim toward the pages
-  with more tokens, so they never mix). `options_of(stored)` is how a reopened index loads the
+  budget, render policy, schema, vector width `dim`), stamped on every page, and
+  `check(stored)`: an index refuses a run whose vectors would differ, naming both sides (mixed
+  budgets bias MaxSim toward the pages with more tokens, so they never mix). `options_of(stored)` is how a reopened index loads the
   model it was built with.
 - `page_payload`: the payload of one page (schema.py's fields, the identity, the run's source).
 - `Catalog` and `stale_ids`: what the store holds and which stored pages a changed file makes
@@ -69,6 +69,9 @@ class ModelIdentity:
     schema: int
     model_source: str = ""
     pool_factor: int = 1  # hierarchical token pooling of the image tokens (pooling.py); 1: none
+    # The vectors' width: the model's own, or the first `dim` components it was loaded to keep
+    # (`colembed.load(dim=)`); both constructors set it.
+    dim: int = 0
 
     CHECKED = (
         "model",
@@ -78,9 +81,11 @@ class ModelIdentity:
         "render",
         "schema",
         "pool_factor",
+        "dim",
     )
-    # Recorded since colembed 0.2: a page written before lacks them, and is not refused for it.
-    LATER = ("max_image_tokens", "render")
+    # Recorded since colembed 0.2 (dim: since `dim=`): a page written before lacks them, and is
+    # not refused for it (the store's own width still is checked against the model's).
+    LATER = ("max_image_tokens", "render", "dim")
     # Recorded since pooling: a page without it was stored unpooled, and is compared as such.
     ABSENT_MEANS = {"pool_factor": 1}
 
@@ -98,6 +103,7 @@ class ModelIdentity:
             schema=schema,
             model_source=str(Path(model.folder).resolve()),
             pool_factor=pool_factor,
+            dim=int(model.embedding_size),
         )
 
     @classmethod
@@ -110,9 +116,12 @@ class ModelIdentity:
         dpi: float | None,
         schema: int,
         pool_factor: int = 1,
+        dim: int | None = None,
     ) -> ModelIdentity:
-        """The identity of a model folder, read without loading it (the Ray driver)."""
+        """The identity of a model folder, read without loading it (the Ray driver); `dim` as
+        `colembed.load`'s (None: the model's own width)."""
         from ..manifest import read_manifest
+        from ..model import check_dim
 
         folder = Path(folder).resolve()
         manifest = read_manifest(folder)
@@ -126,6 +135,7 @@ class ModelIdentity:
             schema=schema,
             model_source=str(folder),
             pool_factor=pool_factor,
+            dim=check_dim(dim, manifest.embedding_dim),
         )
 
     def payload(self) -> dict[str, Any]:
@@ -168,11 +178,13 @@ def identity_mismatches(stored: dict[str, Any], ours: dict[str, Any], who: str) 
 
 def options_of(stored: dict[str, Any] | None) -> dict[str, Any]:
     """What reopening an index loads and renders with: the stored model folder, variant, image
-    budget, render dpi and pool factor (empty for an empty index; fields an older index lacks are
-    left out, but for the pool factor: absent means 1)."""
+    budget, vector width, render dpi and pool factor (empty for an empty index; fields an older
+    index lacks are left out, but for the pool factor: absent means 1)."""
     if not stored:
         return {}
-    out = {k: stored[k] for k in ("model_source", "variant", "max_image_tokens") if k in stored}
+    out = {
+        k: stored[k] for k in ("model_source", "variant", "max_image_tokens", "dim") if k in stored
+    }
     if "render" in stored:
         out["dpi"] = dpi_of(stored["render"])
     out["pool_factor"] = identity_field(stored, "pool_factor")

@@ -167,6 +167,7 @@ OPTIONAL_PAYLOAD_RULES: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "source": ("a str", lambda v: isinstance(v, str)),
     "model_source": ("a str", lambda v: isinstance(v, str)),
     "pool_factor": ("an int >= 1", lambda v: _is_int(v, 1)),
+    "dim": ("an int >= 1", lambda v: _is_int(v, 1)),
     CLUSTERS_FIELD: ("a str", lambda v: isinstance(v, str)),
     # the user's metadata (what a value may be: metadata.py, which checks it where it is set)
     META_FIELD: (

@@ -281,3 +281,30 @@ def test_bad_pages_give_the_same_result_and_points_as_index_add(exported_tiny, t
     )
     assert [(r.path, r.reason) for r in again.failed] == [(r.path, r.reason) for r in single.failed]
     assert again.failed[1].pages == 0 and _edge_contents(tmp_path / "ray")[0] == payloads
+
+
+def test_a_truncated_run_stamps_its_dim_and_refuses_another(exported_tiny, tmp_path):
+    """`dim=` reaches the actors (their vectors are the model's at that width, renormalised) and
+    the pages' identity; a later run at another width is refused before any page is embedded."""
+    import colembed
+    from colembed.index import ModelMismatchError
+
+    (tmp_path / "docs").mkdir()
+    pdf = write_pdf(tmp_path / "docs" / "a.pdf", ["truncated"])
+    db = tmp_path / "db"
+    result = index_with_ray(
+        [str(pdf)], QdrantTarget(str(db)), model=exported_tiny.folder, dim=16, progress=False
+    )
+    assert result.pages_added == 1
+    payloads, vectors = _edge_contents(db)
+    [(pid, payload)] = payloads.items()
+    assert payload["dim"] == 16
+    with colembed.Index(tmp_path / "single", model=exported_tiny.folder, dim=16) as index:
+        index.add([pdf])
+        single = index.store.page_vectors([pid])[pid]
+    assert vectors[pid].shape[1] == 16
+    np.testing.assert_array_equal(vectors[pid], single)
+    with pytest.raises(ModelMismatchError, match="dim: the index has 16, this run 8"):
+        index_with_ray(
+            [str(pdf)], QdrantTarget(str(db)), model=exported_tiny.folder, dim=8, progress=False
+        )
