@@ -4,8 +4,9 @@ What differs per family (loader, image graph, what the reference needs) is decla
 `families.py` over `colembed.families`; every step below is one code path for all families.
 
 In steps, each a function readable and callable alone (as optimum's export-then-validate):
-resolve -> stand-in model (where the graph weights are streamed, `streamed_weights.py`) -> load
-and reference outputs (with the check, or where they are not streamed) -> export graphs -> scorer
+resolve -> stand-in model (where the graph weights are streamed, `streamed_weights.py`) ->
+reference outputs (with the check: from the stand-in run layer by layer, `offloaded.py`, or from
+the whole loaded model where the weights are not streamed) -> export graphs -> scorer
 -> processor files -> verify -> variants -> commit. `export_model` only sequences them, measures
 each (time, peak RSS) and frees what the next no longer needs: the torch model is gone before
 onnxruntime loads the graphs, so the two never hold the weights at once.
@@ -369,8 +370,10 @@ def export_model(
     adapter's own base path; adapter.py); `source_label` is what the manifest names as the source.
     The graphs' weights are written from the checkpoint one tensor at a time where
     `streamed_weights.streaming_applies` allows it (`stream_weights=False`: the whole fp32 model
-    loaded per graph instead; the same bytes either way); the check (`check`) still loads the
-    whole model once for the torch reference. Before any work the memory plan (plan.py) is said
+    loaded per graph instead; the same bytes either way). Where they are streamed the check's
+    torch reference runs layer by layer from the checkpoint (offloaded.py) and its onnxruntime
+    sessions read the graphs' weights from their mapped files (verify.py), so neither holds a
+    copy of the whole model; else the whole model is loaded once for the reference. Before any work the memory plan (plan.py) is said
     through `progress`: each chosen step's expected peak from the checkpoint's tensor sizes; a step
     over `max_memory` (GB; None: the memory the system has available) refuses the export
     (`plan.ExportPlanRefused`, naming the step, its figure and what to drop).
@@ -413,7 +416,12 @@ def export_model(
             say("graph weights: streamed from the checkpoint, one tensor at a time")
         else:
             say(f"graph weights: from the whole loaded model ({unstreamed})")
-        if check or standin is None:
+        if check and standin is not None:
+            from .offloaded import offloaded_reference
+
+            with meter.step("run the torch reference layer by layer from the checkpoint"):
+                reference = offloaded_reference(standin, resolved.family, folder)
+        elif check or standin is None:
             with meter.step("load the checkpoint and run the torch reference"):
                 model, facts = load(folder, resolved.family)
                 if check:

@@ -11,10 +11,16 @@ benchmarks/results/export/streamed.md and export-variants-2b.md:
 |---|---|
 | graphs, streamed | the process, the trace, one tensor: `BASELINE + TRACE + largest` |
 | graphs, whole model | the process, the trace, the weights: `BASELINE + TRACE + weights` |
-| check | the fp32 torch model, then both fp32 graphs on onnxruntime: `BASELINE + weights` |
+| check, reference layer by layer | the process, one module's weights: `BASELINE + TRACE + largest` |
+| check, graphs on onnxruntime | both fp32 graphs' weight files mapped: `BASELINE + weights` |
+| check, whole model | the fp32 torch model, then both fp32 graphs: `BASELINE + weights` |
 | variants | calibration and the gates run the fp32 graphs on onnxruntime beside the largest |
 |  | variant's: `BASELINE + weights x (GATE_FP32 + variant's share)` |
 
+Where the graphs are streamed the check's reference runs layer by layer (offloaded.py); its
+onnxruntime step still counts every weight, but as the graphs' mapped file pages (the sessions
+copy no weight: verify.py), which the kernel can drop and read again, so what that step cannot
+give back is the process and its activations (benchmarks/results/export/streamed-check.md).
 A step's figure is an estimate (RSS counts mapped file pages the kernel could drop), meant to
 refuse an export that cannot fit before it runs for an hour, not to size a machine to the MB.
 `check_plan` refuses every step over `--max-memory`, naming the step, its figure and what to drop.
@@ -120,7 +126,14 @@ def plan_export(
         if streamed
         else Step("graphs, from the whole loaded model", BASELINE + TRACE + weights, None)
     ]
-    if check:
+    if check and streamed:
+        steps += [
+            Step(
+                "check: torch reference, layer by layer", BASELINE + TRACE + largest, "--no-check"
+            ),
+            Step("check: graphs on onnxruntime, weights mapped", BASELINE + weights, "--no-check"),
+        ]
+    elif check:
         steps.append(Step("check against the torch model", BASELINE + weights, "--no-check"))
     if variants:
         share = max(VARIANT_SHARE.get(v, 1.0) for v in variants)

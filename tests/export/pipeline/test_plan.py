@@ -25,9 +25,15 @@ def test_the_plan_reads_the_checkpoints_sizes(tiny_checkpoint):
     assert (plan.largest_name, plan.largest) == (largest, sizes[largest])
     steps = {s.name: s for s in plan.steps}
     assert steps["graphs, streamed"].peak == BASELINE + TRACE + sizes[largest]
-    assert steps["check against the torch model"].drop == "--no-check"
+    reference = steps["check: torch reference, layer by layer"]
+    assert reference.peak == BASELINE + TRACE + sizes[largest]  # one module's weights at a time
+    sessions = steps["check: graphs on onnxruntime, weights mapped"]
+    assert sessions.peak == BASELINE + sum(sizes.values())
+    assert reference.drop == sessions.drop == "--no-check"
     variants = steps["variants (int8, fp16)"]
-    assert variants.peak > steps["check against the torch model"].peak  # fp32 and a variant
+    assert variants.peak > sessions.peak  # fp32 and a variant
+    unstreamed = {s.name: s for s in plan_export(tiny_checkpoint, streamed=False, check=True).steps}
+    assert unstreamed["check against the torch model"].peak == sessions.peak  # the whole model
     bare = plan_export(tiny_checkpoint, streamed=True, check=False)
     assert [s.name for s in bare.steps] == ["graphs, streamed"]
     whole = plan_export(tiny_checkpoint, streamed=False, check=False)
