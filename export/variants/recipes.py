@@ -28,6 +28,10 @@ Why these choices (the figures, with their result notes, are in docs/variants.md
   Error compounds over depth, so the variant is the fastest recipe that holds
   (`recipe_attempts`): one code per weight ("int8"), then two ("int8x2", its `fallback`) when the
   gate refuses one, gated again against the same fp32 run ("int8: the fastest recipe that holds").
+  An attention whose calibration scores spread past sharp_scores.SHARP_SCORE_SPREAD logits keeps
+  every MatMul its scores depend on fp32 (its q/k, the layers before it), and the vision graph
+  (the fp32 file itself) when it is that sharp on pages: int8's score error there flips which
+  key wins (sharp_scores.py says why).
 - int4 is for the language model, where query work is memory-bound; the vision tower is
   compute-bound, so the int4 variant reuses the int8 vision graph file. Its text graph is
   MatMulNBits (asymmetric blocks along K, accuracy level 4) with bits per MatMul role
@@ -411,6 +415,7 @@ def quantize_int8(
     weight_passes: int = 1,
     attention: bool | None = None,
     keep: Sequence[str] = (),
+    sharp: Sequence[Any] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """The int8 graph of the fp32 graph at `src` (an onnx_ir Model, weights quantised one at a
     time, quantise.py) and what was decided per MatMul. With `calibration` (sample feeds of the
@@ -419,12 +424,15 @@ def quantize_int8(
     read when called (benchmarks/variants/fidelity.py --int8-levels measures other pairs).
     `weight_passes`: int8 codes per weight (1 or 2: INT8_RECIPES). `attention` (default INT8_VISION_ATTENTION, read when called): the vision attention's
     products in int8 (int8_attention.py). `keep`: module-path fragments whose MatMuls stay fp32
-    (their weights still take the smoothing factors; no recipe keeps any, measurements do)."""
+    (their weights still take the smoothing factors; measurements' arms). `sharp`: the graph's
+    sharp attentions (sharp_scores.sharp_attentions): every MatMul their scores depend on stays
+    fp32 (sharp_scores.score_feeders)."""
     import onnx_ir as ir
 
     from .gemm_as_matmul import gemms_as_matmuls
     from ..graphs.edits import channel_maxima_per_feed, module_path
     from . import quantise
+    from .sharp_scores import score_feeders
 
     model = ir.load(src)
     gemms_as_matmuls(model)  # the vision merger's Linears come out as Gemm: int8 them too
@@ -442,8 +450,13 @@ def quantize_int8(
         factors, outliers = row_calibration(
             model, src, matmuls, calibration, per_feed, alpha=alpha, outliers=scheme == "row"
         )
+    spreads = {a.path: a for a in sharp}
+    feeders = score_feeders(model, list(spreads), matmuls) if sharp else {}
     schemes = {
-        n.name: BASE_VARIANT if any(k in module_path(n) for k in keep) else scheme for n in matmuls
+        n.name: BASE_VARIANT
+        if any(k in module_path(n) for k in keep) or module_path(n) in feeders
+        else scheme
+        for n in matmuls
     }
     levels = {
         "weights": weight_levels or quantise.WEIGHT_PEAK,
@@ -466,6 +479,11 @@ def quantize_int8(
         "int8_attentions": attentions,
         "smoothed": len(factors),
         "fp32_outlier_channels": {paths[k]: len(v) for k, v in outliers.items()},
+        "int8_kept_fp32": {
+            path: f"feeds {att}, whose scores spread {spreads[att].spread:.0f} logits "
+            f"(> {spreads[att].limit:.0f}) on the calibration feeds"
+            for path, att in sorted(feeders.items())
+        },
         **(
             {
                 "fp32_matmuls": sorted(
@@ -568,12 +586,23 @@ def convert_fp16(
 
 
 def make_graph(
-    recipe: str, src: Path, work: Path, calibration: Sequence[dict[str, Any]] | None
+    recipe: str,
+    src: Path,
+    work: Path,
+    calibration: Sequence[dict[str, Any]] | None,
+    sharp: Sequence[Any] = (),
 ) -> tuple[Any, dict[str, Any]]:
     """The variant graph of one role as an onnx_ir Model (not yet sorted nor saved), and what the
-    recipe measured on the way (recorded with the variant's check, read by its gate)."""
+    recipe measured on the way (recorded with the variant's check, read by its gate). `sharp`:
+    the graph's sharp attentions, which the int8 recipes keep fp32 (sharp_scores.py)."""
     if recipe in INT8_RECIPES:
-        return quantize_int8(src, work, calibration=calibration, weight_passes=INT8_RECIPES[recipe])
+        return quantize_int8(
+            src,
+            work,
+            calibration=calibration,
+            weight_passes=INT8_RECIPES[recipe],
+            sharp=sharp,
+        )
     if recipe == "int4":
         return quantize_int4(src), {}
     if recipe == "fp16":

@@ -29,8 +29,10 @@ from colembed.fidelity import describe_token
 from colembed.manifest import GraphEntry
 
 from ..graphs.onnx_io import EXTERNAL_DATA_THRESHOLD
+from .sharp_scores import vision_stays_fp32
 from .recipes import (
     CALIBRATED_RECIPES,
+    INT8_RECIPES,
     OPENVINO_RECIPES,
     GATES,
     VARIANTS,
@@ -100,6 +102,26 @@ class _GraphWriter:
         self.staging, self.graphs, self.say, self.step = staging, graphs, say, step
         self.written: dict[tuple[str, str], tuple[GraphEntry, dict[str, Any]]] = {}
         self.calibration: dict[str, Any] | None = None
+        self.sharp: list[Any] | None = None  # the text graph's sharp attentions, measured once
+
+    def sharp_attentions(self) -> list[Any]:
+        """The fp32 text graph's sharp attentions on the calibration feeds (sharp_scores.py),
+        which every int8 recipe keeps fp32; measured when the first int8 graph needs them."""
+        from .gates import calibration_feeds
+        from .sharp_scores import sharp_attentions
+
+        if self.sharp is None:
+            if self.calibration is None:
+                with self.step("variants: record the calibration feeds"):
+                    self.calibration = calibration_feeds(self.staging)
+            text = self.graphs.get("text")
+            with self.step("variants: measure the text attentions' score spreads"):
+                self.sharp = (
+                    sharp_attentions(self.staging / text.file, self.calibration["text"])
+                    if text is not None
+                    else []
+                )
+        return self.sharp
 
     def write(
         self, plan: dict[str, dict[str, str]]
@@ -116,6 +138,10 @@ class _GraphWriter:
                 entries[name], measured[name] = {}, {}
                 for role, fp32 in self.graphs.items():
                     recipe = recipes[role]
+                    sharp = self.sharp_attentions() if recipe in INT8_RECIPES else []
+                    if (role, recipe) not in self.written and role == "vision":
+                        if sharp and vision_stays_fp32(sharp):
+                            self.written[(role, recipe)] = (fp32, vision_kept_fp32(sharp))
                     if (role, recipe) not in self.written:
                         if recipe in CALIBRATED_RECIPES and self.calibration is None:
                             with self.step("variants: record the calibration feeds"):
@@ -131,6 +157,7 @@ class _GraphWriter:
                                     self.calibration[role]
                                     if recipe in CALIBRATED_RECIPES
                                     else None,
+                                    sharp=sharp if role == "text" else (),
                                 )
                                 cleared = finish(model)
                             with self.step(f"variants: save the {role} graph ({recipe})"):
@@ -168,15 +195,30 @@ class _GraphWriter:
         """Delete the graph files this writer wrote that no variant in `entries` lists (a refused
         attempt's), so the folder and its manifest hold only what is written; returns them."""
         used = {e.file for graphs in entries.values() for e in graphs.values()}
+        fp32 = {e.file for e in self.graphs.values()}  # a variant may reuse an fp32 graph
         removed = []
         for key, (entry, _) in list(self.written.items()):
-            if entry.file not in used:
+            if entry.file not in used and entry.file not in fp32:
                 for name in (entry.file, entry.data_file):
                     if name and (self.staging / name).exists():
                         (self.staging / name).unlink()
                         removed.append(name)
                 del self.written[key]
         return removed
+
+
+def vision_kept_fp32(sharp: Sequence[Any]) -> dict[str, Any]:
+    """The figures of an int8 vision graph kept fp32 (sharp_scores.vision_stays_fp32): the
+    variant reads the fp32 vision graph file itself."""
+    on_pages = ", ".join(
+        f"{a.path} ({a.spread:.0f} logits > {a.limit:.0f})" for a in sharp if a.on_pages
+    )
+    return {
+        "int8_kept_fp32": {
+            "every MatMul": f"its features form the keys of sharp text attentions on pages: "
+            f"{on_pages}"
+        }
+    }
 
 
 def _write_graphs(
