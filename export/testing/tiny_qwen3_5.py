@@ -13,6 +13,9 @@ from typing import Any
 
 from .shared import make_folder, resolve_preset, write_tiny_info
 
+# The pinned reference's script (run in the reference environment, never imported here).
+COLPALI_REFERENCE = "colembed_export.families.qwen3_5.reference_colpali"
+
 
 def random_delta_net(
     config: dict, seed: int = 0, scale: float = 0.1, scan_levels: int | None = None
@@ -270,21 +273,12 @@ def qwen3_5_special_tokens() -> list[tuple[int, str]]:
 
 def run_colpali_reference(command: str, *args: str | Path, python: str | Path | None = None):
     """`reference_colpali.py command *args` in the pinned reference's environment
-    (`reference_env.reference_python()` unless `python` names another interpreter), run by path:
-    the script imports nothing of colembed's, so it is this checkout's file whichever checkout
-    the reference environment was made from. `PYTHONPATH` is left out, as `run_reference` does."""
-    import os
-    import subprocess
+    (`reference_env.reference_python()` unless `python` names another interpreter), through
+    `reference_env.run_reference`: this checkout's `colembed_export` whichever checkout the
+    reference environment was made from."""
+    from .reference_env import run_reference
 
-    from ..families.qwen3_5 import reference_colpali
-    from .reference_env import reference_python
-
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    subprocess.run(
-        [str(python or reference_python()), reference_colpali.__file__, command, *map(str, args)],
-        check=True,
-        env=env,
-    )
+    run_reference(COLPALI_REFERENCE, command, *args, python=python)
 
 
 def build_checkpoint(

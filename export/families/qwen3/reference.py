@@ -125,20 +125,23 @@ def _rows(batch, embeddings, i: int) -> np.ndarray:
     return embeddings[i][batch["attention_mask"][i] == 1].numpy()
 
 
-def run(folder: Path, out: Path) -> None:
+def embed_reference(model, processor, queries, pages, batched_pages: int) -> dict[str, np.ndarray]:
+    """What a colpali-engine model and processor give for `queries` and `pages`, keyed as the tests
+    read it: per query (`query<i>`) and page (`page<i>`) the ids, for a page also the pixels, grid
+    and the model's 3-D positions, and the embeddings (real rows), each item alone and all queries
+    / the first `batched_pages` pages in one left-padded batch (`*_batched`). Both families'
+    reference scripts run it (ColQwen3's `run`, ColQwen3.5's `reference_colpali.py embed`)."""
     import torch
 
-    model, processor = load_reference(folder)
-    pages = reference_pages()
     found: dict[str, np.ndarray] = {}
     with torch.no_grad():
-        for i, query in enumerate(QUERIES):
+        for i, query in enumerate(queries):
             batch = processor.process_queries([query])
             found[f"query{i}_ids"] = batch["input_ids"][0].numpy()
             found[f"query{i}"] = _rows(batch, model(**batch), 0)
-        batch = processor.process_queries(list(QUERIES))
+        batch = processor.process_queries(list(queries))
         embeddings = model(**batch)
-        for i in range(len(QUERIES)):
+        for i in range(len(queries)):
             found[f"query{i}_batched"] = _rows(batch, embeddings, i)
         for i, page in enumerate(pages):
             batch = processor.process_images([page])
@@ -155,11 +158,16 @@ def run(folder: Path, out: Path) -> None:
             )
             found[f"page{i}_positions"] = positions[:, 0].numpy()
             found[f"page{i}"] = _rows(batch, model(**batch), 0)
-        batch = processor.process_images(pages[:4])
+        batch = processor.process_images(list(pages[:batched_pages]))
         embeddings = model(**batch)
-        for i in range(4):
+        for i in range(batched_pages):
             found[f"page{i}_batched"] = _rows(batch, embeddings, i)
-    np.savez(out, **found)
+    return found
+
+
+def run(folder: Path, out: Path) -> None:
+    model, processor = load_reference(folder)
+    np.savez(out, **embed_reference(model, processor, QUERIES, reference_pages(), 4))
 
 
 def save(folder: Path, out: Path) -> None:

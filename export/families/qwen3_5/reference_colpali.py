@@ -1,9 +1,9 @@
 """The pinned ColQwen3.5 reference, run as a script in its own environment: colpali-engine 0.3.18
 `ColQwen3_5` and `ColQwen3_5Processor` on transformers 5.24 (docs/reference-colqwen3_5.md).
 
-    python reference_colpali.py build SPEC.json OUT_FOLDER
-    python reference_colpali.py vision CHECKPOINT IN.npz OUT.npz
-    python reference_colpali.py embed CHECKPOINT IN.npz OUT.npz
+    python -m colembed_export.families.qwen3_5.reference_colpali build SPEC.json OUT_FOLDER
+    python -m colembed_export.families.qwen3_5.reference_colpali vision CHECKPOINT IN.npz OUT.npz
+    python -m colembed_export.families.qwen3_5.reference_colpali embed CHECKPOINT IN.npz OUT.npz
 
 - `build`: a random-weight ColQwen3_5 at the spec's sizes (`Qwen3_5Config`, colpali-engine's
   projection of the config's `dim`), every 1-D parameter perturbed (N(0, 0.3)), saved with
@@ -14,16 +14,18 @@
   `pixels<i>` (patches, 1536) / `grid<i>` (1, 3) of IN.
 - `embed`: per query (`queries`, a JSON list in IN) and per page (`page<i>`, the encoded image
   file's bytes, decoded here as a user opens it): the processor's ids, pixels, grid, the model's
-  3-D positions and the embeddings (real rows), alone and in one left-padded batch.
+  3-D positions and the embeddings (real rows), alone and in one left-padded batch: ColQwen3's
+  reference loop (`qwen3.reference.embed_reference`), the same keys for both families.
 
-Run by path (`testing.tiny_qwen3_5.run_colpali_reference`), not as a module: the reference environment's
-editable install may point at another checkout, so this file imports nothing of colembed's.
+Run through `testing.tiny_qwen3_5.run_colpali_reference` (`reference_env.run_reference`), which
+puts this checkout's `colembed_export` on the path whichever checkout the reference environment
+was made from.
 
 One shim for the absence of torchvision (never installed beside torch here), which touches
 nothing that is computed: colpali-engine imports `image_processing_qwen2_vl` (torchvision) only for
-`smart_resize`, replaced by the PIL backend's identical function; and `Qwen3VLProcessor` requires
-a video processor (torchvision), so `ImagesOnly` declares the PIL `Qwen2VLImageProcessorPil` and
-the tokenizer only. Images and text never reach a video processor.
+`smart_resize`, replaced by the PIL backend's identical function (ColQwen3's shim); and
+`Qwen3VLProcessor` requires a video processor (torchvision), so `ImagesOnly` declares the PIL
+`Qwen2VLImageProcessorPil` and the tokenizer only. Images and text never reach a video processor.
 """
 
 from __future__ import annotations
@@ -32,22 +34,13 @@ import io
 import json
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import numpy as np
 
+from colembed_export.families.qwen3.reference import _shim_torchvision_free, embed_reference
+
 PROCESSOR_CLASS = "ColQwen3_5Processor"
-
-
-def _shim_torchvision_free() -> None:
-    import transformers.models.qwen2_vl.image_processing_pil_qwen2_vl as pil
-
-    name = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
-    if name not in sys.modules:
-        stub = types.ModuleType(name)
-        stub.smart_resize = pil.smart_resize
-        sys.modules[name] = stub
 
 
 def _processor_class():
@@ -166,12 +159,7 @@ def vision(folder: Path, inp: Path, out: Path) -> None:
     np.savez(out, **found)
 
 
-def _rows(batch, embeddings, i: int) -> np.ndarray:
-    return embeddings[i][batch["attention_mask"][i] == 1].numpy()
-
-
 def embed(folder: Path, inp: Path, out: Path) -> None:
-    import torch
     from PIL import Image
 
     model, processor = load(folder)
@@ -181,44 +169,13 @@ def embed(folder: Path, inp: Path, out: Path) -> None:
         Image.open(io.BytesIO(data[f"page{i}"].tobytes()))
         for i in range(sum(k.startswith("page") for k in data.files))
     ]
-    batched = int(data["batched_pages"])
-    found: dict[str, np.ndarray] = {}
-    with torch.no_grad():
-        for i, query in enumerate(queries):
-            batch = processor.process_queries([query])
-            found[f"query{i}_ids"] = batch["input_ids"][0].numpy()
-            found[f"query{i}"] = _rows(batch, model(**batch), 0)
-        batch = processor.process_queries(queries)
-        embeddings = model(**batch)
-        for i in range(len(queries)):
-            found[f"query{i}_batched"] = _rows(batch, embeddings, i)
-        for i, page in enumerate(pages):
-            batch = processor.process_images([page])
-            grid = batch["image_grid_thw"]
-            n = int(grid[0, 1] * grid[0, 2])
-            found[f"page{i}_ids"] = batch["input_ids"][0].numpy()
-            found[f"page{i}_pixels"] = batch["pixel_values"][0, :n].numpy()
-            found[f"page{i}_grid"] = grid[0].numpy()
-            positions, _ = model.get_rope_index(
-                batch["input_ids"],
-                mm_token_type_ids=batch["mm_token_type_ids"],
-                image_grid_thw=grid,
-                attention_mask=batch["attention_mask"],
-            )
-            found[f"page{i}_positions"] = positions[:, 0].numpy()
-            found[f"page{i}"] = _rows(batch, model(**batch), 0)
-        batch = processor.process_images(pages[:batched])
-        embeddings = model(**batch)
-        for i in range(batched):
-            found[f"page{i}_batched"] = _rows(batch, embeddings, i)
+    found = embed_reference(model, processor, queries, pages, int(data["batched_pages"]))
     np.savez(out, **found)
 
 
 COMMANDS = {"build": (build, 2), "vision": (vision, 3), "embed": (embed, 3)}
 
 if __name__ == "__main__":
-    # Run by path: this file's folder (the package's modules) must not shadow installed ones.
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
     if len(sys.argv) < 2 or sys.argv[1] not in COMMANDS:
         raise SystemExit(__doc__)
     command, arity = COMMANDS[sys.argv[1]]
