@@ -196,8 +196,25 @@ def machine_info(argv: Sequence[str] | None = None) -> dict[str, Any]:
         "versions": versions(),
         "git_commit": _git_commit(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(shlex.quote(a) for a in argv),
+        "command": "python " + " ".join(shlex.quote(a) for a in _as_module(argv)),
     }
+
+
+def _as_module(argv: list[str]) -> list[str]:
+    """`python -m benchmarks.x` leaves the module's file path in argv[0]; a result note shows the
+    `-m` form, which runs from any checkout (a path names one machine's folder)."""
+    if not argv:
+        return argv
+    script = Path(argv[0]).resolve()
+    root = Path(__file__).resolve().parents[2]
+    try:
+        parts = script.with_suffix("").relative_to(root).parts
+    except ValueError:
+        return argv
+    if script.suffix != ".py" or not parts or parts[0] != "benchmarks":
+        return argv
+    module = ".".join(parts[:-1] if parts[-1] == "__main__" else parts)
+    return ["-m", module, *argv[1:]]
 
 
 def markdown_header(info: dict[str, Any]) -> str:

@@ -62,3 +62,25 @@ def test_the_ingest_job_feeds_the_report(bench, tmp_path, exported_tiny, monkeyp
     assert set(result["ms_per_page"]) == {"hash", "render", "store", "embed", "index"}
     table = "\n".join(report.ingest_markdown("tiny", result))
     assert "`Index.add` (all of it, pipelined)" in table and "Bound" in table
+
+
+def test_a_result_note_shows_the_module_form_of_its_command():
+    """`python -m benchmarks.x` leaves x's file path in argv[0]; the note shows `-m benchmarks.x`,
+    which runs from any checkout."""
+    from pathlib import Path
+
+    from benchmarks.shared.machine import _as_module
+
+    root = Path(__file__).resolve().parents[2] / "benchmarks"
+    assert _as_module([str(root / "export" / "streamed.py"), "--runs", "a b"]) == [
+        "-m",
+        "benchmarks.export.streamed",
+        "--runs",
+        "a b",
+    ]
+    assert _as_module([str(root / "embed" / "__main__.py"), "--full"]) == [
+        "-m",
+        "benchmarks.embed",
+        "--full",
+    ]
+    assert _as_module(["/elsewhere/tool.py", "x"]) == ["/elsewhere/tool.py", "x"]
