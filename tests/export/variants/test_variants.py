@@ -512,8 +512,8 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(
 
     made = V.make_graph
 
-    def broken(recipe, src, work, calibration):
-        model, figures = made(recipe, src, work, calibration)
+    def broken(recipe, src, work, calibration, **options):
+        model, figures = made(recipe, src, work, calibration, **options)
         if src.name.startswith("text") and recipe.startswith("int8"):
             _break_tokens_past(model, 300)
         return model, figures
@@ -593,8 +593,8 @@ def test_exporter_refuses_a_variant_wrong_only_on_digits(
     assert None not in digits
     made = V.make_graph
 
-    def broken(recipe, src, work, calibration):
-        model, figures = made(recipe, src, work, calibration)
+    def broken(recipe, src, work, calibration, **options):
+        model, figures = made(recipe, src, work, calibration, **options)
         if src.name.startswith("text") and recipe.startswith("int8"):
             _break_token_ids(model, digits)
         return model, figures

@@ -133,8 +133,8 @@ def test_exporter_refuses_a_variant_that_fails_only_long_queries(
 
     made = V.make_graph
 
-    def broken(recipe, src, work, calibration):
-        model, figures = made(recipe, src, work, calibration)
+    def broken(recipe, src, work, calibration, **options):
+        model, figures = made(recipe, src, work, calibration, **options)
         if src.name.startswith("text"):
             _break_tokens_past(model, 300)  # flips every vector past a position
         return model, figures
