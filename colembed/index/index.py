@@ -213,7 +213,9 @@ class Index:
             stored = self.store.any_payload() or {}
             held = f" by model {stored['model']!r}" if stored.get("model") else ""
             full = getattr(model, "full_embedding_size", model.embedding_size)
-            if "dim" in stored or model.embedding_size != full:
+            # the same model at another `dim` (or a truncated one): name the widths; any other
+            # model: name the family
+            if stored.get("model") == model.name or model.embedding_size != full:
                 raise ModelMismatchError(
                     f"{self.store.location}: this index holds {self.store.dim}-dim page "
                     f"vectors{held} (dim {self.store.dim}); model {model.name!r} is loaded to "
