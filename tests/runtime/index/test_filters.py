@@ -13,11 +13,12 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from colembed.index import open_store, plan as plan_module
 from colembed.index.metadata import (
     MAX_JSON_BYTES,
+    RESERVED,
     MetadataError,
     check_metadata,
     merged,
@@ -182,6 +183,7 @@ _json_scalar = st.one_of(
         max_size=6,
     )
 )
+@example({"height": ""})  # a payload field's name: reserved, refused
 def test_metadata_is_stored_only_when_it_is_json_safe_and_named(meta):
     try:
         out = check_metadata(meta)
@@ -199,7 +201,7 @@ def test_metadata_is_stored_only_when_it_is_json_safe_and_named(meta):
             named
             and ok_values
             and len(meta) < 10
-            and not {"page", "path", "file", "folder", "meta", "text"} & set(meta)
+            and not RESERVED & set(meta)
             and all(not isinstance(v, str) or len(v) < 100 for v in meta.values())
         ), meta
         return
