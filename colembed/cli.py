@@ -633,6 +633,11 @@ def _index_options(parser: argparse.ArgumentParser) -> None:
         help="where the model runs: cpu (default), openvino (the "
         "openvino extra; its variants only), directml, auto",
     )
+    _output_options(parser)
+
+
+def _output_options(parser: argparse.ArgumentParser) -> None:
+    """--json and --quiet, as every command that reports progress and a result takes them."""
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument("--quiet", action="store_true", help="no progress bar or notes")
 
@@ -1083,8 +1088,7 @@ def _add_eval_command(sub) -> None:
         help="folder for the run's indexes, kept and reused (default: a "
         "temporary folder, removed at the end)",
     )
-    ev.add_argument("--json", action="store_true", help="machine-readable output")
-    ev.add_argument("--quiet", action="store_true", help="no progress bar or notes")
+    _output_options(ev)
     ev.set_defaults(func=_cmd_eval)
 
 

@@ -35,7 +35,7 @@ from .layout import BASE_VARIANT, GRAPH_ROLES, TOKENIZER_FILE, variant_files
 from .families import get_family
 from .manifest import Manifest, read_manifest
 from .preprocess.images import PreparedImage, prepare_image
-from .preprocess.positions import mrope_position_ids, vision_rotary_tables
+from .preprocess.positions import config_position_ids, vision_rotary_tables
 from .preprocess.text import TextEncoder, pad_batch
 from .safe_fs import inside
 from .sessions import (
@@ -528,14 +528,7 @@ class ColQwenModel:
         query run, SHRINK_AFTER_QUERY_BYTES)."""
         cfg = self.config
         input_ids, mask = pad_batch(ids, cfg.pad_token_id)
-        positions = mrope_position_ids(
-            input_ids,
-            mask,
-            grids,
-            image_token_id=cfg.image_token_id,
-            vision_start_token_id=cfg.vision_start_token_id,
-            merge_size=cfg.merge_size,
-        )
+        positions = config_position_ids(input_ids, mask, grids, cfg)
         index = np.zeros_like(input_ids)
         if features:
             offset = 0

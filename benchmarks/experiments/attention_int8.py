@@ -126,6 +126,13 @@ def _graphs(tokens: int) -> dict[str, Any]:
             n("Mul", [f"{name}_floored", inv], [f"{name}_scale"]),
         ]
 
+    def quantize(name, x, zero, out, axis):  # x by `{name}_scale` along axis, zero point `zero`
+        return [
+            n("Shape", [f"{name}_scale"], [f"{name}_count"]),
+            n("Expand", [zero, f"{name}_count"], [f"{name}_zps"]),
+            n("QuantizeLinear", [x, f"{name}_scale", f"{name}_zps"], [out], axis=axis),
+        ]
+
     mha = helper.make_graph(
         [
             n(
@@ -169,16 +176,12 @@ def _graphs(tokens: int) -> dict[str, Any]:
             # Q: one uint8 scale per (head, token) row, zero point 128
             n("Reshape", ["q_htd", "rows_shape"], ["q_rows"]),
             *row_scale("q", "q_rows", "inv127", "q"),
-            n("Shape", ["q_scale"], ["q_count"]),
-            n("Expand", ["u8_128", "q_count"], ["q_zps"]),
-            n("QuantizeLinear", ["q_rows", "q_scale", "q_zps"], ["q_u8_rows"], axis=0),
+            *quantize("q", "q_rows", "u8_128", "q_u8_rows", axis=0),
             n("Reshape", ["q_u8_rows", "bhtd_shape"], ["q_u8"]),
             # K: one 7-bit scale per (head, key token), as the columns of K^T
             n("Reshape", ["k_htd", "rows_shape"], ["k_rows"]),
             *row_scale("k", "k_rows", "inv_kv", "k"),
-            n("Shape", ["k_scale"], ["k_count"]),
-            n("Expand", ["i8_0", "k_count"], ["k_zps"]),
-            n("QuantizeLinear", ["k_rows", "k_scale", "k_zps"], ["k_i8_rows"], axis=0),
+            *quantize("k", "k_rows", "i8_0", "k_i8_rows", axis=0),
             n("Reshape", ["k_i8_rows", "bhtd_shape"], ["k_i8"]),
             n("Transpose", ["k_i8"], ["k_i8_t"], perm=[0, 2, 1]),
             n("MatMulInteger", ["q_u8", "k_i8_t", "u8_128", "i8_0"], ["s_int"]),
@@ -193,9 +196,7 @@ def _graphs(tokens: int) -> dict[str, Any]:
             n("Reshape", ["probs", "rows_shape"], ["p_rows"]),
             n("ReduceMax", ["p_rows", "axis_last"], ["p_peak"], keepdims=0),
             n("Mul", ["p_peak", "inv255"], ["p_scale"]),
-            n("Shape", ["p_scale"], ["p_count"]),
-            n("Expand", ["u8_0", "p_count"], ["p_zps"]),
-            n("QuantizeLinear", ["p_rows", "p_scale", "p_zps"], ["p_u8_rows"], axis=0),
+            *quantize("p", "p_rows", "u8_0", "p_u8_rows", axis=0),
             n("Reshape", ["p_u8_rows", "bhtd_shape"], ["p_u8"]),
             # V: one 7-bit scale per (head, channel) over the tokens
             n("Reshape", ["v", "flat_shape"], ["v_flat"]),
@@ -203,9 +204,7 @@ def _graphs(tokens: int) -> dict[str, Any]:
             n("ReduceMax", ["v_abs", c("axis0", [0]).name], ["v_peak"], keepdims=0),
             n("Max", ["v_peak", "floor"], ["v_floored"]),
             n("Mul", ["v_floored", "inv_kv"], ["v_scale"]),
-            n("Shape", ["v_scale"], ["v_count"]),
-            n("Expand", ["i8_0", "v_count"], ["v_zps"]),
-            n("QuantizeLinear", ["v_flat", "v_scale", "v_zps"], ["v_i8_flat"], axis=1),
+            *quantize("v", "v_flat", "i8_0", "v_i8_flat", axis=1),
             n("Reshape", ["v_i8_flat", "heads_shape"], ["v_i8_thd"]),
             n("Transpose", ["v_i8_thd"], ["v_i8"], perm=[1, 0, 2]),
             n("MatMulInteger", ["p_u8", "v_i8", "u8_0", "i8_0"], ["o_int"]),

@@ -41,27 +41,19 @@ from colembed_export.testing.tiny_qwen3_5 import random_delta_net
 
 ROOT = Path(__file__).resolve().parents[2]
 
+# Qwen3.5-0.8B's and -4B's published text configs (docs/reference-colqwen3_5.md lists the
+# sources): the same DeltaNet heads and kernel; the 4B (the 4.5B retrievers' backbone) is wider and
+# has twice as many value heads as key heads.
+_DELTA_NET = dict(
+    linear_num_key_heads=16,
+    linear_key_head_dim=128,
+    linear_value_head_dim=128,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+)
 WIDTHS = {
-    # Qwen3.5-0.8B's published text config (docs/reference-colqwen3_5.md lists the sources).
-    "0.8b": dict(
-        hidden_size=1024,
-        linear_num_key_heads=16,
-        linear_num_value_heads=16,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        rms_norm_eps=1e-6,
-    ),
-    # Qwen3.5-4B's (the 4.5B retrievers' backbone): twice as many value heads as key heads.
-    "4b": dict(
-        hidden_size=2560,
-        linear_num_key_heads=16,
-        linear_num_value_heads=32,
-        linear_key_head_dim=128,
-        linear_value_head_dim=128,
-        linear_conv_kernel_dim=4,
-        rms_norm_eps=1e-6,
-    ),
+    "0.8b": dict(hidden_size=1024, linear_num_value_heads=16, **_DELTA_NET),
+    "4b": dict(hidden_size=2560, linear_num_value_heads=32, **_DELTA_NET),
 }
 
 

@@ -3,7 +3,8 @@
 Owns two integer/layout computations that the reference does in Python loops inside the model, so
 that the exported graphs need no data-dependent control flow:
 
-- `mrope_position_ids`: the language model's (3, B, L) int64 position ids, equal to transformers
+- `mrope_position_ids`: the language model's (3, B, L) int64 position ids (`config_position_ids`
+  takes the token ids and merge size from a model's `PreprocessConfig`), equal to transformers
   4.57.1 `Qwen2VLModel.get_rope_index(input_ids, image_grid_thw, None, attention_mask)[0]`.
   Over the tokens with mask 1 of each row: text runs take consecutive positions starting at
   (max so far + 1) on all three axes; an image whose LLM grid is (t, gh/m, gw/m) takes
@@ -24,11 +25,14 @@ Never imports torch or transformers.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from ..errors import InputError
+
+if TYPE_CHECKING:
+    from .config import PreprocessConfig
 
 POSITION_DTYPE = np.int64
 MROPE_AXES = 3  # temporal, height, width
@@ -69,6 +73,24 @@ def mrope_position_ids(
             )
         positions[:, row, real] = row_positions
     return positions
+
+
+def config_position_ids(
+    input_ids: np.ndarray,
+    attention_mask: np.ndarray,
+    image_grids: Sequence[Sequence[tuple[int, int, int]]],
+    config: PreprocessConfig,
+) -> np.ndarray:
+    """`mrope_position_ids` with the image token, vision start token and merge size of `config`
+    (a model folder's `PreprocessConfig`)."""
+    return mrope_position_ids(
+        input_ids,
+        attention_mask,
+        image_grids,
+        image_token_id=config.image_token_id,
+        vision_start_token_id=config.vision_start_token_id,
+        merge_size=config.merge_size,
+    )
 
 
 def _check_image_count(
@@ -187,4 +209,4 @@ def _rotary_frequencies(length: int, head_dim: int, theta: float) -> np.ndarray:
     return np.outer(positions, inv_freq).astype(np.float32)
 
 
-__all__ = ["mrope_position_ids", "vision_rotary_tables"]
+__all__ = ["config_position_ids", "mrope_position_ids", "vision_rotary_tables"]

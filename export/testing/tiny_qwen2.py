@@ -324,11 +324,15 @@ def vision_probe(
 
 def scale_features(visual: Any, patches: Any, grid: Any, peak: float) -> float:
     """Scale the merger's last linear so the image features peak at `peak`; returns the factor."""
-    last = visual.merger.mlp[2]
     factor = peak / float(visual(patches, grid_thw=grid).abs().max())
-    last.weight.mul_(factor)
-    last.bias.mul_(factor)
+    _scale_linear(visual.merger.mlp[2], factor)
     return factor
+
+
+def _scale_linear(linear: Any, factor: float) -> None:
+    """Multiply a linear layer's output by `factor` (its weight and its bias)."""
+    linear.weight.mul_(factor)
+    linear.bias.mul_(factor)
 
 
 def offset_residual(
@@ -368,8 +372,7 @@ def scale_vision_stream(
         param.mul_(scale)
     for block in visual.blocks:
         for linear in writers(block):
-            linear.weight.mul_(scale)
-            linear.bias.mul_(scale)
+            _scale_linear(linear, scale)
     return scale
 
 

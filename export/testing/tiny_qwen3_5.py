@@ -12,6 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from .shared import make_folder, resolve_preset, write_tiny_info
+from .tiny_qwen3 import (
+    DEFAULT_MIN_PIXELS,
+    IMAGE_MEAN,
+    IMAGE_STD,
+    MERGE_SIZE,
+    PATCH_SIZE,
+    PIXELS_PER_TOKEN,
+    TEMPORAL_PATCH_SIZE,
+)
 
 # The pinned reference's script (run in the reference environment, never imported here).
 COLPALI_REFERENCE = "colembed_export.families.qwen3_5.reference_colpali"
@@ -91,15 +100,9 @@ def random_text_model(config: dict, seed: int = 0, dim: int = 24, scan_levels: i
 
 # ---------------------------------------------------------------------------- whole checkpoints
 # Qwen3.5's image processor as the published ColQwen3.5 folders state it (processor_config.json's
-# `image_processor`: patch 16, merge 2, temporal 2, mean and std 0.5, 65,536..786,432 pixels, i.e.
-# 64..768 image tokens; docs/reference-colqwen3_5.md).
-PATCH_SIZE = 16
-MERGE_SIZE = 2
-TEMPORAL_PATCH_SIZE = 2
-IMAGE_MEAN = (0.5, 0.5, 0.5)
-IMAGE_STD = (0.5, 0.5, 0.5)
-PIXELS_PER_TOKEN = (PATCH_SIZE * MERGE_SIZE) ** 2
-DEFAULT_MIN_PIXELS = 64 * PIXELS_PER_TOKEN
+# `image_processor`): Qwen3-VL's (patch 16, merge 2, temporal 2, mean and std 0.5, at least 64
+# image tokens: tiny_qwen3's constants) with at most 768 image tokens (786,432 pixels;
+# docs/reference-colqwen3_5.md).
 DEFAULT_MAX_PIXELS = 768 * PIXELS_PER_TOKEN
 # The tokens the published tokenizer_config.json names (its `model_specific_special_tokens`).
 NAMED_TOKENS = {

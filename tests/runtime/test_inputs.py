@@ -111,20 +111,19 @@ def test_cli_export_and_info(cli_export, tmp_path):
     out, code, stdout, stderr = cli_export
     assert code == 0, stderr
     assert "model folder" in stdout and (out / "colembed_manifest.json").is_file()
-    info = subprocess.run(
-        [sys.executable, "-m", "colembed.cli", "info", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert info.returncode == 0 and '"embedding_dim": 128' in info.stdout
-    assert '"family": "colqwen2"' in info.stdout and '"kind": "full"' in info.stdout
-    again = subprocess.run(
-        [sys.executable, "-m", "colembed.cli", "info", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+
+    def info(folder):
+        return subprocess.run(
+            [sys.executable, "-m", "colembed.cli", "info", str(folder)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    shown = info(out)
+    assert shown.returncode == 0 and '"embedding_dim": 128' in shown.stdout
+    assert '"family": "colqwen2"' in shown.stdout and '"kind": "full"' in shown.stdout
+    again = info(tmp_path)
     assert again.returncode == 1 and "colembed export" in again.stderr
 
 

@@ -447,9 +447,11 @@ def assert_left_without(error, out, *, refused, kept):
         assert model.embed_queries(["a refused variant leaves the rest"])[0].shape[-1] > 0
 
 
-def _break_tokens_past(model, position: int) -> None:
-    """Flip the sign of every output vector at or past `position` (a variant that holds on short
-    inputs and fails long ones, as per-tensor int8 did under trained-like activations)."""
+def _flip_output_sign(model, prefix: str, sign) -> None:
+    """Multiply the graph's first output by the +-1 factor the nodes `sign(graph, out, const)`
+    compute (their last output, broadcast against the output): a variant wrong only where the
+    factor is -1. The new nodes are named `prefix_<i>`; `const(label, array)` adds an
+    initializer."""
     import onnx_ir as ir
 
     graph = model.graph
@@ -461,43 +463,54 @@ def _break_tokens_past(model, position: int) -> None:
         graph.register_initializer(value)
         return value
 
-    nodes = [ir.node("Shape", [out], attributes={"start": 1, "end": 2})]
-    nodes.append(ir.node("Squeeze", [nodes[-1].outputs[0]]))
-    nodes.append(
-        ir.node(
-            "Range",
-            [
-                const("zero", np.array(0, np.int64)),
-                nodes[-1].outputs[0],
-                const("one", np.array(1, np.int64)),
-            ],
-        )
-    )
-    nodes.append(
-        ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))])
-    )
-    nodes.append(
-        ir.node(
-            "Where",
-            [
-                nodes[-1].outputs[0],
-                const("plus", np.array(1.0, np.float32)),
-                const("minus", np.array(-1.0, np.float32)),
-            ],
-        )
-    )
-    nodes.append(
-        ir.node("Reshape", [nodes[-1].outputs[0], const("shape", np.array([1, -1, 1], np.int64))])
-    )
+    nodes = sign(graph, out, const)
     nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
     nodes[-1].outputs[0].name = name
     nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
     for i, node in enumerate(nodes):
-        node.name = f"break_{i}"
+        node.name = f"{prefix}_{i}"
         if i < len(nodes) - 1:
-            node.outputs[0].name = f"break_{i}_out"
+            node.outputs[0].name = f"{prefix}_{i}_out"
     graph.extend(nodes)
     graph.outputs[0] = nodes[-1].outputs[0]
+
+
+def _break_tokens_past(model, position: int) -> None:
+    """Flip the sign of every output vector at or past `position` (a variant that holds on short
+    inputs and fails long ones, as per-tensor int8 did under trained-like activations)."""
+    import onnx_ir as ir
+
+    def sign(graph, out, const):
+        nodes = [ir.node("Shape", [out], attributes={"start": 1, "end": 2})]
+        nodes.append(ir.node("Squeeze", [nodes[-1].outputs[0]]))
+        nodes.append(
+            ir.node(
+                "Range",
+                [
+                    const("zero", np.array(0, np.int64)),
+                    nodes[-1].outputs[0],
+                    const("one", np.array(1, np.int64)),
+                ],
+            )
+        )
+        nodes.append(
+            ir.node("Less", [nodes[-1].outputs[0], const("limit", np.array(position, np.int64))])
+        )
+        nodes.append(
+            ir.node(
+                "Where",
+                [
+                    nodes[-1].outputs[0],
+                    const("plus", np.array(1.0, np.float32)),
+                    const("minus", np.array(-1.0, np.float32)),
+                ],
+            )
+        )
+        shape = const("shape", np.array([1, -1, 1], np.int64))
+        nodes.append(ir.node("Reshape", [nodes[-1].outputs[0], shape]))
+        return nodes
+
+    _flip_output_sign(model, "break", sign)
 
 
 @pytest.mark.slow  # runs the exporter
@@ -543,39 +556,26 @@ def _break_token_ids(model, ids) -> None:
     activations)."""
     import onnx_ir as ir
 
-    graph = model.graph
-    input_ids = next(v for v in graph.inputs if v.name == "input_ids")
-    out = graph.outputs[0]
-    name, out.name = out.name, f"{out.name}_unbroken"
-
-    def const(label, array):
-        value = ir.Value(name=label, const_value=ir.tensor(np.asarray(array), name=label))
-        graph.register_initializer(value)
-        return value
-
-    nodes = [ir.node("Unsqueeze", [input_ids, const("last", np.array([-1], np.int64))])]
-    nodes.append(ir.node("Equal", [nodes[-1].outputs[0], const("ids", np.asarray(ids, np.int64))]))
-    nodes.append(ir.node("Cast", [nodes[-1].outputs[0]], attributes={"to": ir.DataType.FLOAT}))
-    nodes.append(
-        ir.node(
-            "ReduceMax",
-            [nodes[-1].outputs[0], const("axis", np.array([-1], np.int64))],
-            attributes={"keepdims": 1},
+    def sign(graph, out, const):
+        input_ids = next(v for v in graph.inputs if v.name == "input_ids")
+        nodes = [ir.node("Unsqueeze", [input_ids, const("last", np.array([-1], np.int64))])]
+        ids_value = const("ids", np.asarray(ids, np.int64))
+        nodes.append(ir.node("Equal", [nodes[-1].outputs[0], ids_value]))
+        nodes.append(ir.node("Cast", [nodes[-1].outputs[0]], attributes={"to": ir.DataType.FLOAT}))
+        nodes.append(
+            ir.node(
+                "ReduceMax",
+                [nodes[-1].outputs[0], const("axis", np.array([-1], np.int64))],
+                attributes={"keepdims": 1},
+            )
         )
-    )
-    nodes.append(
-        ir.node("Mul", [nodes[-1].outputs[0], const("minus_two", np.array(-2.0, np.float32))])
-    )
-    nodes.append(ir.node("Add", [nodes[-1].outputs[0], const("one_f", np.array(1.0, np.float32))]))
-    nodes.append(ir.node("Mul", [out, nodes[-1].outputs[0]]))
-    nodes[-1].outputs[0].name = name
-    nodes[-1].outputs[0].type, nodes[-1].outputs[0].shape = out.type, out.shape
-    for i, node in enumerate(nodes):
-        node.name = f"break_ids_{i}"
-        if i < len(nodes) - 1:
-            node.outputs[0].name = f"break_ids_{i}_out"
-    graph.extend(nodes)
-    graph.outputs[0] = nodes[-1].outputs[0]
+        minus_two = const("minus_two", np.array(-2.0, np.float32))
+        nodes.append(ir.node("Mul", [nodes[-1].outputs[0], minus_two]))
+        one = const("one_f", np.array(1.0, np.float32))
+        nodes.append(ir.node("Add", [nodes[-1].outputs[0], one]))
+        return nodes
+
+    _flip_output_sign(model, "break_ids", sign)
 
 
 def test_exporter_refuses_a_variant_wrong_only_on_digits(

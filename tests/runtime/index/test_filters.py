@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from colembed.index import open_store, plan as plan_module
+from colembed.index import open_store
 from colembed.index.metadata import (
     MAX_JSON_BYTES,
     RESERVED,
@@ -27,9 +27,7 @@ from colembed.index.metadata import (
 from colembed.index.schema import META_FIELD, PAGE_VECTOR, make_point
 from colembed.index.where import FilterError, from_strings, parse
 from colembed.model import PageLayout
-from tests.fixtures.stores import DIM, unit_page
-
-STORES = ["edge", "client-local"]
+from tests.fixtures.stores import DIM, STORES, set_plan_limits, unit_page
 
 
 def _meta(i: int) -> dict:
@@ -67,14 +65,14 @@ def _points(n: int):
 @pytest.fixture
 def small_plan(monkeypatch):
     """Limits 400 pages can feel: each stage sends 3 pages to the rerank."""
-    for name, value in (
-        ("TOKEN_CANDIDATES", 3),
-        ("TOKEN_MEAN_CANDIDATES", 3),
-        ("MEAN_CANDIDATES", 3),
-        ("MEAN_POOL", 8),
-        ("POOLED_CANDIDATES", 2),
-    ):
-        monkeypatch.setattr(plan_module, name, value)
+    set_plan_limits(
+        monkeypatch,
+        TOKEN_CANDIDATES=3,
+        TOKEN_MEAN_CANDIDATES=3,
+        MEAN_CANDIDATES=3,
+        MEAN_POOL=8,
+        POOLED_CANDIDATES=2,
+    )
 
 
 @pytest.fixture(scope="module", params=STORES)

@@ -16,7 +16,7 @@ import pytest
 
 import colembed
 from colembed.cli import main
-from colembed.index import Index, edge, plan as plan_module, server, upgrade_index
+from colembed.index import Index, edge, server, upgrade_index
 from colembed.index.schema import (
     ALL_VECTORS,
     MEAN_VECTOR,
@@ -30,10 +30,8 @@ from colembed.index.schema import (
 from colembed.index import OldIndexWarning, open_store
 from colembed.index.errors import StoreError
 from colembed.index.plan import two_stage_plan
-from tests.fixtures.stores import DIM, one_page_payload, unit_page
+from tests.fixtures.stores import DIM, STORES, one_page_payload, set_plan_limits, unit_page
 from tests.fixtures.documents import page
-
-STORES = ["edge", "client-local"]
 
 
 def _points(n: int):
@@ -49,13 +47,9 @@ def _points(n: int):
 @pytest.fixture
 def small_plan(monkeypatch):
     """Limits a 40-page store can feel: mean 3 straight to the rerank, a pool of 8, rows/cols 2."""
-    for name, value in (
-        ("MEAN_CANDIDATES", 3),
-        ("MEAN_POOL", 8),
-        ("POOLED_CANDIDATES", 2),
-        ("PREFETCH_CANDIDATES", 3),
-    ):
-        monkeypatch.setattr(plan_module, name, value)
+    set_plan_limits(
+        monkeypatch, MEAN_CANDIDATES=3, MEAN_POOL=8, POOLED_CANDIDATES=2, PREFETCH_CANDIDATES=3
+    )
 
 
 def test_mean_vector_is_the_mean_of_the_image_rows():

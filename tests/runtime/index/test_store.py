@@ -19,9 +19,7 @@ from colembed.index.schema import (
     pooled_vectors,
 )
 from colembed.index import ModelMismatchError, StoreError, open_store
-from tests.fixtures.stores import DIM, unit_page
-
-STORES = ["edge", "client-local"]
+from tests.fixtures.stores import DIM, STORES, unit_page
 
 
 def _payload(i: int) -> dict:

@@ -17,7 +17,7 @@ import pytest
 
 from colembed.cli import main
 from colembed.errors import InputError
-from colembed.index import Index, plan as plan_module
+from colembed.index import Index
 from colembed.index.edge import TOKENS_DIR, upgrade_index
 from colembed.index.embedded import EmbeddedPage
 from colembed.index.schema import PAGE_VECTOR, make_point
@@ -25,7 +25,7 @@ from colembed.index.backends import open_store
 from colembed.index.errors import ModelMismatchError, OldIndexWarning, StoreError
 from colembed.index.tokens import TokenTable, centroid_scores, page_centroids
 from colembed.model import PageLayout
-from tests.fixtures.stores import IDENTITY as STORE_IDENTITY, one_page_payload
+from tests.fixtures.stores import IDENTITY as STORE_IDENTITY, one_page_payload, set_plan_limits
 
 DIM = 16
 ROWS, COLS, START = 6, 6, 2
@@ -69,14 +69,14 @@ def _payload(i: int) -> dict:
 
 @pytest.fixture
 def small_plans(monkeypatch):
-    for name, value in (
-        ("MEAN_CANDIDATES", 3),
-        ("MEAN_POOL", 8),
-        ("POOLED_CANDIDATES", 2),
-        ("TOKEN_CANDIDATES", 3),
-        ("TOKEN_MEAN_CANDIDATES", 2),
-    ):
-        monkeypatch.setattr(plan_module, name, value)
+    set_plan_limits(
+        monkeypatch,
+        MEAN_CANDIDATES=3,
+        MEAN_POOL=8,
+        POOLED_CANDIDATES=2,
+        TOKEN_CANDIDATES=3,
+        TOKEN_MEAN_CANDIDATES=2,
+    )
 
 
 def _schema_2_store(path, monkeypatch):

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import colembed
-from tests.fixtures.documents import page, write_text_pdf
+from tests.fixtures.documents import add_rag_documents
 
 pytest.importorskip("fastapi")
 pytest.importorskip("langchain_core")
@@ -40,12 +40,8 @@ def indexed(tmp_path_factory, exported_tiny):
     model = colembed.load(exported_tiny.folder, max_image_tokens=TOKENS)
     base = tmp_path_factory.mktemp("rag-retrievers")
     docs = base / "docs"
-    docs.mkdir()
-    write_text_pdf(docs / "invoice.pdf", [["Invoice INV-2024-0042"], ["Total due 99 EUR"]])
-    page("photo").save(docs / "photo.png")
     index = Index(base / "db", model=model)
-    index.add([docs / "invoice.pdf"], metadata={"kind": "invoice", "year": 2024})
-    index.add([docs / "photo.png"], metadata={"kind": "photo"})
+    add_rag_documents(index, docs)
     yield index, docs
     index.close()
 

@@ -98,13 +98,22 @@ def test_colembed_index_fails_a_postscript_file_by_name_and_runs_no_ghostscript(
     docs = tmp_path / "d"
     docs.mkdir()
     (docs / "scan.png").write_bytes(EPS)
-    (docs / "good.png").write_bytes(encode(rgb(64, 48), "PNG"))
-    with Index(tmp_path / "db", model=small_model) as index:
-        result = index.add([docs], progress=False)
-    assert [r.path for r in result.failed] == [str(docs / "scan.png")]
-    assert "not an image of a format colembed reads" in result.failed[0].reason
-    assert [r.path for r in result.added] == [str(docs / "good.png")]
+    _assert_index_fails_only(
+        tmp_path, small_model, docs / "scan.png", "not an image of a format colembed reads"
+    )
     assert _never_ran(logging_gs)
+
+
+def _assert_index_fails_only(tmp_path, model, bad, reason: str) -> None:
+    """Indexing `bad`'s folder with a good PNG beside it fails `bad` alone, for `reason`, and adds
+    the good page."""
+    docs = bad.parent
+    (docs / "good.png").write_bytes(encode(rgb(64, 48), "PNG"))
+    with Index(tmp_path / "db", model=model) as index:
+        result = index.add([docs], progress=False)
+    assert [r.path for r in result.failed] == [str(bad)]
+    assert reason in result.failed[0].reason
+    assert [r.path for r in result.added] == [str(docs / "good.png")]
 
 
 def test_embed_images_refuses_postscript_with_its_image_error(logging_gs, small_model):
@@ -210,12 +219,7 @@ def test_colembed_index_fails_a_bomb_file_and_indexes_the_rest(
     docs = tmp_path / "d"
     docs.mkdir()
     Image.new("L", (1200, 1000), 255).save(docs / "bomb.png")
-    (docs / "good.png").write_bytes(encode(rgb(64, 48), "PNG"))
-    with Index(tmp_path / "db", model=small_model) as index:
-        result = index.add([docs], progress=False)
-    assert [r.path for r in result.failed] == [str(docs / "bomb.png")]
-    assert "decompression bomb refused" in result.failed[0].reason
-    assert [r.path for r in result.added] == [str(docs / "good.png")]
+    _assert_index_fails_only(tmp_path, small_model, docs / "bomb.png", "decompression bomb refused")
     assert (1200, 1000) not in decodes
 
 

@@ -10,7 +10,7 @@ import tests.fixtures.images as fx
 from colembed.errors import InputError
 from colembed_export.families.preprocess_config import VISION_ROPE_THETA
 from colembed.preprocess.images import prepare_image
-from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
+from colembed.preprocess.positions import config_position_ids, vision_rotary_tables
 from colembed.preprocess.text import pad_batch
 
 torch = pytest.importorskip("torch")
@@ -25,14 +25,7 @@ def pages(config):
 
 
 def ours(config, ids, mask, grids):
-    return mrope_position_ids(
-        ids,
-        mask,
-        grids,
-        image_token_id=config.image_token_id,
-        vision_start_token_id=config.vision_start_token_id,
-        merge_size=config.merge_size,
-    )
+    return config_position_ids(ids, mask, grids, config)
 
 
 def reference(model, ids, mask, grids):

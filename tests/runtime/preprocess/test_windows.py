@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from colembed.errors import InputError
 from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
-from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
+from colembed.preprocess.positions import config_position_ids, vision_rotary_tables
 from colembed.preprocess.windows import packed_window_index, window_layout
 from tests.fixtures.qwen2_5 import checkpoint, load_reference, reference_processor
 
@@ -211,12 +211,7 @@ def test_mrope_positions_equal_qwen2_5_get_rope_index(tmp_path_factory):
             second_per_grid_ts=None,
             attention_mask=item["attention_mask"],
         )
-        mine = mrope_position_ids(
-            item["input_ids"].numpy(),
-            item["attention_mask"].numpy(),
-            grids,
-            image_token_id=config.image_token_id,
-            vision_start_token_id=config.vision_start_token_id,
-            merge_size=config.merge_size,
+        mine = config_position_ids(
+            item["input_ids"].numpy(), item["attention_mask"].numpy(), grids, config
         )
         assert np.array_equal(mine, expected.numpy())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import colembed
-from tests.fixtures.documents import page, write_text_pdf
+from tests.fixtures.documents import add_rag_documents
 
 pytest.importorskip("fastapi")
 from fastapi.testclient import TestClient  # noqa: E402
@@ -26,13 +26,9 @@ def served(tmp_path_factory, exported_tiny):
     model = colembed.load(exported_tiny.folder, max_image_tokens=TOKENS)
     base = tmp_path_factory.mktemp("serve-rag")
     docs = base / "docs"
-    docs.mkdir()
-    write_text_pdf(docs / "invoice.pdf", [["Invoice INV-2024-0042"], ["Total due 99 EUR"]])
-    page("photo").save(docs / "photo.png")
     index = Index(base / "db", model=model, store_opener=open_store_in_child)
     assert isinstance(index.store, ChildStore)
-    index.add([docs / "invoice.pdf"], metadata={"kind": "invoice", "year": 2024})
-    index.add([docs / "photo.png"], metadata={"kind": "photo"})
+    add_rag_documents(index, docs)
     settings = Settings(roots=Roots(parse_roots([f"docs={docs}"])))
     with TestClient(create_app(index, settings), base_url="http://127.0.0.1:8000") as client:
         yield client, index, docs

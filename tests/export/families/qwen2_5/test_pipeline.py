@@ -12,7 +12,7 @@ from PIL import Image
 
 from colembed_export.families.preprocess_config import read_preprocess_config
 from colembed.preprocess.images import prepare_image
-from colembed.preprocess.positions import mrope_position_ids, vision_rotary_tables
+from colembed.preprocess.positions import config_position_ids, vision_rotary_tables
 from colembed.preprocess.text import TextEncoder, pad_batch
 from colembed.preprocess.windows import window_layout
 from tests.fixtures.qwen2_5 import PRESETS, checkpoint, reference_processor
@@ -55,14 +55,7 @@ def page_features(graph, config, pages, window_size):
 
 def run_text(text_graph, config, ids, grids, features, hidden):
     input_ids, mask = pad_batch(ids, config.pad_token_id)
-    positions = mrope_position_ids(
-        input_ids,
-        mask,
-        grids,
-        image_token_id=config.image_token_id,
-        vision_start_token_id=config.vision_start_token_id,
-        merge_size=config.merge_size,
-    )
+    positions = config_position_ids(input_ids, mask, grids, config)
     index = np.zeros_like(input_ids)
     offset = 0
     for row, rows in enumerate(features):
