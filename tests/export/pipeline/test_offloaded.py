@@ -86,16 +86,19 @@ def test_a_half_precision_checkpoint_is_widened_as_the_whole_load_widens_it(
 
 
 @pytest.mark.slow
-def test_the_check_runs_the_offloaded_reference_and_passes(tiny_checkpoint, tmp_path):
+def test_the_check_runs_the_offloaded_reference_and_passes(cli_export):
     """A streamed export's check: the reference from the stand-in run layer by layer (no whole
-    load), the graphs within the bound, the figures in the manifest."""
-    from colembed_export.pipeline.exporter import export_model
+    load), the graphs within the bound, the figures in the manifest. The export is the CLI's
+    default one (conftest's `cli_export`: the tiny checkpoint, random weights, streamed), whose
+    progress lines name every step as it starts."""
+    from colembed.manifest import read_manifest
 
-    report = export_model(tiny_checkpoint, tmp_path / "out", random_weights=True)
-    steps = [s["step"] for s in report.steps]
+    folder, code, _, stderr = cli_export
+    assert code == 0, stderr
+    steps = [line.removeprefix("[colembed] ") for line in stderr.splitlines()]
     assert "run the torch reference layer by layer from the checkpoint" in steps
     assert "load the checkpoint and run the torch reference" not in steps
-    figures = report.manifest.checks["fp32"]
+    figures = read_manifest(folder).checks["fp32"]
     assert 0 <= figures["max_abs_diff"] <= figures["tolerance"]
 
 
