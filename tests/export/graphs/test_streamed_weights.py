@@ -176,6 +176,20 @@ def test_the_colqwen3_session_exports_streamed_equal_the_whole_model_export(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-3.5", "tiny-3.5-alt"])
+def test_the_colqwen3_5_session_exports_streamed_equal_the_whole_model_export(
+    preset, tmp_path_factory, tmp_path
+):
+    """ColQwen3.5 (keys without a `model.` prefix, mapped onto the tower and colembed's text
+    stack): every DeltaNet projection, the full-attention layers' gated queries, the position
+    table and the projection streamed; the conv kernels and the norms read whole."""
+    from tests.fixtures import colqwen3_5
+
+    checkpoint = colqwen3_5.checkpoint(tmp_path_factory, preset)
+    _assert_streamed_export(checkpoint, colqwen3_5.exported(tmp_path_factory, preset), tmp_path)
+
+
+@pytest.mark.slow
 def test_a_sharded_colpali_checkpoint_streams_and_an_absent_head_is_never_read(
     tmp_path_factory, tmp_path
 ):
