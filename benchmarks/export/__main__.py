@@ -5,6 +5,8 @@
     nice python -m benchmarks.export --family colqwen2.5 --clean   # Qwen2.5-VL-3B
     python -m benchmarks.export --family colqwen3 \
         --clean                                   # Qwen3-VL-4B, full depth: ~19 GB (projected)
+    python -m benchmarks.export --family colqwen3.5 --vision-depth 2 --text-layers 4 \
+        --results /tmp/export-3_5-4b-2+4     # Qwen3.5-4B widths, reduced (reference env needed)
     python -m benchmarks.export --family colqwen2.5 --preset qwen2.5-vl-7b \
         --vision-depth 4 --text-layers 2 --results /tmp/export-7b-t2        # 7B widths, reduced
     python -m benchmarks.export --variants int8,fp16 \
@@ -13,9 +15,11 @@
 
 The checkpoint is built by the family's random-weight builder (`--family colqwen2`:
 `colembed_export.testing.tiny_qwen2.build_checkpoint`, preset `qwen2-vl-2b`; `colqwen2.5`:
-`colembed_export.testing.tiny_qwen2_5.build_checkpoint_2_5`, preset `qwen2.5-vl-3b`: real widths, heads
-and vocabulary; depths overridable, full-attention blocks kept inside a reduced depth) in a
-separate process, inside a work folder this script creates (`--workdir`, marked by
+`colembed_export.testing.tiny_qwen2_5.build_checkpoint_2_5`, preset `qwen2.5-vl-3b`: real widths,
+heads and vocabulary; depths overridable, full-attention blocks kept inside a reduced depth;
+`colqwen3.5`: `colembed_export.testing.tiny_qwen3_5.build_sharded_checkpoint`, preset
+`qwen3.5-4b`, written one tensor at a time, its processor files from the reference's environment)
+in a separate process, inside a work folder this script creates (`--workdir`, marked by
 colembed.safe_fs); a later run with the same --workdir reuses it. `--clean` deletes the work
 folder at the end (only a folder this script made).
 
@@ -24,8 +28,9 @@ as a user's `colembed export` does. Per step: wall time and the step's own peak 
 high-water mark is reset at each step start, colembed_export.measure). The figure that matters is
 the overall peak against the fp32 weights' size: the target is <= 1.1x (a full-size export with `--variant int8,fp16` within the memory users have).
 
-Writes benchmarks/results/export/export.{md,json} (ColQwen2), export-colqwen2_5.{md,json} or
-export-colqwen3.{md,json} (the latest run of each family only; `--results` elsewhere).
+Writes benchmarks/results/export/export.{md,json} (ColQwen2), export-colqwen2_5.{md,json},
+export-colqwen3.{md,json} or export-colqwen3_5.{md,json} (the latest run of each family only;
+`--results` elsewhere).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ FAMILIES = {
     "colqwen2": ("qwen2-vl-2b", 32, 28, "export", "Qwen2-VL-2B"),
     "colqwen2.5": ("qwen2.5-vl-3b", 32, 36, "export-colqwen2_5", "Qwen2.5-VL-3B"),
     "colqwen3": ("qwen3-vl-4b", 24, 36, "export-colqwen3", "Qwen3-VL-4B"),
+    "colqwen3.5": ("qwen3.5-4b", 24, 32, "export-colqwen3_5", "Qwen3.5-4B"),
 }
 # presets whose widths are another model's than the family's default (the label in the table)
 PRESET_WIDTHS = {"qwen2.5-vl-7b": "Qwen2.5-VL-7B"}

@@ -17,12 +17,18 @@ FAMILY_PRESETS = {
     "colqwen2": "qwen2-vl-2b",
     "colqwen2.5": "qwen2.5-vl-3b",
     "colqwen3": "qwen3-vl-4b",
+    "colqwen3.5": "qwen3.5-4b",
 }
 
 
 def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) -> Any:
     """The family's preset at `vision_depth` vision blocks and `text_layers` language layers.
-    ColQwen3 keeps the DeepStack blocks that fit (else the last block), at most `text_layers`."""
+    ColQwen3 keeps the DeepStack blocks that fit (else the last block), at most `text_layers`;
+    ColQwen3.5 its first layers, one of them full attention (`tiny_qwen3_5.reduced`)."""
+    if family == "colqwen3.5":
+        from colembed_export.testing.tiny_qwen3_5 import PRESETS, reduced
+
+        return reduced(PRESETS[preset], vision_depth, text_layers)
     if family == "colqwen3":
         from colembed_export.testing.tiny_qwen3 import PRESETS_3
 
@@ -50,7 +56,12 @@ def reduced_spec(family: str, preset: str, vision_depth: int, text_layers: int) 
 
 
 def build(family: str, out: Path, spec: Any, *, stress: bool = False) -> Path:
-    """Write the random-weight (or stress) checkpoint of `spec` with the family's builder."""
+    """Write the random-weight (or stress) checkpoint of `spec` with the family's builder
+    (ColQwen3.5: written one tensor at a time, no stress form)."""
+    if family == "colqwen3.5" and not stress:
+        from colembed_export.testing.tiny_qwen3_5 import build_sharded_checkpoint
+
+        return build_sharded_checkpoint(out, spec, seed=0)
     if family == "colqwen3":
         from colembed_export.testing.tiny_qwen3 import build_checkpoint_3, build_stress_checkpoint_3
 

@@ -2,13 +2,16 @@
 
 The graphs are traced from a *stand-in* model: the very module the family's loader builds from the
 checkpoint's config (transformers' `ColQwen2ForRetrieval` for ColQwen2 and ColQwen2.5 in either
-layout; the ColQwen3 retrieval module over 4.57.1's `Qwen3VLModel`, DeepStack mergers included),
-whose weight matrices (every 2-D parameter: the linear layers and the token
-embedding, nearly all the bytes) are uninitialised `torch.empty` tensors of the real shapes and
-dtype. Nothing writes into them, so the kernel gives them no pages: the trace costs the activations
-and the graph, not the weights. The other parameters (norms, biases, the patch convolution; a few
-MB) are read whole from the checkpoint, because the graph wrappers compute from them when they are
-built (the patch convolution becomes a matrix) and the exporter's rewrites may read them.
+layout; the ColQwen3 retrieval module over 4.57.1's `Qwen3VLModel`, DeepStack mergers included;
+ColQwen3.5's over 4.57.1's Qwen3-VL tower and colembed's own text stack, `qwen3_5/model.py`, whose
+Gated DeltaNet projections are separate matrices the graph reads whole), whose weight matrices
+(every 2-D parameter: the linear layers and the token embedding, nearly all the bytes) are
+uninitialised `torch.empty` tensors of the real shapes and dtype. Nothing writes into them, so the
+kernel gives them no pages: the trace costs the activations and the graph, not the weights. The
+other parameters (norms, biases, the patch convolution, DeltaNet's depthwise conv kernels, decay
+and step; a few MB) are read whole from the checkpoint, because the graph wrappers compute from
+them when they are built (the patch convolution becomes a matrix) and the exporter's rewrites may
+read them.
 
 After the trace each initializer is mapped back to the checkpoint: the exporter hands a stand-in
 over as the very tensor (a torch parameter) or as a transposed view of it (the optimiser folds
@@ -52,10 +55,8 @@ class StreamedWeightsError(ExportError):
     """A checkpoint tensor the streamed writer cannot use, or a graph it cannot map back."""
 
 
-# The families whose layouts `checkpoint_tensors` maps. ColQwen3.5's graphs are colembed's own
-# modules filled from the whole state dict (families/qwen3_5/model.py): it loads whole until its
-# key map is written here.
-STREAMED_FAMILIES = ("colqwen2", "colqwen2.5", "colqwen3")
+# The families whose layouts `checkpoint_tensors` maps (every served one).
+STREAMED_FAMILIES = ("colqwen2", "colqwen2.5", "colqwen3", "colqwen3.5")
 
 
 def streaming_applies(folder: Path, family: Any) -> str | None:
@@ -151,6 +152,16 @@ def checkpoint_tensors(folder: Path, family: Any) -> Skeleton:
 
     folder = Path(folder)
     name = family.family.name
+    if name == "colqwen3.5":
+        from ..families.qwen3_5.checkpoint import read_checkpoint as read_qwen3_5
+        from ..families.qwen3_5.model import build_empty_colqwen3_5, tensor_locations
+
+        try:
+            checkpoint = read_qwen3_5(folder)
+        except ExportError as e:
+            raise StreamedWeightsError(str(e)) from e
+        model = build_empty_colqwen3_5(checkpoint)
+        return Skeleton(model, CheckpointTensors(folder, tensor_locations(checkpoint)))
     if name == "colqwen3":
         from ..families.qwen3.checkpoint import build_colqwen3, read_checkpoint
 

@@ -240,10 +240,15 @@ def vision_tower_config(checkpoint: Qwen3_5Checkpoint):
     return Qwen3VLVisionConfig(**fields, deepstack_visual_indexes=[])
 
 
-def load_vision_tower(checkpoint: Qwen3_5Checkpoint):
+def build_vision_tower(checkpoint: Qwen3_5Checkpoint, *, empty: bool = False):
     """The checkpoint's vision tower as 4.57.1's `Qwen3VLVisionModel` (no DeepStack), fp32, eval,
-    with the config's vision rotary base."""
+    with the config's vision rotary base and its weights not initialised: with `empty` its
+    parameters are on the meta device (no memory: the streamed export's stand-in), else allocated
+    for `load_vision_tower` to fill. The rotary table (a buffer) is computed either way."""
+    import contextlib
+
     import torch
+    from transformers.integrations.accelerate import init_empty_weights
     from transformers.modeling_utils import no_init_weights
     from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
 
@@ -253,14 +258,21 @@ def load_vision_tower(checkpoint: Qwen3_5Checkpoint):
     theta = COLQWEN3_5.vision_rope_theta(
         checkpoint.vision_config, str(checkpoint.folder / "config.json")
     )
-    with no_init_weights():  # every tensor is overwritten below or refused as missing
+    context = init_empty_weights(include_buffers=False) if empty else contextlib.nullcontext()
+    with context, no_init_weights():  # every tensor is overwritten or refused as missing
         tower = Qwen3VLVisionModel(config).to(torch.float32)
-    checkpoint.load_into(tower, "visual")
     rotary = tower.rotary_pos_emb
     dim = 2 * rotary.inv_freq.numel()
     with torch.no_grad():  # 4.57.1's formula with the config's base (5.x's is the same)
         rotary.inv_freq.copy_(1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)))
     return tower.eval()
+
+
+def load_vision_tower(checkpoint: Qwen3_5Checkpoint):
+    """`build_vision_tower` with every `visual` tensor of the checkpoint copied in."""
+    tower = build_vision_tower(checkpoint)
+    checkpoint.load_into(tower, "visual")
+    return tower
 
 
 def load_projection(checkpoint: Qwen3_5Checkpoint):
@@ -278,6 +290,7 @@ __all__ = [
     "QWEN3_5_COLPALI",
     "Qwen3_5Checkpoint",
     "Qwen3_5Layout",
+    "build_vision_tower",
     "layout_of",
     "load_projection",
     "load_vision_tower",

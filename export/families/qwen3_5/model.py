@@ -21,7 +21,20 @@ from typing import Any, Mapping
 
 from colembed.errors import ExportError
 
-from .checkpoint import Qwen3_5Checkpoint, load_vision_tower, read_checkpoint
+from .checkpoint import (
+    Qwen3_5Checkpoint,
+    build_vision_tower,
+    load_vision_tower,
+    read_checkpoint,
+)
+
+# Where each part of the checkpoint sits in the retrieval module: the prefix of its parameters'
+# names (the checkpoint's own keys have no `model.` prefix: checkpoint.py).
+MODULE_PREFIXES = {
+    "visual": "vlm.model.visual.",
+    "language_model": "text.language_model.",
+    "projection": "text.custom_text_proj.",
+}
 
 
 def text_config_view(checkpoint: Qwen3_5Checkpoint) -> SimpleNamespace:
@@ -139,4 +152,37 @@ def load_colqwen3_5(folder: str | Path):
     return retrieval_module(checkpoint, tower, text.to("cpu").float().eval())
 
 
-__all__ = ["load_colqwen3_5", "mrope_positions", "retrieval_module", "text_config_view"]
+def tensor_locations(checkpoint: Qwen3_5Checkpoint) -> dict[str, tuple[Path, str]]:
+    """Every tensor the layout names, by its parameter name in the retrieval module (file, key)."""
+    return {
+        f"{MODULE_PREFIXES[part]}{name}": at
+        for part, names in checkpoint.tensors.items()
+        for name, at in names.items()
+    }
+
+
+def build_empty_colqwen3_5(checkpoint: Qwen3_5Checkpoint):
+    """The retrieval module of `checkpoint`, fp32, with its parameters on the meta device (no
+    memory: the streamed export's stand-in); the buffers (rotary tables) computed."""
+    from transformers.integrations.accelerate import init_empty_weights
+
+    from .text import ColQwen3_5Text
+
+    tower = build_vision_tower(checkpoint, empty=True)
+    try:
+        with init_empty_weights(include_buffers=False):
+            text = ColQwen3_5Text(checkpoint.config, checkpoint.embedding_dim)
+    except (KeyError, ValueError) as e:
+        raise ExportError(f"{checkpoint.folder}: the text stack does not build ({e})") from e
+    return retrieval_module(checkpoint, tower, text.eval())
+
+
+__all__ = [
+    "MODULE_PREFIXES",
+    "build_empty_colqwen3_5",
+    "load_colqwen3_5",
+    "mrope_positions",
+    "retrieval_module",
+    "tensor_locations",
+    "text_config_view",
+]

@@ -176,6 +176,20 @@ def test_the_colqwen3_session_exports_streamed_equal_the_whole_model_export(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-3.5", "tiny-3.5-alt"])
+def test_the_colqwen3_5_session_exports_streamed_equal_the_whole_model_export(
+    preset, tmp_path_factory, tmp_path
+):
+    """ColQwen3.5 (keys without a `model.` prefix, mapped onto the tower and colembed's text
+    stack): every DeltaNet projection, the full-attention layers' gated queries, the position
+    table and the projection streamed; the conv kernels and the norms read whole."""
+    from tests.fixtures import colqwen3_5
+
+    checkpoint = colqwen3_5.checkpoint(tmp_path_factory, preset)
+    _assert_streamed_export(checkpoint, colqwen3_5.exported(tmp_path_factory, preset), tmp_path)
+
+
+@pytest.mark.slow
 def test_a_sharded_colpali_checkpoint_streams_and_an_absent_head_is_never_read(
     tmp_path_factory, tmp_path
 ):
@@ -224,6 +238,54 @@ def test_which_checkpoints_are_streamed(tiny_checkpoint, tmp_path, tmp_path_fact
     no_weights = tmp_path / "no-weights"
     no_weights.mkdir()
     assert "model.safetensors" in streaming_applies(no_weights, export_family("colqwen2"))
+
+
+def test_colqwen3_5_streams_under_its_own_key_map(tmp_path_factory, tmp_path):
+    """ColQwen3.5 streams (the plan names the streamed steps), every 2-D parameter a stand-in
+    named by its checkpoint key (no `model.` prefix), the rest read whole; a release's `mtp.*`
+    head is left out as the loader leaves it, a key under another prefix is refused by name."""
+    import torch
+
+    from colembed_export.families import export_family
+    from colembed_export.graphs.streamed_weights import (
+        StandInModel,
+        StreamedWeightsError,
+        streaming_applies,
+    )
+    from colembed_export.pipeline.plan import plan_export
+    from tests.fixtures import colqwen3_5
+
+    family = export_family("colqwen3.5")
+    folder = colqwen3_5.checkpoint(tmp_path_factory, "tiny-3.5")
+    assert streaming_applies(folder, family) is None
+    steps = [s.name for s in plan_export(folder, streamed=True, check=True).steps]
+    assert steps[:2] == ["graphs, streamed", "check: torch reference, layer by layer"]
+
+    standin = StandInModel(folder, family)
+    names = {s.name for s in standin.standins.values()}
+    params = dict(standin.model.named_parameters())
+    matrices = {n for n, p in params.items() if p.ndim == 2}
+    assert names == matrices and {p.data_ptr() for p in params.values()} >= set(standin.standins)
+    proj = "text.language_model.layers.0.linear_attn.in_proj_qkv.weight"
+    assert (
+        standin.tensors.where[proj][1] == "language_model.layers.0.linear_attn.in_proj_qkv.weight"
+    )
+    conv = "text.language_model.layers.0.linear_attn.conv1d.weight"
+    assert params[conv].data_ptr() not in standin.standins
+    assert torch.equal(params[conv], standin.tensors.read(conv))
+
+    mtp = _edited_checkpoint(
+        folder, tmp_path / "mtp", lambda t: {**t, "mtp.fc.weight": torch.ones(2, 2)}
+    )
+    assert StandInModel(mtp, family).tensors.where.keys() == standin.tensors.where.keys()
+    key = "custom_text_proj.weight"
+    moved = _edited_checkpoint(
+        folder,
+        tmp_path / "moved",
+        lambda t: {("model." if k == key else "") + k: v for k, v in t.items()},
+    )
+    with pytest.raises(StreamedWeightsError, match=f"model.{key}"):
+        StandInModel(moved, family)
 
 
 def _edited_checkpoint(source: Path, out: Path, edit) -> Path:

@@ -1,6 +1,7 @@
 """The torch reference run layer by layer from the checkpoint (export/pipeline/offloaded.py): the
 same outputs as the whole loaded model, bit for bit, on every streamed family and layout, and the
-stand-in model left as it was for the graphs' trace."""
+stand-in model left as it was for the graphs' trace. The ColQwen3.5 checkpoints are made in the
+reference's environment (tests/fixtures/colqwen3_5.py)."""
 
 from __future__ import annotations
 
@@ -61,6 +62,18 @@ def test_the_offloaded_reference_equals_the_whole_model_colqwen3(layout, tmp_pat
     )
     whole, offloaded, _ = _both_references(folder)
     _assert_identical(whole, offloaded)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-3.5", "tiny-3.5-alt"])
+def test_the_offloaded_reference_equals_the_whole_model_colqwen3_5(preset, tmp_path_factory):
+    """colembed's Qwen3.5 text stack (DeltaNet projections as separate matrices, the conv
+    kernels read whole) and the tower without DeepStack, bit for bit; no hook left after."""
+    from tests.fixtures import colqwen3_5
+
+    whole, offloaded, standin = _both_references(colqwen3_5.checkpoint(tmp_path_factory, preset))
+    _assert_identical(whole, offloaded)
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in standin.model.modules())
 
 
 def test_a_half_precision_checkpoint_is_widened_as_the_whole_load_widens_it(
