@@ -127,12 +127,24 @@ class PageLayout:
         return col * t * sx, row * t * sy, (col + 1) * t * sx, (row + 1) * t * sy
 
 
+@dataclass(frozen=True)
+class ImageGraphOutputs:
+    """What the image graph gave for a list of pages (`ColQwenModel.run_image_graph`): each page
+    as prepared, its merged features (tokens, text width) and, for ColQwen3, its DeepStack
+    features (layers, tokens, text width; None for the other families)."""
+
+    prepared: list[PreparedImage]
+    features: list[np.ndarray]
+    deepstack: list[np.ndarray] | None
+
+
 class ColQwenModel:
     """A ColQwen-family model (ColQwen2, ColQwen2.5, ColQwen3: the manifest's `family`) on onnxruntime.
     Make one with `colembed.load(...)`.
 
     `embed_queries` / `embed_images` return one float32 (tokens, dim) array per item, padding
-    removed, in input order; `iter_*` do the same lazily over any iterable.
+    removed, in input order; `iter_*` do the same lazily over any iterable. `graphs`: the graphs
+    whose sessions open with the model (both by default; `open_graph` opens one later).
     """
 
     def __init__(
@@ -148,6 +160,7 @@ class ColQwenModel:
         session_config: Mapping[str, str] | None = None,
         execution_order: str = "default",
         dim: int | None = None,
+        graphs: Sequence[str] = GRAPH_ROLES,
     ) -> None:
         if verify not in (True, False, "full"):
             raise ValueError(f"verify must be True, False or 'full', got {verify!r}")
@@ -190,22 +203,55 @@ class ColQwenModel:
             providers, auto_openvino=_auto_openvino(self.folder)
         )
         check_variant_provider(variant, self._provider_request, self.manifest.variants)
+        self._session_options = {
+            "threads": threads,
+            "cpu_mem_arena": cpu_mem_arena,
+            "session_config": session_config,
+            "execution_order": execution_order,
+        }
         self._sessions: dict[str, Session] = {}
-        for role in GRAPH_ROLES:
-            self._sessions[role] = self._open(
-                self.manifest.graph(variant, role),
-                self._contracts[role],
-                threads=threads,
-                cpu_mem_arena=cpu_mem_arena,
-                session_config=session_config,
-                execution_order=execution_order,
-            )
+        self._providers: list[str] = []
+        self._run_options = None
+        unknown = [role for role in graphs if role not in GRAPH_ROLES]
+        if unknown:
+            raise ValueError(f"graphs must be among {list(GRAPH_ROLES)}, got {unknown}")
+        for role in graphs:
+            self.open_graph(role)
         self._verify = verify
-        # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
-        self._run_options = arena_shrinking_options(self.providers, cpu_mem_arena)
         self._preprocess_threads = threads if threads else physical_cores()
         self._grid_cache: dict[tuple[int, int, int], tuple[np.ndarray, ...]] = {}
         self._scorer = None
+
+    def open_graph(self, role: str) -> None:
+        """Open the `role` graph's session ("vision" or "text") if it is not open. `load` opens
+        both; a caller short of memory opens one, runs it, closes it (`close_graph`) and opens
+        the other (the export's check: `run_image_graph` then `embed_image_graph_outputs`)."""
+        if role in self._sessions:
+            return
+        if role not in GRAPH_ROLES:
+            raise ValueError(f"role must be one of {list(GRAPH_ROLES)}, got {role!r}")
+        options = self._session_options
+        self._sessions[role] = self._open(
+            self.manifest.graph(self.variant, role), self._contracts[role], **options
+        )
+        if not self._providers:
+            self._providers = list(self._sessions[role].providers)
+            # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
+            self._run_options = arena_shrinking_options(self._providers, options["cpu_mem_arena"])
+
+    def close_graph(self, role: str) -> None:
+        """Drop the `role` graph's session: onnxruntime frees its weights, mapped pages and arena
+        once nothing else holds it. Running that graph again needs `open_graph`."""
+        self._sessions.pop(role, None)
+
+    def _session(self, role: str) -> Session:
+        session = self._sessions.get(role)
+        if session is None:
+            raise ModelFolderError(
+                f"the {role} graph's session is closed (open it with open_graph({role!r}))",
+                path=self.folder,
+            )
+        return session
 
     def _open(
         self,
@@ -253,7 +299,7 @@ class ColQwenModel:
     # ----------------------------------------------------------------------------- properties
     @property
     def providers(self) -> list[str]:
-        return self._sessions["text"].providers
+        return self._providers
 
     @property
     def max_image_tokens(self) -> int:
@@ -432,10 +478,29 @@ class ColQwenModel:
                 item=item,
             )
 
+    def run_image_graph(self, images: Sequence[Any]) -> ImageGraphOutputs:
+        """The image graph's half of embedding `images`: each page prepared and run alone, as
+        `embed_images` does. `embed_image_graph_outputs` finishes them with the text graph, so
+        the two graphs' sessions need not be open at once (`open_graph`, `close_graph`)."""
+        _refuse_single(images, "images")
+        prepared, error = self._prepare_batch(list(images), 0)
+        if error is not None:
+            raise error
+        features, deepstack = self._vision_features(prepared)
+        return ImageGraphOutputs(prepared, features, deepstack)
+
+    def embed_image_graph_outputs(self, outputs: ImageGraphOutputs) -> list[np.ndarray]:
+        """The text graph's half: the pages' (tokens, dim) embeddings, all in one text run (as
+        `embed_images` with a batch of them all)."""
+        prepared = outputs.prepared
+        ids = [self.text_encoder.page_prompt_ids(p.num_image_tokens) for p in prepared]
+        return self._run_text(
+            ids, [(p.grid_thw,) for p in prepared], outputs.features, outputs.deepstack
+        )
+
     def _embed_prepared(self, prepared: list[PreparedImage]) -> list[np.ndarray]:
         features, deepstack = self._vision_features(prepared)
-        ids = [self.text_encoder.page_prompt_ids(p.num_image_tokens) for p in prepared]
-        return self._run_text(ids, [(p.grid_thw,) for p in prepared], features, deepstack)
+        return self.embed_image_graph_outputs(ImageGraphOutputs(prepared, features, deepstack))
 
     def _grid_inputs(self, grid: tuple[int, int, int]) -> tuple[np.ndarray, ...]:
         """The image graph's per-grid host inputs after the pixels, in contract order: the rotary
@@ -479,7 +544,7 @@ class ColQwenModel:
             feeds = self._contracts["vision"].feeds(
                 page.patches[None], *self._grid_inputs(page.grid_thw)
             )
-            outs = self._sessions["vision"].run(feeds)  # page runs keep the arena (docs/speed.md)
+            outs = self._session("vision").run(feeds)  # page runs keep the arena (docs/speed.md)
             features.append(outs[0][0])
             if len(outs) > 1:
                 deepstack.append(outs[1][0])
@@ -554,7 +619,7 @@ class ColQwenModel:
                 if features
                 else np.zeros((extras.deepstack_layers, 0, self._text_hidden), np.float32),
             )
-        (out,) = self._sessions["text"].run(
+        (out,) = self._session("text").run(
             self._contracts["text"].feeds(input_ids, mask, positions, index, table, *extra),
             self._run_options if shrink_arena else None,
         )

@@ -2,7 +2,8 @@
 
 Sample pages (several grids, odd sizes, an RGBA one) and queries (plain, empty, CJK) go through
 (a) the reference: transformers' ColQwen2Processor + the checkpoint's own ColQwen2ForRetrieval,
-one item at a time, and (b) the staged folder loaded with `colembed.load`, in one batch.
+one item at a time, and (b) the staged folder through colembed's runtime, in one batch, one
+graph's session open at a time (`_comparisons`).
 
 Two kinds of bound, because the tensors live at different scales:
 - the final embeddings (unit-norm rows, what users consume) get an absolute bound per token;
@@ -202,17 +203,35 @@ def reference_outputs_qwen3(model, checkpoint_folder: Path) -> Reference:
 
 
 def _comparisons(
-    runtime, reference: Reference, tolerance: float, feature_tolerance: float
+    staged_folder: Path, reference: Reference, tolerance: float, feature_tolerance: float
 ) -> list[Comparison]:
+    """The staged folder's outputs on the sample inputs against the reference, one graph's session
+    open at a time: the image graph runs every page and is closed (its mapped weights and arena
+    released) before the text graph's session opens for the pages' text part and the queries.
+    Both sessions at once held both graphs' weights (the whole model) in the check's memory."""
+    from colembed.model import ColQwenModel
+
+    from ..measure import release_memory
+
     pages = sample_pages()
+    runtime = ColQwenModel(
+        staged_folder, verify=True, session_config=CHECK_SESSION_CONFIG, graphs=("vision",)
+    )
+    image_outputs = runtime.run_image_graph(pages)
+    runtime.close_graph("vision")
+    release_memory()
+    runtime.open_graph("text")
+    got_pages = runtime.embed_image_graph_outputs(image_outputs)
+    got_queries = runtime.embed_queries(list(SAMPLE_QUERIES))
+    runtime.close_graph("text")
+    del runtime
+    release_memory()
     found = []
-    got_features = runtime.image_features(pages)
-    got_pages = runtime.embed_images(pages, batch_size=len(pages))
     for i in range(len(pages)):
         found.append(
             Comparison(
                 f"page {i} image features",
-                relative_diff(got_features[i], reference.image_features[i]),
+                relative_diff(image_outputs.features[i], reference.image_features[i]),
                 feature_tolerance,
                 "relative",
             )
@@ -225,7 +244,6 @@ def _comparisons(
                 "absolute",
             )
         )
-    got_queries = runtime.embed_queries(list(SAMPLE_QUERIES))
     for i, (got, want) in enumerate(zip(got_queries, reference.queries)):
         found.append(
             Comparison(f"query {i} embeddings", max_abs_diff(got, want), tolerance, "absolute")
@@ -241,11 +259,7 @@ def compare_with_reference(
     `tolerance` bounds the final embeddings per token (absolute); `feature_tolerance` bounds the
     image features relative to their own scale.
     """
-    import colembed
-
-    runtime = colembed.load(staged_folder, verify=True, session_config=CHECK_SESSION_CONFIG)
-    found = _comparisons(runtime, reference, tolerance, feature_tolerance)
-    del runtime
+    found = _comparisons(Path(staged_folder), reference, tolerance, feature_tolerance)
     if not all(c.ok for c in found):
         raise ExportError(
             "the exported graphs diverge from the torch model; nothing was written:\n  "

@@ -375,3 +375,28 @@ def test_image_graph_whose_rows_disagree_with_the_prompt_is_a_named_error(
     with pytest.raises(colembed.GraphOutputError, match=r"feature rows.*image tokens") as caught:
         model.embed_images([page])
     assert caught.value.path == folder and isinstance(caught.value, RuntimeError)
+
+
+def test_one_graph_session_at_a_time_embeds_as_both(tiny_model, exported_tiny):
+    """`graphs=` opens the named graphs' sessions only; the image graph's half, then the text
+    graph's in a session opened after the first was closed, give `embed_images`' vectors, and a
+    closed graph is refused by name."""
+    from colembed.model import ColQwenModel
+
+    pages = [Image.new("RGB", (120, 90), "white"), Image.new("RGB", (57, 91), (30, 60, 90))]
+    model = ColQwenModel(exported_tiny.folder, graphs=("vision",))
+    assert model.providers == tiny_model.providers
+    with pytest.raises(ModelFolderError, match="text graph's session is closed"):
+        model.embed_queries(["a query"])
+    outputs = model.run_image_graph(pages)
+    model.close_graph("vision")
+    model.open_graph("text")
+    with pytest.raises(ModelFolderError, match="vision graph's session is closed"):
+        model.embed_images(pages)
+    got = model.embed_image_graph_outputs(outputs)
+    want = tiny_model.embed_images(pages, batch_size=len(pages))
+    assert len(got) == len(want) == len(pages)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and (g == w).all()
+    with pytest.raises(ValueError, match="graphs must be among"):
+        ColQwenModel(exported_tiny.folder, graphs=("audio",))

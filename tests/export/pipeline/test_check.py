@@ -103,3 +103,27 @@ def test_wrong_vision_graph_is_refused_with_every_figure(
     # Queries never touch the image graph: reported with their figures, and passing.
     assert all(f"ok   query {i} embeddings" in message for i in range(len(SAMPLE_QUERIES)))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_check_one_session_at_a_time_gives_the_figures_of_both_open(exported_tiny, tiny_checkpoint):
+    """The check runs the image graph's session, closes it, then the text graph's: its figures in
+    the session export's manifest are those of the runtime with both sessions open (`load`, the
+    check's session options), run as the check ran before, to the bit."""
+    from colembed_export.families.checkpoint import load_strict
+    from colembed_export.pipeline.verify import CHECK_SESSION_CONFIG
+
+    reference = reference_outputs(load_strict(tiny_checkpoint), tiny_checkpoint)
+    both = colembed.load(exported_tiny.folder, session_config=CHECK_SESSION_CONFIG)
+    pages = sample_pages()
+    features = both.image_features(pages)
+    got_pages = both.embed_images(pages, batch_size=len(pages))
+    got_queries = both.embed_queries(list(SAMPLE_QUERIES))
+    want = {}
+    for i in range(len(pages)):
+        want[f"page {i} image features"] = relative_diff(features[i], reference.image_features[i])
+        want[f"page {i} embeddings"] = max_abs_diff(got_pages[i], reference.pages[i])
+    for i, got in enumerate(got_queries):
+        want[f"query {i} embeddings"] = max_abs_diff(got, reference.queries[i])
+    check = exported_tiny.manifest.checks["fp32"]
+    assert check["comparisons"] == want
+    assert check["max_abs_diff"] == max(v for k, v in want.items() if "features" not in k)

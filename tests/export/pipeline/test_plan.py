@@ -27,13 +27,15 @@ def test_the_plan_reads_the_checkpoints_sizes(tiny_checkpoint):
     assert steps["graphs, streamed"].peak == BASELINE + TRACE + sizes[largest]
     reference = steps["check: torch reference, layer by layer"]
     assert reference.peak == BASELINE + TRACE + sizes[largest]  # one module's weights at a time
-    sessions = steps["check: graphs on onnxruntime, weights mapped"]
-    assert sessions.peak == BASELINE + sum(sizes.values())
+    sessions = steps["check: graphs on onnxruntime, one at a time, weights mapped"]
+    vision = sum(size for name, size in sizes.items() if ".visual." in name)
+    assert 0 < vision < sum(sizes.values())
+    assert sessions.peak == BASELINE + max(vision, sum(sizes.values()) - vision)  # one graph
     assert reference.drop == sessions.drop == "--no-check"
     variants = steps["variants (int8, fp16)"]
     assert variants.peak > sessions.peak  # fp32 and a variant
     unstreamed = {s.name: s for s in plan_export(tiny_checkpoint, streamed=False, check=True).steps}
-    assert unstreamed["check against the torch model"].peak == sessions.peak  # the whole model
+    assert unstreamed["check against the torch model"].peak == BASELINE + sum(sizes.values())
     bare = plan_export(tiny_checkpoint, streamed=True, check=False)
     assert [s.name for s in bare.steps] == ["graphs, streamed"]
     whole = plan_export(tiny_checkpoint, streamed=False, check=False)
