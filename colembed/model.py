@@ -234,9 +234,11 @@ class ColQwenModel:
         self._sessions[role] = self._open(
             self.manifest.graph(self.variant, role), self._contracts[role], **options
         )
-        if not self._providers:
+        # The model reports the text graph's providers (the first open graph's until it opens);
+        # its run options apply to text runs: passed only when a run was unusually large
+        # (SHRINK_AFTER_QUERY_BYTES).
+        if role == "text" or not self._providers:
             self._providers = list(self._sessions[role].providers)
-            # passed to a run only when it was unusually large (SHRINK_AFTER_QUERY_BYTES)
             self._run_options = arena_shrinking_options(self._providers, options["cpu_mem_arena"])
 
     def close_graph(self, role: str) -> None:
